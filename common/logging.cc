@@ -1,0 +1,85 @@
+#include "common/logging.h"
+
+#include <spdlog/sinks/stdout_sinks.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <mutex>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace lockstep {
+namespace {
+
+std::string EnvOr(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? std::string(v) : std::string(fallback);
+}
+
+}  // namespace
+
+StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name) {
+  std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "trace") return spdlog::level::trace;
+  if (lower == "debug") return spdlog::level::debug;
+  if (lower == "info") return spdlog::level::info;
+  if (lower == "warn" || lower == "warning") return spdlog::level::warn;
+  if (lower == "error") return spdlog::level::err;
+  if (lower == "critical") return spdlog::level::critical;
+  if (lower == "off") return spdlog::level::off;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown log level '", name,
+      "' (expected trace, debug, info, warn, error, critical or off)"));
+}
+
+Status InitLogging(absl::string_view level) {
+  std::string name = level.empty() ? EnvOr("LOCKSTEP_LOG_LEVEL", "info")
+                                   : std::string(level);
+  ASSIGN_OR_RETURN(spdlog::level::level_enum parsed, ParseLogLevel(name));
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto logger = spdlog::stderr_logger_mt("lockstep");
+    logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %L %v");
+    spdlog::set_default_logger(logger);
+  });
+  spdlog::set_level(parsed);
+  spdlog::default_logger_raw()->flush_on(spdlog::level::warn);
+  return absl::OkStatus();
+}
+
+Logger::Logger(std::string component)
+    : component_(std::move(component)),
+      job_id_(EnvOr("LOCKSTEP_JOB_ID", "-")),
+      rank_(std::atoi(EnvOr("LOCKSTEP_RANK", "-1").c_str())) {
+  BuildPrefix();
+}
+
+Logger::Logger(std::string component, std::string job_id, int rank)
+    : component_(std::move(component)), job_id_(std::move(job_id)), rank_(rank) {
+  if (job_id_.empty()) job_id_ = "-";
+  BuildPrefix();
+}
+
+Logger Logger::WithJob(std::string job_id) const {
+  return Logger(component_, std::move(job_id), rank_);
+}
+
+Logger Logger::WithRank(int rank) const { return Logger(component_, job_id_, rank); }
+
+void Logger::BuildPrefix() {
+  prefix_ = absl::StrCat("[", component_, "] job=", job_id_,
+                         " rank=", rank_ < 0 ? std::string("-") : absl::StrCat(rank_), " ");
+}
+
+bool RateLimiter::Allow() {
+  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now().time_since_epoch())
+                    .count();
+  int64_t next = next_allowed_ns_.load(std::memory_order_relaxed);
+  if (now < next) return false;
+  int64_t step = std::chrono::duration_cast<std::chrono::nanoseconds>(interval_).count();
+  return next_allowed_ns_.compare_exchange_strong(next, now + step);
+}
+
+}  // namespace lockstep

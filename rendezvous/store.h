@@ -1,0 +1,84 @@
+// Store: the key-value interface workers and agents bootstrap through
+// (Gloo pair addresses, NCCL unique ids, barriers). Plain C++, no gRPC, so
+// //ddp can depend on it.
+//
+// A Store object is bound to one namespace (by convention "<job>/<round>",
+// see StoreNamespace()): keys written in one round are never visible in
+// another. Implementations: an in-memory store (tests, ranks as threads),
+// a file store (processes on one host), and the gRPC client to the
+// coordinator's StoreService (//rendezvous:store_client).
+//
+// Thread safety: every implementation is safe for concurrent use.
+// Blocking: Get, Wait and MultiGet block until the keys exist or `timeout`
+// passes; a waiter is woken by the write that satisfies it.
+// Errors: DeadlineExceeded (timeout; the message names the missing keys),
+// InvalidArgument (empty/oversized key or value), Unavailable (server down),
+// ResourceExhausted (namespace key limit).
+#ifndef LOCKSTEP_RENDEZVOUS_STORE_H_
+#define LOCKSTEP_RENDEZVOUS_STORE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace lockstep {
+namespace rendezvous {
+
+// Default for blocking store calls when the caller has no better bound.
+inline constexpr std::chrono::seconds kDefaultStoreTimeout{300};
+
+// Limits every implementation enforces (InvalidArgument / ResourceExhausted).
+inline constexpr size_t kMaxKeyBytes = 1024;
+inline constexpr size_t kMaxValueBytes = 16 * 1024 * 1024;
+inline constexpr size_t kMaxKeysPerNamespace = 1 << 20;
+
+// "<job>/<round>": the namespace a job's round uses.
+inline std::string StoreNamespace(const std::string& job_id, int round) {
+  return job_id + "/" + std::to_string(round);
+}
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual Status Set(const std::string& key, const std::string& value) = 0;
+
+  // Blocks until `key` exists or `timeout` passes (DeadlineExceeded).
+  virtual StatusOr<std::string> Get(const std::string& key, Duration timeout) = 0;
+
+  // Atomically adds `delta` to the integer stored at `key` (missing = 0;
+  // stored as decimal text) and returns the new value. InvalidArgument if
+  // the current value is not an integer.
+  virtual StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
+
+  // Sets `key` to `desired` if its current value equals `expected`, or if
+  // it is absent and `expected` is empty. Returns the value after the call
+  // (== desired when swapped).
+  virtual StatusOr<std::string> CompareSet(const std::string& key, const std::string& expected,
+                                           const std::string& desired) = 0;
+
+  // Returns whether the key existed.
+  virtual StatusOr<bool> Delete(const std::string& key) = 0;
+
+  // Blocks until every key exists or `timeout` passes (DeadlineExceeded
+  // naming the keys still missing).
+  virtual Status Wait(const std::vector<std::string>& keys, Duration timeout) = 0;
+
+  virtual StatusOr<int64_t> NumKeys() = 0;
+
+  // Blocks like Wait, then returns the values in the order of `keys`.
+  virtual StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                      Duration timeout) = 0;
+
+  virtual Status MultiSet(const std::vector<std::pair<std::string, std::string>>& entries) = 0;
+};
+
+}  // namespace rendezvous
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_RENDEZVOUS_STORE_H_
