@@ -1,0 +1,445 @@
+#include "daemon/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include "daemon/fake_job_store.h"
+#include "daemon/job_spec.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+v1::JobSpec Spec(int min_nodes, int max_nodes, int nproc, int max_restarts) {
+  v1::JobSpec spec;
+  spec.add_command("/bin/train");
+  spec.set_min_nodes(min_nodes);
+  spec.set_max_nodes(max_nodes);
+  spec.set_nproc_per_node(nproc);
+  spec.set_max_restarts(max_restarts);
+  spec.set_last_call_timeout_s(1);
+  return spec;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  CoordinatorTest() { Reset(); }
+
+  void Reset() {
+    CoordinatorOptions options;
+    options.lease = seconds(10);
+    options.restart_backoff = seconds(1);
+    options.max_restart_backoff = seconds(4);
+    options.store_address = "127.0.0.1:7000";
+    coord_ = std::make_unique<Coordinator>(options, &clock_, &store_);
+    ASSERT_TRUE(coord_->Recover().ok());
+  }
+
+  void Register(const std::string& node, const std::string& inc = "") {
+    v1::RegisterNodeRequest req;
+    req.set_node_id(node);
+    req.set_agent_address("127.0.0.1:" + std::to_string(9000 + node.back()));
+    req.set_incarnation(inc.empty() ? "inc-" + node : inc);
+    ASSERT_TRUE(coord_->RegisterNode(req).ok());
+  }
+
+  // Heartbeat from `node` reporting `workers` (rank -> status) for `job`.
+  StatusOr<v1::HeartbeatResponse> Beat(const std::string& node, const std::string& job = "",
+                                       int round = 0,
+                                       std::vector<v1::WorkerStatus> workers = {},
+                                       const std::string& inc = "") {
+    v1::HeartbeatRequest req;
+    req.set_node_id(node);
+    req.set_incarnation(inc.empty() ? "inc-" + node : inc);
+    if (!job.empty()) {
+      v1::AgentJobReport* r = req.add_jobs();
+      r->set_job_id(job);
+      r->set_round(round);
+      for (auto& w : workers) *r->add_workers() = w;
+    }
+    return coord_->Heartbeat(req);
+  }
+
+  static v1::WorkerStatus Worker(int rank, v1::WorkerState state, int code = 0, int sig = 0) {
+    v1::WorkerStatus w;
+    w.set_rank(rank);
+    w.set_local_rank(rank % 2);
+    w.set_state(state);
+    if (state == v1::WORKER_STATE_EXITED) {
+      w.mutable_exit()->set_exit_code(code);
+      w.mutable_exit()->set_signal(sig);
+    }
+    return w;
+  }
+
+  v1::Job Job(const std::string& id) { return coord_->GetJob(JobId(id)).value(); }
+
+  // Two nodes, a 2x2 job, both nodes started: returns the job id (RUNNING).
+  std::string RunningTwoByTwo(int max_restarts) {
+    Register("n1");
+    Register("n2");
+    auto job = coord_->SubmitJob(Spec(2, 2, 2, max_restarts), "");
+    EXPECT_TRUE(job.ok());
+    std::string id = job->job_id();
+    int round = Job(id).round();
+    EXPECT_TRUE(Beat("n1", id, round,
+                     {Worker(0, v1::WORKER_STATE_STARTING), Worker(1, v1::WORKER_STATE_STARTING)})
+                    .ok());
+    EXPECT_TRUE(Beat("n2", id, round,
+                     {Worker(2, v1::WORKER_STATE_RUNNING), Worker(3, v1::WORKER_STATE_RUNNING)})
+                    .ok());
+    EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+    return id;
+  }
+
+  FakeClock clock_;
+  FakeJobStore store_;
+  std::unique_ptr<Coordinator> coord_;
+};
+
+TEST(JobSpecTest, RejectsBadSpecsNamingTheField) {
+  v1::JobSpec ok = Spec(1, 1, 1, 0);
+  EXPECT_TRUE(ValidateJobSpec(ok, {}).ok());
+
+  v1::JobSpec s = ok;
+  s.clear_command();
+  EXPECT_EQ(ValidateJobSpec(s, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ValidateJobSpec(s, {}).message().find("spec.command"), std::string::npos);
+
+  s = ok;
+  s.set_nproc_per_node(0);
+  EXPECT_NE(ValidateJobSpec(s, {}).message().find("spec.nproc_per_node"), std::string::npos);
+
+  s = Spec(3, 2, 1, 0);
+  Status st = ValidateJobSpec(s, {});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("min 3 > max 2"), std::string::npos) << st;
+
+  s = ok;
+  s.set_max_restarts(-1);
+  EXPECT_NE(ValidateJobSpec(s, {}).message().find("spec.max_restarts"), std::string::npos);
+
+  s = ok;
+  (*s.mutable_env())["A=B"] = "x";
+  EXPECT_NE(ValidateJobSpec(s, {}).message().find("spec.env"), std::string::npos);
+
+  s = ok;
+  s.set_run_as("root");
+  EXPECT_EQ(ValidateJobSpec(s, {}).code(), absl::StatusCode::kPermissionDenied);
+
+  EXPECT_EQ(ValidateJobSpec(ok, {"/bin/other"}).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(ValidateJobSpec(ok, {"/bin/other", "/bin/train"}).ok());
+}
+
+TEST(JobSpecTest, SafeIdsRejectPathTricks) {
+  EXPECT_TRUE(IsSafeId("j-0123abcd"));
+  EXPECT_FALSE(IsSafeId(".."));
+  EXPECT_FALSE(IsSafeId("../etc"));
+  EXPECT_FALSE(IsSafeId("a/b"));
+  EXPECT_FALSE(IsSafeId(""));
+}
+
+TEST_F(CoordinatorTest, SubmitRejectsInvalidSpecAndChangesNothing) {
+  auto r = coord_->SubmitJob(Spec(3, 2, 1, 0), "");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(coord_->ListJobs({}).empty());
+  EXPECT_TRUE(store_.jobs.empty());
+}
+
+TEST_F(CoordinatorTest, SubmitPersistsBeforeAcknowledging) {
+  auto job = coord_->SubmitJob(Spec(1, 1, 2, 0), "");
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_PENDING);
+  ASSERT_EQ(store_.jobs.count(job->job_id()), 1u);
+  EXPECT_EQ(store_.jobs[job->job_id()].state(), v1::JOB_STATE_PENDING);
+}
+
+TEST_F(CoordinatorTest, SubmitFailsWhenPersistenceFails) {
+  store_.fail_writes = true;
+  auto job = coord_->SubmitJob(Spec(1, 1, 2, 0), "");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(coord_->ListJobs({}).empty());
+}
+
+TEST_F(CoordinatorTest, SubmitWithSameRequestIdReturnsSameJob) {
+  auto a = coord_->SubmitJob(Spec(1, 1, 1, 0), "req-1");
+  auto b = coord_->SubmitJob(Spec(1, 1, 1, 0), "req-1");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->job_id(), b->job_id());
+  EXPECT_EQ(coord_->ListJobs({}).size(), 1u);
+}
+
+TEST_F(CoordinatorTest, JobRunsThroughRendezvousToSucceeded) {
+  Register("n2");
+  Register("n1");
+  auto job = coord_->SubmitJob(Spec(2, 2, 2, 0), "");
+  ASSERT_TRUE(job.ok());
+  v1::Job j = Job(job->job_id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j.round(), 1);
+  ASSERT_EQ(j.node_ids_size(), 2);
+  EXPECT_EQ(j.node_ids(0), "n1");  // node ranks follow sorted node ids
+  EXPECT_EQ(j.world_size(), 4);
+
+  auto resp = Beat("n2");
+  ASSERT_TRUE(resp.ok());
+  ASSERT_EQ(resp->commands_size(), 1);
+  const v1::AgentCommand& cmd = resp->commands(0);
+  EXPECT_EQ(cmd.kind(), v1::AgentCommand::KIND_START);
+  EXPECT_EQ(cmd.round(), 1);
+  EXPECT_EQ(cmd.assignment().node_rank(), 1);
+  EXPECT_EQ(cmd.assignment().world_size(), 4);
+  EXPECT_EQ(cmd.assignment().master_addr(), "127.0.0.1");
+  EXPECT_EQ(cmd.assignment().store_address(), "127.0.0.1:7000");
+  EXPECT_EQ(cmd.assignment().store_namespace(), job->job_id() + "/1");
+
+  std::string id = job->job_id();
+  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STARTING),
+                                 Worker(1, v1::WORKER_STATE_STARTING)}).ok());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RENDEZVOUS);
+  ASSERT_TRUE(Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_STARTING),
+                                 Worker(3, v1::WORKER_STATE_STARTING)}).ok());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+
+  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_EXITED),
+                                 Worker(1, v1::WORKER_STATE_EXITED)}).ok());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_EXITED),
+                                 Worker(3, v1::WORKER_STATE_EXITED)}).ok());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(store_.jobs[id].state(), v1::JOB_STATE_SUCCEEDED);
+  // A finished job is no longer commanded.
+  EXPECT_EQ(Beat("n1")->commands_size(), 0);
+}
+
+TEST_F(CoordinatorTest, PendingUntilMinNodesThenLastCallForMore) {
+  auto job = coord_->SubmitJob(Spec(1, 2, 1, 0), "");
+  ASSERT_TRUE(job.ok());
+  coord_->Tick();
+  EXPECT_EQ(Job(job->job_id()).state(), v1::JOB_STATE_PENDING);
+  Register("n1");
+  coord_->Tick();
+  EXPECT_EQ(Job(job->job_id()).state(), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(Job(job->job_id()).node_ids_size(), 0) << "last call still open";
+  clock_.Advance(milliseconds(1100));
+  coord_->Tick();
+  EXPECT_EQ(Job(job->job_id()).node_ids_size(), 1);
+}
+
+TEST_F(CoordinatorTest, WorkerFailureRestartsWithBackoffAndNewRound) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/2);
+  ASSERT_TRUE(Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_EXITED, 0, 9),
+                                 Worker(3, v1::WORKER_STATE_RUNNING)}).ok());
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(j.restart_count(), 1);
+  EXPECT_EQ(j.first_failure().rank(), 2);
+  EXPECT_EQ(j.first_failure().exit().signal(), 9);
+  EXPECT_EQ(store_.jobs[id].restart_count(), 1) << "restart count persisted";
+
+  // Not commanded any more: the agents must stop it.
+  auto resp = Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING),
+                                 Worker(1, v1::WORKER_STATE_RUNNING)});
+  ASSERT_EQ(resp->commands_size(), 1);
+  EXPECT_EQ(resp->commands(0).kind(), v1::AgentCommand::KIND_STOP);
+
+  // Backoff passed, but n1 still reports live workers: no new round yet.
+  clock_.Advance(seconds(2));
+  coord_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
+  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STOPPED),
+                                 Worker(1, v1::WORKER_STATE_STOPPED)}).ok());
+  ASSERT_TRUE(Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_EXITED, 0, 9),
+                                 Worker(3, v1::WORKER_STATE_STOPPED)}).ok());
+  coord_->Tick();
+  j = Job(id);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j.round(), 2);
+  EXPECT_EQ(j.node_ids_size(), 2);
+
+  // A late report from round 1 is fenced off.
+  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_EXITED, 1)}).ok());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(Job(id).restart_count(), 1);
+  EXPECT_EQ(Beat("n1")->commands(0).assignment().restart_count(), 1);
+}
+
+TEST_F(CoordinatorTest, BudgetSpentFailsWithFirstFailure) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/0);
+  v1::WorkerStatus w = Worker(1, v1::WORKER_STATE_EXITED, 3);
+  w.mutable_exit()->set_startup_failure(true);
+  w.mutable_exit()->add_last_log_lines("boom");
+  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING), w}).ok());
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.first_failure().rank(), 1);
+  EXPECT_EQ(j.first_failure().exit().exit_code(), 3);
+  EXPECT_EQ(j.first_failure().exit().last_log_lines(0), "boom");
+  EXPECT_NE(j.message().find("rank 1"), std::string::npos) << j.message();
+  EXPECT_NE(j.message().find("code 3"), std::string::npos) << j.message();
+  EXPECT_NE(j.message().find("startup failure"), std::string::npos) << j.message();
+}
+
+TEST_F(CoordinatorTest, RestartBudgetIsPerJobNotPerNode) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/1);
+  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_EXITED, 1)}).ok());
+  ASSERT_EQ(Job(id).restart_count(), 1);
+  // Both nodes stop; round 2 runs; a failure on the *other* node spends the
+  // same budget.
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_EXITED, 1), Worker(1, v1::WORKER_STATE_STOPPED)});
+  (void)Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_STOPPED), Worker(3, v1::WORKER_STATE_STOPPED)});
+  clock_.Advance(seconds(2));
+  coord_->Tick();
+  ASSERT_EQ(Job(id).round(), 2);
+  ASSERT_TRUE(Beat("n2", id, 2, {Worker(3, v1::WORKER_STATE_EXITED, 7)}).ok());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Job(id).restart_count(), 1);
+}
+
+TEST_F(CoordinatorTest, NodeWithoutHeartbeatIsDeclaredDeadAndElasticJobGoesOnWithSurvivor) {
+  Register("n1");
+  Register("n2");
+  auto job = coord_->SubmitJob(Spec(1, 2, 1, 3), "");
+  std::string id = job->job_id();
+  ASSERT_EQ(Job(id).node_ids_size(), 2);
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
+  (void)Beat("n2", id, 1, {Worker(1, v1::WORKER_STATE_RUNNING)});
+  ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+
+  for (int i = 0; i < 11; ++i) {  // n1 keeps beating, n2 is silent
+    clock_.Advance(seconds(1));
+    (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
+    coord_->Tick();
+  }
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(Job(id).first_failure().reason().find("node n2 lost"), std::string::npos);
+  auto nodes = coord_->ListNodes();
+  EXPECT_FALSE(nodes[1].alive());
+
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STOPPED)});
+  clock_.Advance(seconds(2));
+  (void)Beat("n1");
+  coord_->Tick();
+  clock_.Advance(seconds(2));  // last call for a second node
+  (void)Beat("n1");
+  coord_->Tick();
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.round(), 2);
+  ASSERT_EQ(j.node_ids_size(), 1);
+  EXPECT_EQ(j.node_ids(0), "n1");
+  EXPECT_EQ(j.world_size(), 1);
+}
+
+TEST_F(CoordinatorTest, NewNodeJoinsRunningElasticJobAtNextRoundWithoutSpendingBudget) {
+  Register("n1");
+  auto job = coord_->SubmitJob(Spec(1, 2, 1, 0), "");
+  std::string id = job->job_id();
+  clock_.Advance(seconds(2));
+  coord_->Tick();
+  ASSERT_EQ(Job(id).node_ids_size(), 1);
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
+  ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  Register("n2");
+  coord_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(Job(id).restart_count(), 0);
+  EXPECT_EQ(Job(id).rescale_count(), 1);
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STOPPED)});
+  coord_->Tick();
+  EXPECT_EQ(Job(id).round(), 2);
+  EXPECT_EQ(Job(id).node_ids_size(), 2);
+}
+
+TEST_F(CoordinatorTest, StaleIncarnationAndUnknownNodeAreRejected) {
+  Register("n1");
+  EXPECT_EQ(Beat("n1", "", 0, {}, "inc-old").status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Beat("nx").status().code(), absl::StatusCode::kNotFound);
+  v1::RegisterNodeRequest bad;
+  bad.set_node_id("../x");
+  bad.set_incarnation("i");
+  EXPECT_EQ(coord_->RegisterNode(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, AgentRestartWithNewIncarnationFailsItsRound) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/1);
+  Register("n2", "inc-n2-second");
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(Job(id).restart_count(), 1);
+  EXPECT_EQ(Beat("n2").status().code(), absl::StatusCode::kAborted) << "old incarnation fenced";
+}
+
+TEST_F(CoordinatorTest, CancelStopsWorkersAndRejectsSecondCancel) {
+  std::string id = RunningTwoByTwo(0);
+  auto c = coord_->CancelJob(JobId(id));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(store_.jobs[id].state(), v1::JOB_STATE_CANCELLED);
+  auto resp = Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
+  ASSERT_EQ(resp->commands_size(), 1);
+  EXPECT_EQ(resp->commands(0).kind(), v1::AgentCommand::KIND_STOP);
+  EXPECT_EQ(coord_->CancelJob(JobId(id)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(coord_->CancelJob(JobId("j-nope")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coord_->GetJob(JobId("j-nope")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, RecoverReloadsJobsHistoryAndNodes) {
+  std::string id = RunningTwoByTwo(3);
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_EXITED, 2)});
+  ASSERT_EQ(Job(id).restart_count(), 1);
+  int history = Job(id).history_size();
+
+  Reset();  // a new coordinator over the same store
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(j.restart_count(), 1);
+  EXPECT_EQ(j.history_size(), history);
+  EXPECT_EQ(coord_->ListNodes().size(), 2u);
+  // Agents keep their incarnation across a coordinator restart.
+  EXPECT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STOPPED)}).ok());
+  EXPECT_TRUE(Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_STOPPED)}).ok());
+  coord_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(Job(id).round(), 2);
+}
+
+TEST_F(CoordinatorTest, RecoveredNodeThatNeverReturnsIsDeclaredDeadAfterLease) {
+  std::string id = RunningTwoByTwo(3);
+  Reset();
+  clock_.Advance(seconds(11));
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
+  coord_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(Job(id).first_failure().reason().find("n2"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, WatchFiresOnNextChange) {
+  auto job = coord_->SubmitJob(Spec(1, 1, 1, 0), "");
+  auto v = coord_->GetJobVersion(JobId(job->job_id()));
+  ASSERT_TRUE(v.ok());
+  v1::JobState seen = v1::JOB_STATE_UNSPECIFIED;
+  auto handle = coord_->WatchOnce(JobId(job->job_id()), v->second,
+                                  [&](const v1::Job& j, int64_t) { seen = j.state(); });
+  ASSERT_TRUE(handle.ok());
+  EXPECT_EQ(seen, v1::JOB_STATE_UNSPECIFIED);
+  ASSERT_TRUE(coord_->CancelJob(JobId(job->job_id())).ok());
+  EXPECT_EQ(seen, v1::JOB_STATE_CANCELLED);
+  EXPECT_FALSE(coord_->Unwatch(*handle));
+}
+
+TEST_F(CoordinatorTest, JoinTimeoutFailsRoundWithoutEnoughNodes) {
+  v1::JobSpec spec = Spec(2, 2, 1, 0);
+  spec.set_join_timeout_s(5);
+  Register("n1");
+  auto job = coord_->SubmitJob(spec, "");
+  clock_.Advance(seconds(6));
+  (void)Beat("n1");
+  coord_->Tick();
+  EXPECT_EQ(Job(job->job_id()).state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(Job(job->job_id()).message().find("fewer than min 2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace daemon
+}  // namespace lockstep

@@ -1,0 +1,47 @@
+// In-memory JobStore for tests, with a failure switch. testonly.
+#ifndef LOCKSTEP_DAEMON_FAKE_JOB_STORE_H_
+#define LOCKSTEP_DAEMON_FAKE_JOB_STORE_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "daemon/job_store.h"
+
+namespace lockstep {
+namespace daemon {
+
+class FakeJobStore : public JobStore {
+ public:
+  Status PutJob(const v1::Job& job) override {
+    if (fail_writes) return absl::UnavailableError("fake job store: writes disabled");
+    jobs[job.job_id()] = job;
+    ++job_writes;
+    return absl::OkStatus();
+  }
+  Status PutNode(const v1::NodeInfo& node) override {
+    if (fail_writes) return absl::UnavailableError("fake job store: writes disabled");
+    nodes[node.node_id()] = node;
+    return absl::OkStatus();
+  }
+  StatusOr<std::vector<v1::Job>> LoadJobs() override {
+    std::vector<v1::Job> out;
+    for (const auto& [id, job] : jobs) out.push_back(job);
+    return out;
+  }
+  StatusOr<std::vector<v1::NodeInfo>> LoadNodes() override {
+    std::vector<v1::NodeInfo> out;
+    for (const auto& [id, node] : nodes) out.push_back(node);
+    return out;
+  }
+
+  bool fail_writes = false;
+  int job_writes = 0;
+  std::map<std::string, v1::Job> jobs;
+  std::map<std::string, v1::NodeInfo> nodes;
+};
+
+}  // namespace daemon
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DAEMON_FAKE_JOB_STORE_H_

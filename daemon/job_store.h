@@ -1,0 +1,39 @@
+// JobStore: durable storage for the coordinator's job table and node
+// registry. The coordinator writes through it before acknowledging any
+// change, and reloads everything from it on start.
+//
+// Implementations: SqliteJobStore (--state-dir/coordinator.db) and
+// FakeJobStore (tests; in memory, with a failure switch).
+//
+// Thread safety: implementations need not be thread-safe; the coordinator
+// serialises calls under its own lock.
+// Errors: Unavailable / Internal when the medium fails; the caller then
+// rolls back its in-memory change and returns the error.
+#ifndef LOCKSTEP_DAEMON_JOB_STORE_H_
+#define LOCKSTEP_DAEMON_JOB_STORE_H_
+
+#include <vector>
+
+#include "common/status.h"
+#include "lockstep/v1/common.pb.h"
+
+namespace lockstep {
+namespace daemon {
+
+class JobStore {
+ public:
+  virtual ~JobStore() = default;
+
+  // Inserts or replaces the job with job.job_id(). Durable on return.
+  virtual Status PutJob(const v1::Job& job) = 0;
+  // Inserts or replaces the node with node.node_id(). Durable on return.
+  virtual Status PutNode(const v1::NodeInfo& node) = 0;
+
+  virtual StatusOr<std::vector<v1::Job>> LoadJobs() = 0;
+  virtual StatusOr<std::vector<v1::NodeInfo>> LoadNodes() = 0;
+};
+
+}  // namespace daemon
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DAEMON_JOB_STORE_H_

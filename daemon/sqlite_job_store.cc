@@ -1,0 +1,110 @@
+#include "daemon/sqlite_job_store.h"
+
+#include <sqlite3.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace lockstep {
+namespace daemon {
+
+StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    if (db) sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("job store ", path, ": cannot open: ", msg));
+  }
+  std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db, path));
+  sqlite3_busy_timeout(db, 5000);
+  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
+  RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL"));
+  RETURN_IF_ERROR(store->Exec(
+      "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, data BLOB NOT NULL)"));
+  RETURN_IF_ERROR(store->Exec(
+      "CREATE TABLE IF NOT EXISTS nodes (id TEXT PRIMARY KEY, data BLOB NOT NULL)"));
+  return store;
+}
+
+SqliteJobStore::~SqliteJobStore() { sqlite3_close(db_); }
+
+Status SqliteJobStore::Exec(const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": ", sql, ": ", msg));
+  }
+  return absl::OkStatus();
+}
+
+Status SqliteJobStore::Put(const char* table, const std::string& id, const std::string& data) {
+  std::string sql = absl::StrCat("INSERT OR REPLACE INTO ", table, " (id, data) VALUES (?, ?)");
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  sqlite3_bind_text(stmt, 1, id.data(), id.size(), SQLITE_TRANSIENT);
+  sqlite3_bind_blob(stmt, 2, data.data(), data.size(), SQLITE_TRANSIENT);
+  int rc = sqlite3_step(stmt);
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": writing ", table, " row ",
+                                               id, ": ", sqlite3_errmsg(db_)));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<std::vector<std::string>> SqliteJobStore::LoadAll(const char* table) {
+  std::string sql = absl::StrCat("SELECT data FROM ", table, " ORDER BY id");
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  std::vector<std::string> out;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    const void* blob = sqlite3_column_blob(stmt, 0);
+    int n = sqlite3_column_bytes(stmt, 0);
+    out.emplace_back(static_cast<const char*>(blob), n);
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": reading ", table, ": ",
+                                               sqlite3_errmsg(db_)));
+  }
+  return out;
+}
+
+Status SqliteJobStore::PutJob(const v1::Job& job) {
+  return Put("jobs", job.job_id(), job.SerializeAsString());
+}
+
+Status SqliteJobStore::PutNode(const v1::NodeInfo& node) {
+  return Put("nodes", node.node_id(), node.SerializeAsString());
+}
+
+StatusOr<std::vector<v1::Job>> SqliteJobStore::LoadJobs() {
+  ASSIGN_OR_RETURN(std::vector<std::string> rows, LoadAll("jobs"));
+  std::vector<v1::Job> jobs(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!jobs[i].ParseFromString(rows[i])) {
+      return absl::DataLossError(absl::StrCat("job store ", path_, ": job row ", i, " is corrupt"));
+    }
+  }
+  return jobs;
+}
+
+StatusOr<std::vector<v1::NodeInfo>> SqliteJobStore::LoadNodes() {
+  ASSIGN_OR_RETURN(std::vector<std::string> rows, LoadAll("nodes"));
+  std::vector<v1::NodeInfo> nodes(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!nodes[i].ParseFromString(rows[i])) {
+      return absl::DataLossError(absl::StrCat("job store ", path_, ": node row ", i, " is corrupt"));
+    }
+  }
+  return nodes;
+}
+
+}  // namespace daemon
+}  // namespace lockstep

@@ -1,0 +1,45 @@
+// SqliteJobStore: the JobStore in one SQLite file (WAL, synchronous=FULL,
+// so a write is durable when PutJob returns). Rows hold the serialized
+// v1.Job / v1.NodeInfo, keyed by id.
+//
+// Thread safety: not thread-safe (see JobStore).
+#ifndef LOCKSTEP_DAEMON_SQLITE_JOB_STORE_H_
+#define LOCKSTEP_DAEMON_SQLITE_JOB_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/job_store.h"
+
+struct sqlite3;
+
+namespace lockstep {
+namespace daemon {
+
+class SqliteJobStore : public JobStore {
+ public:
+  // Opens (creating if needed) the database at `path`. Errors: Unavailable
+  // naming the path when SQLite cannot open or initialise it.
+  static StatusOr<std::unique_ptr<SqliteJobStore>> Open(const std::string& path);
+  ~SqliteJobStore() override;
+
+  Status PutJob(const v1::Job& job) override;
+  Status PutNode(const v1::NodeInfo& node) override;
+  StatusOr<std::vector<v1::Job>> LoadJobs() override;
+  StatusOr<std::vector<v1::NodeInfo>> LoadNodes() override;
+
+ private:
+  SqliteJobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  Status Exec(const std::string& sql);
+  Status Put(const char* table, const std::string& id, const std::string& data);
+  StatusOr<std::vector<std::string>> LoadAll(const char* table);
+
+  sqlite3* db_;
+  std::string path_;
+};
+
+}  // namespace daemon
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DAEMON_SQLITE_JOB_STORE_H_

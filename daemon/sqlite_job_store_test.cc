@@ -1,0 +1,58 @@
+#include "daemon/sqlite_job_store.h"
+
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+TEST(SqliteJobStoreTest, JobsAndNodesSurviveReopen) {
+  std::string path = TempPath("jobs.db");
+  std::remove(path.c_str());
+  {
+    auto store = SqliteJobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    v1::Job job;
+    job.set_job_id("j-1");
+    job.set_state(v1::JOB_STATE_RUNNING);
+    job.set_restart_count(2);
+    job.add_history()->set_detail("submitted");
+    ASSERT_TRUE((*store)->PutJob(job).ok());
+    job.set_state(v1::JOB_STATE_SUCCEEDED);
+    ASSERT_TRUE((*store)->PutJob(job).ok());
+    v1::NodeInfo node;
+    node.set_node_id("n1");
+    node.set_incarnation("inc-1");
+    ASSERT_TRUE((*store)->PutNode(node).ok());
+  }
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ((*jobs)[0].restart_count(), 2);
+  EXPECT_EQ((*jobs)[0].history(0).detail(), "submitted");
+  auto nodes = (*store)->LoadNodes();
+  ASSERT_TRUE(nodes.ok());
+  ASSERT_EQ(nodes->size(), 1u);
+  EXPECT_EQ((*nodes)[0].incarnation(), "inc-1");
+}
+
+TEST(SqliteJobStoreTest, OpenFailsWithPathInMessage) {
+  auto store = SqliteJobStore::Open("/nonexistent-dir/x/jobs.db");
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(store.status().message().find("/nonexistent-dir/x/jobs.db"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace daemon
+}  // namespace lockstep
