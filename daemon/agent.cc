@@ -1,0 +1,496 @@
+#include "daemon/agent.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/ids.h"
+#include "daemon/job_spec.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+bool IsLive(const v1::WorkerStatus& s) {
+  return s.state() == v1::WORKER_STATE_STARTING || s.state() == v1::WORKER_STATE_RUNNING;
+}
+
+Status MakeDirs(const std::string& path) {
+  std::string cur;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part.empty()) {
+      if (cur.empty()) cur = "/";
+      continue;
+    }
+    if (!cur.empty() && cur.back() != '/') cur += '/';
+    cur += std::string(part);
+    if (::mkdir(cur.c_str(), 0750) != 0 && errno != EEXIST) {
+      return absl::UnavailableError(absl::StrCat("mkdir ", cur, ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The last `n` lines after the last "=== lockstep" header of a log file.
+std::vector<std::string> TailLines(const std::string& path, int n) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  in.seekg(0, std::ios::end);
+  std::streamoff size = in.tellg();
+  std::streamoff start = std::max<std::streamoff>(0, size - 16384);
+  in.seekg(start);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto header = data.rfind("=== lockstep");
+  if (header != std::string::npos) {
+    auto eol = data.find('\n', header);
+    data = eol == std::string::npos ? "" : data.substr(eol + 1);
+  }
+  std::vector<std::string> lines = absl::StrSplit(data, '\n', absl::SkipEmpty());
+  if (static_cast<int>(lines.size()) > n) lines.erase(lines.begin(), lines.end() - n);
+  return lines;
+}
+
+}  // namespace
+
+Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
+             CoordinatorClient* coordinator)
+    : options_(std::move(options)),
+      clock_(clock),
+      launcher_(launcher),
+      coordinator_(coordinator),
+      incarnation_(NewRandomId("inc-")),
+      heartbeat_interval_(options_.heartbeat_interval),
+      lease_(options_.lease),
+      next_heartbeat_(clock->Now()) {}
+
+Agent::~Agent() {
+  if (thread_.joinable()) Shutdown(std::chrono::seconds(1));
+}
+
+std::string Agent::LogPath(const std::string& job_id, int rank, bool stderr_stream) const {
+  return absl::StrCat(options_.state_dir, "/jobs/", job_id, "/rank-", rank,
+                      stderr_stream ? ".stderr" : ".stdout");
+}
+
+bool Agent::RunDone(const JobRun& run) const {
+  for (const auto& w : run.workers) {
+    if (IsLive(w.status)) return false;
+  }
+  return true;
+}
+
+void Agent::StartRun(const v1::AgentCommand& cmd) {
+  const std::string& job_id = cmd.job_id();
+  Logger log = log_.WithJob(job_id);
+  JobRun& run = runs_[job_id];
+  run = JobRun();
+  run.spec = cmd.spec();
+  run.assignment = cmd.assignment();
+  run.progress_token = NewRandomId("pt-");
+  const v1::RoundAssignment& a = cmd.assignment();
+  int nproc = std::max(1, a.nproc_per_node());
+
+  Status ok = IsSafeId(job_id) ? ValidateJobSpec(cmd.spec(), options_.allowed_commands)
+                               : absl::InvalidArgumentError("job id is not a safe path component");
+  std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
+  if (ok.ok()) ok = MakeDirs(dir);
+  std::string run_as = cmd.spec().run_as().empty() ? options_.run_as : cmd.spec().run_as();
+
+  std::map<std::string, std::string> base;
+  for (const auto& kv : options_.base_env) {
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) base[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : cmd.spec().env()) base[k] = v;
+
+  for (int local = 0; local < nproc; ++local) {
+    Worker w;
+    w.rank = a.node_rank() * nproc + local;
+    w.local_rank = local;
+    w.status.set_rank(w.rank);
+    w.status.set_local_rank(local);
+    w.status.set_node_id(options_.node_id);
+    w.status.set_round(cmd.round());
+    w.status.set_stdout_path(LogPath(job_id, w.rank, false));
+    w.status.set_stderr_path(LogPath(job_id, w.rank, true));
+    Status launched = ok;
+    if (launched.ok()) {
+      std::map<std::string, std::string> env = base;
+      auto set = [&](const std::string& k, const std::string& v) { env[k] = v; };
+      set("LOCKSTEP_JOB_ID", job_id);
+      set("LOCKSTEP_RANK", std::to_string(w.rank));
+      set("LOCKSTEP_LOCAL_RANK", std::to_string(local));
+      set("LOCKSTEP_WORLD_SIZE", std::to_string(a.world_size()));
+      set("LOCKSTEP_LOCAL_WORLD_SIZE", std::to_string(nproc));
+      set("LOCKSTEP_NODE_RANK", std::to_string(a.node_rank()));
+      set("LOCKSTEP_NUM_NODES", std::to_string(a.num_nodes()));
+      set("LOCKSTEP_ROUND", std::to_string(cmd.round()));
+      set("LOCKSTEP_RESTART_COUNT", std::to_string(a.restart_count()));
+      set("LOCKSTEP_STORE", a.store_address());
+      set("LOCKSTEP_AGENT", options_.agent_address);
+      set("LOCKSTEP_AGENT_TOKEN", run.progress_token);
+      set("RANK", std::to_string(w.rank));
+      set("LOCAL_RANK", std::to_string(local));
+      set("WORLD_SIZE", std::to_string(a.world_size()));
+      set("LOCAL_WORLD_SIZE", std::to_string(nproc));
+      set("GROUP_RANK", std::to_string(a.node_rank()));
+      set("MASTER_ADDR", a.master_addr());
+      set("MASTER_PORT", std::to_string(a.master_port()));
+      set("TORCHELASTIC_RESTART_COUNT", std::to_string(a.restart_count()));
+      LaunchSpec spec;
+      spec.argv.assign(cmd.spec().command().begin(), cmd.spec().command().end());
+      for (const auto& [k, v] : env) spec.env.push_back(k + "=" + v);
+      spec.working_dir = cmd.spec().working_dir().empty() ? dir : cmd.spec().working_dir();
+      spec.stdout_path = w.status.stdout_path();
+      spec.stderr_path = w.status.stderr_path();
+      spec.max_open_files = cmd.spec().limits().max_open_files();
+      spec.max_address_space = cmd.spec().limits().max_address_space();
+      spec.max_cpu_seconds = cmd.spec().limits().max_cpu_seconds();
+      spec.run_as = run_as;
+      std::string header = absl::StrCat("=== lockstep: job ", job_id, " round ", cmd.round(),
+                                        " rank ", w.rank, " restart ", a.restart_count(),
+                                        " ===\n");
+      for (const auto& path : {spec.stdout_path, spec.stderr_path}) {
+        std::ofstream(path, std::ios::app) << header;
+      }
+      auto proc = launcher_->Launch(spec);
+      if (proc.ok()) {
+        w.process = std::move(*proc);
+        w.status.set_pid(w.process->pid());
+        w.status.set_state(v1::WORKER_STATE_STARTING);
+        log.WithRank(w.rank).Info("spawned pid {} for round {}", w.process->pid(), cmd.round());
+        run.workers.push_back(std::move(w));
+        continue;
+      }
+      launched = proc.status();
+    }
+    log.WithRank(w.rank).Error("cannot start worker: {}", launched.ToString());
+    w.status.set_state(v1::WORKER_STATE_EXITED);
+    v1::ExitInfo* exit = w.status.mutable_exit();
+    exit->set_exit_code(127);
+    exit->set_startup_failure(true);
+    exit->set_message(std::string(launched.message()));
+    exit->add_last_log_lines(std::string(launched.message()));
+    run.workers.push_back(std::move(w));
+  }
+}
+
+void Agent::StopRun(const std::string& job_id, JobRun* run, Duration grace,
+                    const std::string& why) {
+  if (run->stopping) return;
+  run->stopping = true;
+  run->kill_at = clock_->Now() + grace;
+  bool any = false;
+  for (auto& w : run->workers) {
+    if (IsLive(w.status) && w.process) {
+      w.process->SignalGroup(SIGTERM);
+      any = true;
+    }
+  }
+  if (any) {
+    log_.WithJob(job_id).Info("stopping workers of round {} ({}): SIGTERM, SIGKILL after {}s",
+                              run->assignment.round(), why, ToSeconds(grace));
+  }
+}
+
+void Agent::Reap() {
+  MonoTime now = clock_->Now();
+  for (auto& [job_id, run] : runs_) {
+    bool escalate = run.stopping && !run.killed && now >= run.kill_at;
+    for (auto& w : run.workers) {
+      if (!IsLive(w.status) || !w.process) continue;
+      if (escalate) w.process->SignalGroup(SIGKILL);
+      std::optional<ExitStatus> e = w.process->Poll();
+      if (!e) continue;
+      v1::ExitInfo* exit = w.status.mutable_exit();
+      exit->set_exit_code(e->exit_code);
+      exit->set_signal(e->signal);
+      bool failed = e->exit_code != 0 || e->signal != 0;
+      w.status.set_state(run.stopping ? v1::WORKER_STATE_STOPPED : v1::WORKER_STATE_EXITED);
+      if (failed && !run.stopping) {
+        exit->set_startup_failure(!w.has_progress);
+        std::vector<std::string> lines = TailLines(w.status.stderr_path(), kLastLogLines);
+        if (lines.empty()) lines = TailLines(w.status.stdout_path(), kLastLogLines);
+        for (auto& l : lines) exit->add_last_log_lines(l);
+      }
+      log_.WithJob(job_id).WithRank(w.rank).Info(
+          "worker pid {} {} ({})", w.process->pid(),
+          e->signal ? absl::StrCat("killed by signal ", e->signal)
+                    : absl::StrCat("exited with code ", e->exit_code),
+          run.stopping ? "stopped" : "on its own");
+    }
+    if (escalate) run.killed = true;
+  }
+}
+
+std::vector<v1::AgentJobReport> Agent::Reports() const {
+  std::vector<v1::AgentJobReport> out;
+  for (const auto& [job_id, run] : runs_) {
+    v1::AgentJobReport r;
+    r.set_job_id(job_id);
+    r.set_round(run.assignment.round());
+    for (const auto& w : run.workers) *r.add_workers() = w.status;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void Agent::Register() {
+  v1::RegisterNodeRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_hostname(options_.hostname);
+  req.set_agent_address(options_.agent_address);
+  req.set_incarnation(incarnation_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& r : Reports()) *req.add_jobs() = std::move(r);
+  }
+  MonoTime sent = clock_->Now();
+  auto resp = coordinator_->RegisterNode(req, options_.rpc_timeout);
+  if (!resp.ok()) {
+    static RateLimiter limiter(std::chrono::seconds(5));
+    if (limiter.Allow()) log_.Warn("cannot register with the coordinator: {}", resp.status().ToString());
+    return;
+  }
+  if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
+  if (resp->heartbeat_interval_s() > 0) heartbeat_interval_ = FromSeconds(resp->heartbeat_interval_s());
+  last_renewed_ = sent;
+  fenced_ = false;
+  registered_ = true;
+  next_heartbeat_ = clock_->Now();  // fetch commands at once
+  log_.Info("registered as node {} (incarnation {}), lease {}s", options_.node_id, incarnation_,
+            ToSeconds(lease_));
+}
+
+void Agent::Heartbeat() {
+  v1::HeartbeatRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_incarnation(incarnation_);
+  std::set<std::string> done_at_send;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& r : Reports()) {
+      if (RunDone(runs_.at(r.job_id()))) done_at_send.insert(r.job_id());
+      *req.add_jobs() = std::move(r);
+    }
+  }
+  MonoTime sent = clock_->Now();
+  auto resp = coordinator_->Heartbeat(req, options_.rpc_timeout);
+  if (!resp.ok()) {
+    if (resp.status().code() == absl::StatusCode::kNotFound) {
+      log_.Warn("coordinator does not know this node ({}); registering again",
+                std::string(resp.status().message()));
+      registered_ = false;
+      Register();
+    } else if (resp.status().code() == absl::StatusCode::kAborted) {
+      log_.Error("coordinator fenced this incarnation ({}); stopping workers, new incarnation",
+                 std::string(resp.status().message()));
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [id, run] : runs_) StopRun(id, &run, std::chrono::seconds(1), "fenced");
+      incarnation_ = NewRandomId("inc-");
+      registered_ = false;
+    } else {
+      static RateLimiter limiter(std::chrono::seconds(2));
+      if (limiter.Allow()) log_.Warn("heartbeat failed: {}", resp.status().ToString());
+    }
+    return;
+  }
+  last_renewed_ = sent;
+  fenced_ = false;
+  if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& id : done_at_send) {
+    auto it = runs_.find(id);
+    if (it != runs_.end() && RunDone(it->second)) it->second.final_reported = true;
+  }
+  ApplyCommands(*resp);
+}
+
+void Agent::ApplyCommands(const v1::HeartbeatResponse& resp) {
+  std::set<std::string> desired;
+  for (const auto& cmd : resp.commands()) {
+    if (cmd.kind() != v1::AgentCommand::KIND_START) continue;
+    desired.insert(cmd.job_id());
+    auto it = runs_.find(cmd.job_id());
+    if (it == runs_.end()) {
+      pending_starts_[cmd.job_id()] = cmd;
+    } else if (it->second.assignment.round() < cmd.round()) {
+      StopRun(cmd.job_id(), &it->second, FromSeconds(it->second.spec.stop_grace_s()),
+              absl::StrCat("round ", cmd.round(), " supersedes it"));
+      pending_starts_[cmd.job_id()] = cmd;
+    }
+  }
+  for (auto it = pending_starts_.begin(); it != pending_starts_.end();) {
+    it = desired.count(it->first) ? std::next(it) : pending_starts_.erase(it);
+  }
+  for (auto it = runs_.begin(); it != runs_.end();) {
+    if (desired.count(it->first)) {
+      ++it;
+      continue;
+    }
+    StopRun(it->first, &it->second, FromSeconds(it->second.spec.stop_grace_s()),
+            "no longer assigned to this node");
+    if (RunDone(it->second) && it->second.final_reported) {
+      it = runs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Agent::RunOnce() {
+  MonoTime now = clock_->Now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Reap();
+    // Start pending rounds whose previous workers are all gone.
+    for (auto it = pending_starts_.begin(); it != pending_starts_.end();) {
+      auto run = runs_.find(it->first);
+      if (run != runs_.end() && !RunDone(run->second)) {
+        ++it;
+        continue;
+      }
+      StartRun(it->second);
+      it = pending_starts_.erase(it);
+    }
+  }
+  if (now >= next_heartbeat_) {
+    next_heartbeat_ = now + heartbeat_interval_;
+    if (!registered_) {
+      Register();
+    } else {
+      Heartbeat();
+    }
+  }
+  now = clock_->Now();
+  if (last_renewed_ && !fenced_ && now - *last_renewed_ > lease_ / 2) {
+    fenced_ = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    bool any = false;
+    for (auto& [id, run] : runs_) {
+      if (RunDone(run)) continue;
+      any = true;
+      Duration grace = std::min<Duration>(FromSeconds(run.spec.stop_grace_s()), lease_ / 4);
+      StopRun(id, &run, grace, "lease not renewed");
+    }
+    if (any) {
+      log_.Error("no heartbeat accepted for {}s (lease {}s): stopped this node's workers",
+                 ToSeconds(now - *last_renewed_), ToSeconds(lease_));
+    }
+  }
+}
+
+void Agent::Start() {
+  thread_ = std::thread([this] {
+    while (!stop_.load()) {
+      RunOnce();
+      std::this_thread::sleep_for(kPollInterval);
+    }
+  });
+}
+
+void Agent::Shutdown(Duration grace) {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, run] : runs_) {
+    run.stopping = false;  // re-arm with the shutdown grace
+    StopRun(id, &run, grace, "agent shutting down");
+  }
+  MonoTime deadline = clock_->Now() + grace + std::chrono::seconds(1);
+  while (true) {
+    Reap();
+    bool done = true;
+    for (auto& [id, run] : runs_) done = done && RunDone(run);
+    if (done || clock_->Now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+Status Agent::ReportProgress(const std::string& job_id, int round, const std::string& token,
+                             const v1::RankProgress& progress) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = runs_.find(job_id);
+  if (it == runs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no workers on node ",
+                                            options_.node_id));
+  }
+  JobRun& run = it->second;
+  if (token != run.progress_token) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("job ", job_id, ": wrong progress token (LOCKSTEP_AGENT_TOKEN)"));
+  }
+  if (round != run.assignment.round()) {
+    return absl::AbortedError(absl::StrCat("job ", job_id, ": stale round ", round, " (current ",
+                                           run.assignment.round(), ")"));
+  }
+  for (auto& w : run.workers) {
+    if (w.rank != progress.rank()) continue;
+    *w.status.mutable_progress() = progress;
+    w.status.mutable_progress()->set_reported_unix_ms(clock_->UnixMillis());
+    w.has_progress = true;
+    if (w.status.state() == v1::WORKER_STATE_STARTING) w.status.set_state(v1::WORKER_STATE_RUNNING);
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("job ", job_id, ": rank ", progress.rank(),
+                                          " does not run on node ", options_.node_id));
+}
+
+StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool stderr_stream,
+                                   int64_t offset, int64_t tail_bytes, int64_t max_bytes) const {
+  if (!IsSafeId(job_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job id \"", job_id, "\" is not a valid job id (no paths)"));
+  }
+  if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is negative"));
+  if (offset < 0) return absl::InvalidArgumentError("offset is negative");
+  if (max_bytes <= 0 || max_bytes > kMaxLogChunkBytes) max_bytes = kMaxLogChunkBytes;
+  LogChunk chunk;
+  chunk.path = LogPath(job_id, rank, stderr_stream);
+  struct stat st;
+  if (::stat(chunk.path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no rank ", rank,
+                                            " output on node ", options_.node_id));
+  }
+  if (tail_bytes > 0 && offset == 0) offset = std::max<int64_t>(0, st.st_size - tail_bytes);
+  offset = std::min<int64_t>(offset, st.st_size);
+  std::ifstream in(chunk.path, std::ios::binary);
+  in.seekg(offset);
+  int64_t n = std::min<int64_t>(max_bytes, st.st_size - offset);
+  chunk.data.resize(n);
+  in.read(chunk.data.data(), n);
+  chunk.data.resize(in.gcount());
+  chunk.next_offset = offset + chunk.data.size();
+  chunk.worker_done = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = runs_.find(job_id);
+  if (it != runs_.end()) {
+    for (const auto& w : it->second.workers) {
+      if (w.rank == rank && IsLive(w.status)) chunk.worker_done = false;
+    }
+  }
+  if (pending_starts_.count(job_id)) chunk.worker_done = false;
+  return chunk;
+}
+
+std::vector<v1::AgentJobReport> Agent::ListWorkers(const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::AgentJobReport> out;
+  for (auto& r : Reports()) {
+    if (job_id.empty() || r.job_id() == job_id) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace daemon
+}  // namespace lockstep

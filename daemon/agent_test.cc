@@ -1,0 +1,253 @@
+#include "daemon/agent.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_split.h"
+#include "daemon/fake_coordinator_client.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class AgentTest : public ::testing::Test {
+ protected:
+  AgentTest() {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    state_dir_ = std::string(tmp ? tmp : "/tmp") + "/agent-" +
+                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    launcher_ = NewPosixProcessLauncher();
+    AgentOptions options;
+    options.node_id = "n1";
+    options.hostname = "host1";
+    options.agent_address = "127.0.0.1:5555";
+    options.state_dir = state_dir_;
+    options.base_env = {"PATH=/usr/bin:/bin", "EXTRA=base"};
+    agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  }
+  ~AgentTest() override { agent_->Shutdown(milliseconds(200)); }
+
+  static v1::AgentCommand Start(const std::string& job, int round, const std::string& script,
+                                int nproc = 2, double grace = 5) {
+    v1::AgentCommand cmd;
+    cmd.set_kind(v1::AgentCommand::KIND_START);
+    cmd.set_job_id(job);
+    cmd.set_round(round);
+    v1::JobSpec* spec = cmd.mutable_spec();
+    spec->add_command("/bin/sh");
+    spec->add_command("-c");
+    spec->add_command(script);
+    spec->set_min_nodes(2);
+    spec->set_max_nodes(2);
+    spec->set_nproc_per_node(nproc);
+    spec->set_stop_grace_s(grace);
+    (*spec->mutable_env())["JOBVAR"] = "jv";
+    v1::RoundAssignment* a = cmd.mutable_assignment();
+    a->set_job_id(job);
+    a->set_round(round);
+    a->set_node_rank(1);
+    a->set_num_nodes(2);
+    a->set_world_size(2 * nproc);
+    a->set_nproc_per_node(nproc);
+    a->set_master_addr("10.0.0.1");
+    a->set_master_port(29511);
+    a->set_store_address("127.0.0.1:7000");
+    a->set_restart_count(round - 1);
+    return cmd;
+  }
+
+  void Command(std::vector<v1::AgentCommand> cmds) {
+    v1::HeartbeatResponse resp;
+    for (auto& c : cmds) *resp.add_commands() = c;
+    coord_.SetResponse(resp);
+  }
+
+  // Runs the agent loop until `pred` holds or 15 s pass.
+  bool RunUntil(const std::function<bool()>& pred) {
+    auto deadline = std::chrono::steady_clock::now() + seconds(15);
+    while (std::chrono::steady_clock::now() < deadline) {
+      agent_->RunOnce();
+      if (pred()) return true;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return false;
+  }
+
+  std::vector<v1::WorkerStatus> Workers(const std::string& job) {
+    auto reports = agent_->ListWorkers(job);
+    if (reports.empty()) return {};
+    return {reports[0].workers().begin(), reports[0].workers().end()};
+  }
+
+  bool AllIn(const std::string& job, v1::WorkerState state, size_t n = 2) {
+    auto ws = Workers(job);
+    if (ws.size() != n) return false;
+    for (auto& w : ws) {
+      if (w.state() != state) return false;
+    }
+    return true;
+  }
+
+  std::string Output(const std::string& job, int rank) {
+    auto chunk = agent_->ReadLogs(job, rank, false, 0, 0, 0);
+    return chunk.ok() ? chunk->data : "";
+  }
+
+  std::string state_dir_;
+  FakeCoordinatorClient coord_;
+  std::unique_ptr<ProcessLauncher> launcher_;
+  std::unique_ptr<Agent> agent_;
+};
+
+TEST_F(AgentTest, SpawnsWorkersWithTheWorkerEnvironment) {
+  Command({Start("j1", 1,
+                 "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK "
+                 "$MASTER_ADDR $MASTER_PORT $TORCHELASTIC_RESTART_COUNT\"; "
+                 "echo \"$LOCKSTEP_JOB_ID $LOCKSTEP_RANK $LOCKSTEP_LOCAL_RANK "
+                 "$LOCKSTEP_WORLD_SIZE $LOCKSTEP_LOCAL_WORLD_SIZE $LOCKSTEP_NODE_RANK "
+                 "$LOCKSTEP_NUM_NODES $LOCKSTEP_ROUND $LOCKSTEP_RESTART_COUNT $LOCKSTEP_STORE "
+                 "$LOCKSTEP_AGENT $JOBVAR $EXTRA\"")});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED); }));
+  EXPECT_TRUE(agent_->registered());
+  auto ws = Workers("j1");
+  EXPECT_EQ(ws[0].rank(), 2);
+  EXPECT_EQ(ws[1].rank(), 3);
+  EXPECT_EQ(ws[1].exit().exit_code(), 0);
+  std::string out = Output("j1", 3);
+  EXPECT_NE(out.find("=== lockstep: job j1 round 1 rank 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("3 1 4 2 1 10.0.0.1 29511 0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("j1 3 1 4 2 1 2 1 0 127.0.0.1:7000 127.0.0.1:5555 jv base\n"),
+            std::string::npos)
+      << out;
+  // The exited state reaches the coordinator.
+  ASSERT_TRUE(RunUntil([&] {
+    auto hbs = coord_.heartbeats();
+    if (hbs.empty() || hbs.back().jobs_size() != 1) return false;
+    for (auto& w : hbs.back().jobs(0).workers()) {
+      if (w.state() != v1::WORKER_STATE_EXITED) return false;
+    }
+    return true;
+  }));
+}
+
+TEST_F(AgentTest, FailedWorkerReportsCodeStartupFailureAndLastLines) {
+  Command({Start("j1", 1, "echo first >&2; echo \"bad rank $RANK\" >&2; exit 4", 1)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  v1::WorkerStatus w = Workers("j1")[0];
+  EXPECT_EQ(w.exit().exit_code(), 4);
+  EXPECT_TRUE(w.exit().startup_failure());
+  ASSERT_EQ(w.exit().last_log_lines_size(), 2);
+  EXPECT_EQ(w.exit().last_log_lines(1), "bad rank 1");
+}
+
+TEST_F(AgentTest, UnlaunchableCommandIsAStartupFailureWithTheReason) {
+  v1::AgentCommand cmd = Start("j1", 1, "", 1);
+  cmd.mutable_spec()->set_command(0, "/nonexistent/train");
+  Command({cmd});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  v1::WorkerStatus w = Workers("j1")[0];
+  EXPECT_EQ(w.exit().exit_code(), 127);
+  EXPECT_TRUE(w.exit().startup_failure());
+  EXPECT_NE(w.exit().message().find("/nonexistent/train"), std::string::npos);
+}
+
+TEST_F(AgentTest, UnassignedJobIsStoppedWithTermThenKillAfterGrace) {
+  // The workers ignore SIGTERM: only SIGKILL after the 0.3 s grace ends them.
+  Command({Start("j1", 1, "trap '' TERM; echo ready; while true; do sleep 0.05; done", 2, 0.3)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STARTING); }));
+  ASSERT_TRUE(RunUntil([&] { return Output("j1", 2).find("ready") != std::string::npos; }));
+  auto start = std::chrono::steady_clock::now();
+  Command({});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STOPPED); }));
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, milliseconds(250));
+  EXPECT_LT(took, seconds(5));
+  for (auto& w : Workers("j1")) {
+    EXPECT_EQ(w.exit().signal(), SIGKILL);
+    EXPECT_NE(::kill(w.pid(), 0), 0);
+  }
+  // Once the final state was reported the job is forgotten.
+  ASSERT_TRUE(RunUntil([&] { return agent_->ListWorkers("j1").empty(); }));
+}
+
+TEST_F(AgentTest, SelfFencesWhenTheLeaseCannotBeRenewed) {
+  coord_.SetLease(1.0);
+  Command({Start("j1", 1, "while true; do sleep 0.05; done", 2, 5)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STARTING); }));
+  auto cut = std::chrono::steady_clock::now();
+  coord_.SetFailure(absl::UnavailableError("coordinator unreachable"));
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STOPPED); }));
+  // Stopped within lease/2 + lease/4 grace of the last renewal: before the
+  // coordinator's lease (1 s) could expire.
+  EXPECT_LT(std::chrono::steady_clock::now() - cut, milliseconds(1000));
+}
+
+TEST_F(AgentTest, NewRoundStartsOnlyAfterOldWorkersAreGone) {
+  Command({Start("j1", 1, "trap 'sleep 0.3; exit 0' TERM; while true; do sleep 0.05; done", 1)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STARTING, 1); }));
+  int64_t old_pid = Workers("j1")[0].pid();
+  ASSERT_TRUE(RunUntil([&] { return Output("j1", 1).find("===") != std::string::npos; }));
+  std::this_thread::sleep_for(milliseconds(100));  // let the shell install its trap
+  Command({Start("j1", 2, "echo round $LOCKSTEP_ROUND; sleep 60", 1)});
+  bool overlapped = false;
+  ASSERT_TRUE(RunUntil([&] {
+    auto reports = agent_->ListWorkers("j1");
+    if (reports.empty() || reports[0].round() != 2) return false;
+    if (::kill(old_pid, 0) == 0 && ::waitpid(old_pid, nullptr, WNOHANG) == 0) overlapped = true;
+    return reports[0].workers(0).state() == v1::WORKER_STATE_STARTING;
+  }));
+  EXPECT_FALSE(overlapped);
+  EXPECT_NE(Workers("j1")[0].pid(), old_pid);
+}
+
+TEST_F(AgentTest, ProgressNeedsTheRunTokenAndCurrentRound) {
+  Command({Start("j1", 1, "echo token=$LOCKSTEP_AGENT_TOKEN; sleep 60", 1)});
+  ASSERT_TRUE(RunUntil([&] { return Output("j1", 1).find("token=") != std::string::npos; }));
+  std::string out = Output("j1", 1);
+  std::string token = out.substr(out.find("token=") + 6);
+  token = token.substr(0, token.find('\n'));
+  v1::RankProgress p;
+  p.set_rank(1);
+  p.set_step(7);
+  p.set_loss(0.5);
+  EXPECT_EQ(agent_->ReportProgress("j1", 1, "wrong", p).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(agent_->ReportProgress("j1", 0, token, p).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(agent_->ReportProgress("jx", 1, token, p).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(agent_->ReportProgress("j1", 1, token, p).ok());
+  auto w = Workers("j1")[0];
+  EXPECT_EQ(w.state(), v1::WORKER_STATE_RUNNING);
+  EXPECT_EQ(w.progress().step(), 7);
+  ASSERT_TRUE(RunUntil([&] {
+    auto hbs = coord_.heartbeats();
+    return !hbs.empty() && hbs.back().jobs_size() == 1 &&
+           hbs.back().jobs(0).workers(0).progress().step() == 7;
+  }));
+}
+
+TEST_F(AgentTest, ReadLogsRejectsPathsAndUnknownRanks) {
+  EXPECT_EQ(agent_->ReadLogs("../../etc", 0, false, 0, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(agent_->ReadLogs("j1/../../x", 0, false, 0, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(agent_->ReadLogs("j1", -1, false, 0, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(agent_->ReadLogs("j1", 9, false, 0, 0, 0).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace daemon
+}  // namespace lockstep
