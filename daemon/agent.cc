@@ -69,6 +69,7 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
       launcher_(launcher),
       coordinator_(coordinator),
       incarnation_(NewRandomId("inc-")),
+      agent_address_(options_.agent_address),
       heartbeat_interval_(options_.heartbeat_interval),
       lease_(options_.lease),
       next_heartbeat_(clock->Now()) {}
@@ -137,7 +138,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       set("LOCKSTEP_ROUND", std::to_string(cmd.round()));
       set("LOCKSTEP_RESTART_COUNT", std::to_string(a.restart_count()));
       set("LOCKSTEP_STORE", a.store_address());
-      set("LOCKSTEP_AGENT", options_.agent_address);
+      set("LOCKSTEP_AGENT", agent_address_);
       set("LOCKSTEP_AGENT_TOKEN", run.progress_token);
       set("RANK", std::to_string(w.rank));
       set("LOCAL_RANK", std::to_string(local));
@@ -249,7 +250,7 @@ void Agent::Register() {
   v1::RegisterNodeRequest req;
   req.set_node_id(options_.node_id);
   req.set_hostname(options_.hostname);
-  req.set_agent_address(options_.agent_address);
+  req.set_agent_address(agent_address_);
   req.set_incarnation(incarnation_);
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -95,6 +95,10 @@ class Agent {
   // and reaps them. Blocks for at most grace + 1 s.
   void Shutdown(Duration grace);
 
+  // Sets the address workers and the coordinator use to reach this agent,
+  // known only once the server bound its port. REQUIRES: before Start.
+  void SetAgentAddress(const std::string& address) { agent_address_ = address; }
+
   // True once the coordinator accepted a registration.
   bool registered() const { return registered_.load(); }
   const std::string& incarnation() const { return incarnation_; }
@@ -146,6 +150,7 @@ class Agent {
   ProcessLauncher* const launcher_;
   CoordinatorClient* const coordinator_;
   std::string incarnation_;
+  std::string agent_address_;
   Logger log_{"agent"};
 
   // Loop-thread state.

@@ -50,7 +50,14 @@ uint32_t Fnv1a(const std::string& s) {
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, JobStore* store)
-    : options_(std::move(options)), clock_(clock), store_(store) {}
+    : options_(std::move(options)), clock_(clock), store_(store) {
+  store_address_ = options_.store_address;
+}
+
+void Coordinator::SetStoreAddress(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  store_address_ = address;
+}
 
 bool Coordinator::IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
@@ -508,7 +515,7 @@ v1::RoundAssignment Coordinator::AssignmentFor(const v1::Job& job, int node_rank
   if (first != nodes_.end()) a.set_master_addr(HostOf(first->second.info.agent_address()));
   a.set_master_port(options_.master_port_base +
                     Fnv1a(absl::StrCat(job.job_id(), "/", job.round())) % 10000);
-  a.set_store_address(options_.store_address);
+  a.set_store_address(store_address_);
   a.set_store_namespace(absl::StrCat(job.job_id(), "/", job.round()));
   a.set_restart_count(job.restart_count());
   return a;

@@ -113,6 +113,10 @@ class Coordinator {
   StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   std::vector<v1::NodeInfo> ListNodes() const;
 
+  // Sets the LOCKSTEP_STORE address handed to workers (known only once the
+  // server bound its port). Overrides options.store_address.
+  void SetStoreAddress(const std::string& address);
+
   // Drives time: lease expiry, round opening and closing, restart backoff.
   // Call every ~100 ms (the daemon) or after FakeClock::Advance (tests).
   void Tick();
@@ -181,6 +185,7 @@ class Coordinator {
   std::map<std::string, NodeState> nodes_;       // GUARDED_BY(mu_)
   std::map<int64_t, Watch> watches_;             // GUARDED_BY(mu_)
   int64_t next_watch_ = 1;                       // GUARDED_BY(mu_)
+  std::string store_address_;                    // GUARDED_BY(mu_)
 };
 
 }  // namespace daemon

@@ -1,0 +1,58 @@
+#include "daemon/agent_service.h"
+
+#include "daemon/grpc_auth.h"
+#include "rendezvous/grpc_status.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const Status& s) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AgentGrpcService::ReportProgress(grpc::CallbackServerContext* ctx,
+                                                           const v1::ReportProgressRequest* req,
+                                                           v1::ReportProgressResponse*) {
+  if (req->job_id().empty()) return Done(ctx, absl::InvalidArgumentError("job_id: empty"));
+  return Done(ctx, core_->ReportProgress(req->job_id(), req->round(), req->token(),
+                                         req->progress()));
+}
+
+grpc::ServerUnaryReactor* AgentGrpcService::ListWorkers(grpc::CallbackServerContext* ctx,
+                                                        const v1::ListWorkersRequest* req,
+                                                        v1::ListWorkersResponse* resp) {
+  Status s = AuthorizeCall(*ctx, token_);
+  if (!s.ok()) return Done(ctx, s);
+  for (const auto& r : core_->ListWorkers(req->job_id())) {
+    v1::AgentJobReportLite* out = resp->add_jobs();
+    out->set_job_id(r.job_id());
+    out->set_round(r.round());
+    *out->mutable_workers() = r.workers();
+  }
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AgentGrpcService::ReadLogs(grpc::CallbackServerContext* ctx,
+                                                     const v1::ReadLogsRequest* req,
+                                                     v1::ReadLogsResponse* resp) {
+  Status s = AuthorizeCall(*ctx, token_);
+  if (!s.ok()) return Done(ctx, s);
+  auto chunk = core_->ReadLogs(req->job_id(), req->rank(),
+                               req->stream() == v1::ReadLogsRequest::STREAM_STDERR, req->offset(),
+                               req->tail_bytes(), req->max_bytes());
+  if (chunk.ok()) {
+    resp->set_data(std::move(chunk->data));
+    resp->set_next_offset(chunk->next_offset);
+    resp->set_worker_done(chunk->worker_done);
+    resp->set_path(chunk->path);
+  }
+  return Done(ctx, chunk.status());
+}
+
+}  // namespace daemon
+}  // namespace lockstep

@@ -1,0 +1,44 @@
+// AgentGrpcService: the thin gRPC shell over Agent (lockstep.v1.AgentService).
+//
+// Auth: ListWorkers and ReadLogs need the daemon's bearer token;
+// ReportProgress needs the per-run token the agent gave the worker.
+// Threading: gRPC's callback API; every handler completes at once (the
+// core never blocks). Log following is client-side polling of ReadLogs
+// with next_offset, so no server thread waits on a growing file.
+#ifndef LOCKSTEP_DAEMON_AGENT_SERVICE_H_
+#define LOCKSTEP_DAEMON_AGENT_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "daemon/agent.h"
+#include "lockstep/v1/agent.grpc.pb.h"
+
+namespace lockstep {
+namespace daemon {
+
+class AgentGrpcService final : public v1::AgentService::CallbackService {
+ public:
+  // `core` must outlive the service and the server.
+  AgentGrpcService(Agent* core, std::string token) : core_(core), token_(std::move(token)) {}
+
+  grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* ctx,
+                                           const v1::ReportProgressRequest* req,
+                                           v1::ReportProgressResponse* resp) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
+                                        const v1::ListWorkersRequest* req,
+                                        v1::ListWorkersResponse* resp) override;
+  grpc::ServerUnaryReactor* ReadLogs(grpc::CallbackServerContext* ctx,
+                                     const v1::ReadLogsRequest* req,
+                                     v1::ReadLogsResponse* resp) override;
+
+ private:
+  Agent* const core_;
+  const std::string token_;
+};
+
+}  // namespace daemon
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DAEMON_AGENT_SERVICE_H_

@@ -1,0 +1,62 @@
+// CoordinatorGrpcService: the thin gRPC shell over Coordinator
+// (lockstep.v1.CoordinatorService). Per RPC: check the bearer token,
+// validate, call the core, map the status through rendezvous/grpc_status.h.
+//
+// Threading: gRPC's callback API. Every RPC but WatchJob completes inside
+// its handler (core calls are short critical sections plus one SQLite
+// write). WatchJob is a long poll that holds no thread while it waits: it
+// registers Coordinator::WatchOnce and returns; the reactor is finished
+// from the core's change callback (on the thread that made the change) or
+// from OnCancel when the client's deadline passes or it goes away.
+#ifndef LOCKSTEP_DAEMON_COORDINATOR_SERVICE_H_
+#define LOCKSTEP_DAEMON_COORDINATOR_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "daemon/coordinator.h"
+#include "lockstep/v1/coordinator.grpc.pb.h"
+
+namespace lockstep {
+namespace daemon {
+
+class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
+ public:
+  // `core` must outlive the service and the server.
+  CoordinatorGrpcService(Coordinator* core, std::string token)
+      : core_(core), token_(std::move(token)) {}
+
+  grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
+                                         const v1::RegisterNodeRequest* req,
+                                         v1::RegisterNodeResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
+                                      const v1::SubmitJobRequest* req,
+                                      v1::SubmitJobResponse* resp) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+                                   v1::GetJobResponse* resp) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const v1::ListJobsRequest* req,
+                                     v1::ListJobsResponse* resp) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
+                                      const v1::CancelJobRequest* req,
+                                      v1::CancelJobResponse* resp) override;
+  grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
+                                      const v1::ListNodesRequest* req,
+                                      v1::ListNodesResponse* resp) override;
+  grpc::ServerUnaryReactor* WatchJob(grpc::CallbackServerContext* ctx,
+                                     const v1::WatchJobRequest* req,
+                                     v1::WatchJobResponse* resp) override;
+
+ private:
+  Coordinator* const core_;
+  const std::string token_;
+};
+
+}  // namespace daemon
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DAEMON_COORDINATOR_SERVICE_H_

@@ -1,0 +1,311 @@
+// lockstepd: the Lockstep daemon. Every daemon is an agent (AgentService,
+// worker supervision); with --coordinator it also hosts the coordinator
+// (CoordinatorService, job table in <state-dir>/coordinator.db), the
+// store's StoreService and, once it lands, RendezvousService.
+// Composition root: flags -> config -> construct -> wire -> serve.
+// See daemon/README.md for the operator's view.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/clock.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "daemon/agent.h"
+#include "daemon/agent_service.h"
+#include "daemon/coordinator.h"
+#include "daemon/coordinator_service.h"
+#include "daemon/grpc_coordinator_client.h"
+#include "daemon/process_launcher.h"
+#include "daemon/sqlite_job_store.h"
+#include "daemon/token.h"
+#include "rendezvous/store_core.h"
+#include "rendezvous/store_service.h"
+
+extern char** environ;
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+struct Config {
+  std::string state_dir = "/var/lib/lockstep";
+  std::string listen = "127.0.0.1:7070";
+  std::string advertise;
+  bool coordinator = false;
+  bool agent = true;
+  std::string coordinator_address;
+  std::string token_file;
+  std::string node_id;
+  std::string address_file;
+  std::string run_as;
+  std::vector<std::string> allowed_commands;
+  double lease_s = ToSeconds(kDefaultLease);
+  double heartbeat_interval_s = ToSeconds(kDefaultHeartbeatInterval);
+  double restart_backoff_s = ToSeconds(kDefaultRestartBackoff);
+  double max_restart_backoff_s = ToSeconds(kDefaultMaxRestartBackoff);
+  double shutdown_grace_s = 10;
+  std::string log_level;
+};
+
+StatusOr<Config> ParseFlags(int argc, char** argv) {
+  Config c;
+  FlagSet flags("lockstepd", "Lockstep daemon: agent on every host; --coordinator also hosts "
+                             "the coordinator, the store and rendezvous.");
+  flags.String("state-dir", &c.state_dir, "jobs, logs, token and the job table live here");
+  flags.String("listen", &c.listen, "gRPC listen address (host:port; port 0 = pick one)");
+  flags.String("advertise-address", &c.advertise,
+               "address others use to reach this daemon (default: listen host + bound port)");
+  flags.Bool("coordinator", &c.coordinator, "also run the coordinator, store and rendezvous");
+  flags.Bool("agent", &c.agent, "run the agent (supervise workers on this host)");
+  flags.String("coordinator-address", &c.coordinator_address,
+               "host:port of the coordinator (default: this daemon with --coordinator)");
+  flags.String("token-file", &c.token_file,
+               "bearer token file (default <state-dir>/token; created 0600 if missing)");
+  flags.String("node-id", &c.node_id, "this node's stable id (default: hostname)");
+  flags.String("address-file", &c.address_file,
+               "write the bound address here once serving (for scripts using port 0)");
+  flags.String("run-as", &c.run_as, "run workers as this user (never root)");
+  flags.StringList("allowed-command", &c.allowed_commands,
+                   "if given (repeatable), jobs may only run these programs (command[0])");
+  flags.Double("lease-s", &c.lease_s, "coordinator: a node is dead after this long silent");
+  flags.Double("heartbeat-interval-s", &c.heartbeat_interval_s, "coordinator: agents heartbeat this often");
+  flags.Double("restart-backoff-s", &c.restart_backoff_s, "coordinator: first restart backoff (doubles)");
+  flags.Double("max-restart-backoff-s", &c.max_restart_backoff_s, "coordinator: backoff cap");
+  flags.Double("shutdown-grace-s", &c.shutdown_grace_s,
+               "on SIGTERM: workers get this long after SIGTERM before SIGKILL");
+  flags.String("log-level", &c.log_level, "trace|debug|info|warn|error (default LOCKSTEP_LOG_LEVEL or info)");
+  ASSIGN_OR_RETURN(std::vector<std::string> rest, flags.Parse(argc, argv));
+  if (!rest.empty()) return absl::InvalidArgumentError("unexpected argument: " + rest[0]);
+  if (!c.coordinator && !c.agent) {
+    return absl::InvalidArgumentError("--no-agent needs --coordinator: nothing to run");
+  }
+  if (!c.coordinator && c.coordinator_address.empty()) {
+    return absl::InvalidArgumentError("--coordinator-address is required without --coordinator");
+  }
+  if (c.lease_s <= 0 || c.heartbeat_interval_s <= 0 || c.heartbeat_interval_s * 3 > c.lease_s) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lease-s must be at least 3x --heartbeat-interval-s (got ", c.lease_s, " and ",
+        c.heartbeat_interval_s, ")"));
+  }
+  if (c.run_as == "root" || c.run_as == "0") {
+    return absl::InvalidArgumentError("--run-as: workers never run as root");
+  }
+  if (c.token_file.empty()) c.token_file = c.state_dir + "/token";
+  if (c.node_id.empty()) {
+    char host[256] = {0};
+    ::gethostname(host, sizeof(host) - 1);
+    c.node_id = host;
+  }
+  return c;
+}
+
+// The agent's CoordinatorClient, connected once the coordinator's address
+// is known (after bind, when this daemon is the coordinator).
+class DeferredCoordinatorClient : public CoordinatorClient {
+ public:
+  void Connect(const std::string& address, const std::string& token) {
+    client_ = std::make_unique<GrpcCoordinatorClient>(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), token, address);
+  }
+  StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& request,
+                                                  Duration timeout) override {
+    return client_->RegisterNode(request, timeout);
+  }
+  StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
+                                            Duration timeout) override {
+    return client_->Heartbeat(request, timeout);
+  }
+
+ private:
+  std::unique_ptr<GrpcCoordinatorClient> client_;  // set before the agent starts
+};
+
+Status MakeDir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::UnavailableError(absl::StrCat("mkdir ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+int Run(int argc, char** argv) {
+  auto config_or = ParseFlags(argc, argv);
+  if (!config_or.ok()) {
+    if (config_or.status().code() == absl::StatusCode::kNotFound) {
+      std::cout << config_or.status().message();
+      return 0;
+    }
+    std::cerr << "lockstepd: " << config_or.status().message() << "\n";
+    return 2;
+  }
+  Config config = *config_or;
+  Status s = InitLogging(config.log_level);
+  if (!s.ok()) {
+    std::cerr << "lockstepd: " << s.message() << "\n";
+    return 2;
+  }
+  Logger log("lockstepd");
+  for (const auto& dir : {config.state_dir, config.state_dir + "/jobs"}) {
+    s = MakeDir(dir);
+    if (!s.ok()) {
+      log.Error("{}", s.ToString());
+      return 1;
+    }
+  }
+  auto token = LoadToken(config.token_file, /*create=*/true);
+  if (!token.ok()) {
+    log.Error("{}", token.status().ToString());
+    return 1;
+  }
+
+  // Block termination signals before any thread starts; main waits on them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  // Coordinator side.
+  std::unique_ptr<SqliteJobStore> job_store;
+  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<CoordinatorGrpcService> coordinator_service;
+  std::unique_ptr<rendezvous::StoreCore> store_core;
+  std::unique_ptr<rendezvous::StoreGrpcService> store_service;
+  if (config.coordinator) {
+    auto opened = SqliteJobStore::Open(config.state_dir + "/coordinator.db");
+    if (!opened.ok()) {
+      log.Error("{}", opened.status().ToString());
+      return 1;
+    }
+    job_store = std::move(*opened);
+    CoordinatorOptions options;
+    options.lease = FromSeconds(config.lease_s);
+    options.heartbeat_interval = FromSeconds(config.heartbeat_interval_s);
+    options.restart_backoff = FromSeconds(config.restart_backoff_s);
+    options.max_restart_backoff = FromSeconds(config.max_restart_backoff_s);
+    options.allowed_commands = config.allowed_commands;
+    coordinator = std::make_unique<Coordinator>(options, RealClock(), job_store.get());
+    s = coordinator->Recover();
+    if (!s.ok()) {
+      log.Error("recovering the job table: {}", s.ToString());
+      return 1;
+    }
+    coordinator_service = std::make_unique<CoordinatorGrpcService>(coordinator.get(), *token);
+    store_core = std::make_unique<rendezvous::StoreCore>();
+    store_service = std::make_unique<rendezvous::StoreGrpcService>(store_core.get());
+  }
+
+  // Agent side. Its own address (and, with --coordinator, the
+  // coordinator's) is known only after bind; it starts after that.
+  std::unique_ptr<ProcessLauncher> launcher = NewPosixProcessLauncher();
+  DeferredCoordinatorClient coordinator_client;
+  std::unique_ptr<Agent> agent;
+  std::unique_ptr<AgentGrpcService> agent_service;
+  if (config.agent) {
+    AgentOptions options;
+    options.node_id = config.node_id;
+    char host[256] = {0};
+    ::gethostname(host, sizeof(host) - 1);
+    options.hostname = host;
+    options.state_dir = config.state_dir;
+    options.run_as = config.run_as;
+    options.allowed_commands = config.allowed_commands;
+    for (char** e = environ; *e; ++e) options.base_env.push_back(*e);
+    options.heartbeat_interval = FromSeconds(config.heartbeat_interval_s);
+    options.lease = FromSeconds(config.lease_s);
+    agent = std::make_unique<Agent>(options, RealClock(), launcher.get(), &coordinator_client);
+    agent_service = std::make_unique<AgentGrpcService>(agent.get(), *token);
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  rendezvous::ConfigureStoreServerBuilder(&builder);
+  int port = 0;
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  if (coordinator_service) builder.RegisterService(coordinator_service.get());
+  if (store_service) builder.RegisterService(store_service.get());
+  if (agent_service) builder.RegisterService(agent_service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    log.Error("cannot listen on {}", config.listen);
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  std::string advertise = config.advertise;
+  if (advertise.empty()) {
+    advertise = absl::StrCat(config.listen.substr(0, config.listen.rfind(':')), ":", port);
+  }
+  std::string coordinator_address =
+      config.coordinator_address.empty() ? advertise : config.coordinator_address;
+  log.Info("listening on {} (advertised {}), state dir {}, node {}{}", config.listen, advertise,
+           config.state_dir, config.node_id,
+           config.coordinator ? ", coordinator" : ", coordinator at " + coordinator_address);
+
+  std::atomic<bool> stop{false};
+  std::thread ticker;
+  if (coordinator) {
+    coordinator->SetStoreAddress(advertise);
+    ticker = std::thread([&] {
+      while (!stop.load()) {
+        coordinator->Tick();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  }
+  if (agent) {
+    coordinator_client.Connect(coordinator_address, *token);
+    agent->SetAgentAddress(advertise);
+    agent->Start();
+  }
+
+  // Ready: the coordinator reloaded its table (above) and the agent is
+  // registered. Only then does grpc.health.v1 answer SERVING.
+  std::thread readiness([&] {
+    while (!stop.load()) {
+      if (!agent || agent->registered()) {
+        health->SetServingStatus(true);
+        log.Info("ready: health SERVING");
+        if (!config.address_file.empty()) {
+          std::string tmp = config.address_file + ".tmp";
+          std::ofstream(tmp) << advertise << "\n";
+          std::rename(tmp.c_str(), config.address_file.c_str());
+        }
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  log.Info("signal {}: shutting down", sig);
+  stop = true;
+  readiness.join();
+  health->SetServingStatus(false);
+  if (agent) agent->Shutdown(FromSeconds(config.shutdown_grace_s));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server->Wait();
+  if (ticker.joinable()) ticker.join();
+  log.Info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace daemon
+}  // namespace lockstep
+
+int main(int argc, char** argv) { return lockstep::daemon::Run(argc, argv); }

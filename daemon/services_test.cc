@@ -1,0 +1,203 @@
+// The gRPC shells over loopback port 0: auth, status mapping, the WatchJob
+// long poll, and an agent driven by the coordinator through gRPC.
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "daemon/agent.h"
+#include "daemon/agent_service.h"
+#include "daemon/coordinator.h"
+#include "daemon/coordinator_service.h"
+#include "daemon/fake_job_store.h"
+#include "daemon/grpc_coordinator_client.h"
+#include "daemon/process_launcher.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+constexpr char kToken[] = "t0ken";
+
+class ServicesTest : public ::testing::Test {
+ protected:
+  ServicesTest() {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    CoordinatorOptions options;
+    options.heartbeat_interval = std::chrono::milliseconds(50);
+    coordinator_ = std::make_unique<Coordinator>(options, RealClock(), &store_);
+    EXPECT_TRUE(coordinator_->Recover().ok());
+    coordinator_service_ = std::make_unique<CoordinatorGrpcService>(coordinator_.get(), kToken);
+    launcher_ = NewPosixProcessLauncher();
+    AgentOptions agent_options;
+    agent_options.node_id = "n1";
+    agent_options.state_dir = std::string(tmp ? tmp : "/tmp") + "/services";
+    agent_options.base_env = {"PATH=/usr/bin:/bin"};
+    agent_ = std::make_unique<Agent>(agent_options, RealClock(), launcher_.get(), &client_proxy_);
+    agent_service_ = std::make_unique<AgentGrpcService>(agent_.get(), kToken);
+
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(coordinator_service_.get());
+    builder.RegisterService(agent_service_.get());
+    server_ = builder.BuildAndStart();
+    address_ = "127.0.0.1:" + std::to_string(port);
+    auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    coord_stub_ = v1::CoordinatorService::NewStub(channel);
+    agent_stub_ = v1::AgentService::NewStub(channel);
+    client_proxy_.client = std::make_unique<GrpcCoordinatorClient>(channel, kToken, address_);
+    agent_->SetAgentAddress(address_);
+  }
+  ~ServicesTest() override {
+    agent_->Shutdown(std::chrono::milliseconds(200));
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  }
+
+  std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token = kToken) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return ctx;
+  }
+
+  struct Proxy : CoordinatorClient {
+    StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& r,
+                                                    Duration t) override {
+      return client->RegisterNode(r, t);
+    }
+    StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& r, Duration t) override {
+      return client->Heartbeat(r, t);
+    }
+    std::unique_ptr<GrpcCoordinatorClient> client;
+  };
+
+  FakeJobStore store_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<CoordinatorGrpcService> coordinator_service_;
+  std::unique_ptr<ProcessLauncher> launcher_;
+  Proxy client_proxy_;
+  std::unique_ptr<Agent> agent_;
+  std::unique_ptr<AgentGrpcService> agent_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::unique_ptr<v1::CoordinatorService::Stub> coord_stub_;
+  std::unique_ptr<v1::AgentService::Stub> agent_stub_;
+};
+
+TEST_F(ServicesTest, EveryCallNeedsTheToken) {
+  v1::ListJobsResponse resp;
+  EXPECT_EQ(coord_stub_->ListJobs(Ctx("").get(), {}, &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(coord_stub_->ListJobs(Ctx("wrong").get(), {}, &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  v1::SubmitJobRequest submit;
+  submit.mutable_spec()->add_command("/bin/true");
+  submit.mutable_spec()->set_min_nodes(1);
+  submit.mutable_spec()->set_nproc_per_node(1);
+  v1::SubmitJobResponse sresp;
+  EXPECT_EQ(coord_stub_->SubmitJob(Ctx("wrong").get(), submit, &sresp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(coordinator_->ListJobs({}).empty()) << "nothing changed";
+  v1::ReadLogsResponse lresp;
+  EXPECT_EQ(agent_stub_->ReadLogs(Ctx("").get(), {}, &lresp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(coord_stub_->ListJobs(Ctx().get(), {}, &resp).ok());
+}
+
+TEST_F(ServicesTest, ErrorsKeepTheirCanonicalCodes) {
+  v1::SubmitJobRequest submit;
+  submit.mutable_spec()->set_min_nodes(3);
+  submit.mutable_spec()->set_max_nodes(2);
+  submit.mutable_spec()->set_nproc_per_node(1);
+  submit.mutable_spec()->add_command("/bin/true");
+  v1::SubmitJobResponse sresp;
+  grpc::Status s = coord_stub_->SubmitJob(Ctx().get(), submit, &sresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("spec.nodes"), std::string::npos);
+  v1::GetJobRequest get;
+  get.set_job_id("j-missing");
+  v1::GetJobResponse gresp;
+  s = coord_stub_->GetJob(Ctx().get(), get, &gresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("j-missing"), std::string::npos);
+  v1::ReadLogsRequest logs;
+  logs.set_job_id("../../etc");
+  v1::ReadLogsResponse lresp;
+  EXPECT_EQ(agent_stub_->ReadLogs(Ctx().get(), logs, &lresp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ServicesTest, JobRunsThroughGrpcAndWatchReportsEachChange) {
+  agent_->Start();
+  v1::SubmitJobRequest submit;
+  submit.mutable_spec()->add_command("/bin/sh");
+  submit.mutable_spec()->add_command("-c");
+  submit.mutable_spec()->add_command("echo hello from $RANK");
+  submit.mutable_spec()->set_min_nodes(1);
+  submit.mutable_spec()->set_nproc_per_node(2);
+  v1::SubmitJobResponse sresp;
+  ASSERT_TRUE(coord_stub_->SubmitJob(Ctx().get(), submit, &sresp).ok());
+  std::string id = sresp.job().job_id();
+
+  std::atomic<bool> done{false};
+  std::thread ticker([&] {
+    while (!done.load()) {
+      coordinator_->Tick();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  int64_t version = 0;
+  v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(6);
+  while (state != v1::JOB_STATE_SUCCEEDED && std::chrono::steady_clock::now() < deadline) {
+    v1::WatchJobRequest watch;
+    watch.set_job_id(id);
+    watch.set_after_version(version);
+    v1::WatchJobResponse wresp;
+    auto ctx = Ctx();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    grpc::Status s = coord_stub_->WatchJob(ctx.get(), watch, &wresp);
+    if (!s.ok()) continue;
+    EXPECT_GT(wresp.version(), version);
+    version = wresp.version();
+    state = wresp.job().state();
+  }
+  done = true;
+  ticker.join();
+  ASSERT_EQ(state, v1::JOB_STATE_SUCCEEDED);
+  v1::ReadLogsRequest logs;
+  logs.set_job_id(id);
+  logs.set_rank(1);
+  v1::ReadLogsResponse lresp;
+  ASSERT_TRUE(agent_stub_->ReadLogs(Ctx().get(), logs, &lresp).ok());
+  EXPECT_NE(lresp.data().find("hello from 1"), std::string::npos);
+  EXPECT_TRUE(lresp.worker_done());
+}
+
+TEST_F(ServicesTest, WatchEndsWhenTheClientGivesUp) {
+  coordinator_->SubmitJob([] {
+    v1::JobSpec spec;
+    spec.add_command("/bin/true");
+    spec.set_min_nodes(5);
+    spec.set_nproc_per_node(1);
+    return spec;
+  }(), "").value();
+  std::string id = coordinator_->ListJobs({})[0].job_id();
+  v1::WatchJobRequest watch;
+  watch.set_job_id(id);
+  watch.set_after_version(1000);
+  v1::WatchJobResponse wresp;
+  auto ctx = Ctx();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  EXPECT_EQ(coord_stub_->WatchJob(ctx.get(), watch, &wresp).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+}
+
+}  // namespace
+}  // namespace daemon
+}  // namespace lockstep
