@@ -1,0 +1,563 @@
+// lockstep: the command-line client. Composition root: global flags, then
+// one subcommand with its own flags. Talks to the coordinator (jobs, nodes)
+// and, for logs, to the agent that holds the rank.
+//
+//   lockstep [--coordinator H:P] [--token-file F] [--json] SUBCOMMAND ...
+//
+// Exit codes: 0 ok; 1 an RPC failed (the message names the code and what);
+// 2 bad usage; 3 `submit --wait` / `watch` saw the job end other than
+// SUCCEEDED.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <map>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/flags.h"
+#include "common/ids.h"
+#include "daemon/token.h"
+#include "lockstep/v1/agent.grpc.pb.h"
+#include "lockstep/v1/coordinator.grpc.pb.h"
+#include "rendezvous/grpc_status.h"
+
+namespace lockstep {
+namespace client {
+namespace {
+
+constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
+constexpr char kDefaultTokenFile[] = "/var/lib/lockstep/token";
+constexpr auto kRpcTimeout = std::chrono::seconds(10);
+constexpr int kExitRpc = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitJobNotSucceeded = 3;
+
+struct Common {
+  std::string coordinator;
+  std::string token_file;
+  bool json = false;
+};
+
+void AddCommon(FlagSet* flags, Common* c) {
+  flags->String("coordinator", &c->coordinator,
+                "coordinator host:port (default $LOCKSTEP_COORDINATOR or 127.0.0.1:7070)");
+  flags->String("token-file", &c->token_file,
+                "bearer token file (default $LOCKSTEP_TOKEN_FILE or /var/lib/lockstep/token)");
+  flags->Bool("json", &c->json, "print JSON instead of text");
+}
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+struct UsageError {
+  std::string message;
+};
+
+class Cli {
+ public:
+  explicit Cli(Common common) : common_(std::move(common)) {}
+
+  Status Connect() {
+    if (common_.coordinator.empty()) {
+      common_.coordinator = EnvOr("LOCKSTEP_COORDINATOR", kDefaultCoordinator);
+    }
+    if (common_.token_file.empty()) {
+      common_.token_file = EnvOr("LOCKSTEP_TOKEN_FILE", kDefaultTokenFile);
+    }
+    ASSIGN_OR_RETURN(token_, daemon::LoadToken(common_.token_file, /*create=*/false));
+    coord_ = v1::CoordinatorService::NewStub(
+        grpc::CreateChannel(common_.coordinator, grpc::InsecureChannelCredentials()));
+    return absl::OkStatus();
+  }
+
+  std::unique_ptr<grpc::ClientContext> Ctx(std::chrono::milliseconds timeout = kRpcTimeout) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->AddMetadata(daemon::kAuthorizationHeader, "Bearer " + token_);
+    ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+    return ctx;
+  }
+
+  Status Check(const grpc::Status& s, const std::string& what) {
+    return FromGrpcStatus(s, absl::StrCat(what, " (coordinator ", common_.coordinator, ")"));
+  }
+
+  void PrintJson(const google::protobuf::Message& m) {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions opts;
+    opts.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+    std::cout << out << "\n";
+  }
+
+  StatusOr<v1::Job> GetJob(const std::string& id) {
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::GetJobResponse resp;
+    RETURN_IF_ERROR(Check(coord_->GetJob(Ctx().get(), req, &resp), "get job " + id));
+    return resp.job();
+  }
+
+  StatusOr<std::vector<v1::NodeInfo>> Nodes() {
+    v1::ListNodesResponse resp;
+    RETURN_IF_ERROR(Check(coord_->ListNodes(Ctx().get(), {}, &resp), "list nodes"));
+    return std::vector<v1::NodeInfo>(resp.nodes().begin(), resp.nodes().end());
+  }
+
+  // ---------------------------------------------------------------- submit
+  StatusOr<int> Submit(const std::vector<std::string>& args) {
+    FlagSet flags("lockstep submit", "Submit a job: lockstep submit [flags] -- CMD ARGS");
+    AddCommon(&flags, &common_);
+    std::string nodes = "1";
+    int32_t nproc = 1, max_restarts = 0;
+    std::vector<std::string> env;
+    std::string name, working_dir, run_as, request_id;
+    bool wait = false;
+    double stop_grace_s = 0, last_call_s = 0, join_timeout_s = 0;
+    flags.String("nodes", &nodes, "N or MIN:MAX nodes");
+    flags.Int32("nproc-per-node", &nproc, "workers per node");
+    flags.Int32("max-restarts", &max_restarts, "restarts allowed for the whole job");
+    flags.StringList("env", &env, "K=V for every worker (repeatable)");
+    flags.String("name", &name, "a human-readable name");
+    flags.String("working-dir", &working_dir, "workers' working dir (default: the job's log dir)");
+    flags.String("run-as", &run_as, "user to run workers as (never root)");
+    flags.Double("stop-grace-s", &stop_grace_s, "SIGTERM to SIGKILL grace (default 10)");
+    flags.Double("last-call-s", &last_call_s, "wait this long for more than MIN nodes (default 2)");
+    flags.Double("join-timeout-s", &join_timeout_s, "fail if MIN nodes never come (0 = wait)");
+    flags.String("request-id", &request_id, "idempotency key (default: random)");
+    flags.Bool("wait", &wait, "follow the job until it ends; exit 3 unless it SUCCEEDED");
+    auto rest = flags.Parse(args);
+    if (!rest.ok()) return Usage(rest.status());
+    v1::SubmitJobRequest req;
+    v1::JobSpec* spec = req.mutable_spec();
+    for (const auto& a : *rest) spec->add_command(a);
+    std::vector<std::string> mm = absl::StrSplit(nodes, ':');
+    int32_t min_nodes = 0, max_nodes = 0;
+    if (mm.size() > 2 || !absl::SimpleAtoi(mm[0], &min_nodes) ||
+        !absl::SimpleAtoi(mm.back(), &max_nodes)) {
+      return Usage(absl::InvalidArgumentError("--nodes: expected N or MIN:MAX, got \"" + nodes + "\""));
+    }
+    spec->set_min_nodes(min_nodes);
+    spec->set_max_nodes(max_nodes);
+    spec->set_nproc_per_node(nproc);
+    spec->set_max_restarts(max_restarts);
+    for (const auto& kv : env) {
+      auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        return Usage(absl::InvalidArgumentError("--env: expected K=V, got \"" + kv + "\""));
+      }
+      (*spec->mutable_env())[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    spec->set_name(name);
+    spec->set_working_dir(working_dir);
+    spec->set_run_as(run_as);
+    spec->set_stop_grace_s(stop_grace_s);
+    spec->set_last_call_timeout_s(last_call_s);
+    spec->set_join_timeout_s(join_timeout_s);
+    req.set_request_id(request_id.empty() ? NewRandomId("req-") : request_id);
+    RETURN_IF_ERROR(Connect());
+    v1::SubmitJobResponse resp;
+    RETURN_IF_ERROR(Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit"));
+    if (!wait) {
+      if (common_.json) {
+        PrintJson(resp.job());
+      } else {
+        std::cout << "submitted job " << resp.job().job_id() << "\n";
+      }
+      return 0;
+    }
+    if (!common_.json) std::cout << "submitted job " << resp.job().job_id() << "\n";
+    return Follow(resp.job().job_id(), /*progress=*/false);
+  }
+
+  // Long-polls WatchJob until the job ends. Prints each state change (and
+  // with `progress`, a line per rank). Returns the exit code.
+  StatusOr<int> Follow(const std::string& id, bool progress) {
+    int64_t version = 0;
+    std::string last_line;
+    while (true) {
+      v1::WatchJobRequest req;
+      req.set_job_id(id);
+      req.set_after_version(version);
+      v1::WatchJobResponse resp;
+      auto ctx = Ctx(std::chrono::seconds(progress ? 2 : 10));
+      grpc::Status s = coord_->WatchJob(ctx.get(), req, &resp);
+      if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        if (progress && version > 0) {
+          // Progress arrives without a state change only via GetJob.
+          ASSIGN_OR_RETURN(v1::Job job, GetJob(id));
+          PrintWatch(job);
+        }
+        continue;
+      }
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // coordinator restarting
+        continue;
+      }
+      RETURN_IF_ERROR(Check(s, "watch job " + id));
+      version = resp.version();
+      const v1::Job& job = resp.job();
+      if (common_.json) {
+        PrintJson(job);
+      } else if (progress) {
+        PrintWatch(job);
+      } else {
+        std::string line = absl::StrCat(TimeOf(job.history_size() ? job.history().rbegin()->unix_ms() : 0),
+                                        "  ", StateName(job.state()), "  round ", job.round(),
+                                        "  restarts ", job.restart_count(), "/",
+                                        job.spec().max_restarts(), "  ", job.message());
+        if (line != last_line) std::cout << line << std::endl;
+        last_line = line;
+      }
+      if (IsTerminal(job.state())) {
+        if (!common_.json && !progress) PrintLogHint(job);
+        return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitJobNotSucceeded;
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- status
+  StatusOr<int> Status_(const std::vector<std::string>& args) {
+    FlagSet flags("lockstep status", "Show a job: lockstep status JOB");
+    AddCommon(&flags, &common_);
+    auto rest = flags.Parse(args);
+    if (!rest.ok()) return Usage(rest.status());
+    if (rest->size() != 1) return Usage(absl::InvalidArgumentError("status: expected one JOB id"));
+    RETURN_IF_ERROR(Connect());
+    ASSIGN_OR_RETURN(v1::Job job, GetJob((*rest)[0]));
+    if (common_.json) {
+      PrintJson(job);
+      return 0;
+    }
+    const auto& spec = job.spec();
+    std::cout << "job:        " << job.job_id() << (spec.name().empty() ? "" : "  (" + spec.name() + ")")
+              << "\n"
+              << "state:      " << StateName(job.state()) << "\n"
+              << "message:    " << job.message() << "\n"
+              << "command:    " << absl::StrJoin(spec.command(), " ") << "\n"
+              << "nodes:      " << spec.min_nodes() << ":" << spec.max_nodes() << " x "
+              << spec.nproc_per_node() << " workers; round " << job.round() << " on ["
+              << absl::StrJoin(job.node_ids(), ", ") << "], world size " << job.world_size() << "\n"
+              << "restarts:   " << job.restart_count() << " of max " << spec.max_restarts()
+              << (job.rescale_count() ? absl::StrCat(" (+", job.rescale_count(), " membership changes)") : "")
+              << "\n"
+              << "submitted:  " << TimeOf(job.submitted_unix_ms()) << "\n";
+    if (job.finished_unix_ms()) std::cout << "finished:   " << TimeOf(job.finished_unix_ms()) << "\n";
+    if (job.has_first_failure()) {
+      const v1::Failure& f = job.first_failure();
+      std::cout << "failure:    round " << f.round() << ": ";
+      if (f.rank() >= 0) {
+        std::cout << "rank " << f.rank() << " on node " << f.node_id() << " "
+                  << (f.exit().signal() ? absl::StrCat("killed by signal ", f.exit().signal())
+                                        : absl::StrCat("exit code ", f.exit().exit_code()))
+                  << (f.exit().startup_failure() ? " (startup failure: died before its first step)" : "")
+                  << "\n";
+      } else {
+        std::cout << f.reason() << "\n";
+      }
+      if (!f.exit().message().empty()) std::cout << "            " << f.exit().message() << "\n";
+      for (const auto& l : f.exit().last_log_lines()) std::cout << "  | " << l << "\n";
+    }
+    if (job.workers_size()) {
+      std::cout << absl::StrFormat("%-5s %-12s %-8s %-9s %-8s %-10s %-11s %s\n", "RANK", "NODE",
+                                   "PID", "STATE", "STEP", "LOSS", "SAMPLES/S", "EXIT");
+      for (const auto& w : job.workers()) {
+        std::cout << absl::StrFormat(
+            "%-5d %-12s %-8d %-9s %-8d %-10.4f %-11.1f %s\n", w.rank(), w.node_id(), w.pid(),
+            WorkerStateName(w.state()), w.progress().step(), w.progress().loss(),
+            w.progress().samples_per_s(),
+            w.state() == v1::WORKER_STATE_EXITED || w.state() == v1::WORKER_STATE_STOPPED
+                ? (w.exit().signal() ? absl::StrCat("signal ", w.exit().signal())
+                                     : absl::StrCat("code ", w.exit().exit_code()))
+                : "-");
+      }
+    }
+    PrintLogHint(job);
+    std::cout << "history:\n";
+    for (const auto& e : job.history()) {
+      std::cout << "  " << TimeOf(e.unix_ms()) << "  " << absl::StrFormat("%-11s", StateName(e.state()))
+                << " round " << e.round() << "  " << e.detail() << "\n";
+    }
+    return 0;
+  }
+
+  void PrintLogHint(const v1::Job& job) {
+    if (job.workers_size() == 0) return;
+    std::cout << "logs:       lockstep logs " << job.job_id() << " --rank R   (files: "
+              << job.workers(0).stdout_path().substr(
+                     0, job.workers(0).stdout_path().rfind('/') + 1)
+              << "rank-R.{stdout,stderr} on each node)\n";
+  }
+
+  // ---------------------------------------------------------------- list
+  StatusOr<int> List(const std::vector<std::string>& args) {
+    FlagSet flags("lockstep list", "List jobs");
+    AddCommon(&flags, &common_);
+    auto rest = flags.Parse(args);
+    if (!rest.ok()) return Usage(rest.status());
+    RETURN_IF_ERROR(Connect());
+    v1::ListJobsResponse resp;
+    RETURN_IF_ERROR(Check(coord_->ListJobs(Ctx().get(), {}, &resp), "list jobs"));
+    if (common_.json) {
+      PrintJson(resp);
+      return 0;
+    }
+    std::cout << absl::StrFormat("%-20s %-14s %-11s %-6s %-9s %-6s %s\n", "JOB", "NAME", "STATE",
+                                 "ROUND", "RESTARTS", "WORLD", "SUBMITTED");
+    for (const auto& j : resp.jobs()) {
+      std::cout << absl::StrFormat("%-20s %-14s %-11s %-6d %-9s %-6d %s\n", j.job_id(),
+                                   j.spec().name().empty() ? "-" : j.spec().name(),
+                                   StateName(j.state()), j.round(),
+                                   absl::StrCat(j.restart_count(), "/", j.spec().max_restarts()),
+                                   j.world_size(), TimeOf(j.submitted_unix_ms()));
+    }
+    return 0;
+  }
+
+  // ---------------------------------------------------------------- cancel
+  StatusOr<int> Cancel(const std::vector<std::string>& args) {
+    FlagSet flags("lockstep cancel", "Cancel a job: lockstep cancel JOB");
+    AddCommon(&flags, &common_);
+    auto rest = flags.Parse(args);
+    if (!rest.ok()) return Usage(rest.status());
+    if (rest->size() != 1) return Usage(absl::InvalidArgumentError("cancel: expected one JOB id"));
+    RETURN_IF_ERROR(Connect());
+    v1::CancelJobRequest req;
+    req.set_job_id((*rest)[0]);
+    v1::CancelJobResponse resp;
+    RETURN_IF_ERROR(Check(coord_->CancelJob(Ctx().get(), req, &resp), "cancel " + req.job_id()));
+    if (common_.json) {
+      PrintJson(resp.job());
+    } else {
+      std::cout << "cancelled job " << resp.job().job_id()
+                << " (agents stop its workers: SIGTERM, SIGKILL after " << resp.job().spec().stop_grace_s()
+                << "s)\n";
+    }
+    return 0;
+  }
+
+  // ---------------------------------------------------------------- nodes
+  StatusOr<int> NodesCmd(const std::vector<std::string>& args) {
+    FlagSet flags("lockstep nodes", "List nodes");
+    AddCommon(&flags, &common_);
+    auto rest = flags.Parse(args);
+    if (!rest.ok()) return Usage(rest.status());
+    RETURN_IF_ERROR(Connect());
+    v1::ListNodesResponse resp;
+    RETURN_IF_ERROR(Check(coord_->ListNodes(Ctx().get(), {}, &resp), "list nodes"));
+    if (common_.json) {
+      PrintJson(resp);
+      return 0;
+    }
+    std::cout << absl::StrFormat("%-16s %-22s %-6s %-9s %-24s %s\n", "NODE", "ADDRESS", "ALIVE",
+                                 "LAST_HB", "INCARNATION", "JOBS");
+    for (const auto& n : resp.nodes()) {
+      std::cout << absl::StrFormat("%-16s %-22s %-6s %-9s %-24s %s\n", n.node_id(), n.agent_address(),
+                                   n.alive() ? "yes" : "DEAD",
+                                   absl::StrFormat("%.1fs", n.last_heartbeat_age_s()), n.incarnation(),
+                                   absl::StrJoin(n.job_ids(), ","));
+    }
+    return 0;
+  }
+
+  // ---------------------------------------------------------------- logs
+  StatusOr<int> Logs(const std::vector<std::string>& args) {
+    FlagSet flags("lockstep logs", "Print a rank's output: lockstep logs JOB [--rank R] [--follow]");
+    AddCommon(&flags, &common_);
+    int32_t rank = 0;
+    bool follow = false, stderr_stream = false;
+    int64_t tail = 0;
+    flags.Int32("rank", &rank, "global rank");
+    flags.Bool("follow", &follow, "keep printing until the worker exits");
+    flags.Bool("stderr", &stderr_stream, "print stderr instead of stdout");
+    flags.Int("tail-bytes", &tail, "start this many bytes before the end");
+    auto rest = flags.Parse(args);
+    if (!rest.ok()) return Usage(rest.status());
+    if (rest->size() != 1) return Usage(absl::InvalidArgumentError("logs: expected one JOB id"));
+    const std::string& id = (*rest)[0];
+    RETURN_IF_ERROR(Connect());
+    ASSIGN_OR_RETURN(v1::Job job, GetJob(id));
+    const v1::WorkerStatus* worker = nullptr;
+    for (const auto& w : job.workers()) {
+      if (w.rank() == rank) worker = &w;
+    }
+    if (worker == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "job ", id, " has no rank ", rank, " in round ", job.round(), " (world size ",
+          job.world_size(), job.workers_size() == 0 ? ", no workers started yet" : "", ")"));
+    }
+    ASSIGN_OR_RETURN(std::vector<v1::NodeInfo> nodes, Nodes());
+    std::string address;
+    for (const auto& n : nodes) {
+      if (n.node_id() == worker->node_id()) address = n.agent_address();
+    }
+    if (address.empty()) {
+      return absl::NotFoundError(absl::StrCat("node ", worker->node_id(), " of rank ", rank,
+                                              " is not registered"));
+    }
+    auto agent = v1::AgentService::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    int64_t offset = 0;
+    while (true) {
+      v1::ReadLogsRequest req;
+      req.set_job_id(id);
+      req.set_rank(rank);
+      req.set_stream(stderr_stream ? v1::ReadLogsRequest::STREAM_STDERR
+                                   : v1::ReadLogsRequest::STREAM_STDOUT);
+      req.set_offset(offset);
+      if (offset == 0) req.set_tail_bytes(tail);
+      v1::ReadLogsResponse resp;
+      RETURN_IF_ERROR(FromGrpcStatus(agent->ReadLogs(Ctx().get(), req, &resp),
+                                     absl::StrCat("read logs of rank ", rank, " from agent ", address)));
+      if (common_.json) {
+        PrintJson(resp);
+      } else {
+        std::cout << resp.data() << std::flush;
+      }
+      offset = resp.next_offset();
+      if (!resp.data().empty()) continue;
+      if (!follow || resp.worker_done()) return 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  }
+
+  // ---------------------------------------------------------------- watch
+  StatusOr<int> Watch(const std::vector<std::string>& args) {
+    FlagSet flags("lockstep watch", "Live view of a job: lockstep watch JOB");
+    AddCommon(&flags, &common_);
+    auto rest = flags.Parse(args);
+    if (!rest.ok()) return Usage(rest.status());
+    if (rest->size() != 1) return Usage(absl::InvalidArgumentError("watch: expected one JOB id"));
+    RETURN_IF_ERROR(Connect());
+    return Follow((*rest)[0], /*progress=*/true);
+  }
+
+  void PrintWatch(const v1::Job& job) {
+    std::cout << "[" << TimeOf(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count())
+              << "] " << job.job_id() << "  " << StateName(job.state()) << "  round " << job.round()
+              << "  restarts " << job.restart_count() << "/" << job.spec().max_restarts() << "  "
+              << job.message() << "\n";
+    for (const auto& w : job.workers()) {
+      const auto& p = w.progress();
+      std::cout << absl::StrFormat(
+          "  rank %-3d %-10s %-8s step %-7d loss %-9.4f %8.1f samples/s  fwd %.1fms bwd %.1fms "
+          "comm %.1fms\n",
+          w.rank(), w.node_id(), WorkerStateName(w.state()), p.step(), p.loss(), p.samples_per_s(),
+          p.forward_ms(), p.backward_ms(), p.exposed_comm_ms());
+    }
+    std::cout << std::flush;
+  }
+
+  static bool IsTerminal(v1::JobState s) {
+    return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+  }
+  static std::string StateName(v1::JobState s) {
+    std::string n = v1::JobState_Name(s);
+    return n.substr(std::string("JOB_STATE_").size());
+  }
+  static std::string WorkerStateName(v1::WorkerState s) {
+    std::string n = v1::WorkerState_Name(s);
+    return n.substr(std::string("WORKER_STATE_").size());
+  }
+  static std::string TimeOf(int64_t unix_ms) {
+    if (unix_ms == 0) return "-";
+    time_t t = unix_ms / 1000;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    char buf[32];
+    strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+    return absl::StrFormat("%s.%03dZ", buf, static_cast<int>(unix_ms % 1000));
+  }
+
+  StatusOr<int> Usage(const Status& s) {
+    if (s.code() == absl::StatusCode::kNotFound) {  // --help
+      std::cout << s.message();
+      return 0;
+    }
+    std::cerr << "lockstep: " << s.message() << "\n";
+    return kExitUsage;
+  }
+
+ private:
+  Common common_;
+  std::string token_;
+  std::unique_ptr<v1::CoordinatorService::Stub> coord_;
+};
+
+constexpr char kUsage[] =
+    "usage: lockstep [--coordinator H:P] [--token-file F] [--json] COMMAND ...\n"
+    "commands:\n"
+    "  submit [--nodes N|MIN:MAX] [--nproc-per-node K] [--max-restarts R] [--env K=V]...\n"
+    "         [--name N] [--wait] -- CMD ARGS\n"
+    "  status JOB\n"
+    "  list\n"
+    "  logs JOB [--rank R] [--follow] [--stderr]\n"
+    "  cancel JOB\n"
+    "  nodes\n"
+    "  watch JOB\n"
+    "Each command takes --help.\n";
+
+int Main(int argc, char** argv) {
+  Common common;
+  FlagSet flags("lockstep", "Lockstep command-line client");
+  AddCommon(&flags, &common);
+  auto rest = flags.Parse(argc, argv, /*stop_at_first_positional=*/true);
+  if (!rest.ok()) {
+    if (rest.status().code() == absl::StatusCode::kNotFound) {
+      std::cout << kUsage;
+      return 0;
+    }
+    std::cerr << "lockstep: " << rest.status().message() << "\n" << kUsage;
+    return kExitUsage;
+  }
+  if (rest->empty()) {
+    std::cerr << kUsage;
+    return kExitUsage;
+  }
+  std::string cmd = (*rest)[0];
+  std::vector<std::string> args(rest->begin() + 1, rest->end());
+  Cli cli(common);
+  StatusOr<int> result = absl::InvalidArgumentError("");
+  if (cmd == "submit") {
+    result = cli.Submit(args);
+  } else if (cmd == "status") {
+    result = cli.Status_(args);
+  } else if (cmd == "list") {
+    result = cli.List(args);
+  } else if (cmd == "logs") {
+    result = cli.Logs(args);
+  } else if (cmd == "cancel") {
+    result = cli.Cancel(args);
+  } else if (cmd == "nodes") {
+    result = cli.NodesCmd(args);
+  } else if (cmd == "watch") {
+    result = cli.Watch(args);
+  } else {
+    std::cerr << "lockstep: unknown command \"" << cmd << "\"\n" << kUsage;
+    return kExitUsage;
+  }
+  if (!result.ok()) {
+    std::cerr << "lockstep: " << absl::StatusCodeToString(result.status().code()) << ": "
+              << result.status().message() << "\n";
+    return kExitRpc;
+  }
+  return *result;
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace lockstep
+
+int main(int argc, char** argv) { return lockstep::client::Main(argc, argv); }

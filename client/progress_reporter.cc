@@ -1,0 +1,135 @@
+#include "client/progress_reporter.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/logging.h"
+#include "lockstep/v1/agent.grpc.pb.h"
+
+namespace lockstep {
+namespace client {
+namespace {
+
+class DisabledReporter : public ProgressReporter {
+ public:
+  bool enabled() const override { return false; }
+  void Report(const Progress&) override {}
+  void Flush(std::chrono::milliseconds) override {}
+};
+
+class GrpcReporter : public ProgressReporter {
+ public:
+  GrpcReporter(const std::string& address, std::string token, std::string job_id, int round,
+               int rank)
+      : stub_(v1::AgentService::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        token_(std::move(token)),
+        job_id_(std::move(job_id)),
+        round_(round),
+        rank_(rank),
+        thread_([this] { Loop(); }) {}
+
+  ~GrpcReporter() override {
+    Flush(kReportDeadline);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  bool enabled() const override { return true; }
+
+  void Report(const Progress& p) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_ = p;
+      ++reported_;
+    }
+    cv_.notify_all();
+  }
+
+  void Flush(std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    int64_t target = reported_;
+    done_cv_.wait_for(lock, timeout, [&] { return sent_ >= target || stop_; });
+  }
+
+ private:
+  void Loop() {
+    Logger log("progress");
+    RateLimiter limiter(std::chrono::seconds(10));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || pending_.has_value(); });
+      if (stop_ && !pending_) return;
+      Progress p = *pending_;
+      pending_.reset();
+      int64_t seq = reported_;
+      lock.unlock();
+      v1::ReportProgressRequest req;
+      req.set_job_id(job_id_);
+      req.set_round(round_);
+      req.set_token(token_);
+      v1::RankProgress* out = req.mutable_progress();
+      out->set_rank(rank_);
+      out->set_step(p.step);
+      out->set_samples_per_s(p.samples_per_s);
+      out->set_loss(p.loss);
+      out->set_forward_ms(p.forward_ms);
+      out->set_backward_ms(p.backward_ms);
+      out->set_exposed_comm_ms(p.exposed_comm_ms);
+      out->set_bytes_reduced(p.bytes_reduced);
+      out->set_buckets(p.buckets);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + kReportDeadline);
+      v1::ReportProgressResponse resp;
+      grpc::Status s = stub_->ReportProgress(&ctx, req, &resp);
+      if (!s.ok() && limiter.Allow()) {
+        log.Warn("progress report to the agent failed: {}", s.error_message());
+      }
+      lock.lock();
+      sent_ = std::max(sent_, seq);
+      done_cv_.notify_all();
+      if (stop_) return;
+    }
+  }
+
+  std::unique_ptr<v1::AgentService::Stub> stub_;
+  const std::string token_;
+  const std::string job_id_;
+  const int round_;
+  const int rank_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable done_cv_;
+  std::optional<Progress> pending_;  // GUARDED_BY(mu_)
+  int64_t reported_ = 0;             // GUARDED_BY(mu_)
+  int64_t sent_ = 0;                 // GUARDED_BY(mu_)
+  bool stop_ = false;                // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+}  // namespace
+
+std::unique_ptr<ProgressReporter> ProgressReporter::FromEnv() {
+  std::string agent = Env("LOCKSTEP_AGENT");
+  if (agent.empty()) return std::make_unique<DisabledReporter>();
+  return std::make_unique<GrpcReporter>(agent, Env("LOCKSTEP_AGENT_TOKEN"), Env("LOCKSTEP_JOB_ID"),
+                                        std::atoi(Env("LOCKSTEP_ROUND").c_str()),
+                                        std::atoi(Env("LOCKSTEP_RANK").c_str()));
+}
+
+}  // namespace client
+}  // namespace lockstep

@@ -1,0 +1,57 @@
+// ProgressReporter: what a training program links to report its progress
+// (step, samples/s, loss, comm stats) to its node's agent, which forwards
+// the latest per rank to the coordinator (`lockstep watch`, `status`).
+//
+//   auto reporter = lockstep::client::ProgressReporter::FromEnv();
+//   for (...) { ...; reporter->Report({.step = s, .loss = l}); }
+//   reporter->Flush(std::chrono::seconds(1));
+//
+// Reads LOCKSTEP_AGENT, LOCKSTEP_AGENT_TOKEN, LOCKSTEP_JOB_ID,
+// LOCKSTEP_ROUND and LOCKSTEP_RANK; a no-op when LOCKSTEP_AGENT is unset
+// (a worker started by hand). Report never blocks training: it stores the
+// latest value and a background thread sends it with a short deadline
+// (kReportDeadline), dropping superseded ones; errors are logged at most
+// every few seconds and otherwise ignored.
+//
+// Thread safety: Report and Flush may be called from any thread.
+#ifndef LOCKSTEP_CLIENT_PROGRESS_REPORTER_H_
+#define LOCKSTEP_CLIENT_PROGRESS_REPORTER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+namespace lockstep {
+namespace client {
+
+// Deadline of one report RPC.
+inline constexpr std::chrono::milliseconds kReportDeadline{500};
+
+struct Progress {
+  int64_t step = 0;
+  double samples_per_s = 0;
+  double loss = 0;
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double exposed_comm_ms = 0;
+  int64_t bytes_reduced = 0;
+  int32_t buckets = 0;
+};
+
+class ProgressReporter {
+ public:
+  // Never null; disabled (every call a no-op) without LOCKSTEP_AGENT.
+  static std::unique_ptr<ProgressReporter> FromEnv();
+  virtual ~ProgressReporter() = default;
+
+  virtual bool enabled() const = 0;
+  // Records `p` as the latest progress; returns at once.
+  virtual void Report(const Progress& p) = 0;
+  // Sends the latest unsent report, waiting at most `timeout`.
+  virtual void Flush(std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace client
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_CLIENT_PROGRESS_REPORTER_H_

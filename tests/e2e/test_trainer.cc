@@ -1,0 +1,126 @@
+// A stand-in training program for the end-to-end tests: reads the worker
+// environment exactly as a real trainer does, meets its peers through the
+// coordinator's store (LOCKSTEP_STORE, namespace "<job>/<round>"), claims
+// its rank there (a second owner of a rank in one round exits 70), reports
+// progress to its agent, prints one line per step, and fails on request.
+//
+// Environment knobs (all optional):
+//   TRAINER_STEPS=20  TRAINER_STEP_MS=100     length of the run
+//   TRAINER_FAIL_RANK=r TRAINER_FAIL_CODE=c   rank r exits with code c ...
+//   TRAINER_FAIL_AFTER=s                      ... after s steps (0: before the first report)
+//   TRAINER_FAIL_UNTIL_RESTART=n              ... only while LOCKSTEP_RESTART_COUNT < n
+//   TRAINER_OUT_DIR=d                         write d/pid-rank-R (pid), d/done-round-N-rank-R
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "client/progress_reporter.h"
+#include "rendezvous/store.h"
+#include "rendezvous/store_client.h"
+
+namespace {
+
+std::string Env(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+int EnvInt(const char* name, int fallback) {
+  std::string v = Env(name);
+  return v.empty() ? fallback : std::atoi(v.c_str());
+}
+
+int Die(int code, const std::string& msg) {
+  std::fprintf(stderr, "test_trainer: %s\n", msg.c_str());
+  return code;
+}
+
+}  // namespace
+
+int main() {
+  using namespace lockstep;
+  const char* required[] = {"LOCKSTEP_JOB_ID", "LOCKSTEP_RANK", "LOCKSTEP_LOCAL_RANK",
+                            "LOCKSTEP_WORLD_SIZE", "LOCKSTEP_LOCAL_WORLD_SIZE",
+                            "LOCKSTEP_NODE_RANK", "LOCKSTEP_NUM_NODES", "LOCKSTEP_ROUND",
+                            "LOCKSTEP_RESTART_COUNT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                            "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                            "TORCHELASTIC_RESTART_COUNT"};
+  for (const char* name : required) {
+    if (Env(name).empty()) return Die(64, std::string("missing ") + name);
+  }
+  if (Env("RANK") != Env("LOCKSTEP_RANK") || Env("WORLD_SIZE") != Env("LOCKSTEP_WORLD_SIZE") ||
+      Env("GROUP_RANK") != Env("LOCKSTEP_NODE_RANK")) {
+    return Die(64, "torchrun names disagree with LOCKSTEP_* names");
+  }
+  const std::string job = Env("LOCKSTEP_JOB_ID");
+  const int rank = EnvInt("LOCKSTEP_RANK", -1);
+  const int world = EnvInt("LOCKSTEP_WORLD_SIZE", 0);
+  const int round = EnvInt("LOCKSTEP_ROUND", 0);
+  const int restart = EnvInt("LOCKSTEP_RESTART_COUNT", 0);
+  std::printf("test_trainer: job %s rank %d of %d (local %s of %s, node %s of %s) round %d "
+              "restart %d master %s:%s pid %d\n",
+              job.c_str(), rank, world, Env("LOCAL_RANK").c_str(), Env("LOCAL_WORLD_SIZE").c_str(),
+              Env("GROUP_RANK").c_str(), Env("LOCKSTEP_NUM_NODES").c_str(), round, restart,
+              Env("MASTER_ADDR").c_str(), Env("MASTER_PORT").c_str(), static_cast<int>(getpid()));
+  std::fflush(stdout);
+  std::string out_dir = Env("TRAINER_OUT_DIR");
+  if (!out_dir.empty()) {
+    std::ofstream(out_dir + "/pid-rank-" + std::to_string(rank)) << getpid() << "\n";
+  }
+
+  // Meet the peers through the coordinator's store and claim the rank.
+  std::string store_address = Env("LOCKSTEP_STORE");
+  if (!store_address.empty()) {
+    auto store = rendezvous::ConnectStore(store_address, rendezvous::StoreNamespace(job, round),
+                                          std::chrono::seconds(10));
+    if (!store.ok()) return Die(65, "store: " + store.status().ToString());
+    std::string me = std::to_string(getpid());
+    auto owner = (*store)->CompareSet("owner/rank-" + std::to_string(rank), "", me);
+    if (!owner.ok()) return Die(65, "store: " + owner.status().ToString());
+    if (*owner != me) {
+      return Die(70, "DUPLICATE: rank " + std::to_string(rank) + " already owned by pid " +
+                         *owner + " in round " + std::to_string(round));
+    }
+    auto arrived = (*store)->Add("arrived", 1);
+    if (!arrived.ok()) return Die(65, "store: " + arrived.status().ToString());
+    if (*arrived == world) (void)(*store)->Set("all-arrived", "1");
+    Status s = (*store)->Wait({"all-arrived"}, std::chrono::seconds(60));
+    if (!s.ok()) return Die(65, "store barrier: " + s.ToString());
+    std::printf("test_trainer: rank %d met %d peers through the store\n", rank, world);
+  }
+
+  auto reporter = client::ProgressReporter::FromEnv();
+  const int steps = EnvInt("TRAINER_STEPS", 20);
+  const int step_ms = EnvInt("TRAINER_STEP_MS", 100);
+  const int fail_rank = EnvInt("TRAINER_FAIL_RANK", -1);
+  const int fail_code = EnvInt("TRAINER_FAIL_CODE", 1);
+  const int fail_after = EnvInt("TRAINER_FAIL_AFTER", 0);
+  const int fail_until = EnvInt("TRAINER_FAIL_UNTIL_RESTART", 1 << 30);
+  const bool failing = rank == fail_rank && restart < fail_until;
+  for (int step = 1; step <= steps; ++step) {
+    if (failing && step > fail_after) {
+      std::fprintf(stderr, "test_trainer: rank %d failing on purpose with code %d at step %d\n",
+                   rank, fail_code, step);
+      return fail_code;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+    double loss = 1.0 / step;
+    std::printf("rank %d step %d loss %.4f\n", rank, step, loss);
+    std::fflush(stdout);
+    reporter->Report({.step = step, .samples_per_s = 32.0 * 1000 / step_ms, .loss = loss});
+  }
+  reporter->Flush(std::chrono::seconds(1));
+  if (!out_dir.empty()) {
+    std::ofstream(out_dir + "/done-round-" + std::to_string(round) + "-rank-" +
+                  std::to_string(rank))
+        << getpid() << "\n";
+  }
+  std::printf("test_trainer: rank %d done\n", rank);
+  return 0;
+}
