@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Shared helpers for the end-to-end tests: real lockstepd and lockstep
+# binaries as processes on loopback, ports picked by the kernel (port 0,
+# read back from --address-file), everything under $TEST_TMPDIR.
+#
+# Usage in a test:  source tests/e2e/lib.sh "$@"   (args: lockstepd lockstep test_trainer)
+# Waits poll a condition with a deadline (wait_for); nothing sleeps blindly.
+set -euo pipefail
+
+LOCKSTEPD="$PWD/$1"
+LOCKSTEP="$PWD/$2"
+TRAINER="$PWD/$3"
+shift 3
+T="${TEST_TMPDIR:-$(mktemp -d)}/e2e"
+rm -rf "$T"
+mkdir -p "$T/out"
+# Every worker of this test gets this in its argv, so orphans are found by
+# it (the trainer ignores its arguments).
+MARKER="--e2e-marker=$T"
+DAEMON_PIDS=()
+LEASE_S="${LEASE_S:-3}"
+HB_S="${HB_S:-0.3}"
+
+log() { echo "[e2e $(date +%H:%M:%S.%N | cut -c1-12)] $*" >&2; }
+fail() {
+  log "FAIL: $*"
+  for f in "$T"/*.log; do [ -f "$f" ] && { echo "---- $f (tail)"; tail -n 40 "$f"; }; done >&2
+  exit 1
+}
+
+# wait_for SECONDS CMD...: polls CMD every 0.1 s until it succeeds.
+wait_for() {
+  local limit=$1; shift
+  local deadline=$(( $(date +%s%N) + limit * 1000000000 ))
+  while (( $(date +%s%N) < deadline )); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# start_daemon NAME [lockstepd flags...]: starts a daemon with state dir
+# $T/NAME, waits until it is SERVING (address file written), sets
+# ADDR_<NAME> and PID_<NAME>.
+start_daemon() {
+  local name=$1; shift
+  rm -f "$T/$name.addr"
+  "$LOCKSTEPD" --state-dir "$T/$name" --address-file "$T/$name.addr" --node-id "$name" \
+    --lease-s "$LEASE_S" --heartbeat-interval-s "$HB_S" --restart-backoff-s 0.2 \
+    --max-restart-backoff-s 1 --shutdown-grace-s 2 "$@" >>"$T/$name.log" 2>&1 &
+  local pid=$!
+  DAEMON_PIDS+=("$pid")
+  eval "PID_$name=$pid"
+  wait_for 30 test -s "$T/$name.addr" || fail "daemon $name did not become ready"
+  eval "ADDR_$name=$(cat "$T/$name.addr")"
+  log "daemon $name pid $pid at $(cat "$T/$name.addr")"
+}
+
+# start_coordinator [flags]: a coordinator daemon named "coord"; sets
+# COORD and TOKEN for the CLI.
+start_coordinator() {
+  start_daemon coord --coordinator --listen 127.0.0.1:0 "$@"
+  COORD="$ADDR_coord"
+  TOKEN="$T/coord/token"
+}
+
+start_agent() {
+  local name=$1; shift
+  start_daemon "$name" --listen 127.0.0.1:0 --coordinator-address "$COORD" --token-file "$TOKEN" "$@"
+}
+
+ls_cli() { "$LOCKSTEP" --coordinator "$COORD" --token-file "$TOKEN" "$@"; }
+
+# submit [lockstep submit flags]: submits the test trainer, prints the job id.
+submit() {
+  ls_cli submit --json "$@" --env TRAINER_OUT_DIR="$T/out" -- "$TRAINER" "$MARKER" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])'
+}
+
+# job_field JOB EXPR: evaluates a Python expression over the job's JSON (j).
+job_field() {
+  ls_cli status --json "$1" | python3 -c "import json,sys; j=json.load(sys.stdin); print($2)"
+}
+job_state() { job_field "$1" 'j["state"].replace("JOB_STATE_", "")'; }
+state_is() { [ "$(job_state "$1")" = "$2" ]; }
+
+# wait_state JOB STATE SECONDS
+wait_state() {
+  wait_for "$3" state_is "$1" "$2" || fail "job $1 did not reach $2 within $3 s (now $(job_state "$1"))"
+  log "job $1 is $2"
+}
+
+worker_pids() { pgrep -f -- "$MARKER" || true; }
+no_workers() { [ -z "$(worker_pids)" ]; }
+
+# The invariants every fault test ends with.
+check_invariants() {
+  local job=$1 max_restarts=$2
+  wait_for 15 no_workers || fail "orphan workers left: $(worker_pids)"
+  if grep -rl DUPLICATE "$T"/*/jobs >/dev/null 2>&1; then fail "a rank ran twice in one round"; fi
+  local restarts
+  restarts=$(job_field "$job" 'j.get("restart_count", 0)')
+  (( restarts <= max_restarts )) || fail "restart count $restarts exceeds the budget $max_restarts"
+  ls_cli list --json | grep -q "$job" || fail "job $job lost from the list"
+}
+
+cleanup() {
+  local pid
+  for pid in "${DAEMON_PIDS[@]}"; do kill -CONT "$pid" 2>/dev/null || true; kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${DAEMON_PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  # Workers of this test only, by pid (found through the marker).
+  for pid in $(worker_pids); do kill -KILL "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A 2-node x 2-worker job runs to SUCCEEDED; `logs --rank 3` returns that
+# rank's output; status, list, nodes and watch work, in text and JSON.
+source tests/e2e/lib.sh "$@"
+
+start_coordinator
+start_agent nodeb
+ls_cli nodes
+[ "$(ls_cli nodes --json | python3 -c 'import json,sys; print(sum(n.get("alive",False) for n in json.load(sys.stdin)["nodes"]))')" = 2 ] ||
+  fail "expected 2 live nodes"
+
+out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 0 --name two-by-two \
+  --env TRAINER_STEPS=15 --env TRAINER_STEP_MS=100 --env TRAINER_OUT_DIR="$T/out" --wait -- "$TRAINER" "$MARKER") ||
+  fail "submit --wait did not end in SUCCEEDED: $out"
+echo "$out"
+job=$(echo "$out" | sed -n 's/^submitted job //p')
+[ -n "$job" ] || fail "no job id in: $out"
+state_is "$job" SUCCEEDED || fail "job $job is $(job_state "$job")"
+
+ls_cli status "$job" | tee "$T/status.txt"
+grep -q "SUCCEEDED" "$T/status.txt" || fail "status text lacks the state"
+[ "$(job_field "$job" 'len(j["workers"])')" = 4 ] || fail "expected 4 workers"
+[ "$(job_field "$job" 'j["workers"][3]["node_id"]')" = nodeb ] || fail "rank 3 should run on nodeb"
+[ "$(job_field "$job" 'j["workers"][3]["progress"]["step"]')" = 15 ] || fail "rank 3's last progress is not step 15"
+
+ls_cli logs "$job" --rank 3 > "$T/rank3.txt"
+grep -q "^rank 3 step 15 loss" "$T/rank3.txt" || fail "logs --rank 3 lacks rank 3's output: $(cat "$T/rank3.txt")"
+grep -q "rank 3 of 4 (local 1 of 2, node 1 of 2)" "$T/rank3.txt" || fail "rank 3 saw the wrong environment"
+if grep -q "^rank [012] " "$T/rank3.txt"; then fail "logs --rank 3 contains other ranks' lines"; fi
+ls_cli logs "$job" --rank 0 --follow | grep -q "rank 0 done" || fail "logs --follow of rank 0"
+[ -f "$T/nodeb/jobs/$job/rank-3.stdout" ] || fail "rank 3's log file is not under nodeb's state dir"
+
+ls_cli list | grep "$job" | grep -q SUCCEEDED || fail "list does not show the job"
+ls_cli watch "$job" | grep -q "rank 3 .*step 15" || fail "watch lacks a progress line for rank 3"
+check_invariants "$job" 0
+log "PASS"
