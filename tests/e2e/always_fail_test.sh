@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# A worker that always fails: FAILED after max restarts, with the rank and
+# its exit code (and the startup-failure note and last log lines) in status.
+source tests/e2e/lib.sh "$@"
+
+start_coordinator
+job=$(submit --nodes 1 --nproc-per-node 2 --max-restarts 2 --env TRAINER_STEPS=50 \
+  --env TRAINER_FAIL_RANK=1 --env TRAINER_FAIL_CODE=3)
+log "submitted $job"
+wait_state "$job" FAILED 60
+ls_cli status "$job" | tee "$T/status.txt"
+[ "$(job_field "$job" 'j["restart_count"]')" = 2 ] || fail "expected exactly 2 restarts"
+[ "$(job_field "$job" 'j["first_failure"]["rank"]')" = 1 ] || fail "failure should name rank 1"
+[ "$(job_field "$job" 'j["first_failure"]["exit"]["exit_code"]')" = 3 ] || fail "failure should carry exit code 3"
+grep -q "rank 1 on node coord exit code 3" "$T/status.txt" || fail "status text lacks rank and code"
+grep -q "startup failure" "$T/status.txt" || fail "status text lacks the startup-failure note"
+grep -q "failing on purpose with code 3" "$T/status.txt" || fail "status text lacks the last log lines"
+check_invariants "$job" 2
+log "PASS"
