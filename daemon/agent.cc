@@ -286,7 +286,8 @@ void Agent::Heartbeat() {
     }
   }
   MonoTime sent = clock_->Now();
-  auto resp = coordinator_->Heartbeat(req, options_.rpc_timeout);
+  // Bounded by lease/4 so a hung coordinator cannot delay the self-fence.
+  auto resp = coordinator_->Heartbeat(req, std::min<Duration>(options_.rpc_timeout, lease_ / 4));
   if (!resp.ok()) {
     if (resp.status().code() == absl::StatusCode::kNotFound) {
       log_.Warn("coordinator does not know this node ({}); registering again",

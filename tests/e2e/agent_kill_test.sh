@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# An agent is killed with -9: its workers die with it (PDEATHSIG), its node
+# is declared dead within the lease, and with --nodes 1:2 the job goes on on
+# the survivor in a new round and succeeds.
+source tests/e2e/lib.sh "$@"
+
+start_daemon coord --coordinator --no-agent --listen 127.0.0.1:0
+COORD="$ADDR_coord"
+TOKEN="$T/coord/token"
+start_agent nodea
+start_agent nodeb
+job=$(submit --nodes 1:2 --nproc-per-node 1 --max-restarts 2 --last-call-s 0.5 \
+  --env TRAINER_STEPS=40 --env TRAINER_STEP_MS=100)
+wait_state "$job" RUNNING 30
+[ "$(job_field "$job" 'len(j["node_ids"])')" = 2 ] || fail "expected both nodes in round 1"
+wait_for 30 grep -q "^rank 1 step 2 " "$T/nodeb/jobs/$job/rank-1.stdout" || fail "rank 1 never stepped"
+killed_at=$(date +%s%N)
+log "kill -9 agent nodeb (pid $PID_nodeb)"
+kill -9 "$PID_nodeb"
+node_dead() {
+  ls_cli nodes --json | python3 -c '
+import json,sys
+n=[n for n in json.load(sys.stdin)["nodes"] if n["node_id"]=="nodeb"][0]
+sys.exit(0 if not n.get("alive", False) else 1)'
+}
+wait_for $((LEASE_S + 2)) node_dead || fail "nodeb not declared dead within the lease"
+log "nodeb declared dead after $(( ($(date +%s%N) - killed_at) / 1000000 )) ms (lease ${LEASE_S}s)"
+wait_state "$job" SUCCEEDED 60
+[ "$(job_field "$job" 'j["node_ids"]')" = "['nodea']" ] || fail "the last round should run on nodea alone"
+job_field "$job" 'j["first_failure"]["reason"]' | grep -q "node nodeb lost" || fail "failure should name the lost node"
+check_invariants "$job" 2
+log "PASS"
