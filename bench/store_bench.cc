@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
+#include "common/logging.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 
@@ -139,6 +140,7 @@ int main(int argc, char** argv) {
                "also run this tcpstore_bench.py with the same settings");
   flags.String("python", &config.python, "interpreter for --tcpstore-script");
   auto rest = flags.Parse(argc, argv);
+  (void)lockstep::InitLogging();
   if (!rest.ok()) {
     std::cerr << rest.status().message() << "\n";
     return rest.status().code() == absl::StatusCode::kNotFound ? 0 : 2;
