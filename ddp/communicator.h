@@ -48,6 +48,10 @@ namespace ddp {
 // Default end-to-end timeout of one collective.
 inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{300};
 
+// Slack callers add to the collective timeout when they Wait on a Work: the
+// collective's own timeout (which names the missing ranks) must fire first.
+inline constexpr std::chrono::seconds kWorkWaitSlack{10};
+
 enum class ReduceOp {
   kSum,
   kAvg,  // Sum divided by the world size (floating-point dtypes only).

@@ -37,7 +37,7 @@ Status BroadcastCoalesced(Communicator& comm, const std::vector<torch::Tensor>& 
       std::vector<torch::Tensor> flat;
       for (const auto& t : chunk) flat.push_back(t.detach().reshape({-1}));
       torch::Tensor buffer = torch::cat(flat);
-      RETURN_IF_ERROR(comm.Broadcast(buffer, root)->Wait(timeout));
+      RETURN_IF_ERROR(comm.Broadcast(buffer, root)->Wait(timeout + kWorkWaitSlack));
       int64_t offset = 0;
       for (auto& t : chunk) {
         t.detach().copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));

@@ -105,7 +105,12 @@ void Reducer::BuildBuckets(const std::vector<size_t>& order) {
     for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
       const size_t i = bucket.params[pos];
       const auto& t = params_[i].tensor;
-      bucket.views.push_back(bucket.buffer.narrow(0, offset, t.numel()).view(t.sizes()));
+      // An alias of the slot that is not an autograd view, so optimizers may
+      // detach_() a gradient that lives in the bucket.
+      torch::Tensor slot = bucket.buffer.narrow(0, offset, t.numel()).view(t.sizes());
+      bucket.views.push_back(torch::empty({0}, bucket.buffer.options())
+                                 .set_(bucket.buffer.storage(), slot.storage_offset(),
+                                       slot.sizes(), slot.strides()));
       offset += t.numel();
       slot_[i] = {b, pos};
       if (options_.gradient_as_bucket_view) {
@@ -253,7 +258,7 @@ void Reducer::Finalize() {
   const MonoTime wait_start = RealClock()->Now();
   Status comm_status;
   for (const auto& w : works) {
-    Status s = w->Wait(options_.timeout);
+    Status s = w->Wait(options_.timeout + kWorkWaitSlack);
     if (comm_status.ok() && !s.ok()) comm_status = s;
   }
   const MonoTime wait_end = RealClock()->Now();
@@ -304,7 +309,7 @@ Status Reducer::RebuildBucketsIfNeeded() {
     int64_t* out = wire.data_ptr<int64_t>();
     for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(order[i]);
   }
-  RETURN_IF_ERROR(Annotate(comm_->Broadcast(wire, 0)->Wait(options_.timeout),
+  RETURN_IF_ERROR(Annotate(comm_->Broadcast(wire, 0)->Wait(options_.timeout + kWorkWaitSlack),
                            "DDP: broadcasting the bucket order"));
   std::vector<bool> seen(n, false);
   const int64_t* data = wire.data_ptr<int64_t>();

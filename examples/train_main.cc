@@ -3,10 +3,9 @@
 // (no communication). Prints one JSON line per step and a final checksum
 // line. Start by hand, one process per rank:
 //
-//   LOCKSTEP_STORE=file:/tmp/ls LOCKSTEP_RANK=0 LOCKSTEP_WORLD_SIZE=2 \
-//     bazel-bin/examples/train --model mlp --steps 20 &
-//   LOCKSTEP_STORE=file:/tmp/ls LOCKSTEP_RANK=1 LOCKSTEP_WORLD_SIZE=2 \
-//     bazel-bin/examples/train --model mlp --steps 20
+//   export LOCKSTEP_STORE=file:/tmp/ls LOCKSTEP_WORLD_SIZE=2
+//   LOCKSTEP_RANK=0 bazel-bin/examples/train --model mlp --steps 20 &
+//   LOCKSTEP_RANK=1 bazel-bin/examples/train --model mlp --steps 20
 //
 // Data: a global batch of world*batch samples from --seed; rank r trains on
 // its slice, so `--local --batch world*batch` is the single-process
@@ -130,15 +129,18 @@ Status Run(const Config& cfg) {
         loss_sum, step_ms, world * cfg.batch * 1000.0 / step_ms);
     if (model) {
       const ddp::StepStats s = model->last_stats();
-      double overlap_ms = 0;
+      double overlap_ms = 0, launch_ms = 0;
       if (!s.reducer.bucket_comm_start.empty()) {
         overlap_ms = MillisBetween(s.reducer.bucket_comm_start.front(), s.reducer.backward_end);
+        launch_ms = MillisBetween(s.reducer.bucket_launched.front(), s.reducer.backward_end);
       }
       absl::StrAppendFormat(
           &line,
           R"(,"forward_ms":%.3f,"backward_ms":%.3f,"comm_exposed_ms":%.3f,"bytes_reduced":%d,)"
-          R"("buckets":%d,"first_bucket_start_before_backward_end_ms":%.3f)",
-          s.forward_ms, s.backward_ms, s.comm_exposed_ms, s.bytes_reduced, s.buckets, overlap_ms);
+          R"("buckets":%d,"first_bucket_launch_before_backward_end_ms":%.3f,)"
+          R"("first_bucket_start_before_backward_end_ms":%.3f)",
+          s.forward_ms, s.backward_ms, s.comm_exposed_ms, s.bytes_reduced, s.buckets, launch_ms,
+          overlap_ms);
     }
     line += "}";
     std::printf("%s\n", line.c_str());
@@ -154,12 +156,13 @@ Status Run(const Config& cfg) {
   std::printf(R"({"rank":%d,"checksum":%.9g,"abs_checksum":%.9g,"params":%lld})" "\n", rank, sum,
               abs_sum, static_cast<long long>(count));
   if (!cfg.dump_params.empty()) {
-    std::ofstream out(cfg.dump_params, std::ios::binary);
+    const std::string path = cfg.local ? cfg.dump_params : absl::StrCat(cfg.dump_params, ".", rank);
+    std::ofstream out(path, std::ios::binary);
     for (const auto& p : params) {
       torch::Tensor c = p.detach().to(torch::kFloat).contiguous();
       out.write(static_cast<const char*>(c.data_ptr()), c.nbytes());
     }
-    if (!out) return absl::InternalError("cannot write " + cfg.dump_params);
+    if (!out) return absl::InternalError("cannot write " + path);
   }
   return absl::OkStatus();
 }
@@ -184,7 +187,7 @@ int main(int argc, char** argv) {
   flags.Bool("gradient-as-bucket-view", &cfg.grad_as_bucket_view, "DDP gradient_as_bucket_view");
   flags.Bool("broadcast-buffers", &cfg.broadcast_buffers, "DDP broadcast_buffers");
   flags.Double("timeout-s", &cfg.timeout_s, "collective timeout (seconds)");
-  flags.String("dump-params", &cfg.dump_params, "write final parameters (float32) here");
+  flags.String("dump-params", &cfg.dump_params, "write final parameters (float32) here; DDP ranks append .<rank>");
   flags.Int("stall-rank", &cfg.stall_rank, "test hook: this rank stops after DDP setup");
   flags.Int("threads", &cfg.threads, "intra-op threads");
   auto rest = flags.Parse(argc, argv);
