@@ -398,14 +398,28 @@ void Agent::Start() {
       RunOnce();
       std::this_thread::sleep_for(kPollInterval);
     }
+    // Stop the workers from this thread: they carry PR_SET_PDEATHSIG for
+    // the thread that forked them, so they must be gone before it exits or
+    // they would get SIGKILL without their grace period.
+    StopAllAndReap(shutdown_grace_);
   });
 }
 
 void Agent::Shutdown(Duration grace) {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  shutdown_grace_ = grace;
+  if (thread_.joinable()) {
+    stop_ = true;
+    thread_.join();
+  } else {
+    StopAllAndReap(grace);
+  }
+}
+
+void Agent::StopAllAndReap(Duration grace) {
   std::lock_guard<std::mutex> lock(mu_);
+  pending_starts_.clear();
   for (auto& [id, run] : runs_) {
+    if (RunDone(run)) continue;
     run.stopping = false;  // re-arm with the shutdown grace
     StopRun(id, &run, grace, "agent shutting down");
   }
