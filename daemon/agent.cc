@@ -91,6 +91,7 @@ bool Agent::RunDone(const JobRun& run) const {
 }
 
 void Agent::StartRun(const v1::AgentCommand& cmd) {
+  next_heartbeat_ = clock_->Now();  // report the new workers promptly
   const std::string& job_id = cmd.job_id();
   Logger log = log_.WithJob(job_id);
   JobRun& run = runs_[job_id];
@@ -213,6 +214,7 @@ void Agent::Reap() {
       if (escalate) w.process->SignalGroup(SIGKILL);
       std::optional<ExitStatus> e = w.process->Poll();
       if (!e) continue;
+      next_heartbeat_ = now;  // report the exit promptly
       v1::ExitInfo* exit = w.status.mutable_exit();
       exit->set_exit_code(e->exit_code);
       exit->set_signal(e->signal);
