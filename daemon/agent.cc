@@ -107,6 +107,10 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
   std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
   if (ok.ok()) ok = MakeDirs(dir);
   std::string run_as = cmd.spec().run_as().empty() ? options_.run_as : cmd.spec().run_as();
+  if (ok.ok() && !options_.run_as.empty() && run_as != options_.run_as) {
+    ok = absl::PermissionDeniedError(absl::StrCat("run_as \"", run_as, "\": this node runs workers only as \"",
+                                                  options_.run_as, "\" (--run-as)"));
+  }
 
   std::map<std::string, std::string> base;
   for (const auto& kv : options_.base_env) {

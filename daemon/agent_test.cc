@@ -163,6 +163,21 @@ TEST_F(AgentTest, UnlaunchableCommandIsAStartupFailureWithTheReason) {
   EXPECT_NE(w.exit().message().find("/nonexistent/train"), std::string::npos);
 }
 
+TEST_F(AgentTest, SpecCannotPickAnotherUserThanTheDaemonsRunAs) {
+  AgentOptions options;
+  options.node_id = "n1";
+  options.state_dir = state_dir_;
+  options.run_as = "nobody";
+  agent_->Shutdown(milliseconds(10));
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  v1::AgentCommand cmd = Start("j1", 1, "true", 1);
+  cmd.mutable_spec()->set_run_as("daemon");
+  Command({cmd});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  EXPECT_NE(Workers("j1")[0].exit().message().find("only as \"nobody\""), std::string::npos)
+      << Workers("j1")[0].exit().message();
+}
+
 TEST_F(AgentTest, UnassignedJobIsStoppedWithTermThenKillAfterGrace) {
   // The workers ignore SIGTERM: only SIGKILL after the 0.3 s grace ends them.
   Command({Start("j1", 1, "trap '' TERM; echo ready; while true; do sleep 0.05; done", 2, 0.3)});

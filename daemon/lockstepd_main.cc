@@ -256,7 +256,13 @@ int Run(int argc, char** argv) {
   health->SetServingStatus(false);
   std::string advertise = config.advertise;
   if (advertise.empty()) {
-    advertise = absl::StrCat(config.listen.substr(0, config.listen.rfind(':')), ":", port);
+    std::string host = config.listen.substr(0, config.listen.rfind(':'));
+    if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) {
+      char name[256] = {0};
+      ::gethostname(name, sizeof(name) - 1);
+      host = name;  // a wildcard is not an address others can dial
+    }
+    advertise = absl::StrCat(host, ":", port);
   }
   std::string coordinator_address =
       config.coordinator_address.empty() ? advertise : config.coordinator_address;
