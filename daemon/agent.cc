@@ -91,6 +91,7 @@ bool Agent::RunDone(const JobRun& run) const {
 }
 
 void Agent::StartRun(const v1::AgentCommand& cmd) {
+  next_heartbeat_ = clock_->Now();  // report the new workers promptly
   const std::string& job_id = cmd.job_id();
   Logger log = log_.WithJob(job_id);
   JobRun& run = runs_[job_id];
@@ -106,6 +107,10 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
   std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
   if (ok.ok()) ok = MakeDirs(dir);
   std::string run_as = cmd.spec().run_as().empty() ? options_.run_as : cmd.spec().run_as();
+  if (ok.ok() && !options_.run_as.empty() && run_as != options_.run_as) {
+    ok = absl::PermissionDeniedError(absl::StrCat("run_as \"", run_as, "\": this node runs workers only as \"",
+                                                  options_.run_as, "\" (--run-as)"));
+  }
 
   std::map<std::string, std::string> base;
   for (const auto& kv : options_.base_env) {
@@ -213,6 +218,7 @@ void Agent::Reap() {
       if (escalate) w.process->SignalGroup(SIGKILL);
       std::optional<ExitStatus> e = w.process->Poll();
       if (!e) continue;
+      next_heartbeat_ = now;  // report the exit promptly
       v1::ExitInfo* exit = w.status.mutable_exit();
       exit->set_exit_code(e->exit_code);
       exit->set_signal(e->signal);
@@ -398,14 +404,28 @@ void Agent::Start() {
       RunOnce();
       std::this_thread::sleep_for(kPollInterval);
     }
+    // Stop the workers from this thread: they carry PR_SET_PDEATHSIG for
+    // the thread that forked them, so they must be gone before it exits or
+    // they would get SIGKILL without their grace period.
+    StopAllAndReap(shutdown_grace_);
   });
 }
 
 void Agent::Shutdown(Duration grace) {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  shutdown_grace_ = grace;
+  if (thread_.joinable()) {
+    stop_ = true;
+    thread_.join();
+  } else {
+    StopAllAndReap(grace);
+  }
+}
+
+void Agent::StopAllAndReap(Duration grace) {
   std::lock_guard<std::mutex> lock(mu_);
+  pending_starts_.clear();
   for (auto& [id, run] : runs_) {
+    if (RunDone(run)) continue;
     run.stopping = false;  // re-arm with the shutdown grace
     StopRun(id, &run, grace, "agent shutting down");
   }

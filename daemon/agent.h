@@ -92,7 +92,8 @@ class Agent {
   // Runs RunOnce every kPollInterval on an owned thread until Shutdown.
   void Start();
   // Stops the loop, then stops every worker (SIGTERM, `grace`, SIGKILL)
-  // and reaps them. Blocks for at most grace + 1 s.
+  // and reaps them, on the loop thread (see ProcessLauncher on
+  // PDEATHSIG). Blocks for at most grace + 1 s plus one loop iteration.
   void Shutdown(Duration grace);
 
   // Sets the address workers and the coordinator use to reach this agent,
@@ -143,6 +144,7 @@ class Agent {
   bool RunDone(const JobRun& run) const;
   void Register();
   void Heartbeat();
+  void StopAllAndReap(Duration grace);
   std::string LogPath(const std::string& job_id, int rank, bool stderr_stream) const;
 
   const AgentOptions options_;
@@ -166,6 +168,7 @@ class Agent {
   std::map<std::string, v1::AgentCommand> pending_starts_;  // GUARDED_BY(mu_)
 
   std::atomic<bool> stop_{false};
+  Duration shutdown_grace_ = std::chrono::seconds(10);  // written before stop_
   std::thread thread_;
 };
 

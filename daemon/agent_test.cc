@@ -163,6 +163,21 @@ TEST_F(AgentTest, UnlaunchableCommandIsAStartupFailureWithTheReason) {
   EXPECT_NE(w.exit().message().find("/nonexistent/train"), std::string::npos);
 }
 
+TEST_F(AgentTest, SpecCannotPickAnotherUserThanTheDaemonsRunAs) {
+  AgentOptions options;
+  options.node_id = "n1";
+  options.state_dir = state_dir_;
+  options.run_as = "nobody";
+  agent_->Shutdown(milliseconds(10));
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  v1::AgentCommand cmd = Start("j1", 1, "true", 1);
+  cmd.mutable_spec()->set_run_as("daemon");
+  Command({cmd});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  EXPECT_NE(Workers("j1")[0].exit().message().find("only as \"nobody\""), std::string::npos)
+      << Workers("j1")[0].exit().message();
+}
+
 TEST_F(AgentTest, UnassignedJobIsStoppedWithTermThenKillAfterGrace) {
   // The workers ignore SIGTERM: only SIGKILL after the 0.3 s grace ends them.
   Command({Start("j1", 1, "trap '' TERM; echo ready; while true; do sleep 0.05; done", 2, 0.3)});
@@ -170,11 +185,27 @@ TEST_F(AgentTest, UnassignedJobIsStoppedWithTermThenKillAfterGrace) {
   ASSERT_TRUE(RunUntil([&] { return Output("j1", 2).find("ready") != std::string::npos; }));
   auto start = std::chrono::steady_clock::now();
   Command({});
-  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STOPPED); }));
+  // The agent may forget the job right after reporting it stopped: look at
+  // what it reported.
+  std::vector<v1::WorkerStatus> stopped;
+  auto reported_stopped = [&] {
+    for (const auto& hb : coord_.heartbeats()) {
+      for (const auto& r : hb.jobs()) {
+        if (r.job_id() != "j1" || r.workers_size() != 2) continue;
+        if (r.workers(0).state() == v1::WORKER_STATE_STOPPED &&
+            r.workers(1).state() == v1::WORKER_STATE_STOPPED) {
+          stopped.assign(r.workers().begin(), r.workers().end());
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  ASSERT_TRUE(RunUntil(reported_stopped));
   auto took = std::chrono::steady_clock::now() - start;
   EXPECT_GE(took, milliseconds(250));
   EXPECT_LT(took, seconds(5));
-  for (auto& w : Workers("j1")) {
+  for (auto& w : stopped) {
     EXPECT_EQ(w.exit().signal(), SIGKILL);
     EXPECT_NE(::kill(w.pid(), 0), 0);
   }
@@ -235,6 +266,22 @@ TEST_F(AgentTest, ProgressNeedsTheRunTokenAndCurrentRound) {
     return !hbs.empty() && hbs.back().jobs_size() == 1 &&
            hbs.back().jobs(0).workers(0).progress().step() == 7;
   }));
+}
+
+TEST_F(AgentTest, ShutdownFromTheLoopThreadGivesWorkersTheirGrace) {
+  Command({Start("j1", 1, "trap 'echo got TERM; exit 0' TERM; echo up; while true; do sleep 0.05; done", 1)});
+  agent_->Start();
+  auto deadline = std::chrono::steady_clock::now() + seconds(15);
+  while (Output("j1", 1).find("up") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_NE(Output("j1", 1).find("up"), std::string::npos);
+  std::this_thread::sleep_for(milliseconds(100));  // let the shell install its trap
+  agent_->Shutdown(seconds(5));
+  EXPECT_NE(Output("j1", 1).find("got TERM"), std::string::npos)
+      << "the worker was killed without its SIGTERM grace";
+  EXPECT_EQ(Workers("j1")[0].state(), v1::WORKER_STATE_STOPPED);
 }
 
 TEST_F(AgentTest, ReadLogsRejectsPathsAndUnknownRanks) {

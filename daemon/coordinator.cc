@@ -49,8 +49,9 @@ uint32_t Fnv1a(const std::string& s) {
 
 }  // namespace
 
-Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, JobStore* store)
-    : options_(std::move(options)), clock_(clock), store_(store) {
+Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, JobStore* store,
+                         rendezvous::RendezvousCore* rendezvous)
+    : options_(std::move(options)), clock_(clock), store_(store), rendezvous_(rendezvous) {
   store_address_ = options_.store_address;
 }
 
@@ -105,7 +106,10 @@ void Coordinator::AddEvent(v1::Job* job, const std::string& detail) {
 void Coordinator::SetState(v1::Job* job, v1::JobState state, const std::string& detail) {
   job->set_state(state);
   job->set_message(detail);
-  if (IsTerminal(state)) job->set_finished_unix_ms(clock_->UnixMillis());
+  if (IsTerminal(state)) {
+    job->set_finished_unix_ms(clock_->UnixMillis());
+    ForgetRendezvous(job->job_id());
+  }
   AddEvent(job, detail);
   log_.WithJob(job->job_id())
       .Info("{} round={} restarts={}: {}", v1::JobState_Name(state), job->round(),
@@ -185,6 +189,7 @@ StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& spec, const std::str
     v1::Job before = stored;
     TickJob(&stored, &notify);
     (void)CommitJob(before, &stored, &notify);
+    DrainRendezvous(&notify);
     result = stored;
   }
   Deliver(&notify);
@@ -364,6 +369,10 @@ void Coordinator::DeclareDead(NodeState* node, const std::string& reason,
   log_.Warn("node {} declared dead: {}", node->info.node_id(), reason);
   for (const auto& id : job_order_) {
     v1::Job& job = jobs_.at(id);
+    JobRuntime& rt = runtime_[id];
+    if (rt.rendezvous_created && rt.joined.erase(node->info.node_id())) {
+      (void)rendezvous_->MarkNodesDead(JobId(id), {NodeId(node->info.node_id())});
+    }
     if (job.state() != v1::JOB_STATE_RENDEZVOUS && job.state() != v1::JOB_STATE_RUNNING) continue;
     const auto& ids = job.node_ids();
     auto pos = std::find(ids.begin(), ids.end(), node->info.node_id());
@@ -572,45 +581,54 @@ void Coordinator::TickJob(v1::Job* job, std::vector<Notification>* notify) {
           if (node.alive && (!node.reported || node.live_jobs.count(job->job_id()))) return;
         }
       }
+      Status opened = EnsureRendezvousRound(*job, job->round() + 1);
+      if (!opened.ok()) {
+        log_.WithJob(job->job_id()).Error("cannot open rendezvous round {}: {}", job->round() + 1,
+                                          opened.ToString());
+        return;
+      }
       job->set_round(job->round() + 1);
       job->clear_node_ids();
       job->clear_workers();
       job->set_world_size(0);
       rt.round_opened = now;
-      rt.min_reached.reset();
+      rt.joined.clear();
       SetState(job, v1::JOB_STATE_RENDEZVOUS,
                absl::StrCat("round ", job->round(), " opened: waiting for ", spec.min_nodes(),
                             "..", spec.max_nodes(), " nodes"));
       [[fallthrough]];
     }
     case v1::JOB_STATE_RENDEZVOUS: {
-      if (job->node_ids_size() > 0) return;
-      std::vector<std::string> eligible = EligibleNodes(*job);
-      int n = eligible.size();
-      bool close = false;
-      if (n >= spec.max_nodes()) {
-        close = true;
-      } else if (n >= spec.min_nodes()) {
-        if (!rt.min_reached) rt.min_reached = now;
-        close = now - *rt.min_reached >= FromSeconds(spec.last_call_timeout_s());
-      } else {
-        rt.min_reached.reset();
-        if (spec.join_timeout_s() > 0 && now - rt.round_opened >= FromSeconds(spec.join_timeout_s())) {
-          SetState(job, v1::JOB_STATE_FAILED,
-                   absl::StrCat("rendezvous round ", job->round(), ": only ", n, " of min ",
-                                spec.min_nodes(), " nodes within join timeout ",
-                                spec.join_timeout_s(), "s"));
-        }
+      if (job->node_ids_size() > 0) return;  // closed: waiting for the ranks to start
+      Status ready = EnsureRendezvousRound(*job, job->round());
+      if (!ready.ok()) {
+        log_.WithJob(job->job_id()).Error("rendezvous round {}: {}", job->round(), ready.ToString());
+        return;
       }
-      if (!close) return;
-      eligible.resize(std::min<int>(n, spec.max_nodes()));
-      for (const auto& id : eligible) job->add_node_ids(id);
-      job->set_world_size(job->node_ids_size() * spec.nproc_per_node());
-      AddEvent(job, absl::StrCat("round ", job->round(), " closed: nodes [",
-                                 absl::StrJoin(eligible, ", "), "], world size ",
-                                 job->world_size()));
-      job->set_message(absl::StrCat("round ", job->round(), " closed; starting ",
-                                    job->world_size(), " workers"));
+      // Join every eligible node on its behalf; the core closes the round.
+      for (const auto& id : EligibleNodes(*job)) {
+        if (rt.joined.count(id)) continue;
+        rt.joined.insert(id);
+        rendezvous::JoinRequest req;
+        req.job_id = JobId(job->job_id());
+        req.node_id = NodeId(id);
+        req.incarnation = Incarnation(nodes_.at(id).info.incarnation());
+        req.nproc_per_node = spec.nproc_per_node();
+        req.round = job->round();
+        req.address = nodes_.at(id).info.agent_address();
+        std::string job_id = job->job_id();
+        rendezvous_->Join(req, MonoTime::max(),
+                          [this, job_id, id](StatusOr<rendezvous::RendezvousResult> r) {
+                            std::lock_guard<std::mutex> lock(events_mu_);
+                            events_.push_back({job_id, id, std::move(r)});
+                          });
+      }
+      if (spec.join_timeout_s() > 0 && now - rt.round_opened >= FromSeconds(spec.join_timeout_s())) {
+        SetState(job, v1::JOB_STATE_FAILED,
+                 absl::StrCat("rendezvous round ", job->round(), ": fewer than min ",
+                              spec.min_nodes(), " nodes within join timeout ",
+                              spec.join_timeout_s(), "s"));
+      }
       return;
     }
     case v1::JOB_STATE_RUNNING:
@@ -639,6 +657,8 @@ void Coordinator::Tick() {
   std::vector<Notification> notify;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    rendezvous_->AdvanceTimers();
+    DrainRendezvous(&notify);
     MonoTime now = clock_->Now();
     for (auto& [id, node] : nodes_) {
       if (node.alive && now - node.last_heartbeat > options_.lease) {
@@ -655,8 +675,82 @@ void Coordinator::Tick() {
       TickJob(&job, &notify);
       (void)CommitJob(before, &job, &notify);
     }
+    DrainRendezvous(&notify);  // rounds that closed inline during the joins
   }
   Deliver(&notify);
+}
+
+Status Coordinator::EnsureRendezvousRound(const v1::Job& job, int round) {
+  JobRuntime& rt = runtime_[job.job_id()];
+  JobId id(job.job_id());
+  if (!rt.rendezvous_created) {
+    rendezvous::RendezvousJobConfig config;
+    config.job_id = id;
+    config.min_nodes = job.spec().min_nodes();
+    config.max_nodes = job.spec().max_nodes();
+    config.nproc_per_node = job.spec().nproc_per_node();
+    config.last_call_timeout = FromSeconds(job.spec().last_call_timeout_s());
+    Status s = rendezvous_->CreateJob(config);
+    if (s.code() == absl::StatusCode::kAlreadyExists) {
+      (void)rendezvous_->RemoveJob(id);
+      s = rendezvous_->CreateJob(config);
+    }
+    RETURN_IF_ERROR(s);
+    rt.rendezvous_created = true;
+    rt.joined.clear();
+  }
+  ASSIGN_OR_RETURN(rendezvous::RendezvousState state, rendezvous_->GetState(id));
+  while (state.round < round) {
+    ASSIGN_OR_RETURN(state.round, rendezvous_->OpenNextRound(id));
+    rt.joined.clear();
+  }
+  if (state.round != round) {
+    return absl::InternalError(absl::StrCat("job ", job.job_id(), ": rendezvous is at round ",
+                                            state.round, ", coordinator at ", round));
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::ForgetRendezvous(const std::string& job_id) {
+  JobRuntime& rt = runtime_[job_id];
+  if (!rt.rendezvous_created) return;
+  rt.rendezvous_created = false;
+  rt.joined.clear();
+  (void)rendezvous_->RemoveJob(JobId(job_id));
+}
+
+void Coordinator::DrainRendezvous(std::vector<Notification>* notify) {
+  std::vector<RendezvousEvent> events;
+  {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    events.swap(events_);
+  }
+  for (auto& e : events) {
+    auto it = jobs_.find(e.job_id);
+    if (it == jobs_.end()) continue;
+    v1::Job& job = it->second;
+    if (!e.result.ok()) {
+      // Withdrawn (dead, timed out, superseded): join again if still eligible.
+      runtime_[e.job_id].joined.erase(e.node_id);
+      log_.WithJob(e.job_id).Debug("rendezvous join of node {} ended: {}", e.node_id,
+                                   e.result.status().ToString());
+      continue;
+    }
+    const rendezvous::RendezvousResult& r = *e.result;
+    if (job.state() != v1::JOB_STATE_RENDEZVOUS || job.round() != r.round ||
+        job.node_ids_size() > 0) {
+      continue;  // stale round, or this close was already applied
+    }
+    v1::Job before = job;
+    for (const auto& n : r.node_ids) job.add_node_ids(n.value());
+    job.set_world_size(r.world_size);
+    std::vector<std::string> names(job.node_ids().begin(), job.node_ids().end());
+    AddEvent(&job, absl::StrCat("round ", job.round(), " closed: nodes [", absl::StrJoin(names, ", "),
+                                "], world size ", job.world_size()));
+    job.set_message(absl::StrCat("round ", job.round(), " closed; starting ", job.world_size(),
+                                 " workers"));
+    (void)CommitJob(before, &job, notify);
+  }
 }
 
 }  // namespace daemon

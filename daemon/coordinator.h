@@ -13,12 +13,19 @@
 //   RUNNING --(every rank exited 0)--> SUCCEEDED
 //   any failure with the budget spent --> FAILED;  cancel --> CANCELLED
 //
-// Rounds. A round is *open* while the job is in RENDEZVOUS with no
-// participants (node_ids empty); it *closes* when max_nodes live nodes are
-// eligible, or when at least min_nodes are and the last-call timeout has
-// passed since min was first reached. Closing fixes the participants: node
-// ranks follow sorted node ids, so ranks are deterministic for a given
-// membership; global rank = node_rank * nproc_per_node + local_rank.
+// Rounds are the store engineer's rendezvous::RendezvousCore (the one
+// rendezvous implementation; the daemon also serves it as
+// RendezvousService). A round is *open* while the job is in RENDEZVOUS with
+// no participants (node_ids empty): the coordinator joins every eligible
+// node (alive, and reporting no live workers of the job) on the node's
+// behalf, so agents need no extra RPC. The core closes the round when
+// max_nodes joined, or min_nodes and the last call passed, and assigns node
+// ranks (survivors keep theirs, then new nodes by id: deterministic for a
+// given membership); global rank = node_rank * nproc_per_node + local_rank.
+// The core's join callbacks only queue the result; Tick() applies it, so
+// no callback ever takes the coordinator's lock. The coordinator's round
+// number is the core's; after a coordinator restart the core (in memory)
+// is re-created and advanced to the job's next round when one is needed.
 //
 // Fencing. Every agent start has a fresh incarnation; a heartbeat from any
 // other incarnation is rejected (Aborted). Every worker report and command
@@ -57,6 +64,7 @@
 #include "common/status.h"
 #include "daemon/job_store.h"
 #include "lockstep/v1/common.pb.h"
+#include "rendezvous/rendezvous_core.h"
 
 namespace lockstep {
 namespace daemon {
@@ -86,8 +94,10 @@ struct CoordinatorOptions {
 
 class Coordinator {
  public:
-  // `clock` and `store` must outlive the coordinator.
-  Coordinator(CoordinatorOptions options, Clock* clock, JobStore* store);
+  // `clock`, `store` and `rendezvous` must outlive the coordinator.
+  // `rendezvous` should run on the same clock.
+  Coordinator(CoordinatorOptions options, Clock* clock, JobStore* store,
+              rendezvous::RendezvousCore* rendezvous);
 
   // Reloads jobs and nodes from the store. Call once before serving.
   Status Recover();
@@ -144,9 +154,15 @@ class Coordinator {
   };
   struct JobRuntime {
     MonoTime round_opened;
-    std::optional<MonoTime> min_reached;
     MonoTime restart_at;
     int64_t version = 1;
+    bool rendezvous_created = false;  // the job exists in the core
+    std::set<std::string> joined;     // nodes joined to the open round
+  };
+  struct RendezvousEvent {
+    std::string job_id;
+    std::string node_id;
+    StatusOr<rendezvous::RendezvousResult> result;
   };
   struct Watch {
     std::string job_id;
@@ -171,12 +187,22 @@ class Coordinator {
   v1::RoundAssignment AssignmentFor(const v1::Job& job, int node_rank) const;
   Duration BackoffFor(int restart_count) const;
   static bool IsTerminal(v1::JobState state);
+  // Makes the core's current round of `job` equal `round` (creating the
+  // job in the core if needed). REQUIRES: mu_ held.
+  Status EnsureRendezvousRound(const v1::Job& job, int round);
+  // Applies queued join results (round closes). REQUIRES: mu_ held.
+  void DrainRendezvous(std::vector<Notification>* notify);
+  void ForgetRendezvous(const std::string& job_id);  // REQUIRES: mu_ held
   void Deliver(std::vector<Notification>* notify);
 
   const CoordinatorOptions options_;
   Clock* const clock_;
   JobStore* const store_;
+  rendezvous::RendezvousCore* const rendezvous_;
   Logger log_{"coordinator"};
+
+  std::mutex events_mu_;  // never held with mu_ taken after it
+  std::vector<RendezvousEvent> events_;  // GUARDED_BY(events_mu_)
 
   mutable std::mutex mu_;
   std::map<std::string, v1::Job> jobs_;          // GUARDED_BY(mu_)

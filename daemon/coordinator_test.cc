@@ -33,7 +33,10 @@ class CoordinatorTest : public ::testing::Test {
     options.restart_backoff = seconds(1);
     options.max_restart_backoff = seconds(4);
     options.store_address = "127.0.0.1:7000";
-    coord_ = std::make_unique<Coordinator>(options, &clock_, &store_);
+    coord_.reset();
+    rendezvous_ = std::make_unique<rendezvous::RendezvousCore>(
+        &clock_, rendezvous::RendezvousCore::Options{/*run_timer_thread=*/false});
+    coord_ = std::make_unique<Coordinator>(options, &clock_, &store_, rendezvous_.get());
     ASSERT_TRUE(coord_->Recover().ok());
   }
 
@@ -80,7 +83,7 @@ class CoordinatorTest : public ::testing::Test {
   std::string RunningTwoByTwo(int max_restarts) {
     Register("n1");
     Register("n2");
-    auto job = coord_->SubmitJob(Spec(2, 2, 2, max_restarts), "");
+    auto job = Submit(Spec(2, 2, 2, max_restarts));
     EXPECT_TRUE(job.ok());
     std::string id = job->job_id();
     int round = Job(id).round();
@@ -94,8 +97,16 @@ class CoordinatorTest : public ::testing::Test {
     return id;
   }
 
+  // Submits and lets one tick apply the rendezvous result.
+  StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& request_id = "") {
+    auto job = coord_->SubmitJob(spec, request_id);
+    coord_->Tick();
+    return job;
+  }
+
   FakeClock clock_;
   FakeJobStore store_;
+  std::unique_ptr<rendezvous::RendezvousCore> rendezvous_;
   std::unique_ptr<Coordinator> coord_;
 };
 
@@ -174,7 +185,7 @@ TEST_F(CoordinatorTest, SubmitWithSameRequestIdReturnsSameJob) {
 TEST_F(CoordinatorTest, JobRunsThroughRendezvousToSucceeded) {
   Register("n2");
   Register("n1");
-  auto job = coord_->SubmitJob(Spec(2, 2, 2, 0), "");
+  auto job = Submit(Spec(2, 2, 2, 0));
   ASSERT_TRUE(job.ok());
   v1::Job j = Job(job->job_id());
   EXPECT_EQ(j.state(), v1::JOB_STATE_RENDEZVOUS);
@@ -301,7 +312,7 @@ TEST_F(CoordinatorTest, RestartBudgetIsPerJobNotPerNode) {
 TEST_F(CoordinatorTest, NodeWithoutHeartbeatIsDeclaredDeadAndElasticJobGoesOnWithSurvivor) {
   Register("n1");
   Register("n2");
-  auto job = coord_->SubmitJob(Spec(1, 2, 1, 3), "");
+  auto job = Submit(Spec(1, 2, 1, 3));
   std::string id = job->job_id();
   ASSERT_EQ(Job(id).node_ids_size(), 2);
   (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});

@@ -1,7 +1,8 @@
 // lockstepd: the Lockstep daemon. Every daemon is an agent (AgentService,
 // worker supervision); with --coordinator it also hosts the coordinator
 // (CoordinatorService, job table in <state-dir>/coordinator.db), the
-// store's StoreService and, once it lands, RendezvousService.
+// store (StoreService) and rendezvous (RendezvousService, over the same
+// RendezvousCore the coordinator drives).
 // Composition root: flags -> config -> construct -> wire -> serve.
 // See daemon/README.md for the operator's view.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -31,6 +32,8 @@
 #include "daemon/process_launcher.h"
 #include "daemon/sqlite_job_store.h"
 #include "daemon/token.h"
+#include "rendezvous/rendezvous_core.h"
+#include "rendezvous/rendezvous_service.h"
 #include "rendezvous/store_core.h"
 #include "rendezvous/store_service.h"
 
@@ -179,6 +182,8 @@ int Run(int argc, char** argv) {
 
   // Coordinator side.
   std::unique_ptr<SqliteJobStore> job_store;
+  std::unique_ptr<rendezvous::RendezvousCore> rendezvous_core;
+  std::unique_ptr<rendezvous::RendezvousGrpcService> rendezvous_service;
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<CoordinatorGrpcService> coordinator_service;
   std::unique_ptr<rendezvous::StoreCore> store_core;
@@ -196,7 +201,10 @@ int Run(int argc, char** argv) {
     options.restart_backoff = FromSeconds(config.restart_backoff_s);
     options.max_restart_backoff = FromSeconds(config.max_restart_backoff_s);
     options.allowed_commands = config.allowed_commands;
-    coordinator = std::make_unique<Coordinator>(options, RealClock(), job_store.get());
+    rendezvous_core = std::make_unique<rendezvous::RendezvousCore>(RealClock());
+    rendezvous_service = std::make_unique<rendezvous::RendezvousGrpcService>(rendezvous_core.get());
+    coordinator = std::make_unique<Coordinator>(options, RealClock(), job_store.get(),
+                                                rendezvous_core.get());
     s = coordinator->Recover();
     if (!s.ok()) {
       log.Error("recovering the job table: {}", s.ToString());
@@ -237,6 +245,7 @@ int Run(int argc, char** argv) {
   builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
   if (coordinator_service) builder.RegisterService(coordinator_service.get());
   if (store_service) builder.RegisterService(store_service.get());
+  if (rendezvous_service) builder.RegisterService(rendezvous_service.get());
   if (agent_service) builder.RegisterService(agent_service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -247,7 +256,13 @@ int Run(int argc, char** argv) {
   health->SetServingStatus(false);
   std::string advertise = config.advertise;
   if (advertise.empty()) {
-    advertise = absl::StrCat(config.listen.substr(0, config.listen.rfind(':')), ":", port);
+    std::string host = config.listen.substr(0, config.listen.rfind(':'));
+    if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) {
+      char name[256] = {0};
+      ::gethostname(name, sizeof(name) - 1);
+      host = name;  // a wildcard is not an address others can dial
+    }
+    advertise = absl::StrCat(host, ":", port);
   }
   std::string coordinator_address =
       config.coordinator_address.empty() ? advertise : config.coordinator_address;

@@ -60,4 +60,11 @@ except grpc.RpcError as e:
 PY
 [ "$(ls_cli list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["jobs"]))')" = 1 ] ||
   fail "expected exactly one job"
+
+# A coordinator with an allowed-command list rejects anything else.
+start_daemon strict --coordinator --no-agent --listen 127.0.0.1:0 --allowed-command "$TRAINER"
+expect_error "PERMISSION_DENIED: .*not in the allowed list" \
+  "$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit -- /bin/sh -c true
+"$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit -- "$TRAINER" "$MARKER" >/dev/null ||
+  fail "the allowed command was rejected"
 log "PASS"

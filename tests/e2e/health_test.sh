@@ -33,7 +33,7 @@ for resp in rpc(iter([b"\x3a\x01*"]), timeout=5):
     break
 PY
 )
-for svc in lockstep.v1.CoordinatorService lockstep.v1.AgentService lockstep.v1.StoreService grpc.health.v1.Health; do
+for svc in lockstep.v1.CoordinatorService lockstep.v1.AgentService lockstep.v1.StoreService lockstep.v1.RendezvousService grpc.health.v1.Health; do
   echo "$services" | grep -q "$svc" || fail "reflection does not list $svc"
 done
 log "PASS"

@@ -18,6 +18,9 @@ mkdir -p "$T/out"
 # it (the trainer ignores its arguments).
 MARKER="--e2e-marker=$T"
 DAEMON_PIDS=()
+# Command prefixes, e.g. (ip netns exec NS), for the next daemon and the CLI.
+DAEMON_PREFIX=()
+CLI_PREFIX=()
 LEASE_S="${LEASE_S:-3}"
 HB_S="${HB_S:-0.3}"
 
@@ -45,7 +48,7 @@ wait_for() {
 start_daemon() {
   local name=$1; shift
   rm -f "$T/$name.addr"
-  "$LOCKSTEPD" --state-dir "$T/$name" --address-file "$T/$name.addr" --node-id "$name" \
+  ${DAEMON_PREFIX[@]+"${DAEMON_PREFIX[@]}"} "$LOCKSTEPD" --state-dir "$T/$name" --address-file "$T/$name.addr" --node-id "$name" \
     --lease-s "$LEASE_S" --heartbeat-interval-s "$HB_S" --restart-backoff-s 0.2 \
     --max-restart-backoff-s 1 --shutdown-grace-s 2 "$@" >>"$T/$name.log" 2>&1 &
   local pid=$!
@@ -69,7 +72,7 @@ start_agent() {
   start_daemon "$name" --listen 127.0.0.1:0 --coordinator-address "$COORD" --token-file "$TOKEN" "$@"
 }
 
-ls_cli() { "$LOCKSTEP" --coordinator "$COORD" --token-file "$TOKEN" "$@"; }
+ls_cli() { ${CLI_PREFIX[@]+"${CLI_PREFIX[@]}"} "$LOCKSTEP" --coordinator "$COORD" --token-file "$TOKEN" "$@"; }
 
 # submit [lockstep submit flags]: submits the test trainer, prints the job id.
 submit() {
@@ -114,4 +117,5 @@ cleanup() {
   # Workers of this test only, by pid (found through the marker).
   for pid in $(worker_pids); do kill -KILL "$pid" 2>/dev/null || true; done
 }
-trap cleanup EXIT
+EXTRA_CLEANUP=":"
+trap 'cleanup; eval "$EXTRA_CLEANUP"' EXIT

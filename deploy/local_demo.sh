@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Local demo: start a coordinator+agent, submit a 2-worker job, follow it to
+# SUCCEEDED, print its status and where its logs are, stop the daemon.
+#
+#   deploy/local_demo.sh                       # the e2e test trainer
+#   deploy/local_demo.sh -- bazel-bin/examples/<trainer> ARGS   # any trainer
+#
+# Env: STATE (default /tmp/lockstep-demo), NPROC (2), NODES (1).
+# Run from the repository root after `bazel build //daemon:lockstepd
+# //client:lockstep //tests/e2e:test_trainer`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STATE="${STATE:-/tmp/lockstep-demo}"
+NPROC="${NPROC:-2}"
+NODES="${NODES:-1}"
+if [ "${1:-}" = "--" ]; then shift; fi
+if [ $# -eq 0 ]; then set -- "$PWD/bazel-bin/tests/e2e/test_trainer"; fi
+
+mkdir -p "$STATE"
+rm -f "$STATE/address"
+bazel-bin/daemon/lockstepd --coordinator --state-dir "$STATE" --listen 127.0.0.1:0 \
+  --address-file "$STATE/address" >"$STATE/lockstepd.log" 2>&1 &
+daemon=$!
+trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -s "$STATE/address" ] && break; sleep 0.1; done
+[ -s "$STATE/address" ] || { echo "lockstepd did not start; see $STATE/lockstepd.log" >&2; exit 1; }
+L=(bazel-bin/client/lockstep --coordinator "$(cat "$STATE/address")" --token-file "$STATE/token")
+echo "coordinator+agent at $(cat "$STATE/address"), state dir $STATE"
+"${L[@]}" nodes
+out=$("${L[@]}" submit --nodes "$NODES" --nproc-per-node "$NPROC" --max-restarts 2 --name demo --wait -- "$@") || {
+  echo "$out"
+  job=$(echo "$out" | sed -n 's/^submitted job //p')
+  [ -n "$job" ] && "${L[@]}" status "$job"
+  exit 1
+}
+echo "$out"
+job=$(echo "$out" | sed -n 's/^submitted job //p')
+"${L[@]}" status "$job"
+echo "--- last lines of rank 1 (lockstep logs $job --rank 1):"
+"${L[@]}" logs "$job" --rank 1 | tail -n 3
+echo "logs: $STATE/jobs/$job/rank-*.stdout|stderr; daemon log: $STATE/lockstepd.log"

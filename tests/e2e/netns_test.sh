@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Two hosts as network namespaces joined by a veth pair: a coordinator+agent
+# in one, an agent in the other. A 1:2 job runs on both; then the link goes
+# down: the cut-off agent stops its worker by itself, the coordinator
+# declares that node dead within the lease, and the job finishes on the
+# survivor. Skips (with a message) where network namespaces are not
+# permitted; the loopback variants are agent_cutoff_test and agent_kill_test.
+source tests/e2e/lib.sh "$@"
+
+id=$$
+NSA="lsa$id"; NSB="lsb$id"; VA="lva$id"; VB="lvb$id"
+SUB="10.213.$((id % 250)).0"
+NET="${SUB%.0}"
+netns_cleanup() {
+  ip netns del "$NSA" 2>/dev/null || true
+  ip netns del "$NSB" 2>/dev/null || true
+}
+EXTRA_CLEANUP=netns_cleanup
+if ! ip netns add "$NSA" 2>/dev/null; then
+  echo "SKIP: cannot create network namespaces here (needs root and iproute2)"
+  exit 0
+fi
+ip netns add "$NSB"
+ip link add "$VA" type veth peer name "$VB"
+ip link set "$VA" netns "$NSA"
+ip link set "$VB" netns "$NSB"
+ip -n "$NSA" addr add "$NET.1/24" dev "$VA"
+ip -n "$NSB" addr add "$NET.2/24" dev "$VB"
+for ns in "$NSA" "$NSB"; do ip -n "$ns" link set lo up; done
+ip -n "$NSA" link set "$VA" up
+ip -n "$NSB" link set "$VB" up
+log "namespaces $NSA ($NET.1) and $NSB ($NET.2)"
+
+DAEMON_PREFIX=(ip netns exec "$NSA")
+CLI_PREFIX=(ip netns exec "$NSA")
+start_coordinator --listen "$NET.1:0"
+DAEMON_PREFIX=(ip netns exec "$NSB")
+start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" --token-file "$TOKEN"
+job=$(submit --nodes 1:2 --nproc-per-node 1 --max-restarts 2 --last-call-s 0.5 \
+  --env TRAINER_STEPS=40 --env TRAINER_STEP_MS=100)
+wait_state "$job" RUNNING 30
+[ "$(job_field "$job" 'sorted(j["node_ids"])')" = "['coord', 'hostb']" ] || fail "expected both hosts"
+wait_for 30 grep -q "^rank 1 step 2 " "$T/hostb/jobs/$job/rank-1.stdout" || fail "rank 1 never stepped"
+victim=$(cat "$T/out/pid-rank-1")
+grep -q "master $NET.1:" "$T/hostb/jobs/$job/rank-1.stdout" || fail "MASTER_ADDR is not host A's address"
+
+log "link down on $NSB"
+ip -n "$NSB" link set "$VB" down
+wait_for "$LEASE_S" bash -c "! kill -0 $victim" || fail "cut-off host kept its worker $victim"
+log "host b stopped its worker by itself"
+wait_state "$job" SUCCEEDED 60
+[ "$(job_field "$job" 'j["node_ids"]')" = "['coord']" ] || fail "the last round should run on host a alone"
+job_field "$job" 'j["history"]' | grep -q "hostb lost" || fail "history should record that hostb was lost"
+check_invariants "$job" 2
+log "PASS"
