@@ -1,0 +1,71 @@
+// The gRPC client of the coordinator's StoreService, implementing the plain
+// Store interface (and so usable behind Gloo's gloo::rendezvous::Store
+// adapter in //ddp).
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+//                    ConnectStore("10.0.0.1:29400", StoreNamespace(job, round),
+//                                 std::chrono::seconds(30)));
+//
+// Transport: one long-lived StoreService.Session stream per client (its own
+// TCP connection), many operations in flight on it at once from any number
+// of threads; results are matched by id. No per-call RPC setup, which is what
+// makes it faster than unary calls (~74 us each here).
+//
+// Deadlines: every operation has one. Non-blocking operations (Set, Add, ...)
+// get StoreClientOptions::rpc_timeout; blocking ones (Get, Wait, MultiGet)
+// get their `timeout` (enforced by the server, which answers
+// DeadlineExceeded naming the missing keys) plus rpc_timeout of grace.
+//
+// Reconnection: when the stream breaks (server restart, network), in-flight
+// operations fail with Unavailable and the next operation reconnects,
+// retrying with exponential backoff (initial_backoff .. max_backoff) until
+// its deadline. Idempotent operations (everything except Add and
+// CompareSet) are also retried transparently when the stream breaks under
+// them; Add and CompareSet return Unavailable if they might have been
+// applied, since retrying could apply them twice. Note a restarted server
+// starts empty: the data a client wrote before is gone.
+//
+// Thread safety: safe for concurrent use by any number of threads.
+// Errors: those of Store (store.h), plus Unavailable (server unreachable
+// until the deadline; the message names the address).
+#ifndef LOCKSTEP_RENDEZVOUS_STORE_CLIENT_H_
+#define LOCKSTEP_RENDEZVOUS_STORE_CLIENT_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "rendezvous/store.h"
+
+namespace lockstep {
+namespace rendezvous {
+
+// Deadline for one non-blocking store operation, and the grace added to a
+// blocking one's own timeout.
+inline constexpr std::chrono::seconds kDefaultStoreRpcTimeout{30};
+
+struct StoreClientOptions {
+  // How long ConnectStore waits for the server. Default: 30 s.
+  Duration connect_timeout = std::chrono::seconds(30);
+  // Default: kDefaultStoreRpcTimeout.
+  Duration rpc_timeout = kDefaultStoreRpcTimeout;
+  // Reconnect backoff after a broken stream. Default: 50 ms doubling to 2 s.
+  Duration initial_backoff = std::chrono::milliseconds(50);
+  Duration max_backoff = std::chrono::seconds(2);
+};
+
+// Connects to the StoreService at `address` ("host:port") and returns a Store
+// bound to namespace `ns`. Blocks until the server answers or
+// `connect_timeout` passes (Unavailable naming the address).
+// InvalidArgument for an invalid namespace.
+StatusOr<std::unique_ptr<Store>> ConnectStore(const std::string& address, const std::string& ns,
+                                              Duration connect_timeout);
+StatusOr<std::unique_ptr<Store>> ConnectStore(const std::string& address, const std::string& ns,
+                                              const StoreClientOptions& options);
+
+}  // namespace rendezvous
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_RENDEZVOUS_STORE_CLIENT_H_

@@ -1,0 +1,194 @@
+#include "rendezvous/store_conformance.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+namespace lockstep {
+namespace rendezvous {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+void StoreConformanceTest::SetUp() {
+  env_ = GetParam()();
+  store_ = env_->Open("conformance/1");
+}
+
+TEST_P(StoreConformanceTest, SetThenGetReturnsValue) {
+  ASSERT_TRUE(store_->Set("k", "v").ok());
+  auto got = store_->Get("k", seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "v");
+}
+
+TEST_P(StoreConformanceTest, SetOverwritesValue) {
+  ASSERT_TRUE(store_->Set("k", "one").ok());
+  ASSERT_TRUE(store_->Set("k", "two").ok());
+  EXPECT_EQ(*store_->Get("k", seconds(5)), "two");
+}
+
+TEST_P(StoreConformanceTest, BinaryValuesRoundTrip) {
+  std::string value("a\0b\xff\x01", 5);
+  ASSERT_TRUE(store_->Set("bin", value).ok());
+  EXPECT_EQ(*store_->Get("bin", seconds(5)), value);
+  ASSERT_TRUE(store_->Set("empty", "").ok());
+  EXPECT_EQ(*store_->Get("empty", seconds(5)), "");
+}
+
+TEST_P(StoreConformanceTest, GetBlocksUntilAnotherClientSetsTheKey) {
+  std::unique_ptr<Store> writer = env_->Open("conformance/1");
+  std::thread t([&] {
+    // The reader is (very likely) already waiting; either order must work.
+    ASSERT_TRUE(writer->Set("late", "arrived").ok());
+  });
+  auto got = store_->Get("late", seconds(10));
+  t.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "arrived");
+}
+
+TEST_P(StoreConformanceTest, GetReturnsDeadlineExceededWhenKeyNeverSet) {
+  auto start = std::chrono::steady_clock::now();
+  auto got = store_->Get("never", milliseconds(100));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+  EXPECT_NE(got.status().message().find("never"), std::string::npos) << got.status();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(90));
+}
+
+TEST_P(StoreConformanceTest, AddStartsFromZeroAndReturnsNewValue) {
+  EXPECT_EQ(*store_->Add("n", 3), 3);
+  EXPECT_EQ(*store_->Add("n", -1), 2);
+  EXPECT_EQ(*store_->Get("n", seconds(5)), "2");
+}
+
+TEST_P(StoreConformanceTest, AddOnNonIntegerValueIsInvalidArgument) {
+  ASSERT_TRUE(store_->Set("text", "hello").ok());
+  auto added = store_->Add("text", 1);
+  EXPECT_EQ(added.status().code(), absl::StatusCode::kInvalidArgument) << added.status();
+  EXPECT_NE(added.status().message().find("text"), std::string::npos);
+  EXPECT_EQ(*store_->Get("text", seconds(5)), "hello");
+}
+
+TEST_P(StoreConformanceTest, ConcurrentAddsFromManyClientsAreAtomic) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      std::unique_ptr<Store> client = env_->Open("conformance/1");
+      for (int i = 0; i < 50; ++i) ASSERT_TRUE(client->Add("counter", 1).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(*store_->Get("counter", seconds(5)), "200");
+}
+
+TEST_P(StoreConformanceTest, CompareSetSwapsOnlyWhenExpectedMatches) {
+  EXPECT_EQ(*store_->CompareSet("k", "", "first"), "first");  // absent + empty: create
+  EXPECT_EQ(*store_->CompareSet("k", "wrong", "second"), "first");
+  EXPECT_EQ(*store_->CompareSet("k", "first", "second"), "second");
+  EXPECT_EQ(*store_->Get("k", seconds(5)), "second");
+}
+
+TEST_P(StoreConformanceTest, DeleteReportsWhetherKeyExisted) {
+  ASSERT_TRUE(store_->Set("k", "v").ok());
+  EXPECT_TRUE(*store_->Delete("k"));
+  EXPECT_FALSE(*store_->Delete("k"));
+  EXPECT_EQ(store_->Get("k", milliseconds(10)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_P(StoreConformanceTest, WaitReturnsOnceEveryKeyIsSet) {
+  std::unique_ptr<Store> writer = env_->Open("conformance/1");
+  std::thread t([&] {
+    ASSERT_TRUE(writer->Set("a", "1").ok());
+    ASSERT_TRUE(writer->Set("b", "2").ok());
+  });
+  Status waited = store_->Wait({"a", "b"}, seconds(10));
+  t.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+}
+
+TEST_P(StoreConformanceTest, WaitDeadlineExceededNamesMissingKeys) {
+  ASSERT_TRUE(store_->Set("here", "1").ok());
+  Status waited = store_->Wait({"here", "gone"}, milliseconds(50));
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
+  EXPECT_NE(waited.message().find("gone"), std::string::npos) << waited;
+}
+
+TEST_P(StoreConformanceTest, NumKeysCountsKeysOfThisNamespaceOnly) {
+  std::unique_ptr<Store> other = env_->Open("conformance/2");
+  ASSERT_TRUE(store_->Set("a", "1").ok());
+  ASSERT_TRUE(store_->Set("b", "1").ok());
+  ASSERT_TRUE(other->Set("c", "1").ok());
+  EXPECT_EQ(*store_->NumKeys(), 2);
+  EXPECT_EQ(*other->NumKeys(), 1);
+}
+
+TEST_P(StoreConformanceTest, NamespacesDoNotSeeEachOthersKeys) {
+  std::unique_ptr<Store> next_round = env_->Open("conformance/2");
+  ASSERT_TRUE(store_->Set("addr", "old").ok());
+  EXPECT_EQ(next_round->Get("addr", milliseconds(20)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_P(StoreConformanceTest, MultiSetThenMultiGetReturnsValuesInKeyOrder) {
+  ASSERT_TRUE(store_->MultiSet({{"x", "1"}, {"y", "2"}, {"z", "3"}}).ok());
+  auto got = store_->MultiGet({"z", "x", "y"}, seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"3", "1", "2"}));
+}
+
+TEST_P(StoreConformanceTest, MultiGetBlocksUntilAllKeysExist) {
+  std::unique_ptr<Store> writer = env_->Open("conformance/1");
+  std::thread t([&] { ASSERT_TRUE(writer->MultiSet({{"p", "1"}, {"q", "2"}}).ok()); });
+  auto got = store_->MultiGet({"p", "q"}, seconds(10));
+  t.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"1", "2"}));
+}
+
+TEST_P(StoreConformanceTest, EmptyKeyIsInvalidArgument) {
+  EXPECT_EQ(store_->Set("", "v").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Get("", milliseconds(10)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Add("", 1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(StoreConformanceTest, OversizedKeyIsInvalidArgumentNamingTheLimit) {
+  Status set = store_->Set(std::string(kMaxKeyBytes + 1, 'k'), "v");
+  EXPECT_EQ(set.code(), absl::StatusCode::kInvalidArgument) << set;
+  EXPECT_NE(set.message().find("kMaxKeyBytes"), std::string::npos) << set;
+}
+
+TEST_P(StoreConformanceTest, OversizedValueIsInvalidArgumentNamingTheLimit) {
+  Status set = store_->Set("big", std::string(kMaxValueBytes + 1, 'v'));
+  EXPECT_EQ(set.code(), absl::StatusCode::kInvalidArgument) << set;
+  EXPECT_NE(set.message().find("kMaxValueBytes"), std::string::npos) << set;
+}
+
+TEST_P(StoreConformanceTest, ValueAtTheSizeLimitIsAccepted) {
+  std::string value(kMaxValueBytes, 'v');
+  ASSERT_TRUE(store_->Set("max", value).ok());
+  auto got = store_->Get("max", seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->size(), kMaxValueBytes);
+}
+
+TEST_P(StoreConformanceTest, ManyConcurrentWaitersAreAllWokenBySet) {
+  constexpr int kWaiters = 16;
+  std::atomic<int> woken{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&] {
+      std::unique_ptr<Store> client = env_->Open("conformance/1");
+      if (client->Get("go", seconds(10)).ok()) ++woken;
+    });
+  }
+  ASSERT_TRUE(store_->Set("go", "1").ok());
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(woken.load(), kWaiters);
+}
+
+}  // namespace rendezvous
+}  // namespace lockstep

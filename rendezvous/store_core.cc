@@ -1,0 +1,475 @@
+#include "rendezvous/store_core.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace lockstep {
+namespace rendezvous {
+namespace {
+
+// Keys in error messages: at most this many are listed.
+constexpr size_t kMaxKeysInMessage = 8;
+
+std::string KeyList(const std::vector<std::string>& keys) {
+  std::vector<std::string> shown(keys.begin(),
+                                 keys.begin() + std::min(keys.size(), kMaxKeysInMessage));
+  std::string out = absl::StrJoin(shown, ", ");
+  if (keys.size() > kMaxKeysInMessage) {
+    absl::StrAppend(&out, ", ... (", keys.size(), " keys)");
+  }
+  return out;
+}
+
+}  // namespace
+
+Status ValidateNamespace(const std::string& ns) {
+  if (ns.empty()) return absl::InvalidArgumentError("store namespace is empty");
+  if (ns.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("store namespace of ", ns.size(),
+                                                   " bytes exceeds kMaxKeyBytes=", kMaxKeyBytes));
+  }
+  return absl::OkStatus();
+}
+
+Status ValidateKey(const std::string& key) {
+  if (key.empty()) return absl::InvalidArgumentError("store key is empty");
+  if (key.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("store key '", key.substr(0, 64), "...' of ",
+                                                   key.size(), " bytes exceeds kMaxKeyBytes=",
+                                                   kMaxKeyBytes));
+  }
+  return absl::OkStatus();
+}
+
+Status ValidateValue(const std::string& key, const std::string& value) {
+  if (value.size() > kMaxValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("value for store key '", key, "' of ",
+                                                   value.size(), " bytes exceeds kMaxValueBytes=",
+                                                   kMaxValueBytes));
+  }
+  return absl::OkStatus();
+}
+
+Status ValidateKeyList(const std::vector<std::string>& keys) {
+  if (keys.empty()) return absl::InvalidArgumentError("store request names no keys");
+  if (keys.size() > kMaxKeysPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("store request names ", keys.size(),
+                                                   " keys, over kMaxKeysPerRequest=",
+                                                   kMaxKeysPerRequest));
+  }
+  for (const std::string& key : keys) RETURN_IF_ERROR(ValidateKey(key));
+  return absl::OkStatus();
+}
+
+StoreCore::StoreCore(Clock* clock) : StoreCore(clock, Options()) {}
+
+StoreCore::StoreCore(Clock* clock, Options options) : clock_(clock), options_(options) {
+  if (options_.run_expiry_thread) expiry_thread_ = std::thread([this] { ExpiryLoop(); });
+}
+
+StoreCore::~StoreCore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  expiry_cv_.notify_all();
+  if (expiry_thread_.joinable()) expiry_thread_.join();
+}
+
+StoreCore::Namespace* StoreCore::FindNamespace(const std::string& ns) {
+  auto it = namespaces_.find(ns);
+  return it == namespaces_.end() ? nullptr : &it->second;
+}
+
+const StoreCore::Namespace* StoreCore::FindNamespace(const std::string& ns) const {
+  auto it = namespaces_.find(ns);
+  return it == namespaces_.end() ? nullptr : &it->second;
+}
+
+Status StoreCore::CheckRoomLocked(const std::string& ns, const Namespace* space,
+                                  size_t new_keys) const {
+  size_t have = space == nullptr ? 0 : space->values.size();
+  if (have + new_keys > options_.max_keys_per_namespace) {
+    return absl::ResourceExhaustedError(absl::StrCat("store namespace '", ns, "' holds ", have,
+                                                     " keys; adding ", new_keys,
+                                                     " would exceed kMaxKeysPerNamespace=",
+                                                     options_.max_keys_per_namespace));
+  }
+  return absl::OkStatus();
+}
+
+void StoreCore::WriteLocked(Namespace& space, const std::string& key, std::string value,
+                            Ready* ready) {
+  space.values[key] = std::move(value);
+  auto it = space.waiters_by_key.find(key);
+  if (it == space.waiters_by_key.end()) return;
+  std::vector<WaitId> ids = std::move(it->second);
+  space.waiters_by_key.erase(it);
+  for (WaitId id : ids) {
+    auto w = waiters_.find(id);
+    if (w == waiters_.end()) continue;  // cancelled; index entries are dropped lazily
+    if (--w->second.missing == 0) CompleteOrRearmLocked(space, w->second, ready);
+  }
+}
+
+void StoreCore::CompleteOrRearmLocked(Namespace& space, Waiter& waiter, Ready* ready) {
+  std::vector<std::string> values;
+  if (waiter.want_values) values.reserve(waiter.keys.size());
+  for (const std::string& key : waiter.keys) {
+    auto v = space.values.find(key);
+    if (v == space.values.end()) {
+      // Deleted after it was counted: wait for it again.
+      ++waiter.missing;
+      space.waiters_by_key[key].push_back(waiter.id);
+    } else if (waiter.want_values) {
+      values.push_back(v->second);
+    }
+  }
+  if (waiter.missing > 0) return;
+  ready->emplace_back(std::move(waiter.callback), std::move(values));
+  EraseWaiterLocked(waiter.id);
+}
+
+void StoreCore::EraseWaiterLocked(WaitId id) {
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return;
+  if (it->second.deadline_it != deadlines_.end()) deadlines_.erase(it->second.deadline_it);
+  waiters_.erase(it);
+}
+
+void StoreCore::MaybeDropEmptyLocked(const std::string& ns) {
+  auto it = namespaces_.find(ns);
+  if (it == namespaces_.end() || !it->second.values.empty()) return;
+  // Drop stale index entries of cancelled waiters; keep the namespace while a
+  // live waiter remains.
+  for (auto& [key, ids] : it->second.waiters_by_key) {
+    for (WaitId id : ids) {
+      if (waiters_.count(id) > 0) return;
+    }
+  }
+  namespaces_.erase(it);
+}
+
+void StoreCore::RunReady(Ready* ready) {
+  for (auto& [callback, result] : *ready) callback(std::move(result));
+  ready->clear();
+}
+
+Status StoreCore::Set(const std::string& ns, const std::string& key, std::string value) {
+  RETURN_IF_ERROR(ValidateNamespace(ns));
+  RETURN_IF_ERROR(ValidateKey(key));
+  RETURN_IF_ERROR(ValidateValue(key, value));
+  Ready ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Namespace* space = FindNamespace(ns);
+    bool exists = space != nullptr && space->values.count(key) > 0;
+    if (!exists) RETURN_IF_ERROR(CheckRoomLocked(ns, space, 1));
+    WriteLocked(namespaces_[ns], key, std::move(value), &ready);
+  }
+  RunReady(&ready);
+  return absl::OkStatus();
+}
+
+StatusOr<std::string> StoreCore::TryGet(const std::string& ns, const std::string& key) const {
+  RETURN_IF_ERROR(ValidateNamespace(ns));
+  RETURN_IF_ERROR(ValidateKey(key));
+  std::lock_guard<std::mutex> lock(mu_);
+  const Namespace* space = FindNamespace(ns);
+  if (space != nullptr) {
+    auto it = space->values.find(key);
+    if (it != space->values.end()) return it->second;
+  }
+  return absl::NotFoundError(absl::StrCat("store key '", key, "' not found in namespace '", ns,
+                                          "'"));
+}
+
+StatusOr<int64_t> StoreCore::Add(const std::string& ns, const std::string& key, int64_t delta) {
+  RETURN_IF_ERROR(ValidateNamespace(ns));
+  RETURN_IF_ERROR(ValidateKey(key));
+  Ready ready;
+  int64_t result = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Namespace* space = FindNamespace(ns);
+    int64_t current = 0;
+    const std::string* old = nullptr;
+    if (space != nullptr) {
+      auto it = space->values.find(key);
+      if (it != space->values.end()) old = &it->second;
+    }
+    if (old == nullptr) {
+      RETURN_IF_ERROR(CheckRoomLocked(ns, space, 1));
+    } else if (!absl::SimpleAtoi(*old, &current)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Add on store key '", key, "': its value is not an integer (", old->size(), " bytes)"));
+    }
+    if (__builtin_add_overflow(current, delta, &result)) {
+      return absl::OutOfRangeError(absl::StrCat("Add on store key '", key, "': ", current, " + ",
+                                                delta, " overflows int64"));
+    }
+    WriteLocked(namespaces_[ns], key, std::to_string(result), &ready);
+  }
+  RunReady(&ready);
+  return result;
+}
+
+StatusOr<CompareSetResult> StoreCore::CompareSet(const std::string& ns, const std::string& key,
+                                                 const std::string& expected,
+                                                 std::string desired) {
+  RETURN_IF_ERROR(ValidateNamespace(ns));
+  RETURN_IF_ERROR(ValidateKey(key));
+  RETURN_IF_ERROR(ValidateValue(key, desired));
+  Ready ready;
+  CompareSetResult result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Namespace* space = FindNamespace(ns);
+    const std::string* old = nullptr;
+    if (space != nullptr) {
+      auto it = space->values.find(key);
+      if (it != space->values.end()) old = &it->second;
+    }
+    bool swap = old == nullptr ? expected.empty() : *old == expected;
+    if (!swap) {
+      result.current = old == nullptr ? std::string() : *old;
+      return result;
+    }
+    if (old == nullptr) RETURN_IF_ERROR(CheckRoomLocked(ns, space, 1));
+    result.swapped = true;
+    result.current = desired;
+    WriteLocked(namespaces_[ns], key, std::move(desired), &ready);
+  }
+  RunReady(&ready);
+  return result;
+}
+
+StatusOr<bool> StoreCore::Delete(const std::string& ns, const std::string& key) {
+  RETURN_IF_ERROR(ValidateNamespace(ns));
+  RETURN_IF_ERROR(ValidateKey(key));
+  std::lock_guard<std::mutex> lock(mu_);
+  Namespace* space = FindNamespace(ns);
+  if (space == nullptr) return false;
+  bool erased = space->values.erase(key) > 0;
+  MaybeDropEmptyLocked(ns);
+  return erased;
+}
+
+StatusOr<int64_t> StoreCore::NumKeys(const std::string& ns) const {
+  RETURN_IF_ERROR(ValidateNamespace(ns));
+  std::lock_guard<std::mutex> lock(mu_);
+  const Namespace* space = FindNamespace(ns);
+  return space == nullptr ? 0 : static_cast<int64_t>(space->values.size());
+}
+
+Status StoreCore::MultiSet(const std::string& ns,
+                           std::vector<std::pair<std::string, std::string>> entries) {
+  RETURN_IF_ERROR(ValidateNamespace(ns));
+  if (entries.empty()) return absl::InvalidArgumentError("MultiSet names no keys");
+  if (entries.size() > kMaxKeysPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("MultiSet names ", entries.size(),
+                                                   " keys, over kMaxKeysPerRequest=",
+                                                   kMaxKeysPerRequest));
+  }
+  for (const auto& [key, value] : entries) {
+    RETURN_IF_ERROR(ValidateKey(key));
+    RETURN_IF_ERROR(ValidateValue(key, value));
+  }
+  Ready ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Namespace* space = FindNamespace(ns);
+    size_t new_keys = 0;
+    for (const auto& entry : entries) {
+      if (space == nullptr || space->values.count(entry.first) == 0) ++new_keys;
+    }
+    RETURN_IF_ERROR(CheckRoomLocked(ns, space, new_keys));
+    Namespace& target = namespaces_[ns];
+    for (auto& [key, value] : entries) WriteLocked(target, key, std::move(value), &ready);
+  }
+  RunReady(&ready);
+  return absl::OkStatus();
+}
+
+StoreCore::WaitId StoreCore::WaitAsync(const std::string& ns, const std::vector<std::string>& keys,
+                                       MonoTime deadline, bool want_values,
+                                       WaitCallback callback) {
+  Status valid = ValidateNamespace(ns);
+  if (valid.ok()) valid = ValidateKeyList(keys);
+  Ready ready;
+  WaitId id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_wait_id_++;
+    if (!valid.ok()) {
+      ready.emplace_back(std::move(callback), valid);
+    } else {
+      Namespace& space = namespaces_[ns];
+      Waiter& waiter = waiters_[id];
+      waiter.id = id;
+      waiter.ns = ns;
+      waiter.keys = keys;
+      waiter.deadline = deadline;
+      waiter.want_values = want_values;
+      waiter.callback = std::move(callback);
+      waiter.deadline_it = deadlines_.end();
+      for (const std::string& key : keys) {
+        if (space.values.count(key) == 0) {
+          ++waiter.missing;
+          space.waiters_by_key[key].push_back(id);
+        }
+      }
+      if (waiter.missing == 0) {
+        CompleteOrRearmLocked(space, waiter, &ready);
+        MaybeDropEmptyLocked(ns);
+      } else if (deadline <= clock_->Now()) {
+        std::vector<std::string> missing;
+        for (const std::string& key : keys) {
+          if (space.values.count(key) == 0) missing.push_back(key);
+        }
+        ready.emplace_back(std::move(waiter.callback),
+                           absl::DeadlineExceededError(absl::StrCat(
+                               "store keys not set in namespace '", ns,
+                               "' before the deadline: ", KeyList(missing))));
+        EraseWaiterLocked(id);
+        MaybeDropEmptyLocked(ns);
+      } else if (deadline != MonoTime::max()) {
+        bool earliest = deadlines_.empty() || deadline < deadlines_.begin()->first;
+        waiter.deadline_it = deadlines_.emplace(deadline, id);
+        if (earliest) expiry_cv_.notify_all();
+      }
+    }
+  }
+  RunReady(&ready);
+  return id;
+}
+
+bool StoreCore::CancelWait(WaitId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return false;
+  std::string ns = it->second.ns;
+  EraseWaiterLocked(id);
+  MaybeDropEmptyLocked(ns);
+  return true;
+}
+
+std::vector<std::string> StoreCore::MissingKeys(const std::string& ns,
+                                                const std::vector<std::string>& keys) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Namespace* space = FindNamespace(ns);
+  std::vector<std::string> missing;
+  for (const std::string& key : keys) {
+    if (space == nullptr || space->values.count(key) == 0) missing.push_back(key);
+  }
+  return missing;
+}
+
+MonoTime StoreCore::ExpireWaiters() {
+  Ready ready;
+  MonoTime next = MonoTime::max();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MonoTime now = clock_->Now();
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      WaitId id = deadlines_.begin()->second;
+      auto w = waiters_.find(id);
+      Waiter& waiter = w->second;
+      std::vector<std::string> missing;
+      const Namespace* space = FindNamespace(waiter.ns);
+      for (const std::string& key : waiter.keys) {
+        if (space == nullptr || space->values.count(key) == 0) missing.push_back(key);
+      }
+      ready.emplace_back(std::move(waiter.callback),
+                         absl::DeadlineExceededError(absl::StrCat(
+                             "store keys not set in namespace '", waiter.ns,
+                             "' before the deadline: ", KeyList(missing))));
+      std::string ns = waiter.ns;
+      EraseWaiterLocked(id);
+      MaybeDropEmptyLocked(ns);
+    }
+    if (!deadlines_.empty()) next = deadlines_.begin()->first;
+  }
+  RunReady(&ready);
+  return next;
+}
+
+int StoreCore::DeleteNamespaceLocked(const std::string& ns, Ready* ready) {
+  auto it = namespaces_.find(ns);
+  if (it == namespaces_.end()) return 0;
+  for (auto& [key, ids] : it->second.waiters_by_key) {
+    for (WaitId id : ids) {
+      auto w = waiters_.find(id);
+      if (w == waiters_.end()) continue;
+      ready->emplace_back(std::move(w->second.callback),
+                          absl::AbortedError(absl::StrCat("store namespace '", ns,
+                                                          "' was deleted while waiting for '",
+                                                          key, "'")));
+      EraseWaiterLocked(id);
+    }
+  }
+  namespaces_.erase(it);
+  return 1;
+}
+
+bool StoreCore::DeleteNamespace(const std::string& ns) {
+  Ready ready;
+  int dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped = DeleteNamespaceLocked(ns, &ready);
+  }
+  RunReady(&ready);
+  return dropped > 0;
+}
+
+int StoreCore::DeleteNamespacesWithPrefix(const std::string& prefix) {
+  Ready ready;
+  int dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> names;
+    for (auto it = namespaces_.lower_bound(prefix);
+         it != namespaces_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+      names.push_back(it->first);
+    }
+    for (const std::string& ns : names) dropped += DeleteNamespaceLocked(ns, &ready);
+  }
+  RunReady(&ready);
+  return dropped;
+}
+
+int64_t StoreCore::NumNamespaces() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return namespaces_.size();
+}
+
+int64_t StoreCore::NumPendingWaiters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiters_.size();
+}
+
+void StoreCore::ExpiryLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    if (deadlines_.empty()) {
+      expiry_cv_.wait(lock);
+      continue;
+    }
+    Duration until = deadlines_.begin()->first - clock_->Now();
+    if (until > Duration::zero()) {
+      expiry_cv_.wait_for(lock, until);
+      continue;
+    }
+    lock.unlock();
+    ExpireWaiters();
+    lock.lock();
+  }
+}
+
+}  // namespace rendezvous
+}  // namespace lockstep

@@ -1,0 +1,214 @@
+// StoreCore: the coordinator's key-value store, as a plain in-memory data
+// structure (no gRPC, no sockets). Both the gRPC StoreService and the
+// in-process MemoryStore sit on top of it.
+//
+// Namespaces. Every key lives in a namespace (by convention "<job>/<round>",
+// see StoreNamespace() in store.h), so a new round never reads the previous
+// round's data. A namespace springs into existence with its first key and is
+// dropped as a whole by DeleteNamespace / DeleteNamespacesWithPrefix once a
+// round (or a job) is finished.
+//
+// Waiters. A wait is registered with WaitAsync(ns, keys, deadline, callback)
+// and never blocks a thread: the callback runs exactly once, either
+//   - from inside the write (Set, Add, CompareSet, MultiSet) that makes the
+//     last missing key exist (OK, with the values if asked for),
+//   - from ExpireWaiters() once `deadline` has passed on the injected Clock
+//     (DeadlineExceeded naming the keys still missing), or
+//   - from DeleteNamespace (Aborted: the namespace was dropped under it),
+// unless CancelWait() removes it first (then it never runs). Nothing polls:
+// the per-key waiter index is consulted only by writes.
+//
+// Timers. Deadlines are judged on the injected Clock. With
+// `Options::run_expiry_thread` (the default) the core owns one thread that
+// sleeps until the earliest deadline and calls ExpireWaiters(); with a
+// FakeClock, tests turn it off, Advance() the clock and call
+// ExpireWaiters() themselves.
+//
+// Thread safety: every method is safe to call concurrently. Callbacks are
+// invoked without the core's lock held, so they may call back into the core;
+// they must not block for long (they run on the writer's thread).
+#ifndef LOCKSTEP_RENDEZVOUS_STORE_CORE_H_
+#define LOCKSTEP_RENDEZVOUS_STORE_CORE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "rendezvous/store.h"
+
+namespace lockstep {
+namespace rendezvous {
+
+// At most this many keys in one Wait / MultiGet / MultiSet request
+// (InvalidArgument beyond).
+inline constexpr size_t kMaxKeysPerRequest = 65536;
+
+// The largest gRPC message the store's server and client accept (64 MiB):
+// room for a kMaxValueBytes value plus framing, or several values in one
+// MultiGet/MultiSet. Larger requests fail with ResourceExhausted from gRPC.
+inline constexpr int kStoreMaxMessageBytes = 64 * 1024 * 1024;
+
+// Validation shared by every layer (the gRPC shell rejects bad input before
+// it reaches the core, with the same messages). InvalidArgument naming the
+// key and the limit.
+Status ValidateNamespace(const std::string& ns);
+Status ValidateKey(const std::string& key);
+Status ValidateValue(const std::string& key, const std::string& value);
+Status ValidateKeyList(const std::vector<std::string>& keys);
+
+// Outcome of a CompareSet.
+struct CompareSetResult {
+  bool swapped = false;
+  // The value after the call: `desired` when swapped, else the current value
+  // ("" when the key is absent).
+  std::string current;
+};
+
+class StoreCore {
+ public:
+  struct Options {
+    // Own a thread that fires expired waiters on time. Default: true. Turn it
+    // off with a FakeClock and drive ExpireWaiters() from the test.
+    bool run_expiry_thread = true;
+    // Keys one namespace may hold (ResourceExhausted beyond).
+    // Default: kMaxKeysPerNamespace; tests lower it.
+    size_t max_keys_per_namespace = kMaxKeysPerNamespace;
+  };
+
+  // Receives OK and, when asked for, the values in the order of the keys; or
+  // DeadlineExceeded / Aborted (see the file comment).
+  using WaitCallback = std::function<void(StatusOr<std::vector<std::string>>)>;
+  using WaitId = uint64_t;
+
+  // `clock` is not owned and must outlive the core. Default: RealClock().
+  explicit StoreCore(Clock* clock = RealClock());
+  StoreCore(Clock* clock, Options options);
+  // REQUIRES: no thread is inside a method. Pending waiters are dropped
+  // without their callbacks running.
+  ~StoreCore();
+
+  StoreCore(const StoreCore&) = delete;
+  StoreCore& operator=(const StoreCore&) = delete;
+
+  // Errors for every write: InvalidArgument (bad namespace/key/value),
+  // ResourceExhausted (the namespace already holds kMaxKeysPerNamespace keys).
+  Status Set(const std::string& ns, const std::string& key, std::string value);
+
+  // Never blocks. NotFound naming the key if it is absent.
+  StatusOr<std::string> TryGet(const std::string& ns, const std::string& key) const;
+
+  // Adds `delta` to the decimal integer at `key` (missing = 0) and returns the
+  // new value. InvalidArgument if the value is not an integer, OutOfRange on
+  // int64 overflow.
+  StatusOr<int64_t> Add(const std::string& ns, const std::string& key, int64_t delta);
+
+  // Swaps `key` to `desired` if its value equals `expected`; when the key is
+  // absent it swaps only if `expected` is empty.
+  StatusOr<CompareSetResult> CompareSet(const std::string& ns, const std::string& key,
+                                        const std::string& expected, std::string desired);
+
+  // Returns whether the key existed.
+  StatusOr<bool> Delete(const std::string& ns, const std::string& key);
+
+  StatusOr<int64_t> NumKeys(const std::string& ns) const;
+
+  // All-or-nothing: either every entry is written or none (the first bad
+  // entry's error is returned).
+  Status MultiSet(const std::string& ns, std::vector<std::pair<std::string, std::string>> entries);
+
+  // Registers a waiter for `keys` in `ns` (see the file comment). If the keys
+  // all exist already the callback runs inline, before WaitAsync returns.
+  // With `want_values` the OK result carries the values (MultiGet/Get); else
+  // it is empty (Wait). Bad input is reported through the callback too
+  // (InvalidArgument), so callers have one path. Returns an id for CancelWait.
+  WaitId WaitAsync(const std::string& ns, const std::vector<std::string>& keys, MonoTime deadline,
+                   bool want_values, WaitCallback callback);
+
+  // Removes a pending waiter. Returns true if it was pending (its callback
+  // will never run), false if it already ran or is running right now on
+  // another thread.
+  bool CancelWait(WaitId id);
+
+  // Keys of `keys` absent from `ns` right now, for error messages.
+  std::vector<std::string> MissingKeys(const std::string& ns,
+                                       const std::vector<std::string>& keys) const;
+
+  // Fires DeadlineExceeded for every waiter whose deadline is <= Now().
+  // Returns the earliest deadline still pending (MonoTime::max() if none).
+  MonoTime ExpireWaiters();
+
+  // Drops a namespace and all its keys; its pending waiters get Aborted.
+  // Returns whether it existed (held keys or waiters).
+  bool DeleteNamespace(const std::string& ns);
+  // Drops every namespace starting with `prefix` ("job-1/" drops all rounds
+  // of job-1). Returns how many were dropped.
+  int DeleteNamespacesWithPrefix(const std::string& prefix);
+
+  // Namespaces holding keys or waiters; for status pages and tests.
+  int64_t NumNamespaces() const;
+  int64_t NumPendingWaiters() const;
+
+  Clock* clock() const { return clock_; }
+
+ private:
+  struct Waiter {
+    WaitId id;
+    std::string ns;
+    std::vector<std::string> keys;
+    size_t missing = 0;  // keys not yet seen written since registration
+    MonoTime deadline;
+    bool want_values = false;
+    WaitCallback callback;
+    // Entry in deadlines_, or deadlines_.end() when the deadline is max().
+    std::multimap<MonoTime, WaitId>::iterator deadline_it;
+  };
+  struct Namespace {
+    std::unordered_map<std::string, std::string> values;
+    // Waiters still missing a key, indexed by that key.
+    std::unordered_map<std::string, std::vector<WaitId>> waiters_by_key;
+  };
+  // A callback ready to run once the lock is released.
+  using Ready = std::vector<std::pair<WaitCallback, StatusOr<std::vector<std::string>>>>;
+
+  Namespace* FindNamespace(const std::string& ns);
+  const Namespace* FindNamespace(const std::string& ns) const;
+  // Stores `value`; collects waiters this write completes. REQUIRES: mu_ held,
+  // inputs validated, room checked.
+  void WriteLocked(Namespace& space, const std::string& key, std::string value, Ready* ready);
+  Status CheckRoomLocked(const std::string& ns, const Namespace* space, size_t new_keys) const;
+  // Re-checks a waiter whose missing count reached zero (a key may have been
+  // deleted since it was counted); queues it if all keys exist.
+  void CompleteOrRearmLocked(Namespace& space, Waiter& waiter, Ready* ready);
+  void EraseWaiterLocked(WaitId id);
+  void MaybeDropEmptyLocked(const std::string& ns);
+  int DeleteNamespaceLocked(const std::string& ns, Ready* ready);
+  static void RunReady(Ready* ready);
+  void ExpiryLoop();
+
+  Clock* const clock_;
+  const Options options_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, Namespace> namespaces_;         // GUARDED_BY(mu_)
+  std::unordered_map<WaitId, Waiter> waiters_;           // GUARDED_BY(mu_)
+  std::multimap<MonoTime, WaitId> deadlines_;            // GUARDED_BY(mu_)
+  WaitId next_wait_id_ = 1;                              // GUARDED_BY(mu_)
+  bool stopping_ = false;                                // GUARDED_BY(mu_)
+  std::condition_variable expiry_cv_;
+  std::thread expiry_thread_;
+};
+
+}  // namespace rendezvous
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_RENDEZVOUS_STORE_CORE_H_

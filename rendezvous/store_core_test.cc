@@ -1,0 +1,242 @@
+#include "rendezvous/store_core.h"
+
+#include <atomic>
+#include <optional>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace rendezvous {
+namespace {
+
+using Result = StatusOr<std::vector<std::string>>;
+
+class StoreCoreTest : public ::testing::Test {
+ protected:
+  StoreCore::Options FakeOptions() {
+    StoreCore::Options options;
+    options.run_expiry_thread = false;
+    return options;
+  }
+  FakeClock clock_;
+  StoreCore core_{&clock_, FakeOptions()};
+};
+
+// Records the single callback result of a waiter.
+struct Recorder {
+  std::optional<Result> result;
+  int calls = 0;
+  StoreCore::WaitCallback Callback() {
+    return [this](Result r) {
+      ++calls;
+      result = std::move(r);
+    };
+  }
+};
+
+TEST_F(StoreCoreTest, SetThenTryGetReturnsValue) {
+  ASSERT_TRUE(core_.Set("ns", "k", "v").ok());
+  EXPECT_EQ(*core_.TryGet("ns", "k"), "v");
+}
+
+TEST_F(StoreCoreTest, TryGetOfMissingKeyIsNotFoundNamingKey) {
+  auto got = core_.TryGet("ns", "absent");
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(got.status().message().find("absent"), std::string::npos);
+}
+
+TEST_F(StoreCoreTest, WaiterIsWokenByTheWriteThatCompletesIt) {
+  Recorder rec;
+  core_.WaitAsync("ns", {"a", "b"}, clock_.Now() + std::chrono::seconds(10), true,
+                  rec.Callback());
+  ASSERT_TRUE(core_.Set("ns", "a", "1").ok());
+  EXPECT_EQ(rec.calls, 0);
+  ASSERT_TRUE(core_.Set("ns", "b", "2").ok());
+  ASSERT_EQ(rec.calls, 1);
+  ASSERT_TRUE(rec.result->ok());
+  EXPECT_EQ(**rec.result, (std::vector<std::string>{"1", "2"}));
+  EXPECT_EQ(core_.NumPendingWaiters(), 0);
+}
+
+TEST_F(StoreCoreTest, WaitOnExistingKeysRunsCallbackInline) {
+  ASSERT_TRUE(core_.Set("ns", "a", "1").ok());
+  Recorder rec;
+  core_.WaitAsync("ns", {"a"}, clock_.Now(), false, rec.Callback());
+  ASSERT_EQ(rec.calls, 1);
+  EXPECT_TRUE(rec.result->ok());
+  EXPECT_TRUE(rec.result->value().empty());  // want_values = false
+}
+
+TEST_F(StoreCoreTest, AddAndCompareSetAndMultiSetAlsoWakeWaiters) {
+  Recorder add, cas, multi;
+  MonoTime deadline = clock_.Now() + std::chrono::seconds(1);
+  core_.WaitAsync("ns", {"counter"}, deadline, true, add.Callback());
+  core_.WaitAsync("ns", {"cas"}, deadline, true, cas.Callback());
+  core_.WaitAsync("ns", {"m1", "m2"}, deadline, true, multi.Callback());
+  ASSERT_TRUE(core_.Add("ns", "counter", 5).ok());
+  ASSERT_TRUE(core_.CompareSet("ns", "cas", "", "x").ok());
+  ASSERT_TRUE(core_.MultiSet("ns", {{"m1", "a"}, {"m2", "b"}}).ok());
+  EXPECT_EQ(add.result->value()[0], "5");
+  EXPECT_EQ(cas.result->value()[0], "x");
+  EXPECT_EQ(multi.result->value(), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_F(StoreCoreTest, ExpireWaitersFiresDeadlineExceededNamingMissingKeysOnlyAfterDeadline) {
+  Recorder rec;
+  core_.WaitAsync("ns", {"present", "missing"}, clock_.Now() + std::chrono::seconds(2), false,
+                  rec.Callback());
+  ASSERT_TRUE(core_.Set("ns", "present", "1").ok());
+  clock_.Advance(std::chrono::seconds(1));
+  EXPECT_EQ(core_.ExpireWaiters(), MonoTime(std::chrono::seconds(2)));
+  EXPECT_EQ(rec.calls, 0);
+  clock_.Advance(std::chrono::seconds(1));
+  EXPECT_EQ(core_.ExpireWaiters(), MonoTime::max());
+  ASSERT_EQ(rec.calls, 1);
+  EXPECT_EQ(rec.result->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(rec.result->status().message().find("missing"), std::string::npos);
+  EXPECT_EQ(rec.result->status().message().find("present"), std::string::npos);
+}
+
+TEST_F(StoreCoreTest, WaitWithPastDeadlineOnMissingKeyFailsAtOnce) {
+  Recorder rec;
+  core_.WaitAsync("ns", {"k"}, clock_.Now(), false, rec.Callback());
+  ASSERT_EQ(rec.calls, 1);
+  EXPECT_EQ(rec.result->status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(StoreCoreTest, CancelledWaiterNeverRuns) {
+  Recorder rec;
+  auto id = core_.WaitAsync("ns", {"k"}, clock_.Now() + std::chrono::seconds(1), false,
+                            rec.Callback());
+  EXPECT_TRUE(core_.CancelWait(id));
+  EXPECT_FALSE(core_.CancelWait(id));
+  ASSERT_TRUE(core_.Set("ns", "k", "v").ok());
+  clock_.Advance(std::chrono::seconds(5));
+  core_.ExpireWaiters();
+  EXPECT_EQ(rec.calls, 0);
+  EXPECT_EQ(core_.NumPendingWaiters(), 0);
+}
+
+TEST_F(StoreCoreTest, KeyDeletedAfterBeingCountedIsAwaitedAgain) {
+  Recorder rec;
+  core_.WaitAsync("ns", {"a", "b"}, MonoTime::max(), true, rec.Callback());
+  ASSERT_TRUE(core_.Set("ns", "a", "1").ok());
+  ASSERT_TRUE(core_.Delete("ns", "a").ok());
+  ASSERT_TRUE(core_.Set("ns", "b", "2").ok());
+  EXPECT_EQ(rec.calls, 0);
+  ASSERT_TRUE(core_.Set("ns", "a", "3").ok());
+  ASSERT_EQ(rec.calls, 1);
+  EXPECT_EQ(rec.result->value(), (std::vector<std::string>{"3", "2"}));
+}
+
+TEST_F(StoreCoreTest, NamespacesAreIsolated) {
+  ASSERT_TRUE(core_.Set("job/1", "k", "round1").ok());
+  EXPECT_EQ(core_.TryGet("job/2", "k").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*core_.NumKeys("job/2"), 0);
+  EXPECT_EQ(*core_.NumKeys("job/1"), 1);
+}
+
+TEST_F(StoreCoreTest, DeleteNamespaceDropsKeysAndAbortsItsWaiters) {
+  ASSERT_TRUE(core_.Set("job/1", "k", "v").ok());
+  Recorder rec;
+  core_.WaitAsync("job/1", {"never"}, MonoTime::max(), false, rec.Callback());
+  EXPECT_TRUE(core_.DeleteNamespace("job/1"));
+  ASSERT_EQ(rec.calls, 1);
+  EXPECT_EQ(rec.result->status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(*core_.NumKeys("job/1"), 0);
+  EXPECT_FALSE(core_.DeleteNamespace("job/1"));
+}
+
+TEST_F(StoreCoreTest, DeleteNamespacesWithPrefixDropsEveryRoundOfAJob) {
+  ASSERT_TRUE(core_.Set("job/1", "k", "v").ok());
+  ASSERT_TRUE(core_.Set("job/2", "k", "v").ok());
+  ASSERT_TRUE(core_.Set("other/1", "k", "v").ok());
+  EXPECT_EQ(core_.DeleteNamespacesWithPrefix("job/"), 2);
+  EXPECT_EQ(core_.NumNamespaces(), 1);
+}
+
+TEST_F(StoreCoreTest, AddOnNonIntegerIsInvalidArgumentNamingKey) {
+  ASSERT_TRUE(core_.Set("ns", "text", "hello").ok());
+  auto added = core_.Add("ns", "text", 1);
+  EXPECT_EQ(added.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(added.status().message().find("text"), std::string::npos);
+}
+
+TEST_F(StoreCoreTest, AddOverflowIsOutOfRange) {
+  ASSERT_TRUE(core_.Add("ns", "n", INT64_MAX).ok());
+  EXPECT_EQ(core_.Add("ns", "n", 1).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_F(StoreCoreTest, CompareSetOnAbsentKeyWithNonEmptyExpectedDoesNotSwap) {
+  auto result = core_.CompareSet("ns", "k", "old", "new");
+  ASSERT_TRUE(result.ok());
+  EXPECT_FALSE(result->swapped);
+  EXPECT_EQ(result->current, "");
+  EXPECT_EQ(core_.TryGet("ns", "k").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(StoreCoreTest, LimitsAreInvalidArgumentNamingTheLimit) {
+  EXPECT_EQ(core_.Set("ns", "", "v").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_.Set("", "k", "v").code(), absl::StatusCode::kInvalidArgument);
+  Status big_key = core_.Set("ns", std::string(kMaxKeyBytes + 1, 'k'), "v");
+  EXPECT_EQ(big_key.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(big_key.message().find("kMaxKeyBytes"), std::string::npos);
+  Status big_value = core_.Set("ns", "k", std::string(kMaxValueBytes + 1, 'v'));
+  EXPECT_EQ(big_value.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(big_value.message().find("kMaxValueBytes"), std::string::npos);
+  Recorder rec;
+  core_.WaitAsync("ns", {}, MonoTime::max(), false, rec.Callback());
+  EXPECT_EQ(rec.result->status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StoreCoreLimitTest, NamespaceKeyLimitIsResourceExhaustedButOverwritesStillWork) {
+  FakeClock clock;
+  StoreCore::Options options;
+  options.run_expiry_thread = false;
+  options.max_keys_per_namespace = 2;
+  StoreCore core(&clock, options);
+  ASSERT_TRUE(core.Set("ns", "a", "1").ok());
+  ASSERT_TRUE(core.Set("ns", "b", "1").ok());
+  Status full = core.Set("ns", "c", "1");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("ns"), std::string::npos);
+  EXPECT_TRUE(core.Set("ns", "a", "2").ok());
+  EXPECT_EQ(core.Add("ns", "c", 1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(core.MultiSet("ns", {{"a", "3"}, {"d", "1"}}).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(*core.TryGet("ns", "a"), "2");  // MultiSet is all-or-nothing
+  EXPECT_TRUE(core.Set("other", "c", "1").ok());
+}
+
+TEST(StoreCoreExpiryThreadTest, ExpiryThreadFiresDeadlineOnRealClock) {
+  StoreCore core;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Result> result;
+  core.WaitAsync("ns", {"k"}, RealClock()->Now() + std::chrono::milliseconds(20), false,
+                 [&](Result r) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   result = std::move(r);
+                   cv.notify_all();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return result.has_value(); }));
+  EXPECT_EQ(result->status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(StoreCoreConcurrencyTest, ConcurrentAddsAreAtomic) {
+  StoreCore core;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) ASSERT_TRUE(core.Add("ns", "n", 1).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(*core.TryGet("ns", "n"), "8000");
+}
+
+}  // namespace
+}  // namespace rendezvous
+}  // namespace lockstep

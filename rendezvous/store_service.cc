@@ -1,0 +1,396 @@
+#include "rendezvous/store_service.h"
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "rendezvous/grpc_status.h"
+
+namespace lockstep {
+namespace rendezvous {
+namespace {
+
+using WaitValues = StatusOr<std::vector<std::string>>;
+
+// The core deadline of a wait: now + timeout_ms, or the RPC's deadline if
+// earlier. InvalidArgument for a negative timeout.
+StatusOr<MonoTime> WaitDeadline(const StoreCore& core, int64_t timeout_ms,
+                                std::chrono::system_clock::time_point rpc_deadline) {
+  if (timeout_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("store timeout_ms is negative: ", timeout_ms));
+  }
+  MonoTime now = core.clock()->Now();
+  MonoTime deadline = now + std::chrono::milliseconds(timeout_ms);
+  if (rpc_deadline != std::chrono::system_clock::time_point::max()) {
+    MonoTime by_rpc = now + std::chrono::duration_cast<Duration>(
+                                rpc_deadline - std::chrono::system_clock::now());
+    deadline = std::min(deadline, by_rpc);
+  }
+  return deadline;
+}
+
+std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::string>& keys) {
+  return std::vector<std::string>(keys.begin(), keys.end());
+}
+
+std::vector<std::pair<std::string, std::string>> Entries(const v1::StoreMultiSetRequest& request) {
+  std::vector<std::pair<std::string, std::string>> entries;
+  entries.reserve(request.entries_size());
+  for (const auto& entry : request.entries()) entries.emplace_back(entry.key(), entry.value());
+  return entries;
+}
+
+Status DoAdd(StoreCore* core, const v1::StoreAddRequest& request, v1::StoreAddResponse* out) {
+  ASSIGN_OR_RETURN(int64_t value, core->Add(request.namespace_(), request.key(), request.delta()));
+  out->set_value(value);
+  return absl::OkStatus();
+}
+
+Status DoCompareSet(StoreCore* core, const v1::StoreCompareSetRequest& request,
+                    v1::StoreCompareSetResponse* out) {
+  if (request.expect_absent() && !request.expected().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("CompareSet on store key '", request.key(),
+                                                   "': expect_absent with a non-empty expected"));
+  }
+  ASSIGN_OR_RETURN(CompareSetResult result,
+                   core->CompareSet(request.namespace_(), request.key(), request.expected(),
+                                    request.desired()));
+  out->set_swapped(result.swapped);
+  out->set_current(std::move(result.current));
+  return absl::OkStatus();
+}
+
+Status DoDelete(StoreCore* core, const v1::StoreDeleteRequest& request,
+                v1::StoreDeleteResponse* out) {
+  ASSIGN_OR_RETURN(bool deleted, core->Delete(request.namespace_(), request.key()));
+  out->set_deleted(deleted);
+  return absl::OkStatus();
+}
+
+Status DoNumKeys(StoreCore* core, const v1::StoreNumKeysRequest& request,
+                 v1::StoreNumKeysResponse* out) {
+  ASSIGN_OR_RETURN(int64_t n, core->NumKeys(request.namespace_()));
+  out->set_num_keys(n);
+  return absl::OkStatus();
+}
+
+// A unary RPC that parks in the core until its keys exist: completed from
+// the core's callback; a client cancel removes the waiter.
+class WaitReactor : public grpc::ServerUnaryReactor {
+ public:
+  using Fill = std::function<void(std::vector<std::string>&)>;
+
+  WaitReactor(StoreCore* core, grpc::CallbackServerContext* ctx, const std::string& ns,
+              const std::vector<std::string>& keys, int64_t timeout_ms, bool want_values,
+              Fill fill)
+      : core_(core) {
+    auto deadline = WaitDeadline(*core, timeout_ms, ctx->deadline());
+    if (!deadline.ok()) {
+      Finish(ToGrpcStatus(deadline.status()));
+      return;
+    }
+    id_ = core_->WaitAsync(ns, keys, *deadline, want_values,
+                           [this, fill = std::move(fill)](WaitValues result) {
+                             if (result.ok()) fill(*result);
+                             Finish(ToGrpcStatus(result.status()));
+                           });
+  }
+
+  void OnCancel() override {
+    if (id_ != 0 && core_->CancelWait(id_)) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "store wait cancelled by the client"));
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  StoreCore* const core_;
+  StoreCore::WaitId id_ = 0;  // set in the constructor, before gRPC binds us
+};
+
+// One client's long-lived stream. Operations are read one at a time and
+// executed at once; results are written in completion order (ids let the
+// client match them). Blocking operations park in the core and write their
+// result from the core's callback.
+//
+// Lifetime: Finish is called once reads are over (client done or gone), no
+// waiter of this stream can still call back, and the write queue is drained;
+// OnDone, after Finish, deletes the reactor.
+class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult> {
+ public:
+  SessionReactor(StoreCore* core, grpc::CallbackServerContext* ctx) : core_(core), ctx_(ctx) {
+    StartRead(&op_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      CancelWaits();
+      return;
+    }
+    Execute(op_);
+    StartRead(&op_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!ok) {
+      write_failed_ = true;
+      queue_.clear();
+    }
+    if (queue_.empty()) {
+      writing_ = false;
+      MaybeFinishLocked(lock);
+      return;
+    }
+    current_ = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    StartWrite(&current_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Execute(const v1::StoreOp& op) {
+    v1::StoreOpResult result;
+    result.set_id(op.id());
+    Status status;
+    switch (op.op_case()) {
+      case v1::StoreOp::kSet:
+        status = core_->Set(op.set().namespace_(), op.set().key(), op.set().value());
+        break;
+      case v1::StoreOp::kAdd:
+        status = DoAdd(core_, op.add(), result.mutable_add());
+        break;
+      case v1::StoreOp::kCompareSet:
+        status = DoCompareSet(core_, op.compare_set(), result.mutable_compare_set());
+        break;
+      case v1::StoreOp::kDelete:
+        status = DoDelete(core_, op.delete_(), result.mutable_delete_());
+        break;
+      case v1::StoreOp::kNumKeys:
+        status = DoNumKeys(core_, op.num_keys(), result.mutable_num_keys());
+        break;
+      case v1::StoreOp::kMultiSet:
+        status = core_->MultiSet(op.multi_set().namespace_(), Entries(op.multi_set()));
+        break;
+      case v1::StoreOp::kGet:
+        StartWait(op.id(), op.get().namespace_(), {op.get().key()}, op.get().timeout_ms(),
+                  v1::StoreOp::kGet);
+        return;
+      case v1::StoreOp::kWait:
+        StartWait(op.id(), op.wait().namespace_(), Keys(op.wait().keys()), op.wait().timeout_ms(),
+                  v1::StoreOp::kWait);
+        return;
+      case v1::StoreOp::kMultiGet:
+        StartWait(op.id(), op.multi_get().namespace_(), Keys(op.multi_get().keys()),
+                  op.multi_get().timeout_ms(), v1::StoreOp::kMultiGet);
+        return;
+      case v1::StoreOp::OP_NOT_SET:
+        status = absl::InvalidArgumentError(
+            absl::StrCat("store op ", op.id(), " carries no operation"));
+        break;
+    }
+    if (!status.ok()) result.clear_result();
+    Complete(std::move(result), status);
+  }
+
+  void StartWait(uint64_t op_id, const std::string& ns, const std::vector<std::string>& keys,
+                 int64_t timeout_ms, v1::StoreOp::OpCase kind) {
+    auto deadline = WaitDeadline(*core_, timeout_ms, ctx_->deadline());
+    v1::StoreOpResult result;
+    result.set_id(op_id);
+    if (!deadline.ok()) {
+      Complete(std::move(result), deadline.status());
+      return;
+    }
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seq = next_seq_++;
+      waits_[seq] = 0;
+    }
+    StoreCore::WaitId id = core_->WaitAsync(
+        ns, keys, *deadline, kind != v1::StoreOp::kWait,
+        [this, seq, op_id, kind](WaitValues values) {
+          v1::StoreOpResult result;
+          result.set_id(op_id);
+          if (values.ok()) {
+            if (kind == v1::StoreOp::kGet) {
+              result.mutable_get()->set_value(std::move((*values)[0]));
+            } else if (kind == v1::StoreOp::kMultiGet) {
+              for (std::string& v : *values) result.mutable_multi_get()->add_values(std::move(v));
+            }
+          }
+          std::unique_lock<std::mutex> lock(mu_);
+          waits_.erase(seq);
+          EnqueueLocked(std::move(result), values.status(), lock);
+        });
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = waits_.find(seq);
+    if (it != waits_.end()) it->second = id;
+  }
+
+  // The client is done or gone: cancel its parked waits (their results
+  // could not be delivered), then finish once nothing is in flight.
+  void CancelWaits() {
+    std::vector<std::pair<uint64_t, StoreCore::WaitId>> waits;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reads_done_ = true;
+      waits.assign(waits_.begin(), waits_.end());
+    }
+    for (const auto& [seq, id] : waits) {
+      if (core_->CancelWait(id)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        waits_.erase(seq);
+      }
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    MaybeFinishLocked(lock);
+  }
+
+  void Complete(v1::StoreOpResult result, const Status& status) {
+    std::unique_lock<std::mutex> lock(mu_);
+    EnqueueLocked(std::move(result), status, lock);
+  }
+
+  // Queues a result and starts writing if idle. Releases `lock`.
+  void EnqueueLocked(v1::StoreOpResult result, const Status& status,
+                     std::unique_lock<std::mutex>& lock) {
+    if (!status.ok()) {
+      result.set_code(static_cast<int32_t>(status.code()));
+      result.set_message(std::string(status.message()));
+    }
+    if (write_failed_) {
+      MaybeFinishLocked(lock);
+      return;
+    }
+    if (writing_) {
+      queue_.push_back(std::move(result));
+      lock.unlock();
+      return;
+    }
+    writing_ = true;
+    current_ = std::move(result);
+    lock.unlock();
+    StartWrite(&current_);
+  }
+
+  // Releases `lock`.
+  void MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
+    bool finish = reads_done_ && waits_.empty() && !writing_ && queue_.empty() && !finished_;
+    if (finish) finished_ = true;
+    lock.unlock();
+    if (finish) Finish(grpc::Status::OK);
+  }
+
+  StoreCore* const core_;
+  grpc::CallbackServerContext* const ctx_;
+  v1::StoreOp op_;  // the read in progress; only touched by the read chain
+
+  std::mutex mu_;
+  std::unordered_map<uint64_t, StoreCore::WaitId> waits_;  // GUARDED_BY(mu_)
+  uint64_t next_seq_ = 1;                                  // GUARDED_BY(mu_)
+  std::deque<v1::StoreOpResult> queue_;                    // GUARDED_BY(mu_)
+  v1::StoreOpResult current_;  // the write in flight; owned by whoever set writing_
+  bool writing_ = false;       // GUARDED_BY(mu_)
+  bool write_failed_ = false;  // GUARDED_BY(mu_)
+  bool reads_done_ = false;    // GUARDED_BY(mu_)
+  bool finished_ = false;      // GUARDED_BY(mu_)
+};
+
+}  // namespace
+
+void ConfigureStoreServerBuilder(grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(kStoreMaxMessageBytes);
+  builder->SetMaxSendMessageSize(kStoreMaxMessageBytes);
+}
+
+grpc::ServerUnaryReactor* StoreGrpcService::Set(grpc::CallbackServerContext* ctx,
+                                                const v1::StoreSetRequest* request,
+                                                v1::StoreSetResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(core_->Set(request->namespace_(), request->key(), request->value())));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StoreGrpcService::Get(grpc::CallbackServerContext* ctx,
+                                                const v1::StoreGetRequest* request,
+                                                v1::StoreGetResponse* response) {
+  return new WaitReactor(core_, ctx, request->namespace_(), {request->key()},
+                         request->timeout_ms(), true,
+                         [response](std::vector<std::string>& values) {
+                           response->set_value(std::move(values[0]));
+                         });
+}
+
+grpc::ServerUnaryReactor* StoreGrpcService::Add(grpc::CallbackServerContext* ctx,
+                                                const v1::StoreAddRequest* request,
+                                                v1::StoreAddResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(DoAdd(core_, *request, response)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StoreGrpcService::CompareSet(grpc::CallbackServerContext* ctx,
+                                                       const v1::StoreCompareSetRequest* request,
+                                                       v1::StoreCompareSetResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(DoCompareSet(core_, *request, response)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StoreGrpcService::Delete(grpc::CallbackServerContext* ctx,
+                                                   const v1::StoreDeleteRequest* request,
+                                                   v1::StoreDeleteResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(DoDelete(core_, *request, response)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StoreGrpcService::Wait(grpc::CallbackServerContext* ctx,
+                                                 const v1::StoreWaitRequest* request,
+                                                 v1::StoreWaitResponse* response) {
+  return new WaitReactor(core_, ctx, request->namespace_(), Keys(request->keys()),
+                         request->timeout_ms(), false, [](std::vector<std::string>&) {});
+}
+
+grpc::ServerUnaryReactor* StoreGrpcService::NumKeys(grpc::CallbackServerContext* ctx,
+                                                    const v1::StoreNumKeysRequest* request,
+                                                    v1::StoreNumKeysResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(DoNumKeys(core_, *request, response)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StoreGrpcService::MultiGet(grpc::CallbackServerContext* ctx,
+                                                     const v1::StoreMultiGetRequest* request,
+                                                     v1::StoreMultiGetResponse* response) {
+  return new WaitReactor(core_, ctx, request->namespace_(), Keys(request->keys()),
+                         request->timeout_ms(), true,
+                         [response](std::vector<std::string>& values) {
+                           for (std::string& v : values) response->add_values(std::move(v));
+                         });
+}
+
+grpc::ServerUnaryReactor* StoreGrpcService::MultiSet(grpc::CallbackServerContext* ctx,
+                                                     const v1::StoreMultiSetRequest* request,
+                                                     v1::StoreMultiSetResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(core_->MultiSet(request->namespace_(), Entries(*request))));
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* StoreGrpcService::Session(
+    grpc::CallbackServerContext* ctx) {
+  return new SessionReactor(core_, ctx);
+}
+
+}  // namespace rendezvous
+}  // namespace lockstep

@@ -1,0 +1,84 @@
+// StoreGrpcService: the thin gRPC shell over StoreCore (lockstep.v1.StoreService).
+// Per RPC it validates, converts proto to domain types, calls the core and
+// maps the status through rendezvous/grpc_status.h. It holds no state beyond a
+// pointer to the core (the Session reactor keeps only its stream's queue).
+//
+// Threading: gRPC's callback API. Handlers run on gRPC's callback threads and
+// never block: core calls are short critical sections. Blocking operations
+// (Get, Wait, MultiGet; unary or on a Session stream) register a waiter with
+// StoreCore::WaitAsync and return; the reactor is completed from the core's
+// callback, on the thread of the write that satisfied the wait or on the
+// core's expiry thread at the deadline. So a thousand parked waits hold no
+// server thread. A client that disconnects mid-wait triggers OnCancel /
+// a failed read, which cancels its waiters in the core.
+//
+// Timeouts: a request's timeout_ms bounds the wait (0 = do not wait:
+// DeadlineExceeded at once if a key is missing; negative = InvalidArgument);
+// the RPC's own deadline, when earlier, bounds it too.
+//
+// Message size: values may be up to kMaxValueBytes, so servers hosting this
+// service must raise gRPC's 4 MiB default: call ConfigureStoreServerBuilder().
+//
+// Usage, on a server of your own (the coordinator):
+//   auto core = std::make_shared<StoreCore>();
+//   StoreGrpcService store_service(core.get());
+//   grpc::ServerBuilder builder;
+//   ConfigureStoreServerBuilder(&builder);
+//   builder.RegisterService(&store_service);
+#ifndef LOCKSTEP_RENDEZVOUS_STORE_SERVICE_H_
+#define LOCKSTEP_RENDEZVOUS_STORE_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "lockstep/v1/store.grpc.pb.h"
+#include "rendezvous/store_core.h"
+
+namespace lockstep {
+namespace rendezvous {
+
+// Raises the builder's message size limits to kStoreMaxMessageBytes.
+void ConfigureStoreServerBuilder(grpc::ServerBuilder* builder);
+
+class StoreGrpcService final : public lockstep::v1::StoreService::CallbackService {
+ public:
+  // `core` is not owned and must outlive the service and the server.
+  explicit StoreGrpcService(StoreCore* core) : core_(core) {}
+
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx,
+                                const v1::StoreSetRequest* request,
+                                v1::StoreSetResponse* response) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx,
+                                const v1::StoreGetRequest* request,
+                                v1::StoreGetResponse* response) override;
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx,
+                                const v1::StoreAddRequest* request,
+                                v1::StoreAddResponse* response) override;
+  grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext* ctx,
+                                       const v1::StoreCompareSetRequest* request,
+                                       v1::StoreCompareSetResponse* response) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
+                                   const v1::StoreDeleteRequest* request,
+                                   v1::StoreDeleteResponse* response) override;
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx,
+                                 const v1::StoreWaitRequest* request,
+                                 v1::StoreWaitResponse* response) override;
+  grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* ctx,
+                                    const v1::StoreNumKeysRequest* request,
+                                    v1::StoreNumKeysResponse* response) override;
+  grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext* ctx,
+                                     const v1::StoreMultiGetRequest* request,
+                                     v1::StoreMultiGetResponse* response) override;
+  grpc::ServerUnaryReactor* MultiSet(grpc::CallbackServerContext* ctx,
+                                     const v1::StoreMultiSetRequest* request,
+                                     v1::StoreMultiSetResponse* response) override;
+  grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* Session(
+      grpc::CallbackServerContext* ctx) override;
+
+ private:
+  StoreCore* const core_;
+};
+
+}  // namespace rendezvous
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_RENDEZVOUS_STORE_SERVICE_H_
