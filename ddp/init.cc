@@ -21,6 +21,10 @@ StoreFactory& Factory() {
   static StoreFactory* factory = new StoreFactory();
   return *factory;
 }
+MasterStoreFactory& MasterFactory() {
+  static MasterStoreFactory* factory = new MasterStoreFactory();
+  return *factory;
+}
 
 // Reads the first variable of `names` that is set into *out.
 // Returns whether one was set.
@@ -90,14 +94,25 @@ void RegisterStoreFactory(StoreFactory factory) {
   Factory() = std::move(factory);
 }
 
+void RegisterMasterStoreFactory(MasterStoreFactory factory) {
+  std::lock_guard<std::mutex> lock(FactoryMu());
+  MasterFactory() = std::move(factory);
+}
+
 StatusOr<std::unique_ptr<rendezvous::Store>> OpenStore(const WorkerEnv& env, Duration timeout) {
   const std::string ns = rendezvous::StoreNamespace(env.job_id, env.round);
   const std::string& address = env.store_address;
   if (address.empty()) {
     if (!env.master_addr.empty()) {
+      MasterStoreFactory master;
+      {
+        std::lock_guard<std::mutex> lock(FactoryMu());
+        master = MasterFactory();
+      }
+      if (master) return master(env, ns, timeout);
       return absl::FailedPreconditionError(absl::StrCat(
           "LOCKSTEP_STORE is not set; MASTER_ADDR/MASTER_PORT (", env.master_addr,
-          ") alone are not supported yet (they need a store server on rank 0): set "
+          ") alone need a store server on rank 0: link //ddp:init_from_env_grpc, or set "
           "LOCKSTEP_STORE=file:/shared/dir or host:port"));
     }
     return absl::FailedPreconditionError(

@@ -15,8 +15,10 @@
 //   "host:port"      -> the factory registered with RegisterStoreFactory()
 //                       (the gRPC store client lives outside ddp core;
 //                       link //ddp:init_from_env_grpc when it exists).
-// Unset with MASTER_ADDR/MASTER_PORT set (the torchrun habit) is refused
-// with FailedPrecondition: it needs a store server on rank 0.
+// Unset with MASTER_ADDR/MASTER_PORT set (the torchrun habit): the factory
+// registered with RegisterMasterStoreFactory() (//ddp:init_from_env_grpc:
+// rank 0 serves a store at MASTER_ADDR:MASTER_PORT, every rank connects);
+// without one, FailedPrecondition naming LOCKSTEP_STORE.
 //
 // Thread safety: ParseWorkerEnv is pure; RegisterStoreFactory and
 // InitFromEnv are safe to call from any thread.
@@ -60,6 +62,11 @@ using StoreFactory = std::function<StatusOr<std::unique_ptr<rendezvous::Store>>(
     const std::string& address, const std::string& ns, Duration timeout)>;
 // Installs the factory for "host:port" addresses (last call wins).
 void RegisterStoreFactory(StoreFactory factory);
+
+// Makes a Store for the MASTER_ADDR/MASTER_PORT habit (env.master_addr).
+using MasterStoreFactory = std::function<StatusOr<std::unique_ptr<rendezvous::Store>>(
+    const WorkerEnv& env, const std::string& ns, Duration timeout)>;
+void RegisterMasterStoreFactory(MasterStoreFactory factory);
 
 // Opens the store named by env.store_address, namespaced "<job>/<round>".
 // Errors: FailedPrecondition (no store configured, or no factory for

@@ -201,11 +201,20 @@ void Reducer::MarkReadyLocked(size_t index) {
   torch::Tensor& view = bucket.views[pos];
   torch::Tensor& grad = params_[index].tensor.mutable_grad();
   {
+    // Averaging happens here: the slot receives grad / world_size (fused
+    // with the copy when there is one), and the bucket is then summed.
     torch::NoGradGuard no_grad;
+    const double scale = 1.0 / comm_->world_size();
     if (grad.defined()) {
       if (grad.data_ptr() != view.data_ptr()) {
-        view.copy_(grad);
+        if (scale == 1.0) {
+          view.copy_(grad);
+        } else {
+          at::mul_out(view, grad, scale);
+        }
         if (options_.gradient_as_bucket_view) grad = view;
+      } else if (scale != 1.0) {
+        view.mul_(scale);
       }
     } else {
       view.zero_();
@@ -217,7 +226,7 @@ void Reducer::MarkReadyLocked(size_t index) {
 void Reducer::LaunchCompleteBucketsLocked() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_];
-    bucket.work = comm_->AllReduce(bucket.buffer, ReduceOp::kAvg);
+    bucket.work = comm_->AllReduce(bucket.buffer, ReduceOp::kSum);  // Pre-divided.
     stats_.bucket_launched.push_back(RealClock()->Now());
     ++next_to_launch_;
   }

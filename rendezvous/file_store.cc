@@ -29,7 +29,7 @@ Status CheckKey(const std::string& key) {
   if (key.empty()) return absl::InvalidArgumentError("store key is empty");
   if (key.size() > kMaxKeyBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("store key of ", key.size(), " bytes exceeds ", kMaxKeyBytes));
+        absl::StrCat("store key of ", key.size(), " bytes exceeds kMaxKeyBytes (", kMaxKeyBytes, ")"));
   }
   return absl::OkStatus();
 }
@@ -37,7 +37,7 @@ Status CheckKey(const std::string& key) {
 Status CheckValue(const std::string& key, const std::string& value) {
   if (value.size() > kMaxValueBytes) {
     return absl::InvalidArgumentError(absl::StrCat("value for key '", key, "' of ", value.size(),
-                                                   " bytes exceeds ", kMaxValueBytes));
+                                                   " bytes exceeds kMaxValueBytes (", kMaxValueBytes, ")"));
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "rendezvous/store_conformance.h"
 
 namespace lockstep {
 namespace rendezvous {
@@ -126,6 +127,20 @@ TEST(FileStoreTest, LongKeysAndEmptyKeys) {
   EXPECT_TRUE(absl::IsInvalidArgument(store->Set("", "v")));
   EXPECT_TRUE(absl::IsInvalidArgument(store->Set(std::string(kMaxKeyBytes + 1, 'a'), "v")));
 }
+
+// The shared Store conformance suite: one directory per environment, one
+// subdirectory per namespace.
+class FileStoreEnv : public StoreConformanceEnv {
+ public:
+  std::unique_ptr<Store> Open(const std::string& ns) override { return OpenStore(base_ + "/" + ns); }
+
+ private:
+  std::string base_ = TempDir();
+};
+
+INSTANTIATE_TEST_SUITE_P(FileStore, StoreConformanceTest,
+                         ::testing::Values(StoreEnvFactory(
+                             [] { return std::make_unique<FileStoreEnv>(); })));
 
 }  // namespace
 }  // namespace rendezvous
