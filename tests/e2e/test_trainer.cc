@@ -6,6 +6,8 @@
 //
 // Environment knobs (all optional):
 //   TRAINER_STEPS=20  TRAINER_STEP_MS=100     length of the run
+//   TRAINER_STEPS_LATER=n                     steps in rounds after the first (fault
+//                                             tests: a long first round, short retries)
 //   TRAINER_FAIL_RANK=r TRAINER_FAIL_CODE=c   rank r exits with code c ...
 //   TRAINER_FAIL_AFTER=s                      ... after s steps (0: before the first report)
 //   TRAINER_FAIL_UNTIL_RESTART=n              ... only while LOCKSTEP_RESTART_COUNT < n
@@ -96,7 +98,8 @@ int main() {
   }
 
   auto reporter = client::ProgressReporter::FromEnv();
-  const int steps = EnvInt("TRAINER_STEPS", 20);
+  const int first_steps = EnvInt("TRAINER_STEPS", 20);
+  const int steps = round > 1 ? EnvInt("TRAINER_STEPS_LATER", first_steps) : first_steps;
   const int step_ms = EnvInt("TRAINER_STEP_MS", 100);
   const int fail_rank = EnvInt("TRAINER_FAIL_RANK", -1);
   const int fail_code = EnvInt("TRAINER_FAIL_CODE", 1);
