@@ -13,6 +13,7 @@
 //   TRAINER_FAIL_UNTIL_RESTART=n              ... only while LOCKSTEP_RESTART_COUNT < n
 //   TRAINER_OUT_DIR=d                         write d/pid-rank-R (pid), d/done-round-N-rank-R
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -70,6 +71,11 @@ int main() {
               job.c_str(), rank, world, Env("LOCAL_RANK").c_str(), Env("LOCAL_WORLD_SIZE").c_str(),
               Env("GROUP_RANK").c_str(), Env("LOCKSTEP_NUM_NODES").c_str(), round, restart,
               Env("MASTER_ADDR").c_str(), Env("MASTER_PORT").c_str(), static_cast<int>(getpid()));
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    std::printf("test_trainer: rank %d max open files %llu\n", rank,
+                static_cast<unsigned long long>(nofile.rlim_cur));
+  }
   std::fflush(stdout);
   std::string out_dir = Env("TRAINER_OUT_DIR");
   if (!out_dir.empty()) {
