@@ -1,0 +1,157 @@
+// ddp_bench: runs //examples:train as N processes (DDP over Gloo, or --local
+// for the compute-only baseline: the same N processes without any
+// communication) and prints one JSON line with rank 0's median step time.
+//
+//   bazel run --config=opt //bench:ddp_bench -- --model mlp --world 2 --steps 20
+//
+// Ranks bootstrap through a FileStore in a fresh temp directory.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/flags.h"
+#include "common/status.h"
+
+namespace lockstep {
+namespace {
+
+struct Config {
+  std::string model = "mlp";
+  int64_t world = 2;
+  int64_t steps = 20;
+  int64_t warmup = 3;
+  int64_t batch = 32;
+  double bucket_mb = 25;
+  bool local = false;
+  bool grad_as_bucket_view = false;
+  std::string train = "";
+};
+
+std::string FindTrainBinary(const char* argv0) {
+  for (const std::string& candidate :
+       {std::string("examples/train"), std::string(argv0) + ".runfiles/lockstep/examples/train"}) {
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+double Field(const std::string& line, const std::string& name) {
+  auto at = line.find("\"" + name + "\":");
+  if (at == std::string::npos) return -1;
+  return std::atof(line.c_str() + at + name.size() + 3);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+Status Run(const Config& cfg, const char* argv0) {
+  const std::string train = cfg.train.empty() ? FindTrainBinary(argv0) : cfg.train;
+  if (train.empty()) return absl::NotFoundError("cannot find examples/train; pass --train");
+  char templ[] = "/tmp/ddp_bench_XXXXXX";
+  if (mkdtemp(templ) == nullptr) return absl::InternalError("mkdtemp failed");
+  const std::string dir = templ;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < cfg.world; ++r) {
+    const std::string out = absl::StrCat(dir, "/rank", r, ".out");
+    pid_t pid = fork();
+    if (pid == 0) {
+      if (freopen(out.c_str(), "w", stdout) == nullptr) _exit(126);
+      setenv("LOCKSTEP_STORE", ("file:" + dir + "/store").c_str(), 1);
+      setenv("LOCKSTEP_JOB_ID", "bench", 1);
+      setenv("LOCKSTEP_RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCKSTEP_WORLD_SIZE", std::to_string(cfg.world).c_str(), 1);
+      std::vector<std::string> args = {train,
+                                       "--model", cfg.model,
+                                       "--steps", std::to_string(cfg.steps + cfg.warmup),
+                                       "--batch", std::to_string(cfg.batch),
+                                       "--bucket-mb", absl::StrCat(cfg.bucket_mb)};
+      if (cfg.local) args.push_back("--local");
+      if (cfg.grad_as_bucket_view) args.push_back("--gradient-as-bucket-view");
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(train.c_str(), argv.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int failures = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+  }
+  if (failures > 0) {
+    return absl::InternalError(absl::StrCat(failures, " of ", cfg.world, " ranks failed; see ",
+                                            dir));
+  }
+  std::ifstream in(dir + "/rank0.out");
+  std::vector<double> step_ms, exposed_ms, backward_ms, cpu_ms;
+  int buckets = 0;
+  for (std::string line; std::getline(in, line);) {
+    const double step = Field(line, "step");
+    if (step < 1 || line.find("\"step_ms\"") == std::string::npos) continue;
+    if (step <= cfg.warmup) continue;
+    step_ms.push_back(Field(line, "step_ms"));
+    cpu_ms.push_back(Field(line, "cpu_ms"));
+    exposed_ms.push_back(Field(line, "comm_exposed_ms"));
+    backward_ms.push_back(Field(line, "backward_ms"));
+    buckets = static_cast<int>(Field(line, "buckets"));
+  }
+  if (step_ms.empty()) return absl::InternalError("no step lines in " + dir + "/rank0.out");
+  const double median = Median(step_ms);
+  std::printf(
+      R"({"system":"lockstep","model":"%s","world":%d,"backend":"%s","bucket_mb":%g,)"
+      R"("batch_per_rank":%d,"steps":%d,"step_ms_median":%.2f,"step_ms_min":%.2f,)"
+      R"("samples_per_s":%.1f,"comm_exposed_ms_median":%.2f,"backward_ms_median":%.2f,)"
+      R"("buckets":%d,"gradient_as_bucket_view":%s,"cpu_ms_median":%.2f})" "\n",
+      cfg.model.c_str(), static_cast<int>(cfg.world), cfg.local ? "local" : "gloo", cfg.bucket_mb,
+      static_cast<int>(cfg.batch), static_cast<int>(step_ms.size()), median,
+      *std::min_element(step_ms.begin(), step_ms.end()), cfg.world * cfg.batch * 1000.0 / median,
+      cfg.local ? 0.0 : Median(exposed_ms), cfg.local ? 0.0 : Median(backward_ms),
+      cfg.local ? 0 : buckets, cfg.grad_as_bucket_view ? "true" : "false", Median(cpu_ms));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  lockstep::Config cfg;
+  lockstep::FlagSet flags("ddp_bench", "DDP step-time benchmark (JSON line per run)");
+  flags.String("model", &cfg.model, "mlp | convnet | transformer");
+  flags.Int("world", &cfg.world, "number of processes");
+  flags.Int("steps", &cfg.steps, "measured steps (after warm-up)");
+  flags.Int("warmup", &cfg.warmup, "warm-up steps, not measured");
+  flags.Int("batch", &cfg.batch, "samples per rank per step");
+  flags.Double("bucket-mb", &cfg.bucket_mb, "DDP bucket cap (MB)");
+  flags.Bool("local", &cfg.local, "compute-only baseline: N processes, no communication");
+  flags.Bool("gradient-as-bucket-view", &cfg.grad_as_bucket_view, "DDP gradient_as_bucket_view");
+  flags.String("train", &cfg.train, "path of examples/train (default: from runfiles)");
+  auto rest = flags.Parse(argc, argv);
+  if (!rest.ok()) {
+    const bool help = absl::IsNotFound(rest.status());
+    std::fprintf(help ? stdout : stderr, "%s\n", std::string(rest.status().message()).c_str());
+    return help ? 0 : 2;
+  }
+  lockstep::Status s = lockstep::Run(cfg, argv[0]);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ddp_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

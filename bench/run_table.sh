@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the DDP comparison of bench/README.md in one session: for each model,
+# lockstep DDP at bucket caps 1/5/25/100 MB, lockstep --local (N processes,
+# no communication), and the peer script (PyTorch DDP gloo and --no-ddp).
+# Usage: bench/run_table.sh [world] [steps] > results.jsonl
+set -euo pipefail
+cd "$(dirname "$0")/.."
+world=${1:-2}
+steps=${2:-20}
+models=${MODELS:-"mlp convnet transformer"}
+bazel build --config=opt //bench:ddp_bench //examples:train >&2
+bench=bazel-bin/bench/ddp_bench
+train=bazel-bin/examples/train
+peer=/work/shared/bench/torch_ddp_bench.py
+for m in $models; do
+  $bench --train $train --model "$m" --world "$world" --steps "$steps" --local
+  /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps" --no-ddp
+  for b in 1 5 25 100; do
+    $bench --train $train --model "$m" --world "$world" --steps "$steps" --bucket-mb "$b"
+  done
+  /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps"
+done

@@ -1,0 +1,129 @@
+// Communicator: asynchronous collectives over the ranks of one job round.
+//
+// The interface the Reducer and the DDP wrapper talk to. Implementations:
+// GlooCommunicator (CPU, TCP; gloo_communicator.h); shared memory and NCCL
+// come later and plug in behind the same interface.
+//
+// Cross-process invariant (read this before issuing collectives): every rank
+// issues the same collectives, with the same sizes and dtypes, in the same
+// order. Collectives carry no tags visible to callers: the n-th collective
+// issued on one rank is matched with the n-th on every other rank. The
+// Reducer keeps this invariant by launching buckets strictly in bucket index
+// order; anything else that issues collectives must do the same.
+//
+// Tensors: flat (any shape, but contiguous), dense, on the CPU. The
+// collective reads and writes the tensor's storage in place on the
+// communicator's thread: the caller must keep the tensor alive and leave its
+// contents alone until the Work completes.
+//
+// Errors are never thrown: a call that cannot run returns a Work that is
+// already completed with the error. Codes: InvalidArgument (bad tensor),
+// DeadlineExceeded (a peer did not arrive within the timeout; the message
+// names the missing ranks), Unavailable (transport error, e.g. a peer's
+// connection was reset), FailedPrecondition (the communicator already failed).
+// After any transport error or timeout the communicator is unusable: every
+// later collective fails with FailedPrecondition, and the job must rebuild it
+// through a new rendezvous round (see ddp/README.md, "Errors").
+//
+// Thread safety: all methods may be called from any thread; collectives are
+// queued in call order (callers on several threads must order their calls
+// themselves to keep the invariant above).
+#ifndef LOCKSTEP_DDP_COMMUNICATOR_H_
+#define LOCKSTEP_DDP_COMMUNICATOR_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace lockstep {
+namespace ddp {
+
+// Default end-to-end timeout of one collective.
+inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{300};
+
+// Slack callers add to the collective timeout when they Wait on a Work: the
+// collective's own timeout (which names the missing ranks) must fire first.
+inline constexpr std::chrono::seconds kWorkWaitSlack{10};
+
+enum class ReduceOp {
+  kSum,
+  kAvg,  // Sum divided by the world size (floating-point dtypes only).
+};
+
+// The handle of one queued collective.
+// Thread safety: all methods are thread-safe.
+class Work {
+ public:
+  Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Blocks until the collective completes or `timeout` passes. Returns the
+  // collective's status, or DeadlineExceeded if the wait timed out (the
+  // collective itself keeps running and has its own timeout).
+  Status Wait(Duration timeout = kDefaultCollectiveTimeout);
+
+  bool IsCompleted() const;
+
+  // The final status; OK while still pending.
+  Status status() const;
+
+  // When the communicator thread started running it / completed it (zero
+  // time point when it has not yet).
+  MonoTime started_at() const;
+  MonoTime finished_at() const;
+
+  // For implementations.
+  void MarkStarted();
+  void Finish(Status status);
+  static std::shared_ptr<Work> Failed(Status status);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;       // GUARDED_BY(mu_)
+  Status status_;           // GUARDED_BY(mu_)
+  MonoTime started_at_{};   // GUARDED_BY(mu_)
+  MonoTime finished_at_{};  // GUARDED_BY(mu_)
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Short name for logs and stats: "gloo", "fake".
+  virtual std::string backend() const = 0;
+
+  // In place: `tensor` becomes the elementwise sum (or average) over ranks.
+  // Dtypes: float32, float64, int32, int64 (kAvg: float32, float64).
+  virtual std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op) = 0;
+
+  // In place: every rank's `tensor` becomes root's. Any dtype.
+  // REQUIRES: 0 <= root < world_size().
+  virtual std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root) = 0;
+
+  // `output` (numel == world_size * input.numel, same dtype) receives every
+  // rank's `input` in rank order.
+  virtual std::shared_ptr<Work> AllGather(at::Tensor input, at::Tensor output) = 0;
+
+  // Completes once every rank has entered the barrier.
+  virtual std::shared_ptr<Work> Barrier() = 0;
+};
+
+// Returns InvalidArgument naming `what` unless `t` is a defined, dense,
+// contiguous CPU tensor. For implementations.
+Status CheckCollectiveTensor(const at::Tensor& t, const char* what);
+
+}  // namespace ddp
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DDP_COMMUNICATOR_H_

@@ -1,0 +1,139 @@
+#include "ddp/ddp.h"
+
+#include <map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+double MillisSince(MonoTime start) {
+  return std::chrono::duration<double, std::milli>(RealClock()->Now() - start).count();
+}
+
+}  // namespace
+
+Status BroadcastCoalesced(Communicator& comm, const std::vector<torch::Tensor>& tensors, int root,
+                          Duration timeout, size_t chunk_bytes) {
+  torch::NoGradGuard no_grad;
+  // Group by dtype, keeping order, and cut into chunks.
+  std::map<int, std::vector<std::vector<torch::Tensor>>> chunks;
+  std::map<int, size_t> chunk_fill;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    const int key = static_cast<int>(t.scalar_type());
+    auto& list = chunks[key];
+    if (list.empty() || chunk_fill[key] + t.nbytes() > chunk_bytes) {
+      list.emplace_back();
+      chunk_fill[key] = 0;
+    }
+    list.back().push_back(t);
+    chunk_fill[key] += t.nbytes();
+  }
+  for (auto& [key, list] : chunks) {
+    for (auto& chunk : list) {
+      std::vector<torch::Tensor> flat;
+      for (const auto& t : chunk) flat.push_back(t.detach().reshape({-1}));
+      torch::Tensor buffer = torch::cat(flat);
+      RETURN_IF_ERROR(comm.Broadcast(buffer, root)->Wait(timeout + kWorkWaitSlack));
+      int64_t offset = 0;
+      for (auto& t : chunk) {
+        t.detach().copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
+        offset += t.numel();
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::CreateImpl(
+    torch::nn::AnyModule module, std::shared_ptr<Communicator> comm, DdpOptions options) {
+  if (comm == nullptr) return absl::InvalidArgumentError("DDP: communicator is null");
+  if (!(options.bucket_cap_mb > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DDP: bucket_cap_mb must be positive, got ", options.bucket_cap_mb));
+  }
+  std::unique_ptr<DistributedDataParallel> ddp(
+      new DistributedDataParallel(std::move(module), std::move(comm), std::move(options)));
+  auto root = ddp->module_.ptr();
+
+  // Parameters requiring grad, each storage once (tied weights), in
+  // registration order.
+  std::vector<Reducer::NamedParam> params;
+  std::vector<torch::Tensor> state;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : root->named_parameters(/*recurse=*/true)) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    state.push_back(item.value());
+    if (item.value().requires_grad()) params.push_back({item.key(), item.value()});
+  }
+  for (const auto& item : root->named_buffers(/*recurse=*/true)) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    state.push_back(item.value());
+    ddp->buffers_.push_back(item.value());
+  }
+  const DdpOptions& opts = ddp->options_;
+  RETURN_IF_ERROR(Annotate(BroadcastCoalesced(*ddp->comm_, state, 0, opts.timeout),
+                           "DDP: broadcasting initial parameters and buffers from rank 0"));
+  ReducerOptions reducer_options;
+  reducer_options.bucket_cap_bytes = static_cast<size_t>(opts.bucket_cap_mb * 1024 * 1024);
+  reducer_options.first_bucket_cap_bytes =
+      std::min(kDefaultFirstBucketCapBytes, reducer_options.bucket_cap_bytes);
+  reducer_options.find_unused_parameters = opts.find_unused_parameters;
+  reducer_options.gradient_as_bucket_view = opts.gradient_as_bucket_view;
+  reducer_options.timeout = opts.timeout;
+  DistributedDataParallel* self = ddp.get();
+  reducer_options.on_step = [self](const ReducerStepStats&) { self->OnReducerStep(); };
+  ASSIGN_OR_RETURN(ddp->reducer_,
+                   Reducer::Create(std::move(params), ddp->comm_.get(), reducer_options));
+  return ddp;
+}
+
+Status DistributedDataParallel::PreForward() {
+  forward_start_ = RealClock()->Now();
+  RETURN_IF_ERROR(reducer_->last_error());
+  RETURN_IF_ERROR(reducer_->RebuildBucketsIfNeeded());
+  if (options_.broadcast_buffers && !buffers_.empty()) {
+    RETURN_IF_ERROR(Annotate(BroadcastCoalesced(*comm_, buffers_, 0, options_.timeout),
+                             "DDP: broadcasting buffers from rank 0"));
+  }
+  return absl::OkStatus();
+}
+
+Status DistributedDataParallel::PostForward(const std::vector<torch::Tensor>& outputs) {
+  forward_ms_ = MillisSince(forward_start_);
+  if (!require_sync_ || !torch::GradMode::is_enabled()) return absl::OkStatus();
+  return reducer_->PrepareForBackward(outputs);
+}
+
+void DistributedDataParallel::OnReducerStep() {
+  const ReducerStepStats r = reducer_->last_stats();
+  StepStats s;
+  s.step = ++steps_;
+  s.forward_ms = forward_ms_;
+  s.backward_ms = r.backward_ms;
+  s.comm_exposed_ms = r.comm_exposed_ms;
+  s.bytes_reduced = r.bytes_reduced;
+  s.buckets = r.buckets;
+  s.reducer = r;
+  last_stats_ = s;
+  if (options_.on_step) options_.on_step(s);
+}
+
+Status DistributedDataParallel::Backward(const torch::Tensor& loss) {
+  try {
+    loss.backward();
+  } catch (const std::exception& e) {
+    Status reducer_error = reducer_->last_error();
+    if (!reducer_error.ok()) return reducer_error;
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    return absl::InternalError(absl::StrCat(
+        "DDP: backward threw: ", c10_error ? c10_error->what_without_backtrace() : e.what()));
+  }
+  return reducer_->last_error();
+}
+
+}  // namespace ddp
+}  // namespace lockstep

@@ -1,0 +1,121 @@
+// GlooCommunicator: the Communicator over Gloo's TCP transport (CPU).
+//
+// Bootstrap: every rank publishes its pair addresses in the Store (keys
+// "<key_prefix>/<rank>") and connects a full mesh of TCP pairs. Collectives
+// run one at a time, in call order, on a dedicated communicator thread, so
+// the caller (the autograd thread, for the Reducer) never blocks on the
+// network. Gloo throws; nothing thrown leaves this class: failures become
+// Work errors.
+//
+// Missing-peer diagnosis. Gloo's own timeout says only that a receive timed
+// out, which on a ring names a neighbour, not the culprit. So each
+// collective runs with the Gloo timeout `timeout - grace` (grace =
+// min(timeout / 5, kMaxDiagnosisGrace)); a rank whose collective #n fails
+// writes the store key "<key_prefix>/failed/<n>/<rank>" and waits up to
+// `grace` for the same key from every other rank. Ranks stuck in collective
+// #n time out too and report; a rank that never reached #n (hung, crashed,
+// busy elsewhere) does not, and the error names it:
+//   "gloo allreduce #12 on rank 0 failed: ranks [2] did not arrive within 10 s".
+// The fast path costs nothing: the store is touched only after a failure.
+// So a collective fails within `timeout` (plus a store round trip).
+//
+// Thread safety: thread-safe (see Communicator). The destructor lets queued
+// collectives finish (each bounded by its timeout) and joins the thread.
+#ifndef LOCKSTEP_DDP_GLOO_COMMUNICATOR_H_
+#define LOCKSTEP_DDP_GLOO_COMMUNICATOR_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "ddp/communicator.h"
+#include "rendezvous/store.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace lockstep {
+namespace ddp {
+
+// Upper bound of the time a failed rank waits for the others' reports.
+inline constexpr std::chrono::seconds kMaxDiagnosisGrace{5};
+
+struct GlooOptions {
+  // Address the TCP device binds and advertises. Default: loopback.
+  std::string hostname = "127.0.0.1";
+  // End-to-end timeout of every collective. Default: kDefaultCollectiveTimeout.
+  Duration timeout = kDefaultCollectiveTimeout;
+  // How long Create waits for every rank to publish its address.
+  // Default: rendezvous::kDefaultStoreTimeout.
+  Duration connect_timeout = rendezvous::kDefaultStoreTimeout;
+  // Store key prefix; communicators sharing a store namespace need distinct
+  // prefixes. Default: "gloo".
+  std::string key_prefix = "gloo";
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  // Connects the full mesh. Blocks until every rank has called Create with
+  // the same store namespace and prefix, or `connect_timeout` passes.
+  // Errors: InvalidArgument (rank/world), DeadlineExceeded naming the ranks
+  // that never published their address, Unavailable (transport).
+  // `store` must outlive the communicator.
+  static StatusOr<std::unique_ptr<GlooCommunicator>> Create(rendezvous::Store* store, int rank,
+                                                           int world_size,
+                                                           GlooOptions options = {});
+  ~GlooCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend() const override { return "gloo"; }
+
+  std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op) override;
+  std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root) override;
+  std::shared_ptr<Work> AllGather(at::Tensor input, at::Tensor output) override;
+  std::shared_ptr<Work> Barrier() override;
+
+ private:
+  GlooCommunicator(rendezvous::Store* store, int rank, int world_size, GlooOptions options,
+                   std::shared_ptr<gloo::Context> context);
+
+  // `body` runs the Gloo calls with the given Gloo timeout and tag; it may
+  // throw. Queues it for the communicator thread.
+  std::shared_ptr<Work> Enqueue(const char* name,
+                                std::function<void(std::chrono::milliseconds, uint32_t)> body);
+  void Loop();
+  // Maps a failure of collective #seq to a Status naming the missing ranks.
+  Status Diagnose(uint64_t seq, const char* name, const std::string& what);
+
+  rendezvous::Store* const store_;
+  const int rank_;
+  const int world_size_;
+  const GlooOptions options_;
+  const Duration grace_;
+  std::shared_ptr<gloo::Context> context_;
+
+  struct Task {
+    uint64_t seq;
+    const char* name;
+    std::shared_ptr<Work> work;
+    std::function<void(std::chrono::milliseconds, uint32_t)> body;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;  // GUARDED_BY(mu_)
+  uint64_t next_seq_ = 0;   // GUARDED_BY(mu_)
+  bool stopping_ = false;   // GUARDED_BY(mu_)
+  Status broken_;           // Set once, on the thread; read under mu_.
+  std::thread thread_;
+};
+
+}  // namespace ddp
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DDP_GLOO_COMMUNICATOR_H_

@@ -1,0 +1,172 @@
+#include "ddp/init.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "ddp/gloo_communicator.h"
+#include "rendezvous/file_store.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+std::mutex& FactoryMu() {
+  static std::mutex mu;
+  return mu;
+}
+StoreFactory& Factory() {
+  static StoreFactory* factory = new StoreFactory();
+  return *factory;
+}
+MasterStoreFactory& MasterFactory() {
+  static MasterStoreFactory* factory = new MasterStoreFactory();
+  return *factory;
+}
+
+// Reads the first variable of `names` that is set into *out.
+// Returns whether one was set.
+StatusOr<bool> ReadInt(const std::function<const char*(const char*)>& getenv,
+                       std::initializer_list<const char*> names, int* out) {
+  for (const char* name : names) {
+    const char* v = getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    if (!absl::SimpleAtoi(v, out)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable ", name, "='", v, "' is not an integer"));
+    }
+    return true;
+  }
+  return false;
+}
+
+std::string ReadString(const std::function<const char*(const char*)>& getenv,
+                       std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const char* v = getenv(name);
+    if (v != nullptr && *v != '\0') return v;
+  }
+  return "";
+}
+
+}  // namespace
+
+StatusOr<WorkerEnv> ParseWorkerEnv(const std::function<const char*(const char*)>& getenv) {
+  WorkerEnv env;
+  ASSIGN_OR_RETURN(bool has_rank, ReadInt(getenv, {"LOCKSTEP_RANK", "RANK"}, &env.rank));
+  ASSIGN_OR_RETURN(bool has_world,
+                   ReadInt(getenv, {"LOCKSTEP_WORLD_SIZE", "WORLD_SIZE"}, &env.world_size));
+  if (!has_rank) return absl::InvalidArgumentError("LOCKSTEP_RANK (or RANK) is not set");
+  if (!has_world) {
+    return absl::InvalidArgumentError("LOCKSTEP_WORLD_SIZE (or WORLD_SIZE) is not set");
+  }
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", env.rank,
+                                                   " is outside the world of size ",
+                                                   env.world_size));
+  }
+  env.local_rank = env.rank;
+  env.local_world_size = env.world_size;
+  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_LOCAL_RANK", "LOCAL_RANK"}, &env.local_rank).status());
+  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"},
+                          &env.local_world_size)
+                      .status());
+  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_NODE_RANK", "GROUP_RANK"}, &env.node_rank).status());
+  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_NUM_NODES"}, &env.num_nodes).status());
+  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_ROUND"}, &env.round).status());
+  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"},
+                          &env.restart_count)
+                      .status());
+  std::string job = ReadString(getenv, {"LOCKSTEP_JOB_ID", "TORCHELASTIC_RUN_ID"});
+  if (!job.empty()) env.job_id = job;
+  env.store_address = ReadString(getenv, {"LOCKSTEP_STORE"});
+  env.agent_address = ReadString(getenv, {"LOCKSTEP_AGENT"});
+  const std::string master = ReadString(getenv, {"MASTER_ADDR"});
+  const std::string port = ReadString(getenv, {"MASTER_PORT"});
+  if (!master.empty() || !port.empty()) env.master_addr = master + ":" + port;
+  return env;
+}
+
+void RegisterStoreFactory(StoreFactory factory) {
+  std::lock_guard<std::mutex> lock(FactoryMu());
+  Factory() = std::move(factory);
+}
+
+void RegisterMasterStoreFactory(MasterStoreFactory factory) {
+  std::lock_guard<std::mutex> lock(FactoryMu());
+  MasterFactory() = std::move(factory);
+}
+
+StatusOr<std::unique_ptr<rendezvous::Store>> OpenStore(const WorkerEnv& env, Duration timeout) {
+  const std::string ns = rendezvous::StoreNamespace(env.job_id, env.round);
+  const std::string& address = env.store_address;
+  if (address.empty()) {
+    if (!env.master_addr.empty()) {
+      MasterStoreFactory master;
+      {
+        std::lock_guard<std::mutex> lock(FactoryMu());
+        master = MasterFactory();
+      }
+      if (master) return master(env, ns, timeout);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "LOCKSTEP_STORE is not set; MASTER_ADDR/MASTER_PORT (", env.master_addr,
+          ") alone need a store server on rank 0: link //ddp:init_from_env_grpc, or set "
+          "LOCKSTEP_STORE=file:/shared/dir or host:port"));
+    }
+    return absl::FailedPreconditionError(
+        "LOCKSTEP_STORE is not set (use file:/some/dir for one host, or host:port)");
+  }
+  if (absl::StartsWith(address, "file:")) {
+    const std::string dir = address.substr(5);
+    if (dir.empty()) return absl::InvalidArgumentError("LOCKSTEP_STORE=file: needs a directory");
+    ASSIGN_OR_RETURN(auto store, rendezvous::FileStore::Open(dir + "/" + ns));
+    return std::unique_ptr<rendezvous::Store>(std::move(store));
+  }
+  if (address.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LOCKSTEP_STORE='", address, "' is neither file:/dir nor host:port"));
+  }
+  StoreFactory factory;
+  {
+    std::lock_guard<std::mutex> lock(FactoryMu());
+    factory = Factory();
+  }
+  if (!factory) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "LOCKSTEP_STORE='", address,
+        "' needs the gRPC store client; link //ddp:init_from_env_grpc into this binary"));
+  }
+  return factory(address, ns, timeout);
+}
+
+StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
+  ASSIGN_OR_RETURN(WorkerEnv env, ParseWorkerEnv([](const char* n) { return std::getenv(n); }));
+  ASSIGN_OR_RETURN(auto store, OpenStore(env, options.connect_timeout));
+  GlooOptions gloo;
+  gloo.timeout = options.timeout;
+  gloo.connect_timeout = options.connect_timeout;
+  if (!options.gloo_hostname.empty()) {
+    gloo.hostname = options.gloo_hostname;
+  } else if (const char* host = std::getenv("LOCKSTEP_GLOO_HOST")) {
+    gloo.hostname = host;
+  }
+  Logger log("ddp", env.job_id, env.rank);
+  const MonoTime start = RealClock()->Now();
+  auto comm_or = GlooCommunicator::Create(store.get(), env.rank, env.world_size, gloo);
+  if (!comm_or.ok()) {
+    log.Error("gloo mesh of {} ranks failed: {}", env.world_size, comm_or.status().ToString());
+    return comm_or.status();
+  }
+  auto comm = std::move(comm_or).value();
+  log.Info("connected gloo mesh of {} ranks (round {}, store {}) in {:.3f} s", env.world_size,
+           env.round, env.store_address.empty() ? env.master_addr : env.store_address,
+           ToSeconds(RealClock()->Now() - start));
+  return std::make_unique<ProcessGroup>(std::move(env), std::move(store),
+                                        std::shared_ptr<Communicator>(std::move(comm)));
+}
+
+}  // namespace ddp
+}  // namespace lockstep

@@ -1,0 +1,109 @@
+// InitFromEnv: turns the worker environment (DESIGN.md, "Worker
+// environment") into a connected ProcessGroup: the parsed environment, the
+// job round's Store and a Communicator.
+//
+// Variables: LOCKSTEP_JOB_ID, LOCKSTEP_RANK, LOCKSTEP_LOCAL_RANK,
+// LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK,
+// LOCKSTEP_NUM_NODES, LOCKSTEP_ROUND, LOCKSTEP_RESTART_COUNT, LOCKSTEP_STORE,
+// LOCKSTEP_AGENT; each falls back to torchrun's name where one exists (RANK,
+// LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+// TORCHELASTIC_RESTART_COUNT). Required: rank and world size, and a store.
+//
+// Store selection (LOCKSTEP_STORE):
+//   "file:/some/dir" -> FileStore on "/some/dir/<job>/<round>"
+//                       (rendezvous::StoreNamespace()).
+//   "host:port"      -> the factory registered with RegisterStoreFactory()
+//                       (the gRPC store client lives outside ddp core;
+//                       link //ddp:init_from_env_grpc when it exists).
+// Unset with MASTER_ADDR/MASTER_PORT set (the torchrun habit): the factory
+// registered with RegisterMasterStoreFactory() (//ddp:init_from_env_grpc:
+// rank 0 serves a store at MASTER_ADDR:MASTER_PORT, every rank connects);
+// without one, FailedPrecondition naming LOCKSTEP_STORE.
+//
+// Thread safety: ParseWorkerEnv is pure; RegisterStoreFactory and
+// InitFromEnv are safe to call from any thread.
+#ifndef LOCKSTEP_DDP_INIT_H_
+#define LOCKSTEP_DDP_INIT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "ddp/communicator.h"
+#include "rendezvous/store.h"
+
+namespace lockstep {
+namespace ddp {
+
+struct WorkerEnv {
+  std::string job_id = "local";
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  int node_rank = 0;
+  int num_nodes = 1;
+  int round = 0;
+  int restart_count = 0;
+  std::string store_address;  // LOCKSTEP_STORE; may be empty.
+  std::string agent_address;  // LOCKSTEP_AGENT; empty when not under lockstepd.
+  std::string master_addr;    // MASTER_ADDR:MASTER_PORT, when set.
+};
+
+// Parses the environment through `getenv` (tests inject a map).
+// Errors: InvalidArgument naming the variable (missing rank/world size,
+// non-integer, rank outside the world).
+StatusOr<WorkerEnv> ParseWorkerEnv(const std::function<const char*(const char*)>& getenv);
+
+// Makes a Store bound to `ns` for a "host:port" address.
+using StoreFactory = std::function<StatusOr<std::unique_ptr<rendezvous::Store>>(
+    const std::string& address, const std::string& ns, Duration timeout)>;
+// Installs the factory for "host:port" addresses (last call wins).
+void RegisterStoreFactory(StoreFactory factory);
+
+// Makes a Store for the MASTER_ADDR/MASTER_PORT habit (env.master_addr).
+using MasterStoreFactory = std::function<StatusOr<std::unique_ptr<rendezvous::Store>>(
+    const WorkerEnv& env, const std::string& ns, Duration timeout)>;
+void RegisterMasterStoreFactory(MasterStoreFactory factory);
+
+// Opens the store named by env.store_address, namespaced "<job>/<round>".
+// Errors: FailedPrecondition (no store configured, or no factory for
+// host:port), InvalidArgument (malformed address), the store's errors.
+StatusOr<std::unique_ptr<rendezvous::Store>> OpenStore(const WorkerEnv& env, Duration timeout);
+
+struct InitOptions {
+  // Collective timeout. Default: kDefaultCollectiveTimeout.
+  Duration timeout = kDefaultCollectiveTimeout;
+  // Waiting for every rank to connect. Default: rendezvous::kDefaultStoreTimeout.
+  Duration connect_timeout = rendezvous::kDefaultStoreTimeout;
+  // Address Gloo binds. Default: 127.0.0.1, or LOCKSTEP_GLOO_HOST if set.
+  std::string gloo_hostname;
+};
+
+// Owns the store and the communicator; the communicator uses the store,
+// so keep the ProcessGroup alive as long as anything uses communicator().
+class ProcessGroup {
+ public:
+  ProcessGroup(WorkerEnv env, std::unique_ptr<rendezvous::Store> store,
+               std::shared_ptr<Communicator> communicator)
+      : env_(std::move(env)), store_(std::move(store)), communicator_(std::move(communicator)) {}
+  const WorkerEnv& env() const { return env_; }
+  rendezvous::Store& store() const { return *store_; }
+  const std::shared_ptr<Communicator>& communicator() const { return communicator_; }
+
+ private:
+  WorkerEnv env_;
+  std::unique_ptr<rendezvous::Store> store_;
+  std::shared_ptr<Communicator> communicator_;  // Destroyed before store_.
+};
+
+// Parses the process environment, opens the store and connects a
+// GlooCommunicator. Blocks until all ranks connect or connect_timeout.
+StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options = {});
+
+}  // namespace ddp
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DDP_INIT_H_

@@ -1,0 +1,75 @@
+// Registers the gRPC store with InitFromEnv (ddp/init.h) at static
+// initialisation: LOCKSTEP_STORE=host:port connects the store client
+// (//rendezvous:store_client); MASTER_ADDR/MASTER_PORT without LOCKSTEP_STORE
+// makes rank 0 serve a store there (//rendezvous:store_server) and every rank
+// connect to it. The served store lives as long as rank 0's ProcessGroup.
+// Link //ddp:init_from_env_grpc (alwayslink) into the binary to enable it.
+#include <memory>
+#include <utility>
+
+#include "ddp/init.h"
+#include "rendezvous/store_client.h"
+#include "rendezvous/store_server.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+// A client Store that also owns the server it talks to (rank 0).
+class ServingStore : public rendezvous::Store {
+ public:
+  ServingStore(std::unique_ptr<rendezvous::StoreServer> server,
+               std::unique_ptr<rendezvous::Store> client)
+      : server_(std::move(server)), client_(std::move(client)) {}
+  ~ServingStore() override {
+    client_.reset();
+    server_.reset();
+  }
+  Status Set(const std::string& k, const std::string& v) override { return client_->Set(k, v); }
+  StatusOr<std::string> Get(const std::string& k, Duration t) override { return client_->Get(k, t); }
+  StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return client_->Add(k, d); }
+  StatusOr<std::string> CompareSet(const std::string& k, const std::string& e,
+                                   const std::string& d) override {
+    return client_->CompareSet(k, e, d);
+  }
+  StatusOr<bool> Delete(const std::string& k) override { return client_->Delete(k); }
+  Status Wait(const std::vector<std::string>& keys, Duration t) override {
+    return client_->Wait(keys, t);
+  }
+  StatusOr<int64_t> NumKeys() override { return client_->NumKeys(); }
+  StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                              Duration t) override {
+    return client_->MultiGet(keys, t);
+  }
+  Status MultiSet(const std::vector<std::pair<std::string, std::string>>& e) override {
+    return client_->MultiSet(e);
+  }
+
+ private:
+  std::unique_ptr<rendezvous::StoreServer> server_;
+  std::unique_ptr<rendezvous::Store> client_;
+};
+
+StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
+                                                         const std::string& ns,
+                                                         Duration timeout) {
+  std::unique_ptr<rendezvous::StoreServer> server;
+  if (env.rank == 0) {
+    ASSIGN_OR_RETURN(server, rendezvous::StoreServer::Start(env.master_addr));
+  }
+  ASSIGN_OR_RETURN(auto client, rendezvous::ConnectStore(env.master_addr, ns, timeout));
+  return std::unique_ptr<rendezvous::Store>(
+      std::make_unique<ServingStore>(std::move(server), std::move(client)));
+}
+
+const bool kRegistered = [] {
+  RegisterStoreFactory([](const std::string& address, const std::string& ns, Duration timeout) {
+    return rendezvous::ConnectStore(address, ns, timeout);
+  });
+  RegisterMasterStoreFactory(MasterStore);
+  return true;
+}();
+
+}  // namespace
+}  // namespace ddp
+}  // namespace lockstep

@@ -1,0 +1,56 @@
+#include <thread>
+
+#include "ddp/init.h"
+#include "gtest/gtest.h"
+#include "rendezvous/store_server.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+TEST(InitFromEnvGrpcTest, HostPortAddressConnectsTheStoreClientInTheRoundNamespace) {
+  auto server = rendezvous::StoreServer::Start("127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  WorkerEnv env;
+  env.job_id = "j";
+  env.round = 3;
+  env.store_address = (*server)->address();
+  auto store = OpenStore(env, std::chrono::seconds(5));
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("k", "v").ok());
+  env.round = 4;
+  auto other_round = OpenStore(env, std::chrono::seconds(5));
+  ASSERT_TRUE(other_round.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      (*other_round)->Get("k", std::chrono::milliseconds(50)).status()));
+}
+
+TEST(InitFromEnvGrpcTest, MasterAddrMakesRankZeroServeTheStore) {
+  // Find a free port by letting a throwaway server pick one.
+  int port = 0;
+  {
+    auto probe = rendezvous::StoreServer::Start("127.0.0.1:0");
+    ASSERT_TRUE(probe.ok());
+    port = (*probe)->port();
+  }
+  WorkerEnv env0, env1;
+  env0.master_addr = env1.master_addr = "127.0.0.1:" + std::to_string(port);
+  env0.world_size = env1.world_size = 2;
+  env1.rank = 1;
+  StatusOr<std::unique_ptr<rendezvous::Store>> s0 = absl::UnknownError("");
+  StatusOr<std::unique_ptr<rendezvous::Store>> s1 = absl::UnknownError("");
+  std::thread t0([&] { s0 = OpenStore(env0, std::chrono::seconds(10)); });
+  std::thread t1([&] { s1 = OpenStore(env1, std::chrono::seconds(10)); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(s0.ok()) << s0.status();
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  ASSERT_TRUE((*s1)->Set("from1", "x").ok());
+  auto v = (*s0)->Get("from1", std::chrono::seconds(5));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "x");
+}
+
+}  // namespace
+}  // namespace ddp
+}  // namespace lockstep

@@ -1,0 +1,339 @@
+#include "ddp/reducer.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <stdexcept>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+double MillisBetween(MonoTime a, MonoTime b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Post-hook on a gradient accumulator: runs after the gradient of one
+// parameter has been accumulated into param.grad.
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Reducer>> Reducer::Create(std::vector<NamedParam> params,
+                                                   Communicator* comm, ReducerOptions options) {
+  if (comm == nullptr) return absl::InvalidArgumentError("reducer: communicator is null");
+  if (params.empty()) return absl::InvalidArgumentError("reducer: no parameters require grad");
+  if (options.bucket_cap_bytes == 0 || options.first_bucket_cap_bytes == 0) {
+    return absl::InvalidArgumentError("reducer: bucket caps must be positive");
+  }
+  std::unordered_set<const void*> seen;
+  for (const auto& p : params) {
+    if (!p.tensor.defined() || !p.tensor.requires_grad() || !p.tensor.is_leaf()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reducer: parameter '", p.name, "' is not a leaf requiring grad"));
+    }
+    if (!p.tensor.device().is_cpu()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reducer: parameter '", p.name, "' is not on the CPU"));
+    }
+    if (!seen.insert(p.tensor.unsafeGetTensorImpl()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reducer: parameter '", p.name, "' is listed twice (tied weights must be "
+                                                       "listed once)"));
+    }
+  }
+  return std::unique_ptr<Reducer>(new Reducer(std::move(params), comm, options));
+}
+
+Reducer::Reducer(std::vector<NamedParam> params, Communicator* comm, ReducerOptions options)
+    : params_(std::move(params)), comm_(comm), options_(options) {
+  const size_t n = params_.size();
+  ready_.assign(n, false);
+  slot_.resize(n);
+  std::vector<size_t> reverse(n);
+  for (size_t i = 0; i < n; ++i) reverse[i] = n - 1 - i;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    BuildBuckets(reverse);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
+    hook_keys_.push_back(
+        acc->add_post_hook(std::make_unique<GradReadyHook>([this, i] { OnGradReady(i); })));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+void Reducer::BuildBuckets(const std::vector<size_t>& order) {
+  std::vector<BucketParam> infos;
+  for (const auto& p : params_) {
+    infos.push_back(BucketParam{p.tensor.nbytes(), static_cast<int>(p.tensor.scalar_type())});
+  }
+  auto assignment = AssignBuckets(infos, order, options_.first_bucket_cap_bytes,
+                                  options_.bucket_cap_bytes);
+  torch::NoGradGuard no_grad;
+  std::vector<Bucket> buckets(assignment.size());
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    bucket.params = assignment[b];
+    int64_t total = 0;
+    for (size_t i : bucket.params) total += params_[i].tensor.numel();
+    const auto dtype = params_[bucket.params.front()].tensor.scalar_type();
+    bucket.buffer = torch::zeros({total}, torch::TensorOptions().dtype(dtype));
+    int64_t offset = 0;
+    for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
+      const size_t i = bucket.params[pos];
+      const auto& t = params_[i].tensor;
+      // An alias of the slot that is not an autograd view, so optimizers may
+      // detach_() a gradient that lives in the bucket.
+      torch::Tensor slot = bucket.buffer.narrow(0, offset, t.numel()).view(t.sizes());
+      bucket.views.push_back(torch::empty({0}, bucket.buffer.options())
+                                 .set_(bucket.buffer.storage(), slot.storage_offset(),
+                                       slot.sizes(), slot.strides()));
+      offset += t.numel();
+      slot_[i] = {b, pos};
+      if (options_.gradient_as_bucket_view) {
+        torch::Tensor& grad = params_[i].tensor.mutable_grad();
+        if (grad.defined()) {
+          bucket.views[pos].copy_(grad);
+          grad = bucket.views[pos];
+        }
+      }
+    }
+    bucket.pending = bucket.params.size();
+  }
+  buckets_ = std::move(buckets);
+}
+
+std::vector<std::vector<size_t>> Reducer::bucket_indices() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : buckets_) out.push_back(b.params);
+  return out;
+}
+
+ReducerStepStats Reducer::last_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_stats_;
+}
+
+Status Reducer::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error_.ok()) return error_;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& b : buckets_) {
+    b.pending = b.params.size();
+    b.work.reset();
+  }
+  next_to_launch_ = 0;
+  expect_sync_ = true;
+  finalizer_queued_ = false;
+  stats_ = ReducerStepStats{};
+  stats_.forward_end = RealClock()->Now();
+  if (!options_.find_unused_parameters) return absl::OkStatus();
+  // Walk the autograd graph from the outputs; accumulators not reached
+  // belong to parameters unused in this step.
+  std::unordered_set<const torch::autograd::Node*> reached;
+  std::vector<torch::autograd::Node*> stack;
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    auto fn = out.grad_fn();
+    if (fn == nullptr) continue;
+    if (reached.insert(fn.get()).second) stack.push_back(fn.get());
+  }
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function && reached.insert(edge.function.get()).second) {
+        stack.push_back(edge.function.get());
+      }
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (reached.count(accumulators_[i].get()) == 0) MarkReadyLocked(i);
+  }
+  return absl::OkStatus();
+}
+
+void Reducer::OnGradReady(size_t index) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!expect_sync_) return;  // no_sync, or a backward not prepared by forward.
+  if (!finalizer_queued_) {
+    finalizer_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
+  }
+  MarkReadyLocked(index);
+}
+
+void Reducer::MarkReadyLocked(size_t index) {
+  if (ready_[index]) return;
+  ready_[index] = true;
+  if (!rebuilt_ && !have_arrival_order_) arrival_order_.push_back(index);
+  const auto [b, pos] = slot_[index];
+  Bucket& bucket = buckets_[b];
+  torch::Tensor& view = bucket.views[pos];
+  torch::Tensor& grad = params_[index].tensor.mutable_grad();
+  {
+    // Averaging happens here: the slot receives grad / world_size (fused
+    // with the copy when there is one), and the bucket is then summed.
+    torch::NoGradGuard no_grad;
+    const double scale = 1.0 / comm_->world_size();
+    if (grad.defined()) {
+      if (grad.data_ptr() != view.data_ptr()) {
+        if (scale == 1.0) {
+          view.copy_(grad);
+        } else {
+          at::mul_out(view, grad, scale);
+        }
+        if (options_.gradient_as_bucket_view) grad = view;
+      } else if (scale != 1.0) {
+        view.mul_(scale);
+      }
+    } else {
+      view.zero_();
+    }
+  }
+  if (--bucket.pending == 0) LaunchCompleteBucketsLocked();
+}
+
+void Reducer::LaunchCompleteBucketsLocked() {
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
+    Bucket& bucket = buckets_[next_to_launch_];
+    bucket.work = comm_->AllReduce(bucket.buffer, ReduceOp::kSum);  // Pre-divided.
+    stats_.bucket_launched.push_back(RealClock()->Now());
+    ++next_to_launch_;
+  }
+}
+
+void Reducer::Fail(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) error_ = status;
+  }
+  throw std::runtime_error(std::string(status.message()));
+}
+
+void Reducer::Finalize() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!expect_sync_) return;
+  expect_sync_ = false;
+  finalizer_queued_ = false;
+  stats_.backward_end = RealClock()->Now();
+  std::vector<std::shared_ptr<Work>> works;
+  for (size_t b = 0; b < next_to_launch_; ++b) works.push_back(buckets_[b].work);
+  std::string missing_message;
+  if (next_to_launch_ < buckets_.size()) {
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!ready_[i]) missing.push_back(params_[i].name);
+    }
+    missing_message = absl::StrCat(
+        "DDP: parameters [", absl::StrJoin(missing, ", "),
+        "] received no gradient in this backward, so bucket ", next_to_launch_, " of ",
+        buckets_.size(),
+        " was never reduced. If the model does not use every parameter in every step, "
+        "set find_unused_parameters = true.");
+  }
+  lock.unlock();
+  // Wait for every launched bucket, even when failing, so no allreduce is
+  // left writing into gradients.
+  const MonoTime wait_start = RealClock()->Now();
+  Status comm_status;
+  for (const auto& w : works) {
+    Status s = w->Wait(options_.timeout + kWorkWaitSlack);
+    if (comm_status.ok() && !s.ok()) comm_status = s;
+  }
+  const MonoTime wait_end = RealClock()->Now();
+  if (!missing_message.empty()) Fail(absl::FailedPreconditionError(missing_message));
+  if (!comm_status.ok()) {
+    Fail(Annotate(comm_status, "DDP: gradient allreduce failed"));
+  }
+  lock.lock();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& bucket : buckets_) {
+      for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
+        torch::Tensor& grad = params_[bucket.params[pos]].tensor.mutable_grad();
+        const torch::Tensor& view = bucket.views[pos];
+        if (!grad.defined()) {
+          grad = options_.gradient_as_bucket_view ? view : view.clone();
+        } else if (grad.data_ptr() != view.data_ptr()) {
+          grad.copy_(view);
+        }
+      }
+      stats_.bytes_reduced += static_cast<int64_t>(bucket.buffer.nbytes());
+      stats_.bucket_comm_start.push_back(bucket.work->started_at());
+      stats_.bucket_comm_end.push_back(bucket.work->finished_at());
+    }
+  }
+  if (!rebuilt_ && !have_arrival_order_ && arrival_order_.size() == params_.size()) {
+    have_arrival_order_ = true;
+  }
+  stats_.buckets = static_cast<int>(buckets_.size());
+  stats_.comm_exposed_ms = MillisBetween(wait_start, wait_end);
+  stats_.backward_ms = MillisBetween(stats_.forward_end, RealClock()->Now());
+  last_stats_ = stats_;
+  ReducerStepStats done = stats_;
+  lock.unlock();
+  if (options_.on_step) options_.on_step(done);
+}
+
+Status Reducer::RebuildBucketsIfNeeded() {
+  std::vector<size_t> order;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rebuilt_ || !have_arrival_order_) return absl::OkStatus();
+    order = arrival_order_;
+  }
+  const int64_t n = static_cast<int64_t>(params_.size());
+  torch::Tensor wire = torch::empty({n}, torch::kLong);
+  if (comm_->rank() == 0) {
+    int64_t* out = wire.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(order[i]);
+  }
+  RETURN_IF_ERROR(Annotate(comm_->Broadcast(wire, 0)->Wait(options_.timeout + kWorkWaitSlack),
+                           "DDP: broadcasting the bucket order"));
+  std::vector<bool> seen(n, false);
+  const int64_t* data = wire.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (data[i] < 0 || data[i] >= n || seen[data[i]]) {
+      return absl::InternalError("DDP: rank 0's bucket order is not a permutation");
+    }
+    seen[data[i]] = true;
+    order[i] = static_cast<size_t>(data[i]);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  BuildBuckets(order);
+  rebuilt_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace ddp
+}  // namespace lockstep

@@ -1,0 +1,165 @@
+// Reducer: bucketed gradient averaging overlapped with backward.
+//
+// The Reducer owns one flat buffer per bucket (bucket_assignment.h) and a
+// post-hook on every parameter's gradient accumulator. During a synchronised
+// backward each hook copies its parameter's gradient into the parameter's
+// slot of its bucket (or, with gradient_as_bucket_view, the gradient already
+// is that slot) and marks the parameter ready.
+//
+// Bucket-ready ordering rule. A bucket is *complete* when every parameter in
+// it is ready. Buckets are *launched* (their allreduce queued on the
+// Communicator) strictly in bucket index order: when bucket i completes, it
+// is launched if buckets 0..i-1 have been launched, and then every following
+// complete bucket is launched too; otherwise it waits for the earlier ones.
+// Because every rank computes the same bucket layout and launches in index
+// order, every rank issues the same allreduces in the same order (the
+// Communicator's cross-process invariant), whatever order gradients arrive
+// in locally. Bucket 0 holds the parameters expected first (the last layers,
+// reverse registration order), and is small (1 MB), so the first allreduce
+// starts early and communication overlaps the rest of backward.
+//
+// Finalisation. The first hook of a backward queues a callback on the
+// autograd engine; it runs when backward ends, waits for every launched
+// bucket (this wait is the *exposed* communication time) and writes the
+// averaged gradients back into param.grad (unless they are views already).
+//
+// Rebuild. During the first synchronised backward the Reducer records the
+// order in which gradients arrived. At the start of the next forward
+// (RebuildBucketsIfNeeded) rank 0's recorded order is broadcast and every
+// rank re-packs its buckets in that order, once.
+//
+// Unused parameters. With find_unused_parameters, PrepareForBackward walks
+// the autograd graph from the forward outputs; parameters whose accumulator
+// is not reached are marked ready at once (their slot is zero), so no bucket
+// waits forever. Without the flag, a backward that ends with parameters that
+// never became ready fails with an error naming them.
+//
+// Errors. Public methods return Status. The hooks and the finalisation
+// callback run inside torch's backward: their errors are thrown as
+// c10::Error out of torch::autograd::backward (DistributedDataParallel::
+// Backward turns them into a Status) and are also kept in last_error().
+//
+// Thread safety: Prepare/Rebuild are called from the training thread; hooks
+// and the callback run on the autograd thread; state is guarded by mu_.
+#ifndef LOCKSTEP_DDP_REDUCER_H_
+#define LOCKSTEP_DDP_REDUCER_H_
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "ddp/bucket_assignment.h"
+#include "ddp/communicator.h"
+
+namespace lockstep {
+namespace ddp {
+
+struct ReducerOptions {
+  // Default: kDefaultBucketCapBytes / kDefaultFirstBucketCapBytes.
+  size_t bucket_cap_bytes = kDefaultBucketCapBytes;
+  size_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;
+  // Default: false (see "Unused parameters" above).
+  bool find_unused_parameters = false;
+  // param.grad becomes a view into its bucket: no copy back after allreduce.
+  // Default: false.
+  bool gradient_as_bucket_view = false;
+  // Bound on the end-of-backward wait for buckets. Default: collective timeout.
+  Duration timeout = kDefaultCollectiveTimeout;
+  // Called at the end of each successful finalisation, on the autograd
+  // thread, with no Reducer lock held.
+  std::function<void(const struct ReducerStepStats&)> on_step;
+};
+
+// What one synchronised backward did, with timestamps for overlap analysis.
+struct ReducerStepStats {
+  double backward_ms = 0;       // End of forward to end of finalisation.
+  double comm_exposed_ms = 0;   // Finalisation's wait on buckets.
+  int64_t bytes_reduced = 0;
+  int buckets = 0;
+  MonoTime forward_end{};       // PrepareForBackward.
+  MonoTime backward_end{};      // Finalisation callback starts.
+  std::vector<MonoTime> bucket_launched;    // Reducer queued the allreduce.
+  std::vector<MonoTime> bucket_comm_start;  // Communicator thread started it.
+  std::vector<MonoTime> bucket_comm_end;
+};
+
+class Reducer {
+ public:
+  struct NamedParam {
+    std::string name;
+    torch::Tensor tensor;  // requires_grad, distinct storage per entry.
+  };
+
+  // Builds buckets in reverse parameter order and installs the hooks.
+  // `comm` must outlive the Reducer. Errors: InvalidArgument (no parameters,
+  // a parameter not requiring grad, not on the CPU, or listed twice).
+  static StatusOr<std::unique_ptr<Reducer>> Create(std::vector<NamedParam> params,
+                                                   Communicator* comm, ReducerOptions options);
+  ~Reducer();
+
+  // Called after forward when the coming backward must synchronise.
+  // `outputs` are the forward outputs (used with find_unused_parameters).
+  // Returns the error of the previous step if it failed.
+  Status PrepareForBackward(const std::vector<torch::Tensor>& outputs);
+
+  // Called before forward; broadcasts rank 0's arrival order and re-packs
+  // buckets after the first synchronised backward (once). Blocks on one
+  // broadcast, bounded by the timeout.
+  Status RebuildBucketsIfNeeded();
+
+  // Bucket layout (parameter indices per bucket), for tests and logs.
+  std::vector<std::vector<size_t>> bucket_indices() const;
+  ReducerStepStats last_stats() const;
+  Status last_error() const;
+  const std::vector<NamedParam>& params() const { return params_; }
+
+ private:
+  struct Bucket {
+    torch::Tensor buffer;               // Flat, one dtype.
+    std::vector<size_t> params;         // Indices into params_.
+    std::vector<torch::Tensor> views;   // Slot of each param, shaped like it.
+    size_t pending = 0;
+    std::shared_ptr<Work> work;
+  };
+
+  Reducer(std::vector<NamedParam> params, Communicator* comm, ReducerOptions options);
+  void BuildBuckets(const std::vector<size_t>& order);  // REQUIRES: mu_ held.
+  void OnGradReady(size_t index);                       // Hook entry point.
+  void MarkReadyLocked(size_t index);
+  void LaunchCompleteBucketsLocked();
+  void Finalize();
+  void Fail(const Status& status);  // Records and throws std::runtime_error.
+
+  std::vector<NamedParam> params_;
+  Communicator* const comm_;
+  const ReducerOptions options_;
+  // Keeps each accumulator (and with it our hook) alive; see DESIGN.md.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  mutable std::mutex mu_;
+  std::vector<Bucket> buckets_;                   // GUARDED_BY(mu_)
+  std::vector<std::pair<size_t, size_t>> slot_;   // param -> (bucket, position)
+  std::vector<bool> ready_;                       // GUARDED_BY(mu_)
+  size_t next_to_launch_ = 0;                     // GUARDED_BY(mu_)
+  bool expect_sync_ = false;                      // GUARDED_BY(mu_)
+  bool finalizer_queued_ = false;                 // GUARDED_BY(mu_)
+  bool rebuilt_ = false;                          // GUARDED_BY(mu_)
+  std::vector<size_t> arrival_order_;             // GUARDED_BY(mu_)
+  bool have_arrival_order_ = false;               // GUARDED_BY(mu_)
+  Status error_;                                  // GUARDED_BY(mu_)
+  ReducerStepStats stats_;                        // GUARDED_BY(mu_)
+  ReducerStepStats last_stats_;                   // GUARDED_BY(mu_)
+};
+
+}  // namespace ddp
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DDP_REDUCER_H_

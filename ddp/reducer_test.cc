@@ -1,0 +1,190 @@
+// Reducer and DistributedDataParallel logic on one process with a
+// FakeCommunicator (multi-rank behaviour is in tests/ddp).
+#include "ddp/reducer.h"
+
+#include <torch/torch.h>
+
+#include "ddp/ddp.h"
+#include "ddp/fake_communicator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Registers a, b, c but applies them as a(b(c(x))): gradients arrive a, b,
+// c while reverse registration order expects c, b, a.
+struct ReversedUseImpl : torch::nn::Module {
+  ReversedUseImpl() {
+    a = register_module("a", torch::nn::Linear(8, 8));
+    b = register_module("b", torch::nn::Linear(8, 8));
+    c = register_module("c", torch::nn::Linear(8, 8));
+    for (auto& p : parameters()) {
+      if (p.dim() == 1) p.set_requires_grad(false);  // Only weights train.
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) { return a(b(c(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+};
+TORCH_MODULE(ReversedUse);
+
+struct PartlyUnusedImpl : torch::nn::Module {
+  PartlyUnusedImpl() {
+    used = register_module("used", torch::nn::Linear(4, 4));
+    spare = register_module("spare", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return used(x); }
+  torch::nn::Linear used{nullptr}, spare{nullptr};
+};
+TORCH_MODULE(PartlyUnused);
+
+DdpOptions OneParamPerBucket() {
+  DdpOptions o;
+  o.bucket_cap_mb = 1e-6;  // Every parameter closes its own bucket.
+  return o;
+}
+
+// The bucket index each allreduce call reduced, by matching buffers.
+std::vector<int> LaunchOrder(const FakeCommunicator& comm, const DistributedDataParallel& ddp) {
+  std::vector<int> order;
+  const auto layout = ddp.reducer().bucket_indices();
+  for (const auto& call : comm.calls()) {
+    if (call.op != "allreduce") continue;
+    for (size_t b = 0; b < layout.size(); ++b) {
+      const auto& p = ddp.reducer().params()[layout[b].front()].tensor;
+      if (p.grad().defined() && p.grad().data_ptr() == call.data) order.push_back(b);
+    }
+  }
+  return order;
+}
+
+TEST(ReducerTest, RequiresGradFalseParametersAreSkippedAndBucketsFollowReverseOrder) {
+  auto model = ReversedUse();
+  auto comm = std::make_shared<FakeCommunicator>();
+  auto ddp = DistributedDataParallel::Create(model, comm, OneParamPerBucket());
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  const auto& params = (*ddp)->reducer().params();
+  ASSERT_EQ(params.size(), 3u);
+  EXPECT_EQ(params[0].name, "a.weight");
+  EXPECT_THAT((*ddp)->reducer().bucket_indices(),
+              ElementsAre(ElementsAre(2), ElementsAre(1), ElementsAre(0)));
+}
+
+TEST(ReducerTest, BucketsLaunchInIndexOrderAndRebuildInArrivalOrder) {
+  auto model = ReversedUse();
+  auto comm = std::make_shared<FakeCommunicator>();
+  DdpOptions options = OneParamPerBucket();
+  options.gradient_as_bucket_view = true;  // So grads identify buckets.
+  auto ddp_or = DistributedDataParallel::Create(model, comm, options);
+  ASSERT_TRUE(ddp_or.ok()) << ddp_or.status();
+  auto& ddp = *ddp_or;
+  comm->clear();
+  auto out = ddp->Forward(torch::randn({4, 8}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(ddp->Backward(out->sum()).ok());
+  // Bucket 2 (a) completed first but was launched last.
+  EXPECT_THAT(LaunchOrder(*comm, *ddp), ElementsAre(0, 1, 2));
+
+  comm->clear();
+  out = ddp->Forward(torch::randn({4, 8}));  // Rebuilds: a, b, c.
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(ddp->reducer().bucket_indices(),
+              ElementsAre(ElementsAre(0), ElementsAre(1), ElementsAre(2)));
+  ASSERT_TRUE(ddp->Backward(out->sum()).ok());
+  EXPECT_THAT(LaunchOrder(*comm, *ddp), ElementsAre(0, 1, 2));
+  EXPECT_EQ(ddp->last_stats().step, 2);
+  EXPECT_EQ(ddp->last_stats().buckets, 3);
+  EXPECT_EQ(ddp->last_stats().bytes_reduced, 3 * 64 * 4);
+}
+
+TEST(ReducerTest, AveragedGradientsMatchLocalGradients) {
+  // A world of identical ranks: the average equals the local gradient.
+  auto model = ReversedUse();
+  auto twin = ReversedUse();
+  torch::NoGradGuard guard;
+  for (size_t i = 0; i < model->parameters().size(); ++i) {
+    twin->parameters()[i].copy_(model->parameters()[i]);
+  }
+  auto comm = std::make_shared<FakeCommunicator>(3);
+  auto ddp = DistributedDataParallel::Create(model, comm, DdpOptions{});
+  ASSERT_TRUE(ddp.ok());
+  torch::Tensor x = torch::randn({4, 8});
+  {
+    torch::AutoGradMode enable(true);
+    auto out = (*ddp)->Forward(x);
+    ASSERT_TRUE((*ddp)->Backward(out->pow(2).sum()).ok());
+    twin->forward(x).pow(2).sum().backward();
+  }
+  EXPECT_TRUE(model->a->weight.grad().allclose(twin->a->weight.grad()));
+  EXPECT_TRUE(model->c->weight.grad().allclose(twin->c->weight.grad()));
+}
+
+TEST(ReducerTest, MissingGradientFailsNamingTheParameterInsteadOfHanging) {
+  auto model = PartlyUnused();
+  auto comm = std::make_shared<FakeCommunicator>();
+  auto ddp = DistributedDataParallel::Create(model, comm);
+  ASSERT_TRUE(ddp.ok());
+  auto out = (*ddp)->Forward(torch::randn({2, 4}));
+  Status s = (*ddp)->Backward(out->sum());
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("spare.weight"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("find_unused_parameters"));
+  // The next forward reports it too.
+  EXPECT_FALSE((*ddp)->Forward(torch::randn({2, 4})).ok());
+}
+
+TEST(ReducerTest, FindUnusedParametersMarksUnreachedParametersReady) {
+  auto model = PartlyUnused();
+  auto comm = std::make_shared<FakeCommunicator>();
+  DdpOptions options;
+  options.find_unused_parameters = true;
+  auto ddp = DistributedDataParallel::Create(model, comm, options);
+  ASSERT_TRUE(ddp.ok());
+  for (int step = 0; step < 2; ++step) {
+    auto out = (*ddp)->Forward(torch::randn({2, 4}));
+    ASSERT_TRUE(out.ok());
+    Status s = (*ddp)->Backward(out->sum());
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  EXPECT_TRUE(model->spare->weight.grad().eq(0).all().item<bool>());
+}
+
+TEST(ReducerTest, NoSyncIssuesNoCollectivesAndNextSyncReducesTheSum) {
+  auto model = ReversedUse();
+  auto comm = std::make_shared<FakeCommunicator>();
+  auto ddp = DistributedDataParallel::Create(model, comm, OneParamPerBucket());
+  ASSERT_TRUE(ddp.ok());
+  comm->clear();
+  torch::Tensor x = torch::randn({4, 8});
+  {
+    auto scope = (*ddp)->NoSync();
+    auto out = (*ddp)->Forward(x);
+    ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());
+  }
+  EXPECT_TRUE(comm->calls().empty());
+  torch::Tensor once = model->a->weight.grad().clone();
+  auto out = (*ddp)->Forward(x);
+  ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());
+  EXPECT_EQ(comm->calls().size(), 3u);
+  EXPECT_TRUE(model->a->weight.grad().allclose(once * 2));
+}
+
+TEST(ReducerTest, CommunicatorFailureSurfacesAsStatusFromBackward) {
+  auto model = ReversedUse();
+  auto comm = std::make_shared<FakeCommunicator>();
+  auto ddp = DistributedDataParallel::Create(model, comm);
+  ASSERT_TRUE(ddp.ok());
+  comm->fail_after(0);
+  auto out = (*ddp)->Forward(torch::randn({4, 8}));
+  Status s = (*ddp)->Backward(out->sum());
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("injected"));
+}
+
+}  // namespace
+}  // namespace ddp
+}  // namespace lockstep

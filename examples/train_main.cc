@@ -1,0 +1,216 @@
+// Synthetic-data trainer for the benchmark workloads (mlp, convnet,
+// transformer; models.h), with DDP over the worker environment or --local
+// (no communication). Prints one JSON line per step and a final checksum
+// line. Start by hand, one process per rank:
+//
+//   export LOCKSTEP_STORE=file:/tmp/ls LOCKSTEP_WORLD_SIZE=2
+//   LOCKSTEP_RANK=0 bazel-bin/examples/train --model mlp --steps 20 &
+//   LOCKSTEP_RANK=1 bazel-bin/examples/train --model mlp --steps 20
+//
+// Data: a global batch of world*batch samples from --seed; rank r trains on
+// its slice, so `--local --batch world*batch` is the single-process
+// reference on the concatenated batch.
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/flags.h"
+#include "common/status.h"
+#include "ddp/ddp.h"
+#include "ddp/init.h"
+#include "examples/models.h"
+
+namespace lockstep {
+namespace {
+
+struct Config {
+  std::string model = "mlp";
+  int64_t steps = 20;
+  int64_t batch = 32;
+  double lr = 0.01;
+  double bucket_mb = 25;
+  bool local = false;
+  int64_t seed = 0;
+  int64_t micro_batches = 1;
+  bool find_unused = false;
+  bool grad_as_bucket_view = false;
+  bool broadcast_buffers = true;
+  double timeout_s = 300;
+  std::string dump_params;
+  int64_t stall_rank = -1;
+  int64_t threads = 1;
+};
+
+// CPU time of the whole process (every thread), in ms.
+double ProcessCpuMs() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
+
+double MillisBetween(MonoTime a, MonoTime b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Parameters once each (tied weights once), registration order.
+std::vector<torch::Tensor> UniqueParameters(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  std::unordered_set<const void*> seen;
+  for (auto& p : m.parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  }
+  return out;
+}
+
+Status Run(const Config& cfg) {
+  torch::set_num_threads(static_cast<int>(cfg.threads));
+  std::unique_ptr<ddp::ProcessGroup> group;
+  int rank = 0, world = 1;
+  if (!cfg.local) {
+    ddp::InitOptions init;
+    init.timeout = FromSeconds(cfg.timeout_s);
+    ASSIGN_OR_RETURN(group, ddp::InitFromEnv(init));
+    rank = group->env().rank;
+    world = group->env().world_size;
+  }
+  ASSIGN_OR_RETURN(examples::Workload w, examples::MakeWorkload(cfg.model, cfg.seed));
+  auto [x_all, y_all] = examples::MakeBatch(w, world * cfg.batch, cfg.seed);
+  torch::Tensor x = x_all.narrow(0, rank * cfg.batch, cfg.batch);
+  torch::Tensor y = y_all.narrow(0, rank * cfg.batch, cfg.batch);
+
+  std::unique_ptr<ddp::DistributedDataParallel> model;
+  if (!cfg.local) {
+    ddp::DdpOptions options;
+    options.bucket_cap_mb = cfg.bucket_mb;
+    options.find_unused_parameters = cfg.find_unused;
+    options.gradient_as_bucket_view = cfg.grad_as_bucket_view;
+    options.broadcast_buffers = cfg.broadcast_buffers;
+    options.timeout = FromSeconds(cfg.timeout_s);
+    ASSIGN_OR_RETURN(model, ddp::DistributedDataParallel::Create(w.module, group->communicator(),
+                                                                 options));
+  }
+  if (rank == cfg.stall_rank) {
+    // Test hook: this rank never joins another collective.
+    return group->store().Get("test/release", FromSeconds(cfg.timeout_s * 4)).status();
+  }
+  auto params = UniqueParameters(*w.root);
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(cfg.lr));
+  w.root->train();
+  const int64_t k = cfg.micro_batches;
+  auto xs = x.chunk(k), ys = y.chunk(k);
+
+  for (int64_t step = 1; step <= cfg.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = ProcessCpuMs();
+    opt.zero_grad();
+    double loss_sum = 0;
+    for (int64_t m = 0; m < k; ++m) {
+      const bool sync = m == k - 1;
+      torch::Tensor out;
+      if (model) {
+        std::unique_ptr<ddp::DistributedDataParallel::NoSyncScope> no_sync;
+        if (!sync) no_sync = std::make_unique<ddp::DistributedDataParallel::NoSyncScope>(model.get());
+        ASSIGN_OR_RETURN(out, model->Forward(xs[m]));
+      } else {
+        out = w.module.forward(xs[m]);
+      }
+      torch::Tensor loss = torch::nn::functional::cross_entropy(out, ys[m]) / double(k);
+      loss_sum += loss.item<double>();
+      if (model) {
+        RETURN_IF_ERROR(model->Backward(loss));
+      } else {
+        loss.backward();
+      }
+    }
+    opt.step();
+    const double step_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double cpu_ms = ProcessCpuMs() - cpu0;
+    std::string line = absl::StrFormat(
+        R"({"rank":%d,"step":%d,"loss":%.6f,"step_ms":%.3f,"cpu_ms":%.3f,"samples_per_s":%.1f)",
+        rank, step, loss_sum, step_ms, cpu_ms, world * cfg.batch * 1000.0 / step_ms);
+    if (model) {
+      const ddp::StepStats s = model->last_stats();
+      double overlap_ms = 0, launch_ms = 0;
+      if (!s.reducer.bucket_comm_start.empty()) {
+        overlap_ms = MillisBetween(s.reducer.bucket_comm_start.front(), s.reducer.backward_end);
+        launch_ms = MillisBetween(s.reducer.bucket_launched.front(), s.reducer.backward_end);
+      }
+      absl::StrAppendFormat(
+          &line,
+          R"(,"forward_ms":%.3f,"backward_ms":%.3f,"comm_exposed_ms":%.3f,"bytes_reduced":%d,)"
+          R"("buckets":%d,"first_bucket_launch_before_backward_end_ms":%.3f,)"
+          R"("first_bucket_start_before_backward_end_ms":%.3f)",
+          s.forward_ms, s.backward_ms, s.comm_exposed_ms, s.bytes_reduced, s.buckets, launch_ms,
+          overlap_ms);
+    }
+    line += "}";
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  double sum = 0, abs_sum = 0;
+  int64_t count = 0;
+  for (const auto& p : params) {
+    sum += p.sum().item<double>();
+    abs_sum += p.abs().sum().item<double>();
+    count += p.numel();
+  }
+  std::printf(R"({"rank":%d,"checksum":%.9g,"abs_checksum":%.9g,"params":%lld})" "\n", rank, sum,
+              abs_sum, static_cast<long long>(count));
+  if (!cfg.dump_params.empty()) {
+    const std::string path = cfg.local ? cfg.dump_params : absl::StrCat(cfg.dump_params, ".", rank);
+    std::ofstream out(path, std::ios::binary);
+    for (const auto& p : params) {
+      torch::Tensor c = p.detach().to(torch::kFloat).contiguous();
+      out.write(static_cast<const char*>(c.data_ptr()), c.nbytes());
+    }
+    if (!out) return absl::InternalError("cannot write " + path);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  lockstep::Config cfg;
+  lockstep::FlagSet flags("train", "DDP trainer on synthetic data");
+  flags.String("model", &cfg.model, "mlp | convnet | transformer (| mlp_small, "
+                                    "transformer_small, tied, unused for tests)");
+  flags.Int("steps", &cfg.steps, "training steps");
+  flags.Int("batch", &cfg.batch, "samples per rank per step");
+  flags.Double("lr", &cfg.lr, "SGD learning rate");
+  flags.Double("bucket-mb", &cfg.bucket_mb, "DDP bucket cap (MB)");
+  flags.Bool("local", &cfg.local, "train without DDP or any communication");
+  flags.Int("seed", &cfg.seed, "model and data seed");
+  flags.Int("micro-batches", &cfg.micro_batches,
+            "split each step into this many micro-batches; all but the last under no_sync");
+  flags.Bool("find-unused-parameters", &cfg.find_unused, "DDP find_unused_parameters");
+  flags.Bool("gradient-as-bucket-view", &cfg.grad_as_bucket_view, "DDP gradient_as_bucket_view");
+  flags.Bool("broadcast-buffers", &cfg.broadcast_buffers, "DDP broadcast_buffers");
+  flags.Double("timeout-s", &cfg.timeout_s, "collective timeout (seconds)");
+  flags.String("dump-params", &cfg.dump_params, "write final parameters (float32) here; DDP ranks append .<rank>");
+  flags.Int("stall-rank", &cfg.stall_rank, "test hook: this rank stops after DDP setup");
+  flags.Int("threads", &cfg.threads, "intra-op threads");
+  auto rest = flags.Parse(argc, argv);
+  if (!rest.ok()) {
+    const bool help = absl::IsNotFound(rest.status());
+    std::fprintf(help ? stdout : stderr, "%s\n", std::string(rest.status().message()).c_str());
+    return help ? 0 : 2;
+  }
+  lockstep::Status s = lockstep::Run(cfg);
+  if (!s.ok()) {
+    std::fprintf(stderr, "train: error: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
