@@ -96,7 +96,14 @@ wait_state() {
   log "job $1 is $2"
 }
 
-worker_pids() { pgrep -f -- "$MARKER" || true; }
+# Workers of this test: processes whose working dir is a job dir under $T
+# (the agents' default working dir), plus any with $MARKER in their argv.
+worker_pids() {
+  {
+    find /proc -mindepth 2 -maxdepth 2 -name cwd -lname "$T/*/jobs/*" 2>/dev/null | cut -d/ -f3
+    pgrep -f -- "$MARKER" || true
+  } | sort -u
+}
 no_workers() { [ -z "$(worker_pids)" ]; }
 
 # The invariants every fault test ends with.
