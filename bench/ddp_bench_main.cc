@@ -100,13 +100,14 @@ Status Run(const Config& cfg, const char* argv0) {
                                             dir));
   }
   std::ifstream in(dir + "/rank0.out");
-  std::vector<double> step_ms, exposed_ms, backward_ms;
+  std::vector<double> step_ms, exposed_ms, backward_ms, cpu_ms;
   int buckets = 0;
   for (std::string line; std::getline(in, line);) {
     const double step = Field(line, "step");
     if (step < 1 || line.find("\"step_ms\"") == std::string::npos) continue;
     if (step <= cfg.warmup) continue;
     step_ms.push_back(Field(line, "step_ms"));
+    cpu_ms.push_back(Field(line, "cpu_ms"));
     exposed_ms.push_back(Field(line, "comm_exposed_ms"));
     backward_ms.push_back(Field(line, "backward_ms"));
     buckets = static_cast<int>(Field(line, "buckets"));
@@ -117,12 +118,12 @@ Status Run(const Config& cfg, const char* argv0) {
       R"({"system":"lockstep","model":"%s","world":%d,"backend":"%s","bucket_mb":%g,)"
       R"("batch_per_rank":%d,"steps":%d,"step_ms_median":%.2f,"step_ms_min":%.2f,)"
       R"("samples_per_s":%.1f,"comm_exposed_ms_median":%.2f,"backward_ms_median":%.2f,)"
-      R"("buckets":%d,"gradient_as_bucket_view":%s})" "\n",
+      R"("buckets":%d,"gradient_as_bucket_view":%s,"cpu_ms_median":%.2f})" "\n",
       cfg.model.c_str(), static_cast<int>(cfg.world), cfg.local ? "local" : "gloo", cfg.bucket_mb,
       static_cast<int>(cfg.batch), static_cast<int>(step_ms.size()), median,
       *std::min_element(step_ms.begin(), step_ms.end()), cfg.world * cfg.batch * 1000.0 / median,
       cfg.local ? 0.0 : Median(exposed_ms), cfg.local ? 0.0 : Median(backward_ms),
-      cfg.local ? 0 : buckets, cfg.grad_as_bucket_view ? "true" : "false");
+      cfg.local ? 0 : buckets, cfg.grad_as_bucket_view ? "true" : "false", Median(cpu_ms));
   return absl::OkStatus();
 }
 

@@ -135,6 +135,10 @@ class Cli {
     flags.Double("last-call-s", &last_call_s, "wait this long for more than MIN nodes (default 2)");
     flags.Double("join-timeout-s", &join_timeout_s, "fail if MIN nodes never come (0 = wait)");
     flags.String("request-id", &request_id, "idempotency key (default: random)");
+    int64_t max_open_files = 0, max_address_space = 0, max_cpu_seconds = 0;
+    flags.Int("max-open-files", &max_open_files, "workers' RLIMIT_NOFILE (0 = inherit)");
+    flags.Int("max-address-space", &max_address_space, "workers' RLIMIT_AS in bytes (0 = inherit)");
+    flags.Int("max-cpu-seconds", &max_cpu_seconds, "workers' RLIMIT_CPU (0 = inherit)");
     flags.Bool("wait", &wait, "follow the job until it ends; exit 3 unless it SUCCEEDED");
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
@@ -164,6 +168,9 @@ class Cli {
     spec->set_stop_grace_s(stop_grace_s);
     spec->set_last_call_timeout_s(last_call_s);
     spec->set_join_timeout_s(join_timeout_s);
+    spec->mutable_limits()->set_max_open_files(max_open_files);
+    spec->mutable_limits()->set_max_address_space(max_address_space);
+    spec->mutable_limits()->set_max_cpu_seconds(max_cpu_seconds);
     req.set_request_id(request_id.empty() ? NewRandomId("req-") : request_id);
     RETURN_IF_ERROR(Connect());
     v1::SubmitJobResponse resp;

@@ -577,8 +577,12 @@ void Coordinator::TickJob(v1::Job* job, std::vector<Notification>* notify) {
       if (job->state() == v1::JOB_STATE_RESTARTING) {
         if (now < rt.restart_at) return;
         for (const auto& id : job->node_ids()) {
-          const NodeState& node = nodes_.at(id);
-          if (node.alive && (!node.reported || node.live_jobs.count(job->job_id()))) return;
+          auto node = nodes_.find(id);
+          if (node == nodes_.end()) continue;  // never an agent: nothing to stop
+          if (node->second.alive &&
+              (!node->second.reported || node->second.live_jobs.count(job->job_id()))) {
+            return;
+          }
         }
       }
       Status opened = EnsureRendezvousRound(*job, job->round() + 1);
@@ -742,6 +746,25 @@ void Coordinator::DrainRendezvous(std::vector<Notification>* notify) {
       continue;  // stale round, or this close was already applied
     }
     v1::Job before = job;
+    std::string unknown;
+    for (const auto& n : r.node_ids) {
+      if (!nodes_.count(n.value())) unknown = n.value();
+    }
+    if (!unknown.empty()) {
+      // Joined through RendezvousService without being an agent here: no
+      // one would start its ranks. Drop it and run another round.
+      (void)rendezvous_->MarkNodesDead(JobId(e.job_id), {NodeId(unknown)});
+      for (const auto& n : r.node_ids) job.add_node_ids(n.value());
+      v1::Failure f;
+      f.set_rank(-1);
+      f.set_node_id(unknown);
+      f.set_round(job.round());
+      f.set_reason(absl::StrCat("round ", job.round(), " included node ", unknown,
+                                ", which is not a registered agent"));
+      HandleFailure(&job, f, /*counts=*/false);
+      (void)CommitJob(before, &job, notify);
+      continue;
+    }
     for (const auto& n : r.node_ids) job.add_node_ids(n.value());
     job.set_world_size(r.world_size);
     std::vector<std::string> names(job.node_ids().begin(), job.node_ids().end());

@@ -439,6 +439,34 @@ TEST_F(CoordinatorTest, WatchFiresOnNextChange) {
   EXPECT_FALSE(coord_->Unwatch(*handle));
 }
 
+TEST_F(CoordinatorTest, RoundWithANodeThatIsNotAnAgentIsRedone) {
+  Register("n1");
+  auto job = Submit(Spec(1, 2, 1, 0));  // open: n1 joined, last call running
+  std::string id = job->job_id();
+  ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RENDEZVOUS);
+  // Someone joins through RendezvousService without being an agent.
+  rendezvous::JoinRequest req;
+  req.job_id = JobId(id);
+  req.node_id = NodeId("ghost");
+  req.incarnation = Incarnation("x");
+  req.round = Job(id).round();
+  rendezvous_->Join(req, MonoTime::max(), [](StatusOr<rendezvous::RendezvousResult>) {});
+  coord_->Tick();
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.restart_count(), 0);
+  EXPECT_EQ(j.rescale_count(), 1);
+  coord_->Tick();
+  j = Job(id);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j.round(), 2);
+  EXPECT_EQ(j.node_ids_size(), 0) << "the new round waits for its last call";
+  clock_.Advance(std::chrono::milliseconds(1100));
+  coord_->Tick();
+  j = Job(id);
+  ASSERT_EQ(j.node_ids_size(), 1);
+  EXPECT_EQ(j.node_ids(0), "n1");
+}
+
 TEST_F(CoordinatorTest, JoinTimeoutFailsRoundWithoutEnoughNodes) {
   v1::JobSpec spec = Spec(2, 2, 1, 0);
   spec.set_join_timeout_s(5);

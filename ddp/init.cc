@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "ddp/gloo_communicator.h"
 #include "rendezvous/file_store.h"
 
@@ -152,8 +153,17 @@ StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
   } else if (const char* host = std::getenv("LOCKSTEP_GLOO_HOST")) {
     gloo.hostname = host;
   }
-  ASSIGN_OR_RETURN(auto comm,
-                   GlooCommunicator::Create(store.get(), env.rank, env.world_size, gloo));
+  Logger log("ddp", env.job_id, env.rank);
+  const MonoTime start = RealClock()->Now();
+  auto comm_or = GlooCommunicator::Create(store.get(), env.rank, env.world_size, gloo);
+  if (!comm_or.ok()) {
+    log.Error("gloo mesh of {} ranks failed: {}", env.world_size, comm_or.status().ToString());
+    return comm_or.status();
+  }
+  auto comm = std::move(comm_or).value();
+  log.Info("connected gloo mesh of {} ranks (round {}, store {}) in {:.3f} s", env.world_size,
+           env.round, env.store_address.empty() ? env.master_addr : env.store_address,
+           ToSeconds(RealClock()->Now() - start));
   return std::make_unique<ProcessGroup>(std::move(env), std::move(store),
                                         std::shared_ptr<Communicator>(std::move(comm)));
 }

@@ -10,6 +10,7 @@
 // Data: a global batch of world*batch samples from --seed; rank r trains on
 // its slice, so `--local --batch world*batch` is the single-process
 // reference on the concatenated batch.
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -47,6 +48,14 @@ struct Config {
   int64_t stall_rank = -1;
   int64_t threads = 1;
 };
+
+// CPU time of the whole process (every thread), in ms.
+double ProcessCpuMs() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
 
 double MillisBetween(MonoTime a, MonoTime b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -101,6 +110,7 @@ Status Run(const Config& cfg) {
 
   for (int64_t step = 1; step <= cfg.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = ProcessCpuMs();
     opt.zero_grad();
     double loss_sum = 0;
     for (int64_t m = 0; m < k; ++m) {
@@ -124,9 +134,10 @@ Status Run(const Config& cfg) {
     opt.step();
     const double step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double cpu_ms = ProcessCpuMs() - cpu0;
     std::string line = absl::StrFormat(
-        R"({"rank":%d,"step":%d,"loss":%.6f,"step_ms":%.3f,"samples_per_s":%.1f)", rank, step,
-        loss_sum, step_ms, world * cfg.batch * 1000.0 / step_ms);
+        R"({"rank":%d,"step":%d,"loss":%.6f,"step_ms":%.3f,"cpu_ms":%.3f,"samples_per_s":%.1f)",
+        rank, step, loss_sum, step_ms, cpu_ms, world * cfg.batch * 1000.0 / step_ms);
     if (model) {
       const ddp::StepStats s = model->last_stats();
       double overlap_ms = 0, launch_ms = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -30,19 +31,46 @@ std::chrono::system_clock::time_point ToSystem(SteadyTime t) {
              t - std::chrono::steady_clock::now());
 }
 
-// One StoreService.Session stream: writers serialise on write_mu_, a reader
-// thread hands each result to the caller waiting for its id. Once broken, it
-// stays broken; the client replaces it.
+// One StoreService.Session stream on its own completion queue. There is no
+// reader thread: a caller waiting for its result becomes the *poller* (one at
+// a time) and drives the queue with AsyncNext until its own deadline,
+// handing other callers' results to them; the rest (*followers*) wait on cv_
+// until their result arrives or the poller role is free. With one operation
+// in flight, the calling thread sends and receives itself: no thread hop,
+// which is most of the cost of a round trip on a small machine.
+//
+// Outstanding gRPC operations: at most one Read (always re-posted), one
+// Write (more ops queue in write_queue_), then one Finish. Once broken, a
+// session stays broken; the client replaces it.
 class Session {
  public:
   Session(v1::StoreService::Stub* stub, const std::string& address) : address_(address) {
-    stream_ = stub->Session(&ctx_);
-    reader_ = std::thread([this] { ReadLoop(); });
+    stream_ = stub->PrepareAsyncSession(&ctx_, &cq_);
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_->StartCall(&start_tag_);
+    start_outstanding_ = true;
+    stream_->Read(&incoming_, &read_tag_);
+    read_outstanding_ = true;
   }
 
   ~Session() {
     ctx_.TryCancel();
-    reader_.join();
+    std::unique_lock<std::mutex> lock(mu_);
+    while (start_outstanding_ || read_outstanding_ || write_outstanding_ || finish_outstanding_) {
+      void* tag;
+      bool ok;
+      lock.unlock();
+      bool got = cq_.Next(&tag, &ok);
+      lock.lock();
+      if (!got) break;
+      HandleLocked(tag, ok);
+    }
+    lock.unlock();
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
   }
 
   bool broken() {
@@ -55,25 +83,44 @@ class Session {
   // the server), DeadlineExceeded (no reply in time).
   StatusOr<v1::StoreOpResult> Call(const v1::StoreOp& op, SteadyTime deadline, bool* sent) {
     Pending pending;
-    *sent = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (broken_) return broken_status_;
-      pending_[op.id()] = &pending;
-    }
-    bool written;
-    {
-      std::lock_guard<std::mutex> lock(write_mu_);
-      written = stream_->Write(op);
-    }
-    *sent = written;
     std::unique_lock<std::mutex> lock(mu_);
-    if (!written && !pending.done) {
-      pending_.erase(op.id());
-      return broken_ ? broken_status_ : absl::UnavailableError(absl::StrCat(
-                                            "store server at ", address_, ": stream closed"));
+    *sent = false;
+    // Take in completions that arrived while nobody polled (a server that
+    // went away since the last call), so such an op is not sent into a dead
+    // stream and reported as maybe-applied.
+    while (!polling_ && !broken_) {
+      void* tag;
+      bool ok;
+      auto status = cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::time_point());
+      if (status != grpc::CompletionQueue::GOT_EVENT) break;
+      HandleLocked(tag, ok);
     }
-    if (!pending.cv.wait_until(lock, deadline, [&] { return pending.done; })) {
+    if (broken_) return broken_status_;
+    pending_[op.id()] = &pending;
+    if (write_outstanding_ || start_outstanding_) {  // StartCall shares the write op set
+      write_queue_.push_back(op);
+    } else {
+      stream_->Write(op, &write_tag_);
+      write_outstanding_ = true;
+    }
+    *sent = true;
+    while (!pending.done) {
+      if (!polling_) {
+        polling_ = true;
+        lock.unlock();
+        void* tag;
+        bool ok;
+        auto status = cq_.AsyncNext(&tag, &ok, ToSystem(deadline));
+        lock.lock();
+        polling_ = false;
+        if (status == grpc::CompletionQueue::GOT_EVENT) HandleLocked(tag, ok);
+        cv_.notify_all();  // results handed over, and the poller role is free
+        if (status != grpc::CompletionQueue::GOT_EVENT && !pending.done) break;
+      } else if (!cv_.wait_until(lock, deadline, [&] { return pending.done || !polling_; })) {
+        break;
+      }
+    }
+    if (!pending.done) {
       pending_.erase(op.id());
       return absl::DeadlineExceededError(
           absl::StrCat("store server at ", address_, " did not answer op ", op.id(), " in time"));
@@ -83,49 +130,100 @@ class Session {
 
  private:
   struct Pending {
-    std::condition_variable cv;
     bool done = false;
     StatusOr<v1::StoreOpResult> result;
   };
 
-  void ReadLoop() {
-    v1::StoreOpResult result;
-    while (stream_->Read(&result)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(result.id());
-      if (it == pending_.end()) continue;  // its caller gave up
-      it->second->result = std::move(result);
-      it->second->done = true;
-      it->second->cv.notify_one();
-      pending_.erase(it);
+  // REQUIRES: mu_ held.
+  void HandleLocked(void* tag, bool ok) {
+    if (tag == &start_tag_) {
+      start_outstanding_ = false;
+      if (!ok) {
+        BreakLocked("could not start the stream");
+      } else if (!write_queue_.empty()) {
+        stream_->Write(write_queue_.front(), &write_tag_);
+        write_queue_.pop_front();
+        write_outstanding_ = true;
+      }
+    } else if (tag == &read_tag_) {
+      read_outstanding_ = false;
+      if (ok) {
+        auto it = pending_.find(incoming_.id());
+        if (it != pending_.end()) {  // else its caller gave up
+          it->second->result = std::move(incoming_);
+          it->second->done = true;
+          pending_.erase(it);
+        }
+        incoming_.Clear();
+        stream_->Read(&incoming_, &read_tag_);
+        read_outstanding_ = true;
+      } else {
+        BreakLocked("stream closed");
+      }
+    } else if (tag == &write_tag_) {
+      write_outstanding_ = false;
+      if (!ok) {
+        BreakLocked("write failed");
+      } else if (!write_queue_.empty() && !broken_) {
+        stream_->Write(write_queue_.front(), &write_tag_);
+        write_queue_.pop_front();
+        write_outstanding_ = true;
+      }
+    } else if (tag == &finish_tag_) {
+      finish_outstanding_ = false;
+      if (!finish_status_.ok()) {
+        broken_status_ = absl::UnavailableError(absl::StrCat(
+            "store server at ", address_, ": stream broken: ", finish_status_.error_message()));
+      }
     }
-    grpc::Status finished;
-    {
-      std::lock_guard<std::mutex> lock(write_mu_);
-      finished = stream_->Finish();
+    MaybeFinishLocked();
+  }
+
+  void BreakLocked(const char* why) {
+    if (!broken_) {
+      broken_ = true;
+      broken_status_ =
+          absl::UnavailableError(absl::StrCat("store server at ", address_, ": ", why));
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    broken_ = true;
-    broken_status_ = absl::UnavailableError(
-        absl::StrCat("store server at ", address_, ": stream broken: ",
-                     finished.ok() ? "closed by server" : finished.error_message()));
     for (auto& [id, pending] : pending_) {
       pending->result = broken_status_;
       pending->done = true;
-      pending->cv.notify_one();
     }
     pending_.clear();
+    write_queue_.clear();
+  }
+
+  // Finish once the read side is over and nothing else is outstanding.
+  void MaybeFinishLocked() {
+    if (broken_ && !finish_called_ && !start_outstanding_ && !read_outstanding_ &&
+        !write_outstanding_) {
+      finish_called_ = true;
+      finish_outstanding_ = true;
+      stream_->Finish(&finish_status_, &finish_tag_);
+    }
   }
 
   const std::string address_;
   grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StoreOp, v1::StoreOpResult>> stream_;
-  std::mutex write_mu_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriterInterface<v1::StoreOp, v1::StoreOpResult>> stream_;
+  // Tags: their addresses identify completions.
+  char start_tag_ = 0, read_tag_ = 0, write_tag_ = 0, finish_tag_ = 0;
+
   std::mutex mu_;
+  std::condition_variable cv_;
   std::unordered_map<uint64_t, Pending*> pending_;  // GUARDED_BY(mu_)
-  bool broken_ = false;                             // GUARDED_BY(mu_)
-  Status broken_status_;                            // GUARDED_BY(mu_)
-  std::thread reader_;
+  std::deque<v1::StoreOp> write_queue_;             // GUARDED_BY(mu_)
+  v1::StoreOpResult incoming_;                      // the posted Read's target
+  grpc::Status finish_status_;
+  bool polling_ = false;             // GUARDED_BY(mu_)
+  bool start_outstanding_ = false;   // GUARDED_BY(mu_)
+  bool read_outstanding_ = false;    // GUARDED_BY(mu_)
+  bool write_outstanding_ = false;   // GUARDED_BY(mu_)
+  bool finish_called_ = false;       // GUARDED_BY(mu_)
+  bool finish_outstanding_ = false;  // GUARDED_BY(mu_)
+  bool broken_ = false;              // GUARDED_BY(mu_)
+  Status broken_status_;             // GUARDED_BY(mu_)
 };
 
 class GrpcStore : public Store {

@@ -10,6 +10,10 @@
 // TCP connection), many operations in flight on it at once from any number
 // of threads; results are matched by id. No per-call RPC setup, which is what
 // makes it faster than unary calls (~74 us each here).
+// Threading: the client owns no threads. A caller waiting for a result
+// drives the stream's completion queue itself (one caller at a time; the
+// others wait on a condition variable and are handed their results), so a
+// lone caller sends and receives on its own thread without a thread hop.
 //
 // Deadlines: every operation has one. Non-blocking operations (Set, Add, ...)
 // get StoreClientOptions::rpc_timeout; blocking ones (Get, Wait, MultiGet)

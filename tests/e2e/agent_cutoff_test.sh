@@ -10,7 +10,7 @@ COORD="$ADDR_coord"
 TOKEN="$T/coord/token"
 start_agent nodea
 job=$(submit --nodes 1 --nproc-per-node 2 --max-restarts 3 --stop-grace-s 5 \
-  --env TRAINER_STEPS=100 --env TRAINER_STEP_MS=100)
+  --env TRAINER_STEPS=300 --env TRAINER_STEPS_LATER=10 --env TRAINER_STEP_MS=100)
 wait_state "$job" RUNNING 30
 wait_for 30 grep -q "^rank 0 step 2 " "$T/nodea/jobs/$job/rank-0.stdout" || fail "rank 0 never stepped"
 [ "$(worker_pids | wc -l)" = 2 ] || fail "expected 2 workers"

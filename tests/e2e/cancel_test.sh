@@ -11,12 +11,12 @@ wait_for 30 grep -q "^rank 3 step 1 " "$T/nodeb/jobs/$job/rank-3.stdout" || fail
 start=$(date +%s%N)
 ls_cli cancel "$job"
 state_is "$job" CANCELLED || fail "cancel was acknowledged but the job is $(job_state "$job")"
-# Heartbeat (0.3 s) + grace (2 s) + reaping: well under 4 s.
-wait_for 4 no_workers || fail "workers still alive after the grace period: $(worker_pids)"
+# Heartbeat (0.3 s) + grace (2 s) + reaping, with slack for a loaded machine.
+wait_for 5 no_workers || fail "workers still alive after the grace period: $(worker_pids)"
 log "all workers gone after $(( ($(date +%s%N) - start) / 1000000 )) ms"
 ls_cli cancel "$job" 2>"$T/again.txt" && fail "a second cancel should fail"
 grep -q "already finished" "$T/again.txt" || fail "second cancel: $(cat "$T/again.txt")"
-wait_for 10 test "$(job_field "$job" 'sum(w["state"]=="WORKER_STATE_STOPPED" for w in j["workers"])')" = 4 ||
+wait_for 10 field_is "$job" 'sum(w["state"]=="WORKER_STATE_STOPPED" for w in j["workers"])' 4 ||
   fail "workers not reported STOPPED"
 check_invariants "$job" 0
 log "PASS"

@@ -10,7 +10,7 @@ start_daemon coord --coordinator --no-agent --listen 127.0.0.1:0
 COORD="$ADDR_coord"
 TOKEN="$T/coord/token"
 start_agent nodea
-job=$(submit --nodes 1 --nproc-per-node 2 --max-restarts 2 --env TRAINER_STEPS=40 --env TRAINER_STEP_MS=100)
+job=$(submit --nodes 1 --nproc-per-node 2 --max-restarts 2 --env TRAINER_STEPS=80 --env TRAINER_STEPS_LATER=10 --env TRAINER_STEP_MS=100)
 wait_state "$job" RUNNING 30
 wait_for 30 grep -q "^rank 1 step 3 " "$T/nodea/jobs/$job/rank-1.stdout" || fail "rank 1 never stepped"
 history_before=$(job_field "$job" 'len(j["history"])')

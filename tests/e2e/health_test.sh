@@ -36,4 +36,25 @@ PY
 for svc in lockstep.v1.CoordinatorService lockstep.v1.AgentService lockstep.v1.StoreService lockstep.v1.RendezvousService grpc.health.v1.Health; do
   echo "$services" | grep -q "$svc" || fail "reflection does not list $svc"
 done
+
+# Not ready, not SERVING: an agent whose coordinator never answers stays
+# NOT_SERVING (and writes no address file).
+port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$LOCKSTEPD" --state-dir "$T/lonely" --listen "127.0.0.1:$port" --node-id lonely \
+  --coordinator-address 127.0.0.1:1 --token-file "$TOKEN" >>"$T/lonely.log" 2>&1 &
+DAEMON_PIDS+=("$!")
+health_of() {
+  "$PY" - "$1" <<'PY'
+import sys, grpc
+ch = grpc.insecure_channel(sys.argv[1])
+check = ch.unary_unary("/grpc.health.v1.Health/Check",
+                       request_serializer=lambda b: b, response_deserializer=lambda b: b)
+resp = check(b"", timeout=2)
+print({b"\x08\x01": "SERVING", b"\x08\x02": "NOT_SERVING"}.get(resp, repr(resp)))
+PY
+}
+answers_not_serving() { [ "$(health_of "127.0.0.1:$port")" = NOT_SERVING ]; }
+wait_for 20 answers_not_serving || fail "an agent without its coordinator should be NOT_SERVING"
+[ ! -e "$T/lonely.addr" ] || fail "address file written before ready"
+log "agent without a coordinator: NOT_SERVING"
 log "PASS"

@@ -21,7 +21,7 @@ DAEMON_PIDS=()
 # Command prefixes, e.g. (ip netns exec NS), for the next daemon and the CLI.
 DAEMON_PREFIX=()
 CLI_PREFIX=()
-LEASE_S="${LEASE_S:-3}"
+LEASE_S="${LEASE_S:-6}"
 HB_S="${HB_S:-0.3}"
 
 log() { echo "[e2e $(date +%H:%M:%S.%N | cut -c1-12)] $*" >&2; }
@@ -84,6 +84,9 @@ submit() {
 job_field() {
   ls_cli status --json "$1" | python3 -c "import json,sys; j=json.load(sys.stdin); print($2)"
 }
+# field_is JOB EXPR VALUE: the job's EXPR (see job_field) prints VALUE now.
+# Use it inside wait_for (a $(...) argument would be evaluated only once).
+field_is() { [ "$(job_field "$1" "$2")" = "$3" ]; }
 job_state() { job_field "$1" 'j["state"].replace("JOB_STATE_", "")'; }
 state_is() { [ "$(job_state "$1")" = "$2" ]; }
 
@@ -93,7 +96,14 @@ wait_state() {
   log "job $1 is $2"
 }
 
-worker_pids() { pgrep -f -- "$MARKER" || true; }
+# Workers of this test: processes whose working dir is a job dir under $T
+# (the agents' default working dir), plus any with $MARKER in their argv.
+worker_pids() {
+  {
+    find /proc -mindepth 2 -maxdepth 2 -name cwd -lname "$T/*/jobs/*" 2>/dev/null | cut -d/ -f3
+    pgrep -f -- "$MARKER" || true
+  } | sort -u
+}
 no_workers() { [ -z "$(worker_pids)" ]; }
 
 # The invariants every fault test ends with.

@@ -37,7 +37,7 @@ start_coordinator --listen "$NET.1:0"
 DAEMON_PREFIX=(ip netns exec "$NSB")
 start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" --token-file "$TOKEN"
 job=$(submit --nodes 1:2 --nproc-per-node 1 --max-restarts 2 --last-call-s 0.5 \
-  --env TRAINER_STEPS=40 --env TRAINER_STEP_MS=100)
+  --env TRAINER_STEPS=300 --env TRAINER_STEPS_LATER=10 --env TRAINER_STEP_MS=100)
 wait_state "$job" RUNNING 30
 [ "$(job_field "$job" 'sorted(j["node_ids"])')" = "['coord', 'hostb']" ] || fail "expected both hosts"
 wait_for 30 grep -q "^rank 1 step 2 " "$T/hostb/jobs/$job/rank-1.stdout" || fail "rank 1 never stepped"

@@ -6,7 +6,7 @@
 source tests/e2e/lib.sh "$@"
 
 start_coordinator
-job=$(submit --nodes 1 --nproc-per-node 2 --max-restarts 1 --env TRAINER_STEPS=30 --env TRAINER_STEP_MS=100)
+job=$(submit --nodes 1 --nproc-per-node 2 --max-restarts 1 --env TRAINER_STEPS=300 --env TRAINER_STEPS_LATER=10 --env TRAINER_STEP_MS=100)
 wait_state "$job" RUNNING 30
 wait_for 30 grep -q "^rank 1 step 2 " "$T/coord/jobs/$job/rank-1.stdout" || fail "rank 1 never stepped"
 log "kill -9 lockstepd (pid $PID_coord)"

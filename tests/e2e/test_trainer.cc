@@ -6,11 +6,14 @@
 //
 // Environment knobs (all optional):
 //   TRAINER_STEPS=20  TRAINER_STEP_MS=100     length of the run
+//   TRAINER_STEPS_LATER=n                     steps in rounds after the first (fault
+//                                             tests: a long first round, short retries)
 //   TRAINER_FAIL_RANK=r TRAINER_FAIL_CODE=c   rank r exits with code c ...
 //   TRAINER_FAIL_AFTER=s                      ... after s steps (0: before the first report)
 //   TRAINER_FAIL_UNTIL_RESTART=n              ... only while LOCKSTEP_RESTART_COUNT < n
 //   TRAINER_OUT_DIR=d                         write d/pid-rank-R (pid), d/done-round-N-rank-R
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -68,6 +71,11 @@ int main() {
               job.c_str(), rank, world, Env("LOCAL_RANK").c_str(), Env("LOCAL_WORLD_SIZE").c_str(),
               Env("GROUP_RANK").c_str(), Env("LOCKSTEP_NUM_NODES").c_str(), round, restart,
               Env("MASTER_ADDR").c_str(), Env("MASTER_PORT").c_str(), static_cast<int>(getpid()));
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    std::printf("test_trainer: rank %d max open files %llu\n", rank,
+                static_cast<unsigned long long>(nofile.rlim_cur));
+  }
   std::fflush(stdout);
   std::string out_dir = Env("TRAINER_OUT_DIR");
   if (!out_dir.empty()) {
@@ -96,7 +104,8 @@ int main() {
   }
 
   auto reporter = client::ProgressReporter::FromEnv();
-  const int steps = EnvInt("TRAINER_STEPS", 20);
+  const int first_steps = EnvInt("TRAINER_STEPS", 20);
+  const int steps = round > 1 ? EnvInt("TRAINER_STEPS_LATER", first_steps) : first_steps;
   const int step_ms = EnvInt("TRAINER_STEP_MS", 100);
   const int fail_rank = EnvInt("TRAINER_FAIL_RANK", -1);
   const int fail_code = EnvInt("TRAINER_FAIL_CODE", 1);

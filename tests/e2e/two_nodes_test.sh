@@ -9,7 +9,7 @@ ls_cli nodes
 [ "$(ls_cli nodes --json | python3 -c 'import json,sys; print(sum(n.get("alive",False) for n in json.load(sys.stdin)["nodes"]))')" = 2 ] ||
   fail "expected 2 live nodes"
 
-out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 0 --name two-by-two \
+out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 0 --name two-by-two --max-open-files 512 \
   --env TRAINER_STEPS=15 --env TRAINER_STEP_MS=100 --env TRAINER_OUT_DIR="$T/out" --wait -- "$TRAINER" "$MARKER") ||
   fail "submit --wait did not end in SUCCEEDED: $out"
 echo "$out"
@@ -28,6 +28,7 @@ grep -q "^rank 3 step 15 loss" "$T/rank3.txt" || fail "logs --rank 3 lacks rank 
 grep -q "rank 3 of 4 (local 1 of 2, node 1 of 2)" "$T/rank3.txt" || fail "rank 3 saw the wrong environment"
 if grep -q "^rank [012] " "$T/rank3.txt"; then fail "logs --rank 3 contains other ranks' lines"; fi
 ls_cli logs "$job" --rank 0 --follow | grep -q "rank 0 done" || fail "logs --follow of rank 0"
+grep -q "^test_trainer: rank 3 max open files 512" "$T/rank3.txt" || fail "rank 3 did not get RLIMIT_NOFILE 512"
 [ -f "$T/nodeb/jobs/$job/rank-3.stdout" ] || fail "rank 3's log file is not under nodeb's state dir"
 
 ls_cli list | grep "$job" | grep -q SUCCEEDED || fail "list does not show the job"

@@ -5,7 +5,7 @@ source tests/e2e/lib.sh "$@"
 
 start_coordinator
 start_agent nodeb
-job=$(submit --nodes 2 --nproc-per-node 2 --max-restarts 2 --env TRAINER_STEPS=30 --env TRAINER_STEP_MS=100)
+job=$(submit --nodes 2 --nproc-per-node 2 --max-restarts 2 --env TRAINER_STEPS=300 --env TRAINER_STEPS_LATER=10 --env TRAINER_STEP_MS=100)
 log "submitted $job"
 wait_state "$job" RUNNING 30
 # Wait until rank 2 (on nodeb) trains, then kill it.
@@ -13,7 +13,7 @@ wait_for 30 grep -q "^rank 2 step 2 " "$T/nodeb/jobs/$job/rank-2.stdout" || fail
 victim=$(cat "$T/out/pid-rank-2")
 log "kill -9 rank 2 (pid $victim)"
 kill -9 "$victim"
-wait_for 30 test "$(job_field "$job" 'j.get("restart_count",0)')" = 1 || fail "no restart recorded"
+wait_for 30 field_is "$job" 'j.get("restart_count",0)' 1 || fail "no restart recorded"
 wait_state "$job" SUCCEEDED 60
 [ "$(job_field "$job" 'j["round"]')" = 2 ] || fail "expected the job to finish in round 2"
 [ "$(job_field "$job" 'j["first_failure"]["rank"]')" = 2 ] || fail "first failure should be rank 2"

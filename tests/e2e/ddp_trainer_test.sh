@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The real DDP example trainer (//examples:train, Gloo over the
+# coordinator's store) as a 2-node x 2-worker job: SUCCEEDED, and
+# `logs --rank 3` returns rank 3's own step lines.
+source tests/e2e/lib.sh "$1" "$2" "$3"
+TRAIN="$PWD/$4"
+
+start_coordinator
+start_agent nodeb
+out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 1 --wait -- \
+  "$TRAIN" --model mlp_small --steps 10 --timeout-s 60) || fail "DDP job did not succeed: $out"
+echo "$out"
+job=$(echo "$out" | sed -n 's/^submitted job //p')
+ls_cli status "$job"
+ls_cli logs "$job" --rank 3 >"$T/rank3.txt"
+grep -q '"rank":3,"step":10' "$T/rank3.txt" || fail "rank 3's log lacks its step 10: $(tail -n 3 "$T/rank3.txt")"
+if grep -q '"rank":[012],' "$T/rank3.txt"; then fail "rank 3's log has other ranks' lines"; fi
+check_invariants "$job" 1
+
+# kill -9 of one DDP worker mid-run: the surviving ranks (blocked in or
+# about to enter a collective) are stopped by their agents, a new round
+# rebuilds the communicator, and the job succeeds with one restart.
+job=$(ls_cli submit --json --nodes 2 --nproc-per-node 2 --max-restarts 1 -- \
+  "$TRAIN" --model mlp_small --steps 100 --timeout-s 60 |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
+wait_state "$job" RUNNING 60
+wait_for 60 grep -q '"rank":1,"step":5,' "$T/coord/jobs/$job/rank-1.stdout" || fail "rank 1 never reached step 5"
+victim=$(job_field "$job" '[w["pid"] for w in j["workers"] if w.get("rank", 0)==1][0]')
+log "kill -9 DDP rank 1 (pid $victim)"
+kill -9 "$victim"
+wait_state "$job" SUCCEEDED 120
+[ "$(job_field "$job" 'j["restart_count"]')" = 1 ] || fail "expected one restart"
+[ "$(job_field "$job" 'j["first_failure"]["exit"]["signal"]')" = 9 ] || fail "first failure should be signal 9"
+grep -q '"rank":3,"step":100,' "$T/nodeb/jobs/$job/rank-3.stdout" || fail "rank 3 did not finish round 2"
+check_invariants "$job" 1
+log "PASS"
