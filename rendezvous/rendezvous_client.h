@@ -20,6 +20,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "rendezvous/rendezvous.h"
 #include "rendezvous/rendezvous_core.h"
 
 namespace grpc {
@@ -32,10 +33,7 @@ namespace rendezvous {
 // Added to a Join's own timeout for its RPC deadline, so the server's
 // DeadlineExceeded (naming the counts) arrives before the transport's.
 inline constexpr std::chrono::seconds kRendezvousRpcGrace{10};
-// Default deadline of Leave and GetState.
-inline constexpr std::chrono::seconds kDefaultRendezvousRpcTimeout{30};
-
-class RendezvousClient {
+class RendezvousClient : public Rendezvous {
  public:
   // Connects to the RendezvousService at `address` ("host:port"), waiting up
   // to `connect_timeout` (Unavailable naming the address).
@@ -43,17 +41,16 @@ class RendezvousClient {
                                                              Duration connect_timeout);
   // Uses an existing channel (e.g. the agent's channel to the coordinator).
   explicit RendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string address = "");
-  ~RendezvousClient();
+  ~RendezvousClient() override;
+
+  using Rendezvous::GetState;
+  using Rendezvous::Leave;
 
   // Blocks until the round closes (the node's result) or `timeout` passes.
   // Errors: as RendezvousCore::Join, plus Unavailable (coordinator unreachable).
-  StatusOr<RendezvousResult> Join(const JoinRequest& request, Duration timeout);
-
-  Status Leave(const JobId& job_id, const NodeId& node_id, int round,
-               Duration timeout = kDefaultRendezvousRpcTimeout);
-
-  StatusOr<RendezvousState> GetState(const JobId& job_id,
-                                     Duration timeout = kDefaultRendezvousRpcTimeout);
+  StatusOr<RendezvousResult> Join(const JoinRequest& request, Duration timeout) override;
+  Status Leave(const JobId& job_id, const NodeId& node_id, int round, Duration timeout) override;
+  StatusOr<RendezvousState> GetState(const JobId& job_id, Duration timeout) override;
 
  private:
   struct Stub;

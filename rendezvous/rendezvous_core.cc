@@ -41,8 +41,23 @@ const RendezvousCore::Job* RendezvousCore::FindJob(const JobId& job_id) const {
 }
 
 void RendezvousCore::RunReady(Ready* ready) {
-  for (auto& [callback, result] : *ready) callback(std::move(result));
+  for (auto& work : *ready) work();
   ready->clear();
+}
+
+namespace {
+// Binds a join callback to its outcome, for RunReady.
+std::function<void()> Bind(RendezvousCore::JoinCallback callback,
+                           StatusOr<RendezvousResult> result) {
+  return [callback = std::move(callback), result = std::move(result)]() mutable {
+    callback(std::move(result));
+  };
+}
+}  // namespace
+
+void RendezvousCore::SetRoundClosedListener(RoundClosedListener listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = listener ? std::make_shared<RoundClosedListener>(std::move(listener)) : nullptr;
 }
 
 RendezvousCore::JoinCallback RendezvousCore::TakeJoinLocked(JoinId id) {
@@ -56,7 +71,7 @@ RendezvousCore::JoinCallback RendezvousCore::TakeJoinLocked(JoinId id) {
 
 void RendezvousCore::FailJoinLocked(JoinId id, Status status, Ready* ready) {
   JoinCallback callback = TakeJoinLocked(id);
-  if (callback) ready->emplace_back(std::move(callback), std::move(status));
+  if (callback) ready->push_back(Bind(std::move(callback), std::move(status)));
 }
 
 void RendezvousCore::NotifyTimerLocked(MonoTime deadline) {
@@ -228,20 +243,24 @@ StatusOr<RendezvousState> RendezvousCore::GetState(const JobId& job_id) const {
   if (job == nullptr) {
     return absl::NotFoundError(absl::StrCat("unknown rendezvous job ", job_id.value()));
   }
+  return StateLocked(*job);
+}
+
+RendezvousState RendezvousCore::StateLocked(const Job& job) const {
   RendezvousState state;
-  state.job_id = job_id;
-  state.round = job->round;
-  state.phase = job->phase;
-  state.min_nodes = job->config.min_nodes;
-  state.max_nodes = job->config.max_nodes;
-  if (job->phase == RoundPhase::kClosed) {
-    state.participants = job->ranked;
+  state.job_id = job.config.job_id;
+  state.round = job.round;
+  state.phase = job.phase;
+  state.min_nodes = job.config.min_nodes;
+  state.max_nodes = job.config.max_nodes;
+  if (job.phase == RoundPhase::kClosed) {
+    state.participants = job.ranked;
   } else {
-    for (const auto& [node, member] : job->participants) state.participants.push_back(node);
+    for (const auto& [node, member] : job.participants) state.participants.push_back(node);
   }
-  for (const auto& [node, member] : job->waiting) state.waiting.push_back(node);
-  state.departed = job->departed;
-  state.last_call_deadline = job->last_call_deadline;
+  for (const auto& [node, member] : job.waiting) state.waiting.push_back(node);
+  state.departed = job.departed;
+  state.last_call_deadline = job.last_call_deadline;
   return state;
 }
 
@@ -252,7 +271,7 @@ RendezvousCore::JoinId RendezvousCore::Join(const JoinRequest& request, MonoTime
   {
     std::lock_guard<std::mutex> lock(mu_);
     id = next_join_id_++;
-    auto fail = [&](Status status) { ready.emplace_back(std::move(callback), std::move(status)); };
+    auto fail = [&](Status status) { ready.push_back(Bind(std::move(callback), std::move(status))); };
     Job* job = FindJob(request.job_id);
     if (request.node_id.empty()) {
       fail(absl::InvalidArgumentError("rendezvous join names no node id"));
@@ -278,7 +297,7 @@ RendezvousCore::JoinId RendezvousCore::Join(const JoinRequest& request, MonoTime
       const auto& ranked = job->ranked;
       int rank = static_cast<int>(std::find(ranked.begin(), ranked.end(), request.node_id) -
                                   ranked.begin());
-      ready.emplace_back(std::move(callback), ResultLocked(*job, rank));
+      ready.push_back(Bind(std::move(callback), ResultLocked(*job, rank)));
     } else {
       if (deadline == MonoTime::max()) deadline = clock_->Now() + job->config.join_timeout;
       auto& members = job->phase == RoundPhase::kClosed ? job->waiting : job->participants;
@@ -414,7 +433,10 @@ void RendezvousCore::CloseLocked(Job& job, Ready* ready) {
     if (member.join_id == 0) continue;
     JoinCallback callback = TakeJoinLocked(member.join_id);
     member.join_id = 0;
-    if (callback) ready->emplace_back(std::move(callback), ResultLocked(job, rank));
+    if (callback) ready->push_back(Bind(std::move(callback), ResultLocked(job, rank)));
+  }
+  if (listener_ != nullptr) {
+    ready->push_back([listener = listener_, state = StateLocked(job)] { (*listener)(state); });
   }
   log_.WithJob(job.config.job_id.value())
       .Info("rendezvous round {} closed: {} node(s), world size {}", job.round, n,

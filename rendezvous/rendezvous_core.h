@@ -219,6 +219,18 @@ class RendezvousCore {
   // next deadline (MonoTime::max() if none).
   MonoTime AdvanceTimers();
 
+  // ---- Notifications ----
+
+  // Called with the job's state (CLOSED, participants in rank order) each
+  // time a round closes, after the participants' joins have been completed;
+  // the coordinator uses it to move a job from RENDEZVOUS to RUNNING. Runs
+  // without the core's lock, on the thread that closed the round; must not
+  // block. Replaces any previous listener; nullptr removes it. Set it before
+  // jobs are created (it is read under the lock, so a concurrent change is
+  // safe but may miss or see one close).
+  using RoundClosedListener = std::function<void(const RendezvousState&)>;
+  void SetRoundClosedListener(RoundClosedListener listener);
+
   Clock* clock() const { return clock_; }
 
  private:
@@ -245,7 +257,8 @@ class RendezvousCore {
     JoinCallback callback;
     std::multimap<MonoTime, JoinId>::iterator deadline_it;
   };
-  using Ready = std::vector<std::pair<JoinCallback, StatusOr<RendezvousResult>>>;
+  // Work to run once the lock is released: join callbacks, listener calls.
+  using Ready = std::vector<std::function<void()>>;
 
   Job* FindJob(const JobId& job_id);
   const Job* FindJob(const JobId& job_id) const;
@@ -258,6 +271,7 @@ class RendezvousCore {
   void MaybeCloseLocked(Job& job, Ready* ready);
   void CloseLocked(Job& job, Ready* ready);
   RendezvousResult ResultLocked(const Job& job, int node_rank) const;
+  RendezvousState StateLocked(const Job& job) const;
   void NotifyTimerLocked(MonoTime deadline);
   MonoTime AdvanceTimersLocked(Ready* ready);
   void TimerLoop();
@@ -274,6 +288,7 @@ class RendezvousCore {
   JoinId next_join_id_ = 1;                              // GUARDED_BY(mu_)
   MonoTime timer_wake_ = MonoTime::max();                // GUARDED_BY(mu_)
   bool stopping_ = false;                                // GUARDED_BY(mu_)
+  std::shared_ptr<RoundClosedListener> listener_;        // GUARDED_BY(mu_)
   std::condition_variable timer_cv_;
   std::thread timer_thread_;
 };

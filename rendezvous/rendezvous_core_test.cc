@@ -368,6 +368,23 @@ TEST_F(RendezvousCoreTest, RepeatedRoundsNumberUpAndUseFreshNamespaces) {
   }
 }
 
+TEST_F(RendezvousCoreTest, RoundClosedListenerSeesEveryCloseInRankOrder) {
+  std::vector<RendezvousState> closes;
+  core_.SetRoundClosedListener([&](const RendezvousState& state) { closes.push_back(state); });
+  CreateJob(2, 2);
+  auto b = Join("b");
+  auto a = Join("a");
+  ASSERT_EQ(closes.size(), 1u);
+  EXPECT_EQ(closes[0].round, 1);
+  EXPECT_EQ(closes[0].phase, RoundPhase::kClosed);
+  EXPECT_EQ(closes[0].participants, (std::vector<NodeId>{NodeId("a"), NodeId("b")}));
+  ASSERT_EQ(*core_.OpenNextRound(JobId("job")), 2);
+  Join("a");
+  Join("b");
+  ASSERT_EQ(closes.size(), 2u);
+  EXPECT_EQ(closes[1].round, 2);
+}
+
 TEST(RendezvousCoreTimerThreadTest, TimerThreadClosesRoundOnRealClock) {
   RendezvousCore core;
   RendezvousJobConfig config;

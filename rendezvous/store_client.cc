@@ -247,7 +247,7 @@ class GrpcStore : public Store {
   }
 
   ~GrpcStore() override {
-    std::lock_guard<std::mutex> lock(session_mu_);
+    std::lock_guard<std::timed_mutex> lock(session_mu_);
     session_.reset();
   }
 
@@ -415,7 +415,13 @@ class GrpcStore : public Store {
 
   // The live session, reconnecting if there is none or it broke.
   StatusOr<std::shared_ptr<Session>> AcquireSession(SteadyTime deadline) {
-    std::lock_guard<std::mutex> lock(session_mu_);
+    // Another caller may be reconnecting (up to its own deadline): wait for
+    // it no longer than ours.
+    std::unique_lock<std::timed_mutex> lock(session_mu_, std::defer_lock);
+    if (!lock.try_lock_until(deadline)) {
+      return absl::UnavailableError(
+          absl::StrCat("store server at ", address_, ": still reconnecting"));
+    }
     if (session_ != nullptr && !session_->broken()) return session_;
     session_.reset();
     if (!channel_->WaitForConnected(ToSystem(deadline))) {
@@ -432,7 +438,7 @@ class GrpcStore : public Store {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::StoreService::Stub> stub_;
   std::atomic<uint64_t> next_id_{1};
-  std::mutex session_mu_;
+  std::timed_mutex session_mu_;
   std::shared_ptr<Session> session_;  // GUARDED_BY(session_mu_)
 };
 

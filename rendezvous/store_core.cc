@@ -134,10 +134,23 @@ void StoreCore::CompleteOrRearmLocked(Namespace& space, Waiter& waiter, Ready* r
   EraseWaiterLocked(waiter.id);
 }
 
-void StoreCore::EraseWaiterLocked(WaitId id) {
+void StoreCore::EraseWaiterLocked(WaitId id, bool unindex) {
   auto it = waiters_.find(id);
   if (it == waiters_.end()) return;
-  if (it->second.deadline_it != deadlines_.end()) deadlines_.erase(it->second.deadline_it);
+  Waiter& waiter = it->second;
+  if (waiter.deadline_it != deadlines_.end()) deadlines_.erase(waiter.deadline_it);
+  // Drop the waiter from the per-key index, so a client that keeps timing
+  // out on a key nobody writes does not grow it.
+  Namespace* space = unindex && waiter.missing > 0 ? FindNamespace(waiter.ns) : nullptr;
+  if (space != nullptr) {
+    for (const std::string& key : waiter.keys) {
+      auto entry = space->waiters_by_key.find(key);
+      if (entry == space->waiters_by_key.end()) continue;
+      std::vector<WaitId>& ids = entry->second;
+      ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+      if (ids.empty()) space->waiters_by_key.erase(entry);
+    }
+  }
   waiters_.erase(it);
 }
 
@@ -409,7 +422,7 @@ int StoreCore::DeleteNamespaceLocked(const std::string& ns, Ready* ready) {
                           absl::AbortedError(absl::StrCat("store namespace '", ns,
                                                           "' was deleted while waiting for '",
                                                           key, "'")));
-      EraseWaiterLocked(id);
+      EraseWaiterLocked(id, /*unindex=*/false);  // the whole index goes below
     }
   }
   namespaces_.erase(it);

@@ -189,7 +189,8 @@ class StoreCore {
   // Re-checks a waiter whose missing count reached zero (a key may have been
   // deleted since it was counted); queues it if all keys exist.
   void CompleteOrRearmLocked(Namespace& space, Waiter& waiter, Ready* ready);
-  void EraseWaiterLocked(WaitId id);
+  // Forgets a waiter (and, with `unindex`, its per-key index entries).
+  void EraseWaiterLocked(WaitId id, bool unindex = true);
   void MaybeDropEmptyLocked(const std::string& ns);
   int DeleteNamespaceLocked(const std::string& ns, Ready* ready);
   static void RunReady(Ready* ready);

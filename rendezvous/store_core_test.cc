@@ -118,6 +118,19 @@ TEST_F(StoreCoreTest, CancelledWaiterNeverRuns) {
   EXPECT_EQ(core_.NumPendingWaiters(), 0);
 }
 
+TEST_F(StoreCoreTest, RepeatedlyTimedOutWaitsLeaveNothingBehind) {
+  for (int i = 0; i < 100; ++i) {
+    Recorder rec;
+    core_.WaitAsync("ns", {"never"}, clock_.Now() + std::chrono::seconds(1), false,
+                    rec.Callback());
+    clock_.Advance(std::chrono::seconds(1));
+    core_.ExpireWaiters();
+    ASSERT_EQ(rec.calls, 1);
+  }
+  EXPECT_EQ(core_.NumPendingWaiters(), 0);
+  EXPECT_EQ(core_.NumNamespaces(), 0);
+}
+
 TEST_F(StoreCoreTest, KeyDeletedAfterBeingCountedIsAwaitedAgain) {
   Recorder rec;
   core_.WaitAsync("ns", {"a", "b"}, MonoTime::max(), true, rec.Callback());

@@ -156,13 +156,15 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   void OnDone() override { delete this; }
 
  private:
-  void Execute(const v1::StoreOp& op) {
+  // `op` is the reactor's read buffer: values are moved out of it.
+  void Execute(v1::StoreOp& op) {
     v1::StoreOpResult result;
     result.set_id(op.id());
     Status status;
     switch (op.op_case()) {
       case v1::StoreOp::kSet:
-        status = core_->Set(op.set().namespace_(), op.set().key(), op.set().value());
+        status = core_->Set(op.set().namespace_(), op.set().key(),
+                            std::move(*op.mutable_set()->mutable_value()));
         break;
       case v1::StoreOp::kAdd:
         status = DoAdd(core_, op.add(), result.mutable_add());

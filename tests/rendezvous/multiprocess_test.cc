@@ -131,6 +131,28 @@ TEST(MultiprocessTest, KilledClientMidWaitDoesNotDisturbTheServer) {
   EXPECT_EQ(Reap(b).first, 0);
 }
 
+TEST(MultiprocessTest, StoreClientKilledMidGetLeavesNoWaiterAndOthersAreServed) {
+  auto server = *RendezvousServer::Start("127.0.0.1:0");
+  Child doomed = Spawn({"--address", server->address(), "--store-get", "job/1/never"});
+  Child patient = Spawn({"--address", server->address(), "--store-get", "job/1/later"});
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (server->store_core()->NumPendingWaiters() < 2) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "clients never waited";
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(doomed.pid, SIGKILL);
+  Reap(doomed);
+  while (server->store_core()->NumPendingWaiters() != 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "killed client's wait not cancelled";
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(server->store_core()->Set("job/1", "later", "served").ok());
+  auto [code, line] = Reap(patient);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(line, "served\n");
+  EXPECT_EQ(server->store_core()->NumPendingWaiters(), 0);
+}
+
 }  // namespace
 }  // namespace rendezvous
 }  // namespace lockstep

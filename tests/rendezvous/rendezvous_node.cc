@@ -5,6 +5,9 @@
 //   rendezvous_node --address HOST:PORT --job J --node N [--timeout-s 60]
 // Prints one line on success: "rank=<node_rank> nodes=<n> world=<w> round=<r>"
 // and exits 0; on failure prints the status to stderr and exits 1.
+//
+//   rendezvous_node --address HOST:PORT --store-get NS/KEY [--timeout-s 60]
+// Only blocks in a store Get of KEY in namespace NS, then prints the value.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -24,9 +27,22 @@ struct Config {
   std::string job;
   std::string node;
   double timeout_s = 60;
+  std::string store_get;
 };
 
+Status StoreGet(const Config& config) {
+  size_t slash = config.store_get.rfind('/');
+  if (slash == std::string::npos) return absl::InvalidArgumentError("--store-get wants NS/KEY");
+  ASSIGN_OR_RETURN(auto store, ConnectStore(config.address, config.store_get.substr(0, slash),
+                                            FromSeconds(config.timeout_s)));
+  ASSIGN_OR_RETURN(std::string value, store->Get(config.store_get.substr(slash + 1),
+                                                 FromSeconds(config.timeout_s)));
+  std::printf("%s\n", value.c_str());
+  return absl::OkStatus();
+}
+
 Status Run(const Config& config) {
+  if (!config.store_get.empty()) return StoreGet(config);
   Duration timeout = FromSeconds(config.timeout_s);
   ASSIGN_OR_RETURN(auto client, RendezvousClient::Connect(config.address, timeout));
   JoinRequest request;
@@ -66,6 +82,7 @@ int main(int argc, char** argv) {
   flags.String("job", &config.job, "job id");
   flags.String("node", &config.node, "node id");
   flags.Double("timeout-s", &config.timeout_s, "timeout for each step");
+  flags.String("store-get", &config.store_get, "only block in a store Get of NS/KEY");
   auto rest = flags.Parse(argc, argv);
   if (!rest.ok()) {
     std::cerr << rest.status().message() << "\n";
