@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 world=${1:-2}
 steps=${2:-20}
 models=${MODELS:-"mlp convnet transformer"}
-bazel build --config=opt //bench:ddp_bench //examples:train >&2
+[ -n "${NO_BUILD:-}" ] || bazel build --config=opt //bench:ddp_bench //examples:train >&2
 bench=bazel-bin/bench/ddp_bench
 train=bazel-bin/examples/train
 peer=/work/shared/bench/torch_ddp_bench.py
