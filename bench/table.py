@@ -11,11 +11,13 @@ for line in sys.stdin:
     m = d["model"]
     if d["system"] == "lockstep":
         key = "lockstep local" if d["backend"] == "local" else "lockstep %g MB" % d["bucket_mb"]
+        if d.get("gradient_as_bucket_view"):
+            key += " view"
     else:
         key = d["system"]
     rows.setdefault(m, {})[key] = d
 cols = ["lockstep local", "torch-local", "lockstep 1 MB", "lockstep 5 MB", "lockstep 25 MB",
-        "lockstep 100 MB", "torch-ddp"]
+        "lockstep 100 MB", "lockstep 25 MB view", "torch-ddp"]
 print("| model | " + " | ".join(cols) + " |")
 print("|---" * (len(cols) + 1) + "|")
 for m, r in rows.items():
