@@ -8,9 +8,9 @@ cd "$(dirname "$0")/.."
 world=${1:-2}
 steps=${2:-20}
 models=${MODELS:-"mlp convnet transformer"}
-bazel build --config=opt //bench:ddp_bench //examples:train >&2
-bench=bazel-bin/bench/ddp_bench
-train=bazel-bin/examples/train
+[ -n "${NO_BUILD:-}" ] || bazel build --config=opt //bench:ddp_bench //examples:train >&2
+bench=bazel-out/k8-opt/bin/bench/ddp_bench
+train=bazel-out/k8-opt/bin/examples/train
 peer=/work/shared/bench/torch_ddp_bench.py
 for m in $models; do
   $bench --train $train --model "$m" --world "$world" --steps "$steps" --local
@@ -18,5 +18,6 @@ for m in $models; do
   for b in 1 5 25 100; do
     $bench --train $train --model "$m" --world "$world" --steps "$steps" --bucket-mb "$b"
   done
+  $bench --train $train --model "$m" --world "$world" --steps "$steps" --bucket-mb 25 --gradient-as-bucket-view
   /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps"
 done

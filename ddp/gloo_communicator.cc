@@ -61,8 +61,9 @@ using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
 template <typename T>
 void RunAllReduce(const std::shared_ptr<gloo::Context>& ctx, at::Tensor& t, Millis timeout,
-                  uint32_t tag) {
+                  uint32_t tag, size_t max_segment_bytes) {
   gloo::AllreduceOptions opts(ctx);
+  if (max_segment_bytes > 0) opts.setMaxSegmentSize(max_segment_bytes);
   opts.setOutput(t.data_ptr<T>(), static_cast<size_t>(t.numel()));
   opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<T>));
   opts.setTag(tag);
@@ -227,18 +228,18 @@ std::shared_ptr<Work> GlooCommunicator::AllReduce(at::Tensor tensor, ReduceOp op
     if (tensor.numel() == 0 || world == 1) return;
     switch (dtype) {
       case at::kFloat:
-        RunAllReduce<float>(context_, tensor, timeout, tag);
+        RunAllReduce<float>(context_, tensor, timeout, tag, options_.max_segment_bytes);
         if (op == ReduceOp::kAvg) DivideInPlace<float>(tensor, world);
         break;
       case at::kDouble:
-        RunAllReduce<double>(context_, tensor, timeout, tag);
+        RunAllReduce<double>(context_, tensor, timeout, tag, options_.max_segment_bytes);
         if (op == ReduceOp::kAvg) DivideInPlace<double>(tensor, world);
         break;
       case at::kInt:
-        RunAllReduce<int32_t>(context_, tensor, timeout, tag);
+        RunAllReduce<int32_t>(context_, tensor, timeout, tag, options_.max_segment_bytes);
         break;
       default:
-        RunAllReduce<int64_t>(context_, tensor, timeout, tag);
+        RunAllReduce<int64_t>(context_, tensor, timeout, tag, options_.max_segment_bytes);
         break;
     }
   });

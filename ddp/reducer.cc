@@ -201,17 +201,15 @@ void Reducer::MarkReadyLocked(size_t index) {
   torch::Tensor& view = bucket.views[pos];
   torch::Tensor& grad = params_[index].tensor.mutable_grad();
   {
-    // Averaging happens here: the slot receives grad / world_size (fused
-    // with the copy when there is one), and the bucket is then summed.
+    // Averaging happens here: the slot receives grad / world_size, and the
+    // bucket is then summed. (at::mul_out into the slot was measured to
+    // page-fault on fresh memory every step here; copy_ + mul_ does not.)
     torch::NoGradGuard no_grad;
     const double scale = 1.0 / comm_->world_size();
     if (grad.defined()) {
       if (grad.data_ptr() != view.data_ptr()) {
-        if (scale == 1.0) {
-          view.copy_(grad);
-        } else {
-          at::mul_out(view, grad, scale);
-        }
+        view.copy_(grad);
+        if (scale != 1.0) view.mul_(scale);
         if (options_.gradient_as_bucket_view) grad = view;
       } else if (scale != 1.0) {
         view.mul_(scale);

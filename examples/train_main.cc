@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "ddp/ddp.h"
 #include "ddp/init.h"
@@ -207,7 +208,8 @@ int main(int argc, char** argv) {
     std::fprintf(help ? stdout : stderr, "%s\n", std::string(rest.status().message()).c_str());
     return help ? 0 : 2;
   }
-  lockstep::Status s = lockstep::Run(cfg);
+  lockstep::Status s = lockstep::InitLogging();  // Logs to stderr; stdout is JSON.
+  if (s.ok()) s = lockstep::Run(cfg);
   if (!s.ok()) {
     std::fprintf(stderr, "train: error: %s\n", s.ToString().c_str());
     return 1;

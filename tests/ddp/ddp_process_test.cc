@@ -1,7 +1,10 @@
 // DDP end to end with real processes on loopback: //examples:train runs as
 // N ranks over a FileStore in a temp dir, and its final parameters are
 // compared with one process training on the concatenated batch.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -224,6 +227,34 @@ TEST(DdpFailureTest, RankThatNeverJoinsMakesOthersFailWithinTimeoutNamingIt) {
     EXPECT_NE(procs[r].err.find("ranks [2] did not arrive"), std::string::npos) << Describe(procs);
     // Startup (connect, initial broadcast) plus one timeout, with slack.
     EXPECT_LT(procs[r].seconds, kTimeoutS + 8) << Describe(procs);
+  }
+}
+
+// A free loopback port (bound with port 0, read back, released).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(DdpInitTest, TorchrunVariablesWithMasterAddrWork) {
+  const std::string dir = TempDir();
+  const std::string port = std::to_string(FreePort());
+  std::vector<std::vector<std::string>> envs;
+  for (int r = 0; r < 2; ++r) {
+    envs.push_back({absl::StrCat("RANK=", r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                    "MASTER_PORT=" + port});
+  }
+  auto procs = Spawn(envs, {"--model", "mlp_small", "--steps", "2", "--batch", "4"}, dir);
+  for (const auto& p : procs) {
+    EXPECT_EQ(p.exit_code, 0) << Describe(procs);
+    EXPECT_NE(p.out.find("\"checksum\""), std::string::npos) << Describe(procs);
   }
 }
 

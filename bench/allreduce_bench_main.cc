@@ -1,0 +1,107 @@
+// allreduce_bench: GlooCommunicator allreduce between N local processes,
+// one JSON line per message size (the same sizes and fields as the peer
+// ../shared/bench/torch_allreduce_bench.py): bytes, time_us (median),
+// algbw_gbps, busbw_gbps (= algbw x 2(n-1)/n), plus cpu_us per call.
+//
+//   bazel run --config=opt //bench:allreduce_bench -- --world 2 [--max-mb 64] [--segment-kb 1024]
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/flags.h"
+#include "ddp/gloo_communicator.h"
+#include "rendezvous/file_store.h"
+
+namespace lockstep {
+namespace {
+
+double CpuUs() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 + ru.ru_utime.tv_usec +
+         ru.ru_stime.tv_usec;
+}
+
+int RunRank(int rank, int world, const std::string& dir, int64_t max_mb, int64_t segment_kb) {
+  at::set_num_threads(1);
+  auto store = rendezvous::FileStore::Open(dir);
+  if (!store.ok()) return 1;
+  ddp::GlooOptions options;
+  if (segment_kb > 0) options.max_segment_bytes = static_cast<size_t>(segment_kb) * 1024;
+  auto comm = ddp::GlooCommunicator::Create(store->get(), rank, world, options);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
+    return 1;
+  }
+  for (int64_t nbytes = 1 << 10; nbytes <= (max_mb << 20); nbytes <<= 2) {
+    at::Tensor t = at::ones({nbytes / 4});
+    const int iters = std::max<int64_t>(5, std::min<int64_t>(200, int64_t(4e8) / nbytes));
+    for (int i = 0; i < 3; ++i) {
+      if (!(*comm)->AllReduce(t, ddp::ReduceOp::kSum)->Wait().ok()) return 1;
+    }
+    std::vector<double> times;
+    double cpu = 0;
+    for (int i = 0; i < iters; ++i) {
+      if (!(*comm)->Barrier()->Wait().ok()) return 1;
+      const double c0 = CpuUs();
+      const auto s = std::chrono::steady_clock::now();
+      if (!(*comm)->AllReduce(t, ddp::ReduceOp::kSum)->Wait().ok()) return 1;
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
+      cpu += CpuUs() - c0;
+    }
+    std::sort(times.begin(), times.end());
+    const double dt = times[times.size() / 2];
+    const double algbw = nbytes / dt / 1e9;
+    if (rank == 0) {
+      std::printf(
+          R"({"system":"lockstep-gloo","world":%d,"bytes":%lld,"time_us":%.1f,"algbw_gbps":%.3f,)"
+          R"("busbw_gbps":%.3f,"cpu_us":%.1f,"segment_kb":%lld})" "\n",
+          world, static_cast<long long>(nbytes), dt * 1e6, algbw, algbw * 2 * (world - 1) / world,
+          cpu / iters, static_cast<long long>(options.max_segment_bytes / 1024));
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  int64_t world = 2, max_mb = 64, segment_kb = 0;
+  lockstep::FlagSet flags("allreduce_bench", "GlooCommunicator allreduce bandwidth");
+  flags.Int("world", &world, "processes");
+  flags.Int("max-mb", &max_mb, "largest message (MB)");
+  flags.Int("segment-kb", &segment_kb, "Gloo ring segment size (KB); 0 = GlooOptions default (4096)");
+  auto rest = flags.Parse(argc, argv);
+  if (!rest.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(rest.status().message()).c_str());
+    return absl::IsNotFound(rest.status()) ? 0 : 2;
+  }
+  char templ[] = "/tmp/allreduce_bench_XXXXXX";
+  if (mkdtemp(templ) == nullptr) return 1;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(lockstep::RunRank(r, world, templ, max_mb, segment_kb));
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  return failed == 0 ? 0 : 1;
+}
