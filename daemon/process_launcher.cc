@@ -141,8 +141,14 @@ class PosixProcessLauncher : public ProcessLauncher {
     }
     if (user && user->uid != ::geteuid()) {
       // The files belong to the worker's user so it can reopen them.
-      if (!spec.stdout_path.empty()) (void)::chown(spec.stdout_path.c_str(), user->uid, user->gid);
-      if (!spec.stderr_path.empty()) (void)::chown(spec.stderr_path.c_str(), user->uid, user->gid);
+      for (const std::string* path : {&spec.stdout_path, &spec.stderr_path}) {
+        if (path->empty() || ::chown(path->c_str(), user->uid, user->gid) == 0) continue;
+        int err = errno;
+        for (int fd : {out_fd, err_fd, null_fd, pipefd[0], pipefd[1]}) ::close(fd);
+        return absl::PermissionDeniedError(absl::StrCat("cannot give log file ", *path,
+                                                        " to uid ", user->uid, ": ",
+                                                        std::strerror(err)));
+      }
     }
     pid_t parent = ::getpid();
     pid_t pid = ::fork();

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/progress_reporter.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -109,6 +110,9 @@ Status Run(const Config& cfg) {
   const int64_t k = cfg.micro_batches;
   auto xs = x.chunk(k), ys = y.chunk(k);
 
+  // Progress to this node's agent (LOCKSTEP_AGENT): `lockstep status` and
+  // `watch` show it. A no-op when started by hand.
+  auto reporter = client::ProgressReporter::FromEnv();
   for (int64_t step = 1; step <= cfg.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = ProcessCpuMs();
@@ -155,9 +159,23 @@ Status Run(const Config& cfg) {
           overlap_ms);
     }
     line += "}";
+    client::Progress progress;
+    progress.step = step;
+    progress.loss = loss_sum;
+    progress.samples_per_s = world * cfg.batch * 1000.0 / step_ms;
+    if (model) {
+      const ddp::StepStats s = model->last_stats();
+      progress.forward_ms = s.forward_ms;
+      progress.backward_ms = s.backward_ms;
+      progress.exposed_comm_ms = s.comm_exposed_ms;
+      progress.bytes_reduced = s.bytes_reduced;
+      progress.buckets = s.buckets;
+    }
+    reporter->Report(progress);
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
+  reporter->Flush(std::chrono::seconds(1));
   double sum = 0, abs_sum = 0;
   int64_t count = 0;
   for (const auto& p : params) {
