@@ -1,5 +1,7 @@
 #include "ddp/init.h"
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <mutex>
 
@@ -142,7 +144,18 @@ StatusOr<std::unique_ptr<rendezvous::Store>> OpenStore(const WorkerEnv& env, Dur
   return factory(address, ns, timeout);
 }
 
+bool KeepFreedMemory() {
+  const char* keep = std::getenv("LOCKSTEP_KEEP_FREED_MEMORY");
+  if (keep != nullptr && std::string(keep) == "0") return false;
+  // mallopt takes an int: ~2 GB is the largest round value.
+  constexpr int kKeepBytes = 2'000'000'000;
+  const bool mmap_ok = ::mallopt(M_MMAP_THRESHOLD, kKeepBytes) == 1;
+  const bool trim_ok = ::mallopt(M_TRIM_THRESHOLD, kKeepBytes) == 1;
+  return mmap_ok && trim_ok;
+}
+
 StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
+  if (options.keep_freed_memory) KeepFreedMemory();
   ASSIGN_OR_RETURN(WorkerEnv env, ParseWorkerEnv([](const char* n) { return std::getenv(n); }));
   ASSIGN_OR_RETURN(auto store, OpenStore(env, options.connect_timeout));
   GlooOptions gloo;

@@ -80,7 +80,21 @@ struct InitOptions {
   Duration connect_timeout = rendezvous::kDefaultStoreTimeout;
   // Address Gloo binds. Default: 127.0.0.1, or LOCKSTEP_GLOO_HOST if set.
   std::string gloo_hostname;
+  // Calls KeepFreedMemory() (below). Default: true.
+  bool keep_freed_memory = true;
 };
+
+// Tells glibc's malloc to keep freed memory in the process instead of
+// returning it to the kernel (M_MMAP_THRESHOLD and M_TRIM_THRESHOLD raised
+// to ~2 GB). A training step frees and re-allocates the same large blocks
+// (gradients, activations, buckets) every iteration; with the defaults each
+// one is a fresh mmap that page-faults in again, which on the development
+// VMs cost more than the arithmetic (bench/README.md). The cost: freed
+// memory is not given back while the process runs. Process-wide; idempotent.
+// Does nothing when LOCKSTEP_KEEP_FREED_MEMORY=0. Returns whether both
+// settings were applied. Training programs that do not
+// call InitFromEnv (the --local baseline) call it themselves.
+bool KeepFreedMemory();
 
 // Owns the store and the communicator; the communicator uses the store,
 // so keep the ProcessGroup alive as long as anything uses communicator().

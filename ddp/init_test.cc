@@ -1,5 +1,9 @@
 #include "ddp/init.h"
 
+#include <malloc.h>
+#include <stdlib.h>
+
+#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -15,6 +19,19 @@ std::function<const char*(const char*)> Env(std::map<std::string, std::string> v
     auto it = shared->find(name);
     return it == shared->end() ? nullptr : it->second.c_str();
   };
+}
+
+TEST(KeepFreedMemoryTest, LargeBlocksComeFromTheHeapNotFreshMappings) {
+  ::setenv("LOCKSTEP_KEEP_FREED_MEMORY", "0", 1);
+  EXPECT_FALSE(KeepFreedMemory());
+  ::unsetenv("LOCKSTEP_KEEP_FREED_MEMORY");
+  ASSERT_TRUE(KeepFreedMemory());
+  // 64 MB: far above glibc's default mmap threshold (128 KB .. 32 MB).
+  const size_t mapped_before = ::mallinfo2().hblkhd;
+  void* block = std::malloc(64 << 20);
+  ASSERT_NE(block, nullptr);
+  EXPECT_EQ(::mallinfo2().hblkhd, mapped_before);
+  std::free(block);
 }
 
 TEST(ParseWorkerEnvTest, ReadsLockstepVariables) {

@@ -77,6 +77,9 @@ Status Run(const Config& cfg) {
   torch::set_num_threads(static_cast<int>(cfg.threads));
   std::unique_ptr<ddp::ProcessGroup> group;
   int rank = 0, world = 1;
+  // The same allocator settings InitFromEnv applies, so the --local baseline
+  // differs from DDP only by communication.
+  if (cfg.local) ddp::KeepFreedMemory();
   if (!cfg.local) {
     ddp::InitOptions init;
     init.timeout = FromSeconds(cfg.timeout_s);
