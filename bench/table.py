@@ -17,7 +17,8 @@ for line in sys.stdin:
         key = d["system"]
     rows.setdefault(m, {})[key] = d
 cols = ["lockstep local", "torch-local", "lockstep 1 MB", "lockstep 5 MB", "lockstep 25 MB",
-        "lockstep 100 MB", "lockstep 25 MB view", "torch-ddp"]
+        "lockstep 100 MB", "lockstep 25 MB view", "torch-ddp", "torch-local +keep",
+        "torch-ddp +keep"]
 print("| model | " + " | ".join(cols) + " |")
 print("|---" * (len(cols) + 1) + "|")
 for m, r in rows.items():

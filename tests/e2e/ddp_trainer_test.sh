@@ -15,6 +15,13 @@ ls_cli status "$job"
 ls_cli logs "$job" --rank 3 >"$T/rank3.txt"
 grep -q '"rank":3,"step":10' "$T/rank3.txt" || fail "rank 3's log lacks its step 10: $(tail -n 3 "$T/rank3.txt")"
 if grep -q '"rank":[012],' "$T/rank3.txt"; then fail "rank 3's log has other ranks' lines"; fi
+# Four processes bootstrapped Gloo only through the coordinator's gRPC store
+# and averaged gradients every step: their final parameters are identical.
+sums=$(for r in 0 1 2 3; do
+  ls_cli logs "$job" --rank "$r" | sed -n 's/.*"checksum":\([^,]*\),"abs_checksum":\([^,]*\),.*/\1 \2/p'
+done)
+[ "$(echo "$sums" | wc -l)" = 4 ] || fail "expected 4 checksum lines, got: $sums"
+[ "$(echo "$sums" | sort -u | wc -l)" = 1 ] || fail "ranks ended with different parameters: $sums"
 check_invariants "$job" 1
 
 # kill -9 of one DDP worker mid-run: the surviving ranks (blocked in or
