@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "common/ids.h"
 #include "daemon/job_spec.h"
+#include "daemon/token.h"
 
 namespace lockstep {
 namespace daemon {
@@ -143,6 +144,9 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       set("LOCKSTEP_ROUND", std::to_string(cmd.round()));
       set("LOCKSTEP_RESTART_COUNT", std::to_string(a.restart_count()));
       set("LOCKSTEP_STORE", a.store_address());
+      if (!options_.admin_token.empty()) {
+        set("LOCKSTEP_STORE_TOKEN", JobStoreToken(options_.admin_token, job_id));
+      }
       set("LOCKSTEP_AGENT", agent_address_);
       set("LOCKSTEP_AGENT_TOKEN", run.progress_token);
       set("RANK", std::to_string(w.rank));

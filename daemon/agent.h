@@ -67,6 +67,10 @@ struct AgentOptions {
   // Environment every worker inherits before the job's and Lockstep's
   // variables ("K=V"); the daemon passes its own environment.
   std::vector<std::string> base_env;
+  // The cluster admin token. Workers never get it: they get
+  // LOCKSTEP_STORE_TOKEN = JobStoreToken(admin_token, job), which opens only
+  // their job's store namespaces. Default: empty (no store token set).
+  std::string admin_token;
   Duration rpc_timeout = kDefaultRpcTimeout;
   // Used until the coordinator's RegisterNode response says otherwise.
   Duration heartbeat_interval = std::chrono::seconds(1);

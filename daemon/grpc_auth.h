@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <string>
 
 #include "daemon/token.h"
@@ -11,11 +12,17 @@
 namespace lockstep {
 namespace daemon {
 
-inline Status AuthorizeCall(const grpc::ServerContextBase& ctx, const std::string& token) {
-  const auto& md = ctx.client_metadata();
+// Checks the `authorization` entry of a call's client metadata against the
+// admin `token` (Unauthenticated, see CheckBearer).
+inline Status CheckAuthorization(const std::multimap<grpc::string_ref, grpc::string_ref>& md,
+                                 const std::string& token) {
   auto it = md.find(kAuthorizationHeader);
   if (it == md.end()) return CheckBearer("", false, token);
   return CheckBearer(absl::string_view(it->second.data(), it->second.size()), true, token);
+}
+
+inline Status AuthorizeCall(const grpc::ServerContextBase& ctx, const std::string& token) {
+  return CheckAuthorization(ctx.client_metadata(), token);
 }
 
 }  // namespace daemon

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,7 @@
 #include "daemon/agent_service.h"
 #include "daemon/coordinator.h"
 #include "daemon/coordinator_service.h"
+#include "daemon/grpc_auth.h"
 #include "daemon/grpc_coordinator_client.h"
 #include "daemon/process_launcher.h"
 #include "daemon/sqlite_job_store.h"
@@ -202,7 +204,12 @@ int Run(int argc, char** argv) {
     options.max_restart_backoff = FromSeconds(config.max_restart_backoff_s);
     options.allowed_commands = config.allowed_commands;
     rendezvous_core = std::make_unique<rendezvous::RendezvousCore>(RealClock());
-    rendezvous_service = std::make_unique<rendezvous::RendezvousGrpcService>(rendezvous_core.get());
+    // Agents never call RendezvousService (the coordinator joins nodes
+    // itself): admin token only.
+    rendezvous_service = std::make_unique<rendezvous::RendezvousGrpcService>(
+        rendezvous_core.get(),
+        [admin = *token](const std::multimap<grpc::string_ref, grpc::string_ref>& md,
+                         absl::string_view) { return CheckAuthorization(md, admin); });
     coordinator = std::make_unique<Coordinator>(options, RealClock(), job_store.get(),
                                                 rendezvous_core.get());
     s = coordinator->Recover();
@@ -212,7 +219,17 @@ int Run(int argc, char** argv) {
     }
     coordinator_service = std::make_unique<CoordinatorGrpcService>(coordinator.get(), *token);
     store_core = std::make_unique<rendezvous::StoreCore>();
-    store_service = std::make_unique<rendezvous::StoreGrpcService>(store_core.get());
+    // Workers hold their job's store token (LOCKSTEP_STORE_TOKEN), the CLI
+    // and tools the admin token; see AuthorizeStore.
+    store_service = std::make_unique<rendezvous::StoreGrpcService>(
+        store_core.get(),
+        [admin = *token](const std::multimap<grpc::string_ref, grpc::string_ref>& md,
+                         absl::string_view ns) {
+          auto it = md.find(kAuthorizationHeader);
+          if (it == md.end()) return AuthorizeStore("", false, admin, ns);
+          return AuthorizeStore(absl::string_view(it->second.data(), it->second.size()), true,
+                                admin, ns);
+        });
   }
 
   // Agent side. Its own address (and, with --coordinator, the
@@ -233,6 +250,7 @@ int Run(int argc, char** argv) {
     for (char** e = environ; *e; ++e) options.base_env.push_back(*e);
     options.heartbeat_interval = FromSeconds(config.heartbeat_interval_s);
     options.lease = FromSeconds(config.lease_s);
+    options.admin_token = *token;
     agent = std::make_unique<Agent>(options, RealClock(), launcher.get(), &coordinator_client);
     agent_service = std::make_unique<AgentGrpcService>(agent.get(), *token);
   }

@@ -5,9 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -59,6 +63,56 @@ StatusOr<std::string> LoadToken(const std::string& path, bool create) {
   token = std::string(absl::StripAsciiWhitespace(token));
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
   return token;
+}
+
+namespace {
+
+// Compares in time that depends only on the lengths.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+std::string JobStoreToken(absl::string_view admin_token, absl::string_view job_id) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int mac_len = 0;
+  unsigned char* ok =
+      HMAC(EVP_sha256(), admin_token.data(), static_cast<int>(admin_token.size()),
+           reinterpret_cast<const unsigned char*>(job_id.data()), job_id.size(), mac, &mac_len);
+  if (ok == nullptr) std::abort();  // only on allocation failure inside libcrypto
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * mac_len);
+  for (unsigned int i = 0; i < mac_len; ++i) {
+    out += kHex[mac[i] >> 4];
+    out += kHex[mac[i] & 15];
+  }
+  return out;
+}
+
+Status AuthorizeStore(absl::string_view value, bool present, const std::string& admin_token,
+                      absl::string_view ns) {
+  constexpr absl::string_view kPrefix = "Bearer ";
+  if (!present || !absl::StartsWith(value, kPrefix)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "store namespace '", ns,
+        "': missing `authorization: Bearer <token>` metadata (workers get LOCKSTEP_STORE_TOKEN)"));
+  }
+  absl::string_view got = value.substr(kPrefix.size());
+  if (!admin_token.empty() && ConstantTimeEquals(got, admin_token)) return absl::OkStatus();
+  absl::string_view job = ns.substr(0, ns.find('/'));
+  if (!admin_token.empty() && !job.empty() &&
+      ConstantTimeEquals(got, JobStoreToken(admin_token, job))) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("store token does not open namespace '", ns, "' (job '", job, "')"));
 }
 
 Status CheckBearer(absl::string_view value, bool present, const std::string& token) {

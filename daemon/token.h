@@ -27,6 +27,23 @@ StatusOr<std::string> LoadToken(const std::string& path, bool create);
 // time. Unauthenticated (naming what is wrong) unless it is "Bearer <token>".
 Status CheckBearer(absl::string_view header_value, bool present, const std::string& token);
 
+// The store token of job `job_id`: lowercase hex of
+// HMAC-SHA256(key = admin_token, message = job_id), 64 characters.
+// Deterministic, so anyone holding the admin token (the coordinator, every
+// agent) derives the same value, before and after a restart, with nothing
+// stored. Agents hand it to workers as LOCKSTEP_STORE_TOKEN; it opens only
+// store namespaces "<job_id>/..." (workers never see the admin token).
+std::string JobStoreToken(absl::string_view admin_token, absl::string_view job_id);
+
+// Authorizes a store call on namespace `ns` ("<job>/<round>") given its
+// `authorization` metadata (`present` false when absent): the admin token
+// opens every namespace; JobStoreToken(admin_token, job) opens those whose
+// part before the first '/' is `job`. Unauthenticated naming the store when
+// no token is sent (or it is not a Bearer token); PermissionDenied naming
+// the namespace for any other token.
+Status AuthorizeStore(absl::string_view header_value, bool present, const std::string& admin_token,
+                      absl::string_view ns);
+
 }  // namespace daemon
 }  // namespace lockstep
 

@@ -47,6 +47,43 @@ TEST(TokenTest, CheckBearer) {
   EXPECT_EQ(CheckBearer("Basic abc", true, "abc").code(), absl::StatusCode::kUnauthenticated);
 }
 
+TEST(JobStoreTokenTest, IsDeterministicHexAndDiffersPerJobAndPerAdminToken) {
+  std::string t = JobStoreToken("admin", "job-a");
+  EXPECT_EQ(t.size(), 64u);
+  EXPECT_EQ(t.find_first_not_of("0123456789abcdef"), std::string::npos) << t;
+  EXPECT_EQ(t, JobStoreToken("admin", "job-a"));
+  EXPECT_NE(t, JobStoreToken("admin", "job-b"));
+  EXPECT_NE(t, JobStoreToken("admin2", "job-a"));
+  // RFC 4231 test case 2: HMAC-SHA256(key "Jefe", "what do ya want for nothing?").
+  EXPECT_EQ(JobStoreToken("Jefe", "what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+TEST(AuthorizeStoreTest, MissingOrNonBearerTokenIsUnauthenticatedNamingStore) {
+  Status s = AuthorizeStore("", false, "admin", "job-a/0");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(s.message().find("store"), std::string::npos) << s;
+  EXPECT_EQ(AuthorizeStore("Basic x", true, "admin", "job-a/0").code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+TEST(AuthorizeStoreTest, AdminTokenOpensEveryNamespaceJobTokenOnlyItsJob) {
+  std::string job_a = "Bearer " + JobStoreToken("admin", "job-a");
+  EXPECT_TRUE(AuthorizeStore("Bearer admin", true, "admin", "job-b/3").ok());
+  EXPECT_TRUE(AuthorizeStore(job_a, true, "admin", "job-a/0").ok());
+  EXPECT_TRUE(AuthorizeStore(job_a, true, "admin", "job-a/7/sub").ok());
+  Status other = AuthorizeStore(job_a, true, "admin", "job-b/0");
+  EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(other.message().find("job-b/0"), std::string::npos) << other;
+  // A prefix of the job id is not the job.
+  EXPECT_EQ(AuthorizeStore(job_a, true, "admin", "job-a2/0").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(AuthorizeStore("Bearer wrong", true, "admin", "job-a/0").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(AuthorizeStore(job_a, true, "other-admin", "job-a/0").code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
 }  // namespace
 }  // namespace daemon
 }  // namespace lockstep

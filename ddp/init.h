@@ -14,7 +14,8 @@
 //                       (rendezvous::StoreNamespace()).
 //   "host:port"      -> the factory registered with RegisterStoreFactory()
 //                       (the gRPC store client lives outside ddp core;
-//                       link //ddp:init_from_env_grpc when it exists).
+//                       link //ddp:init_from_env_grpc when it exists;
+//                       it authenticates with LOCKSTEP_STORE_TOKEN).
 // Unset with MASTER_ADDR/MASTER_PORT set (the torchrun habit): the factory
 // registered with RegisterMasterStoreFactory() (//ddp:init_from_env_grpc:
 // rank 0 serves a store at MASTER_ADDR:MASTER_PORT, every rank connects);

@@ -3,7 +3,10 @@
 // (//rendezvous:store_client); MASTER_ADDR/MASTER_PORT without LOCKSTEP_STORE
 // makes rank 0 serve a store there (//rendezvous:store_server) and every rank
 // connect to it. The served store lives as long as rank 0's ProcessGroup.
+// The host:port client sends LOCKSTEP_STORE_TOKEN (set by lockstepd's agent:
+// the job's store token) as its bearer token when the variable is set.
 // Link //ddp:init_from_env_grpc (alwayslink) into the binary to enable it.
+#include <cstdlib>
 #include <memory>
 #include <utility>
 
@@ -64,7 +67,12 @@ StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
 
 const bool kRegistered = [] {
   RegisterStoreFactory([](const std::string& address, const std::string& ns, Duration timeout) {
-    return rendezvous::ConnectStore(address, ns, timeout);
+    // lockstepd's store wants the job's token, which the agent hands its
+    // workers as LOCKSTEP_STORE_TOKEN (unset: no token, for open stores).
+    rendezvous::StoreClientOptions options;
+    options.connect_timeout = timeout;
+    if (const char* token = std::getenv("LOCKSTEP_STORE_TOKEN")) options.token = token;
+    return rendezvous::ConnectStore(address, ns, options);
   });
   RegisterMasterStoreFactory(MasterStore);
   return true;

@@ -54,17 +54,31 @@ class JoinReactor : public grpc::ServerUnaryReactor {
   RendezvousCore::JoinId id_ = 0;  // set in the constructor, before gRPC binds us
 };
 
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const Status& status) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
 }  // namespace
+
+Status RendezvousGrpcService::Authorize(const grpc::CallbackServerContext& ctx,
+                                        absl::string_view job_id) const {
+  if (!authorizer_) return absl::OkStatus();
+  return authorizer_(ctx.client_metadata(), job_id);
+}
 
 grpc::ServerUnaryReactor* RendezvousGrpcService::JoinRendezvous(
     grpc::CallbackServerContext* ctx, const v1::JoinRendezvousRequest* request,
     v1::JoinRendezvousResponse* response) {
+  if (Status s = Authorize(*ctx, request->job_id()); !s.ok()) return Refuse(ctx, s);
   return new JoinReactor(core_, ctx, *request, response);
 }
 
 grpc::ServerUnaryReactor* RendezvousGrpcService::LeaveRendezvous(
     grpc::CallbackServerContext* ctx, const v1::LeaveRendezvousRequest* request,
     v1::LeaveRendezvousResponse* response) {
+  if (Status s = Authorize(*ctx, request->job_id()); !s.ok()) return Refuse(ctx, s);
   auto* reactor = ctx->DefaultReactor();
   if (request->job_id().empty() || request->node_id().empty() || request->round() < 0) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -79,6 +93,7 @@ grpc::ServerUnaryReactor* RendezvousGrpcService::LeaveRendezvous(
 grpc::ServerUnaryReactor* RendezvousGrpcService::GetRendezvousState(
     grpc::CallbackServerContext* ctx, const v1::GetRendezvousStateRequest* request,
     v1::GetRendezvousStateResponse* response) {
+  if (Status s = Authorize(*ctx, request->job_id()); !s.ok()) return Refuse(ctx, s);
   auto* reactor = ctx->DefaultReactor();
   StatusOr<RendezvousState> state = core_->GetState(JobId(request->job_id()));
   if (state.ok()) *response = ToProto(*state);

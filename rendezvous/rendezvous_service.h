@@ -13,6 +13,11 @@
 // Deadline of a join: the request's timeout_ms (0 = the job's join timeout),
 // or the RPC deadline when earlier.
 //
+// Authorization: an optional RendezvousAuthorizer (Default: none, open).
+// When set, every RPC is checked against (client metadata, the request's
+// job id) first and fails with its status (Unauthenticated /
+// PermissionDenied). lockstepd requires the admin token here.
+//
 // Registering on the coordinator's own server:
 //   RendezvousGrpcService rendezvous_service(&rendezvous_core);
 //   builder.RegisterService(&rendezvous_service);
@@ -22,16 +27,31 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
+#include <map>
+#include <utility>
+
+#include "absl/strings/string_view.h"
+#include "common/status.h"
+
 #include "lockstep/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/rendezvous_core.h"
 
 namespace lockstep {
 namespace rendezvous {
 
+// Decides whether a caller may act on job `job_id`. Must be thread-safe and
+// must not block (runs on gRPC's callback threads).
+using RendezvousAuthorizer = std::function<Status(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& client_metadata,
+    absl::string_view job_id)>;
+
 class RendezvousGrpcService final : public v1::RendezvousService::CallbackService {
  public:
   // `core` is not owned and must outlive the service and the server.
-  explicit RendezvousGrpcService(RendezvousCore* core) : core_(core) {}
+  // `authorizer`: see "Authorization" above; empty = open.
+  explicit RendezvousGrpcService(RendezvousCore* core, RendezvousAuthorizer authorizer = nullptr)
+      : core_(core), authorizer_(std::move(authorizer)) {}
 
   grpc::ServerUnaryReactor* JoinRendezvous(grpc::CallbackServerContext* ctx,
                                            const v1::JoinRendezvousRequest* request,
@@ -44,7 +64,11 @@ class RendezvousGrpcService final : public v1::RendezvousService::CallbackServic
                                                v1::GetRendezvousStateResponse* response) override;
 
  private:
+  // OK when no authorizer is set.
+  Status Authorize(const grpc::CallbackServerContext& ctx, absl::string_view job_id) const;
+
   RendezvousCore* const core_;
+  const RendezvousAuthorizer authorizer_;
 };
 
 }  // namespace rendezvous

@@ -44,7 +44,10 @@ std::chrono::system_clock::time_point ToSystem(SteadyTime t) {
 // session stays broken; the client replaces it.
 class Session {
  public:
-  Session(v1::StoreService::Stub* stub, const std::string& address) : address_(address) {
+  // `token`: when not empty, sent as `authorization: Bearer <token>`.
+  Session(v1::StoreService::Stub* stub, const std::string& address, const std::string& token)
+      : address_(address) {
+    if (!token.empty()) ctx_.AddMetadata("authorization", "Bearer " + token);
     stream_ = stub->PrepareAsyncSession(&ctx_, &cq_);
     std::lock_guard<std::mutex> lock(mu_);
     stream_->StartCall(&start_tag_);
@@ -428,7 +431,7 @@ class GrpcStore : public Store {
       return absl::UnavailableError(
           absl::StrCat("store server at ", address_, " is not reachable"));
     }
-    session_ = std::make_shared<Session>(stub_.get(), address_);
+    session_ = std::make_shared<Session>(stub_.get(), address_, options_.token);
     return session_;
   }
 

@@ -31,7 +31,8 @@
 //
 // Thread safety: safe for concurrent use by any number of threads.
 // Errors: those of Store (store.h), plus Unavailable (server unreachable
-// until the deadline; the message names the address).
+// until the deadline; the message names the address), and Unauthenticated /
+// PermissionDenied from a server with an authorizer (see options.token).
 #ifndef LOCKSTEP_RENDEZVOUS_STORE_CLIENT_H_
 #define LOCKSTEP_RENDEZVOUS_STORE_CLIENT_H_
 
@@ -58,6 +59,11 @@ struct StoreClientOptions {
   // Reconnect backoff after a broken stream. Default: 50 ms doubling to 2 s.
   Duration initial_backoff = std::chrono::milliseconds(50);
   Duration max_backoff = std::chrono::seconds(2);
+  // Bearer token sent with the Session stream as `authorization: Bearer
+  // <token>` (lockstepd's store wants the job's LOCKSTEP_STORE_TOKEN). A
+  // server that refuses it fails each operation with Unauthenticated or
+  // PermissionDenied. Default: empty, no metadata sent.
+  std::string token;
 };
 
 // Connects to the StoreService at `address` ("host:port") and returns a Store

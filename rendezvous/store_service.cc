@@ -123,7 +123,9 @@ class WaitReactor : public grpc::ServerUnaryReactor {
 // OnDone, after Finish, deletes the reactor.
 class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult> {
  public:
-  SessionReactor(StoreCore* core, grpc::CallbackServerContext* ctx) : core_(core), ctx_(ctx) {
+  SessionReactor(StoreCore* core, const StoreAuthorizer* authorizer,
+                 grpc::CallbackServerContext* ctx)
+      : core_(core), authorizer_(authorizer), ctx_(ctx) {
     StartRead(&op_);
   }
 
@@ -160,7 +162,11 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   void Execute(v1::StoreOp& op) {
     v1::StoreOpResult result;
     result.set_id(op.id());
-    Status status;
+    Status status = AuthorizeOp(op);
+    if (!status.ok()) {
+      Complete(std::move(result), status);
+      return;
+    }
     switch (op.op_case()) {
       case v1::StoreOp::kSet:
         status = core_->Set(op.set().namespace_(), op.set().key(),
@@ -200,6 +206,30 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
     }
     if (!status.ok()) result.clear_result();
     Complete(std::move(result), status);
+  }
+
+  // The namespace an op names; ops without one are checked against "".
+  static const std::string& OpNamespace(const v1::StoreOp& op) {
+    static const std::string kNone;
+    switch (op.op_case()) {
+      case v1::StoreOp::kSet: return op.set().namespace_();
+      case v1::StoreOp::kAdd: return op.add().namespace_();
+      case v1::StoreOp::kCompareSet: return op.compare_set().namespace_();
+      case v1::StoreOp::kDelete: return op.delete_().namespace_();
+      case v1::StoreOp::kNumKeys: return op.num_keys().namespace_();
+      case v1::StoreOp::kMultiSet: return op.multi_set().namespace_();
+      case v1::StoreOp::kGet: return op.get().namespace_();
+      case v1::StoreOp::kWait: return op.wait().namespace_();
+      case v1::StoreOp::kMultiGet: return op.multi_get().namespace_();
+      case v1::StoreOp::OP_NOT_SET: break;
+    }
+    return kNone;
+  }
+
+  Status AuthorizeOp(const v1::StoreOp& op) const {
+    if (authorizer_ == nullptr || !*authorizer_) return absl::OkStatus();
+    if (op.op_case() == v1::StoreOp::OP_NOT_SET) return absl::OkStatus();
+    return (*authorizer_)(ctx_->client_metadata(), OpNamespace(op));
   }
 
   void StartWait(uint64_t op_id, const std::string& ns, const std::vector<std::string>& keys,
@@ -293,6 +323,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   }
 
   StoreCore* const core_;
+  const StoreAuthorizer* const authorizer_;  // the service's; may hold no function
   grpc::CallbackServerContext* const ctx_;
   v1::StoreOp op_;  // the read in progress; only touched by the read chain
 
@@ -307,7 +338,26 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   bool finished_ = false;      // GUARDED_BY(mu_)
 };
 
+// A unary reactor finished at once with `status` (an authorization failure).
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const Status& status) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
 }  // namespace
+
+Status StoreGrpcService::Authorize(const grpc::CallbackServerContext& ctx,
+                                   absl::string_view ns) const {
+  if (!authorizer_) return absl::OkStatus();
+  return authorizer_(ctx.client_metadata(), ns);
+}
+
+#define LOCKSTEP_STORE_AUTHORIZE(ns)                    \
+  do {                                                  \
+    Status auth_status = Authorize(*ctx, (ns));         \
+    if (!auth_status.ok()) return Refuse(ctx, auth_status); \
+  } while (0)
 
 void ConfigureStoreServerBuilder(grpc::ServerBuilder* builder) {
   builder->SetMaxReceiveMessageSize(kStoreMaxMessageBytes);
@@ -317,6 +367,7 @@ void ConfigureStoreServerBuilder(grpc::ServerBuilder* builder) {
 grpc::ServerUnaryReactor* StoreGrpcService::Set(grpc::CallbackServerContext* ctx,
                                                 const v1::StoreSetRequest* request,
                                                 v1::StoreSetResponse* response) {
+  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(core_->Set(request->namespace_(), request->key(), request->value())));
   return reactor;
@@ -325,6 +376,7 @@ grpc::ServerUnaryReactor* StoreGrpcService::Set(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* StoreGrpcService::Get(grpc::CallbackServerContext* ctx,
                                                 const v1::StoreGetRequest* request,
                                                 v1::StoreGetResponse* response) {
+  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
   return new WaitReactor(core_, ctx, request->namespace_(), {request->key()},
                          request->timeout_ms(), true,
                          [response](std::vector<std::string>& values) {
@@ -335,6 +387,7 @@ grpc::ServerUnaryReactor* StoreGrpcService::Get(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* StoreGrpcService::Add(grpc::CallbackServerContext* ctx,
                                                 const v1::StoreAddRequest* request,
                                                 v1::StoreAddResponse* response) {
+  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(DoAdd(core_, *request, response)));
   return reactor;
@@ -343,6 +396,7 @@ grpc::ServerUnaryReactor* StoreGrpcService::Add(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* StoreGrpcService::CompareSet(grpc::CallbackServerContext* ctx,
                                                        const v1::StoreCompareSetRequest* request,
                                                        v1::StoreCompareSetResponse* response) {
+  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(DoCompareSet(core_, *request, response)));
   return reactor;
@@ -351,6 +405,7 @@ grpc::ServerUnaryReactor* StoreGrpcService::CompareSet(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* StoreGrpcService::Delete(grpc::CallbackServerContext* ctx,
                                                    const v1::StoreDeleteRequest* request,
                                                    v1::StoreDeleteResponse* response) {
+  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(DoDelete(core_, *request, response)));
   return reactor;
@@ -359,6 +414,7 @@ grpc::ServerUnaryReactor* StoreGrpcService::Delete(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* StoreGrpcService::Wait(grpc::CallbackServerContext* ctx,
                                                  const v1::StoreWaitRequest* request,
                                                  v1::StoreWaitResponse* response) {
+  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
   return new WaitReactor(core_, ctx, request->namespace_(), Keys(request->keys()),
                          request->timeout_ms(), false, [](std::vector<std::string>&) {});
 }
@@ -366,6 +422,7 @@ grpc::ServerUnaryReactor* StoreGrpcService::Wait(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* StoreGrpcService::NumKeys(grpc::CallbackServerContext* ctx,
                                                     const v1::StoreNumKeysRequest* request,
                                                     v1::StoreNumKeysResponse* response) {
+  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(DoNumKeys(core_, *request, response)));
   return reactor;
@@ -374,6 +431,7 @@ grpc::ServerUnaryReactor* StoreGrpcService::NumKeys(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* StoreGrpcService::MultiGet(grpc::CallbackServerContext* ctx,
                                                      const v1::StoreMultiGetRequest* request,
                                                      v1::StoreMultiGetResponse* response) {
+  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
   return new WaitReactor(core_, ctx, request->namespace_(), Keys(request->keys()),
                          request->timeout_ms(), true,
                          [response](std::vector<std::string>& values) {
@@ -384,6 +442,7 @@ grpc::ServerUnaryReactor* StoreGrpcService::MultiGet(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* StoreGrpcService::MultiSet(grpc::CallbackServerContext* ctx,
                                                      const v1::StoreMultiSetRequest* request,
                                                      v1::StoreMultiSetResponse* response) {
+  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(core_->MultiSet(request->namespace_(), Entries(*request))));
   return reactor;
@@ -391,8 +450,10 @@ grpc::ServerUnaryReactor* StoreGrpcService::MultiSet(grpc::CallbackServerContext
 
 grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* StoreGrpcService::Session(
     grpc::CallbackServerContext* ctx) {
-  return new SessionReactor(core_, ctx);
+  return new SessionReactor(core_, &authorizer_, ctx);
 }
+
+#undef LOCKSTEP_STORE_AUTHORIZE
 
 }  // namespace rendezvous
 }  // namespace lockstep

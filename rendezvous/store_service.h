@@ -16,6 +16,15 @@
 // DeadlineExceeded at once if a key is missing; negative = InvalidArgument);
 // the RPC's own deadline, when earlier, bounds it too.
 //
+// Authorization: an optional StoreAuthorizer (Default: none, the service is
+// open, as in tests, benches and standalone servers). When set, every unary
+// RPC is checked against (the call's client metadata, the request's
+// namespace) before it touches the core, and fails with the authorizer's
+// status (Unauthenticated / PermissionDenied). On a Session stream each op is
+// checked against the metadata sent at stream start and the op's namespace;
+// a refused op fails alone (its StoreOpResult carries the code and message),
+// the stream and the client's other ops go on.
+//
 // Message size: values may be up to kMaxValueBytes, so servers hosting this
 // service must raise gRPC's 4 MiB default: call ConfigureStoreServerBuilder().
 //
@@ -30,6 +39,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
+#include <map>
+#include <utility>
+
+#include "absl/strings/string_view.h"
+#include "common/status.h"
+
 #include "lockstep/v1/store.grpc.pb.h"
 #include "rendezvous/store_core.h"
 
@@ -39,10 +55,17 @@ namespace rendezvous {
 // Raises the builder's message size limits to kStoreMaxMessageBytes.
 void ConfigureStoreServerBuilder(grpc::ServerBuilder* builder);
 
+// Decides whether a caller may use namespace `ns`. Must be thread-safe and
+// must not block: it runs on gRPC's callback threads.
+using StoreAuthorizer = std::function<Status(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& client_metadata, absl::string_view ns)>;
+
 class StoreGrpcService final : public lockstep::v1::StoreService::CallbackService {
  public:
   // `core` is not owned and must outlive the service and the server.
-  explicit StoreGrpcService(StoreCore* core) : core_(core) {}
+  // `authorizer`: see "Authorization" above; empty = open.
+  explicit StoreGrpcService(StoreCore* core, StoreAuthorizer authorizer = nullptr)
+      : core_(core), authorizer_(std::move(authorizer)) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx,
                                 const v1::StoreSetRequest* request,
@@ -75,7 +98,11 @@ class StoreGrpcService final : public lockstep::v1::StoreService::CallbackServic
       grpc::CallbackServerContext* ctx) override;
 
  private:
+  // OK when no authorizer is set.
+  Status Authorize(const grpc::CallbackServerContext& ctx, absl::string_view ns) const;
+
   StoreCore* const core_;
+  const StoreAuthorizer authorizer_;
 };
 
 }  // namespace rendezvous

@@ -33,6 +33,42 @@ cp "$T/wrong-token" "$T/open-token"; chmod 644 "$T/open-token"
 expect_error "readable by group or others" "$LOCKSTEP" --coordinator "$COORD" --token-file "$T/open-token" list
 expect_error "UNAVAILABLE" "$LOCKSTEP" --coordinator 127.0.0.1:1 --token-file "$TOKEN" list
 
+# The store and rendezvous services on the same port want a token too: a
+# raw StoreService/Set without one, or with another job's store token, is
+# refused; the admin token is accepted. RendezvousService wants the admin
+# token. Requests are hand-encoded (Debian's python3-grpcio ships no stubs).
+raw_call() {  # raw_call METHOD TOKEN NAMESPACE_OR_JOB
+  /usr/bin/python3 - "$COORD" "$@" <<'PY'
+import sys, grpc
+addr, method, token, name = sys.argv[1:5]
+n = name.encode()
+if method.endswith("/Set"):
+    # StoreSetRequest{namespace=1, key=2 "k", value=3 "v"}.
+    req = b"\x0a" + bytes([len(n)]) + n + b"\x12\x01k\x1a\x01v"
+else:
+    # GetRendezvousStateRequest{job_id=1}.
+    req = b"\x0a" + bytes([len(n)]) + n
+ch = grpc.insecure_channel(addr)
+call = ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+md = [("authorization", "Bearer " + token)] if token else []
+try:
+    call(req, timeout=5, metadata=md)
+except grpc.RpcError as e:
+    print(e.code(), e.details(), file=sys.stderr)
+    sys.exit(1)
+PY
+}
+other_job_token=$(/usr/bin/python3 -c 'import hmac,hashlib,sys; print(hmac.new(sys.argv[1].encode(), b"j-other", hashlib.sha256).hexdigest())' "$(cat "$TOKEN")")
+own_job_token=$(/usr/bin/python3 -c 'import hmac,hashlib,sys; print(hmac.new(sys.argv[1].encode(), b"j-mine", hashlib.sha256).hexdigest())' "$(cat "$TOKEN")")
+expect_error "UNAUTHENTICATED.*store" raw_call /lockstep.v1.StoreService/Set "" j-mine/0
+expect_error "PERMISSION_DENIED.*j-mine/0" raw_call /lockstep.v1.StoreService/Set "$other_job_token" j-mine/0
+expect_error "PERMISSION_DENIED.*j-mine/0" raw_call /lockstep.v1.StoreService/Set "$(cat "$T/wrong-token")" j-mine/0
+raw_call /lockstep.v1.StoreService/Set "$own_job_token" j-mine/0 || fail "the job's own store token was refused"
+raw_call /lockstep.v1.StoreService/Set "$(cat "$TOKEN")" j-mine/0 || fail "the admin token was refused by the store"
+expect_error "UNAUTHENTICATED" raw_call /lockstep.v1.RendezvousService/GetRendezvousState "" j-mine
+expect_error "UNAUTHENTICATED" raw_call /lockstep.v1.RendezvousService/GetRendezvousState "$own_job_token" j-mine
+log "ok: store and rendezvous refuse calls without the right token"
+
 # Nothing above created a job.
 [ "$(ls_cli list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin).get("jobs", [])))')" = 0 ] ||
   fail "a rejected request created a job"

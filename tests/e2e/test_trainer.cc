@@ -85,8 +85,11 @@ int main() {
   // Meet the peers through the coordinator's store and claim the rank.
   std::string store_address = Env("LOCKSTEP_STORE");
   if (!store_address.empty()) {
+    rendezvous::StoreClientOptions store_options;
+    store_options.connect_timeout = std::chrono::seconds(10);
+    store_options.token = Env("LOCKSTEP_STORE_TOKEN");
     auto store = rendezvous::ConnectStore(store_address, rendezvous::StoreNamespace(job, round),
-                                          std::chrono::seconds(10));
+                                          store_options);
     if (!store.ok()) return Die(65, "store: " + store.status().ToString());
     std::string me = std::to_string(getpid());
     auto owner = (*store)->CompareSet("owner/rank-" + std::to_string(rank), "", me);
