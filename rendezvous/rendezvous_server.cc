@@ -1,9 +1,6 @@
 #include "rendezvous/rendezvous_server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
-
-#include "absl/strings/str_cat.h"
+#include "rendezvous/grpc_server.h"
 
 namespace lockstep {
 namespace rendezvous {
@@ -22,18 +19,11 @@ StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
   if (store == nullptr) store = std::make_shared<StoreCore>();
   std::unique_ptr<RendezvousServer> server(
       new RendezvousServer(std::move(rendezvous), std::move(store)));
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  ConfigureStoreServerBuilder(&builder);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
-  builder.RegisterService(&server->rendezvous_service_);
-  builder.RegisterService(&server->store_service_);
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("rendezvous server could not bind ", address));
-  }
-  server->address_ = absl::StrCat(address.substr(0, address.rfind(':')), ":", server->port_);
+  ASSIGN_OR_RETURN(StartedGrpcServer started,
+                   StartGrpcServer(address, {&server->rendezvous_service_, &server->store_service_}, "rendezvous server"));
+  server->server_ = std::move(started.server);
+  server->port_ = started.port;
+  server->address_ = std::move(started.address);
   return server;
 }
 
@@ -41,11 +31,7 @@ RendezvousServer::~RendezvousServer() { Shutdown(); }
 
 void RendezvousServer::Shutdown(Duration grace) {
   std::lock_guard<std::mutex> lock(shutdown_mu_);
-  if (server_ == nullptr) return;
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    std::chrono::duration_cast<std::chrono::system_clock::duration>(grace));
-  server_->Wait();
-  server_.reset();
+  ShutdownGrpcServer(&server_, grace);
 }
 
 }  // namespace rendezvous
