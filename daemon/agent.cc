@@ -104,7 +104,8 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
   int nproc = std::max(1, a.nproc_per_node());
 
   Status ok = IsSafeId(job_id) ? ValidateJobSpec(cmd.spec(), options_.allowed_commands)
-                               : absl::InvalidArgumentError("job id is not a safe path component");
+                               : absl::InvalidArgumentError(absl::StrCat(
+                                     "job id \"", job_id, "\" is not a safe path component"));
   std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
   if (ok.ok()) ok = MakeDirs(dir);
   std::string run_as = cmd.spec().run_as().empty() ? options_.run_as : cmd.spec().run_as();
@@ -479,7 +480,9 @@ StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool std
         absl::StrCat("job id \"", job_id, "\" is not a valid job id (no paths)"));
   }
   if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is negative"));
-  if (offset < 0) return absl::InvalidArgumentError("offset is negative");
+  if (offset < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("log offset ", offset, " is negative"));
+  }
   if (max_bytes <= 0 || max_bytes > kMaxLogChunkBytes) max_bytes = kMaxLogChunkBytes;
   LogChunk chunk;
   chunk.path = LogPath(job_id, rank, stderr_stream);
