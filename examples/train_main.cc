@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -49,6 +50,7 @@ struct Config {
   std::string dump_params;
   int64_t stall_rank = -1;
   int64_t threads = 1;
+  int64_t step_delay_ms = 0;
 };
 
 // CPU time of the whole process (every thread), in ms.
@@ -117,6 +119,10 @@ Status Run(const Config& cfg) {
   // `watch` show it. A no-op when started by hand.
   auto reporter = client::ProgressReporter::FromEnv();
   for (int64_t step = 1; step <= cfg.steps; ++step) {
+    // Stand-in for data loading between steps, outside the timed step.
+    if (cfg.step_delay_ms > 0 && step > 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(cfg.step_delay_ms));
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = ProcessCpuMs();
     opt.zero_grad();
@@ -223,6 +229,8 @@ int main(int argc, char** argv) {
   flags.String("dump-params", &cfg.dump_params, "write final parameters (float32) here; DDP ranks append .<rank>");
   flags.Int("stall-rank", &cfg.stall_rank, "test hook: this rank stops after DDP setup");
   flags.Int("threads", &cfg.threads, "intra-op threads");
+  flags.Int("step-delay-ms", &cfg.step_delay_ms,
+            "sleep this long before each step after the first (stands in for data loading)");
   auto rest = flags.Parse(argc, argv);
   if (!rest.ok()) {
     const bool help = absl::IsNotFound(rest.status());

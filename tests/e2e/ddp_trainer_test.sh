@@ -26,15 +26,17 @@ check_invariants "$job" 1
 
 # kill -9 of one DDP worker mid-run: the surviving ranks (blocked in or
 # about to enter a collective) are stopped by their agents, a new round
-# rebuilds the communicator, and the job succeeds with one restart.
+# rebuilds the communicator, and the job succeeds with one restart. The
+# 50 ms pause per step keeps round 1 running for ~5 s after step 5, so the
+# kill lands mid-run even on a fast machine (mlp_small steps take ~1 ms).
 job=$(ls_cli submit --json --nodes 2 --nproc-per-node 2 --max-restarts 1 -- \
-  "$TRAIN" --model mlp_small --steps 100 --timeout-s 60 |
+  "$TRAIN" --model mlp_small --steps 100 --step-delay-ms 50 --timeout-s 60 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_state "$job" RUNNING 60
 wait_for 60 grep -q '"rank":1,"step":5,' "$T/coord/jobs/$job/rank-1.stdout" || fail "rank 1 never reached step 5"
 victim=$(job_field "$job" '[w["pid"] for w in j["workers"] if w.get("rank", 0)==1][0]')
 log "kill -9 DDP rank 1 (pid $victim)"
-kill -9 "$victim"
+kill -9 "$victim" || fail "rank 1 (pid $victim) was gone before the kill"
 wait_state "$job" SUCCEEDED 120
 [ "$(job_field "$job" 'j["restart_count"]')" = 1 ] || fail "expected one restart"
 [ "$(job_field "$job" 'j["first_failure"]["exit"]["signal"]')" = 9 ] || fail "first failure should be signal 9"
