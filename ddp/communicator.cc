@@ -14,6 +14,11 @@ Status Work::Wait(Duration timeout) {
   return status_;
 }
 
+Status Work::WaitStream(Duration timeout) {
+  if (stream_waiter_) return stream_waiter_();
+  return Wait(timeout);
+}
+
 bool Work::IsCompleted() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;
@@ -57,11 +62,11 @@ std::shared_ptr<Work> Work::Failed(Status status) {
   return work;
 }
 
-Status CheckCollectiveTensor(const at::Tensor& t, const char* what) {
+Status CheckCollectiveTensor(const at::Tensor& t, const char* what, c10::Device device) {
   if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat(what, " tensor is undefined"));
-  if (!t.device().is_cpu()) {
+  if (t.device() != device) {
     return absl::InvalidArgumentError(absl::StrCat(what, " tensor is on ", t.device().str(),
-                                                   ", expected the CPU"));
+                                                   ", expected ", device.str()));
   }
   if (t.is_sparse() || !t.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat(what, " tensor must be dense and contiguous"));

@@ -11,10 +11,13 @@
 // Reducer keeps this invariant by launching buckets strictly in bucket index
 // order; anything else that issues collectives must do the same.
 //
-// Tensors: flat (any shape, but contiguous), dense, on the CPU. The
-// collective reads and writes the tensor's storage in place on the
-// communicator's thread: the caller must keep the tensor alive and leave its
-// contents alone until the Work completes.
+// Tensors: flat (any shape, but contiguous), dense, on the communicator's
+// device() (the CPU for Gloo; one CUDA device for NCCL). The collective reads
+// and writes the tensor's storage in place asynchronously: the caller must
+// leave its contents alone until the Work completes (implementations keep the
+// tensor alive themselves). CUDA collectives are ordered after the work
+// already queued on the caller's current stream, and complete when their own
+// stream reaches them (see nccl_communicator.h).
 //
 // Errors are never thrown: a call that cannot run returns a Work that is
 // already completed with the error. Codes: InvalidArgument (bad tensor),
@@ -32,9 +35,11 @@
 #define LOCKSTEP_DDP_COMMUNICATOR_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -70,6 +75,12 @@ class Work {
   // collective itself keeps running and has its own timeout).
   Status Wait(Duration timeout = kDefaultCollectiveTimeout);
 
+  // Orders the caller's current stream after the collective without blocking
+  // the host (CUDA collectives: an event wait on the stream). For host-side
+  // collectives it is Wait(timeout). Errors that happen later still reach
+  // the Work's status and the communicator (it aborts, see each backend).
+  Status WaitStream(Duration timeout = kDefaultCollectiveTimeout);
+
   bool IsCompleted() const;
 
   // The final status; OK while still pending.
@@ -84,6 +95,9 @@ class Work {
   void MarkStarted();
   void Finish(Status status);
   static std::shared_ptr<Work> Failed(Status status);
+  // Installs what WaitStream does instead of a host wait. Set before the
+  // Work is handed out.
+  void SetStreamWaiter(std::function<Status()> waiter) { stream_waiter_ = std::move(waiter); }
 
  private:
   mutable std::mutex mu_;
@@ -92,6 +106,7 @@ class Work {
   Status status_;           // GUARDED_BY(mu_)
   MonoTime started_at_{};   // GUARDED_BY(mu_)
   MonoTime finished_at_{};  // GUARDED_BY(mu_)
+  std::function<Status()> stream_waiter_;  // Immutable once handed out.
 };
 
 class Communicator {
@@ -100,8 +115,10 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // Short name for logs and stats: "gloo", "fake".
+  // Short name for logs and stats: "gloo", "nccl", "fake".
   virtual std::string backend() const = 0;
+  // Where collective tensors must live. Default: the CPU.
+  virtual c10::Device device() const { return c10::Device(c10::DeviceType::CPU); }
 
   // In place: `tensor` becomes the elementwise sum (or average) over ranks.
   // Dtypes: float32, float64, int32, int64 (kAvg: float32, float64).
@@ -120,8 +137,9 @@ class Communicator {
 };
 
 // Returns InvalidArgument naming `what` unless `t` is a defined, dense,
-// contiguous CPU tensor. For implementations.
-Status CheckCollectiveTensor(const at::Tensor& t, const char* what);
+// contiguous tensor on `device`. For implementations.
+Status CheckCollectiveTensor(const at::Tensor& t, const char* what,
+                             c10::Device device = c10::Device(c10::DeviceType::CPU));
 
 }  // namespace ddp
 }  // namespace lockstep

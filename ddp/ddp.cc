@@ -74,6 +74,15 @@ StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::Crea
     state.push_back(item.value());
     ddp->buffers_.push_back(item.value());
   }
+  {
+    // Before any collective: a model split across devices (or on the wrong
+    // one for this backend) gets an error naming the tensors.
+    std::vector<Reducer::NamedParam> named = params;
+    for (const auto& item : root->named_buffers(/*recurse=*/true)) {
+      named.push_back({item.key(), item.value()});
+    }
+    RETURN_IF_ERROR(Reducer::CheckDevices(named, *ddp->comm_));
+  }
   const DdpOptions& opts = ddp->options_;
   RETURN_IF_ERROR(Annotate(BroadcastCoalesced(*ddp->comm_, state, 0, opts.timeout),
                            "DDP: broadcasting initial parameters and buffers from rank 0"));

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ddp/missing_ranks.h"
 
 namespace lockstep {
 namespace ddp {
@@ -112,7 +113,7 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(rendezvous:
                                    world_size, " ranks");
     if (!missing.empty()) {
       return absl::DeadlineExceededError(
-          absl::StrCat(msg, ": ranks [", absl::StrJoin(missing, ", "), "] did not arrive within ",
+          absl::StrCat(msg, ": ranks ", FormatRanks(missing), " did not arrive within ",
                        ToSeconds(options.connect_timeout), " s (", e.what(), ")"));
     }
     return absl::UnavailableError(absl::StrCat(msg, ": ", e.what()));
@@ -190,21 +191,13 @@ void GlooCommunicator::Loop() {
 }
 
 Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::string& what) {
-  const std::string base = absl::StrCat(options_.key_prefix, "/failed/", seq, "/");
-  (void)store_->Set(base + std::to_string(rank_), "1");
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size_; ++r) keys.push_back(base + std::to_string(r));
-  std::vector<int> missing;
-  if (!store_->Wait(keys, grace_).ok()) {
-    for (int r = 0; r < world_size_; ++r) {
-      if (!store_->Get(keys[r], Duration::zero()).ok()) missing.push_back(r);
-    }
-  }
+  const std::vector<int> missing = ReportAndFindMissing(
+      store_, absl::StrCat(options_.key_prefix, "/failed/", seq, "/"), rank_, world_size_, grace_);
   const std::string head = absl::StrCat("gloo ", name, " #", seq, " on rank ", rank_, " failed");
   if (!missing.empty()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        head, ": ranks [", absl::StrJoin(missing, ", "), "] did not arrive within ",
-        ToSeconds(options_.timeout), " s (gloo: ", what, ")"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(head, ": ranks ", FormatRanks(missing), " did not arrive within ",
+                     ToSeconds(options_.timeout), " s (gloo: ", what, ")"));
   }
   return absl::UnavailableError(
       absl::StrCat(head, ": every rank reached it; transport error (gloo: ", what, ")"));

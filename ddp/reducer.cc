@@ -49,17 +49,38 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(std::vector<NamedParam> param
       return absl::InvalidArgumentError(
           absl::StrCat("reducer: parameter '", p.name, "' is not a leaf requiring grad"));
     }
-    if (!p.tensor.device().is_cpu()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("reducer: parameter '", p.name, "' is not on the CPU"));
-    }
     if (!seen.insert(p.tensor.unsafeGetTensorImpl()).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("reducer: parameter '", p.name, "' is listed twice (tied weights must be "
                                                        "listed once)"));
     }
   }
+  RETURN_IF_ERROR(CheckDevices(params, *comm));
   return std::unique_ptr<Reducer>(new Reducer(std::move(params), comm, options));
+}
+
+Status Reducer::CheckDevices(const std::vector<NamedParam>& tensors, const Communicator& comm) {
+  if (tensors.empty()) return absl::OkStatus();
+  // One device for all: buckets are flat buffers on it, and one
+  // communicator reduces them.
+  const NamedParam& first = tensors.front();
+  for (const auto& p : tensors) {
+    if (p.tensor.device() != first.tensor.device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DDP: the model is on more than one device ('", first.name, "' on ",
+          first.tensor.device().str(), ", '", p.name, "' on ", p.tensor.device().str(),
+          "); move the whole model to one device before wrapping it"));
+    }
+  }
+  const c10::Device device = first.tensor.device();
+  if (device != comm.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DDP: the model is on ", device.str(), " but the ", comm.backend(),
+        " communicator reduces tensors on ", comm.device().str(),
+        device.is_cuda() ? " (use the nccl backend for CUDA models)"
+                         : " (use the gloo backend for CPU models)"));
+  }
+  return absl::OkStatus();
 }
 
 Reducer::Reducer(std::vector<NamedParam> params, Communicator* comm, ReducerOptions options)
@@ -100,7 +121,11 @@ void Reducer::BuildBuckets(const std::vector<size_t>& order) {
     int64_t total = 0;
     for (size_t i : bucket.params) total += params_[i].tensor.numel();
     const auto dtype = params_[bucket.params.front()].tensor.scalar_type();
-    bucket.buffer = torch::zeros({total}, torch::TensorOptions().dtype(dtype));
+    // On the parameters' device: on CUDA the copies, the scaling and the
+    // write-back below all run on the current (compute) stream, and the
+    // communicator orders its own stream after it (communicator.h).
+    bucket.buffer = torch::zeros(
+        {total}, torch::TensorOptions().dtype(dtype).device(params_[bucket.params.front()].tensor.device()));
     int64_t offset = 0;
     for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
       const size_t i = bucket.params[pos];
@@ -316,8 +341,10 @@ Status Reducer::RebuildBucketsIfNeeded() {
     int64_t* out = wire.data_ptr<int64_t>();
     for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(order[i]);
   }
-  RETURN_IF_ERROR(Annotate(comm_->Broadcast(wire, 0)->Wait(options_.timeout + kWorkWaitSlack),
+  torch::Tensor on_device = wire.to(comm_->device());
+  RETURN_IF_ERROR(Annotate(comm_->Broadcast(on_device, 0)->Wait(options_.timeout + kWorkWaitSlack),
                            "DDP: broadcasting the bucket order"));
+  if (!on_device.is_same(wire)) wire = on_device.cpu();
   std::vector<bool> seen(n, false);
   const int64_t* data = wire.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {

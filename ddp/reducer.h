@@ -34,6 +34,18 @@
 // waits forever. Without the flag, a backward that ends with parameters that
 // never became ready fails with an error naming them.
 //
+// Devices. Every parameter must be on one device, the communicator's
+// (Communicator::device(): the CPU for Gloo, one CUDA device for NCCL); a
+// mixed CPU/GPU parameter set is rejected at Create. On CUDA the bucket
+// buffers live on the device, and the copies into the buckets, the 1/world
+// scaling and the write-back run on the stream current where they run: the
+// hooks run on the gradient accumulators' stream (the one current when the
+// DDP wrapper was built; the engine orders it after the producing op), and
+// finalisation on the streams current when backward() was called. Each
+// bucket's collective is ordered after the hook's stream with an event, and
+// finalisation waits for each bucket's completion event (the Work) before
+// writing back. Build the DDP wrapper under the stream used for forward.
+//
 // Errors. Public methods return Status. The hooks and the finalisation
 // callback run inside torch's backward: their errors are thrown as
 // c10::Error out of torch::autograd::backward (DistributedDataParallel::
@@ -99,10 +111,15 @@ class Reducer {
 
   // Builds buckets in reverse parameter order and installs the hooks.
   // `comm` must outlive the Reducer. Errors: InvalidArgument (no parameters,
-  // a parameter not requiring grad, not on the CPU, or listed twice).
+  // a parameter not requiring grad, parameters on more than one device or not
+  // on the communicator's device, or a parameter listed twice).
   static StatusOr<std::unique_ptr<Reducer>> Create(std::vector<NamedParam> params,
                                                    Communicator* comm, ReducerOptions options);
   ~Reducer();
+
+  // InvalidArgument unless every tensor is on one device, the communicator's;
+  // the message names the tensors (or the backend) involved.
+  static Status CheckDevices(const std::vector<NamedParam>& tensors, const Communicator& comm);
 
   // Called after forward when the coming backward must synchronise.
   // `outputs` are the forward outputs (used with find_unused_parameters).

@@ -185,6 +185,48 @@ TEST(ReducerTest, CommunicatorFailureSurfacesAsStatusFromBackward) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("injected"));
 }
 
+// Devices are checked before any hook is installed. Meta tensors stand in
+// for a second device here, so this runs on CPU-only builds; the CUDA case
+// is the same code path (ddp_cuda_test covers it where a GPU exists).
+TEST(ReducerTest, ParametersOnTwoDevicesAreRejectedNamingBoth) {
+  FakeCommunicator comm;
+  auto cpu = torch::zeros({4}, torch::TensorOptions().requires_grad(true));
+  auto other = torch::zeros({4}, torch::TensorOptions().device(torch::kMeta).requires_grad(true));
+  auto r = Reducer::Create({{"layer.weight", cpu}, {"head.bias", other}}, &comm, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("more than one device ('layer.weight' on cpu, 'head.bias' on meta)"));
+}
+
+TEST(ReducerTest, ParametersOffTheCommunicatorsDeviceAreRejected) {
+  FakeCommunicator comm;  // Reduces CPU tensors, like Gloo.
+  auto other = torch::zeros({4}, torch::TensorOptions().device(torch::kMeta).requires_grad(true));
+  auto r = Reducer::Create({{"w", other}}, &comm, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("the model is on meta but the fake communicator reduces tensors on cpu"));
+}
+
+struct BufferElsewhereImpl : torch::nn::Module {
+  BufferElsewhereImpl() {
+    fc = register_module("fc", torch::nn::Linear(4, 4));
+    register_buffer("running", torch::zeros({4}, torch::TensorOptions().device(torch::kMeta)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc(x); }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(BufferElsewhere);
+
+TEST(ReducerTest, DdpRejectsAModelSplitAcrossDevicesBeforeAnyCollective) {
+  auto comm = std::make_shared<FakeCommunicator>();
+  auto ddp = DistributedDataParallel::Create(BufferElsewhere(), comm);
+  ASSERT_FALSE(ddp.ok());
+  EXPECT_THAT(std::string(ddp.status().message()),
+              HasSubstr("more than one device ('fc.weight' on cpu, 'running' on meta)"));
+  EXPECT_TRUE(comm->calls().empty()) << "a collective ran before the device check";
+}
+
 }  // namespace
 }  // namespace ddp
 }  // namespace lockstep
