@@ -1,0 +1,210 @@
+// DistributedDataParallel on CUDA over NCCL (world size 1: the GPU machines
+// have one GPU, and NCCL refuses two ranks on one device). A full training
+// step of the example models must give the same gradients and parameters as
+// local training of the same model, the buckets' collectives must start
+// while backward is still running, and a model split across CPU and GPU is
+// rejected. Skips, with the reason, without NCCL or a usable GPU.
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "ddp/ddp.h"
+#include "ddp/fake_store.h"
+#include "ddp/nccl_communicator.h"
+#include "examples/models.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+using ::testing::HasSubstr;
+
+#define SKIP_WITHOUT_GPU()                                          \
+  do {                                                              \
+    const std::string reason = NcclUnavailableReason();             \
+    if (!reason.empty()) GTEST_SKIP() << "no NCCL GPU: " << reason; \
+  } while (0)
+
+const torch::Device kGpu(torch::kCUDA, 0);
+
+std::shared_ptr<NcclCommunicator> MakeComm(FakeStore* store) {
+  NcclOptions options;
+  options.device = 0;
+  auto comm = NcclCommunicator::Create(store, 0, 1, options);
+  EXPECT_TRUE(comm.ok()) << comm.status();
+  return comm.ok() ? std::shared_ptr<NcclCommunicator>(std::move(*comm)) : nullptr;
+}
+
+examples::Workload OnGpu(const std::string& name) {
+  auto w = examples::MakeWorkload(name, /*seed=*/7);
+  EXPECT_TRUE(w.ok()) << w.status();
+  w->root->to(kGpu);
+  w->root->train();
+  return std::move(*w);
+}
+
+torch::Tensor Loss(const torch::Tensor& out, const torch::Tensor& y) {
+  return torch::nn::functional::cross_entropy(out, y);
+}
+
+struct Param {
+  std::string name;
+  torch::Tensor value, grad;
+};
+
+std::vector<Param> Snapshot(torch::nn::Module& m) {
+  std::vector<Param> out;
+  for (const auto& item : m.named_parameters()) {
+    out.push_back({item.key(), item.value().detach().cpu().clone(),
+                   item.value().grad().defined() ? item.value().grad().cpu().clone()
+                                                 : torch::Tensor()});
+  }
+  return out;
+}
+
+void ExpectSame(const std::vector<Param>& ddp, const std::vector<Param>& local,
+                const std::string& what) {
+  ASSERT_EQ(ddp.size(), local.size());
+  for (size_t i = 0; i < ddp.size(); ++i) {
+    ASSERT_EQ(ddp[i].name, local[i].name);
+    EXPECT_TRUE(torch::allclose(ddp[i].value, local[i].value, 1e-5, 1e-6))
+        << what << ": parameter " << ddp[i].name;
+    ASSERT_EQ(ddp[i].grad.defined(), local[i].grad.defined()) << ddp[i].name;
+    if (ddp[i].grad.defined()) {
+      EXPECT_TRUE(torch::allclose(ddp[i].grad, local[i].grad, 1e-4, 1e-6))
+          << what << ": gradient of " << ddp[i].name << " differs by "
+          << (ddp[i].grad - local[i].grad).abs().max().item<float>();
+    }
+  }
+}
+
+// Three SGD steps (the second rebuilds the buckets on the device) of DDP and
+// of plain local training from the same initial model and data.
+void TrainAndCompare(const std::string& model, bool gradient_as_bucket_view) {
+  FakeStore store;
+  auto comm = MakeComm(&store);
+  ASSERT_NE(comm, nullptr);
+  examples::Workload local = OnGpu(model);
+  examples::Workload dist = OnGpu(model);
+  DdpOptions options;
+  options.gradient_as_bucket_view = gradient_as_bucket_view;
+  auto ddp = DistributedDataParallel::Create(dist.module, comm, options);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  torch::optim::SGD local_opt(local.root->parameters(), torch::optim::SGDOptions(0.05));
+  torch::optim::SGD ddp_opt(dist.root->parameters(), torch::optim::SGDOptions(0.05));
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = examples::MakeBatch(local, 32, /*seed=*/100 + step);
+    x = x.to(kGpu);
+    y = y.to(kGpu);
+    local_opt.zero_grad();
+    torch::manual_seed(1000 + step);  // Same dropout masks in both.
+    Loss(local.module.forward(x), y).backward();
+    ddp_opt.zero_grad();
+    torch::manual_seed(1000 + step);
+    auto out = (*ddp)->Forward(x);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*ddp)->Backward(Loss(*out, y)).ok());
+    ExpectSame(Snapshot(*dist.root), Snapshot(*local.root),
+               model + " step " + std::to_string(step) + " gradients");
+    local_opt.step();
+    ddp_opt.step();
+  }
+  ExpectSame(Snapshot(*dist.root), Snapshot(*local.root), model + " after 3 steps");
+  EXPECT_EQ((*ddp)->last_stats().step, 3);
+}
+
+TEST(DdpCudaTest, MlpStepMatchesLocalTraining) {
+  SKIP_WITHOUT_GPU();
+  TrainAndCompare("mlp", false);
+}
+
+TEST(DdpCudaTest, TransformerStepMatchesLocalTraining) {
+  SKIP_WITHOUT_GPU();
+  TrainAndCompare("transformer", false);
+}
+
+TEST(DdpCudaTest, GradientAsBucketViewMatchesLocalTraining) {
+  SKIP_WITHOUT_GPU();
+  TrainAndCompare("mlp", true);
+}
+
+// Overlap on the GPU: the watchdog marks a bucket started when its start
+// event has completed on the GPU (so no earlier than the GPU began it), and
+// backward_end is when the host finished queuing backward (no later than the
+// GPU finished it). The first bucket starting before backward_end therefore
+// proves the collective ran while backward was still in progress. A small
+// batch keeps the GPU close behind the host, as in latency-bound training.
+TEST(DdpCudaTest, FirstBucketStartsBeforeBackwardEnds) {
+  SKIP_WITHOUT_GPU();
+  FakeStore store;
+  auto comm = MakeComm(&store);
+  ASSERT_NE(comm, nullptr);
+  examples::Workload w = OnGpu("transformer");
+  auto ddp = DistributedDataParallel::Create(w.module, comm);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  auto [x, y] = examples::MakeBatch(w, 8, /*seed=*/3);
+  x = x.to(kGpu);
+  y = y.to(kGpu);
+  int overlapped = 0;
+  const int steps = 10;
+  for (int step = 0; step < steps; ++step) {
+    auto out = (*ddp)->Forward(x);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*ddp)->Backward(Loss(*out, y)).ok());
+    const ReducerStepStats s = (*ddp)->last_stats().reducer;
+    ASSERT_GE(s.buckets, 2);
+    ASSERT_EQ(s.bucket_comm_start.size(), static_cast<size_t>(s.buckets));
+    for (int b = 0; b < s.buckets; ++b) {
+      EXPECT_LE(s.bucket_comm_start[b], s.bucket_comm_end[b]);
+      if (b > 0) {
+        EXPECT_LE(s.bucket_comm_end[b - 1], s.bucket_comm_end[b]) << "out of order";
+      }
+    }
+    if (s.bucket_comm_start.front() < s.backward_end) ++overlapped;
+  }
+  // Step 1 runs before the bucket rebuild; later steps use the rebuilt order.
+  EXPECT_GE(overlapped, steps / 2) << "the first bucket started before the end of backward in "
+                                   << overlapped << " of " << steps << " steps";
+}
+
+struct TwoLayersImpl : torch::nn::Module {
+  TwoLayersImpl() {
+    first = register_module("first", torch::nn::Linear(4, 4));
+    second = register_module("second", torch::nn::Linear(4, 2));
+  }
+  torch::Tensor forward(torch::Tensor x) { return second(first(x)); }
+  torch::nn::Linear first{nullptr}, second{nullptr};
+};
+TORCH_MODULE(TwoLayers);
+
+TEST(DdpCudaTest, ModelSplitAcrossCpuAndGpuIsRejected) {
+  SKIP_WITHOUT_GPU();
+  FakeStore store;
+  auto comm = MakeComm(&store);
+  ASSERT_NE(comm, nullptr);
+  TwoLayers model;
+  model->second->to(kGpu);  // The first layer stays on the CPU.
+  auto ddp = DistributedDataParallel::Create(model, comm);
+  ASSERT_FALSE(ddp.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(ddp.status())) << ddp.status();
+  EXPECT_THAT(std::string(ddp.status().message()),
+              HasSubstr("more than one device ('first.weight' on cpu, 'second.weight' on cuda:0)"));
+}
+
+TEST(DdpCudaTest, CpuModelWithTheNcclBackendIsRejected) {
+  SKIP_WITHOUT_GPU();
+  FakeStore store;
+  auto comm = MakeComm(&store);
+  ASSERT_NE(comm, nullptr);
+  auto ddp = DistributedDataParallel::Create(torch::nn::Linear(4, 4), comm);
+  ASSERT_FALSE(ddp.ok());
+  EXPECT_THAT(std::string(ddp.status().message()),
+              HasSubstr("the model is on cpu but the nccl communicator reduces tensors on cuda:0"));
+}
+
+}  // namespace
+}  // namespace ddp
+}  // namespace lockstep
