@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "ddp/gloo_communicator.h"
+#include "ddp/nccl_communicator.h"
 #include "rendezvous/file_store.h"
 
 namespace lockstep {
@@ -158,24 +159,48 @@ StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
   if (options.keep_freed_memory) KeepFreedMemory();
   ASSIGN_OR_RETURN(WorkerEnv env, ParseWorkerEnv([](const char* n) { return std::getenv(n); }));
   ASSIGN_OR_RETURN(auto store, OpenStore(env, options.connect_timeout));
-  GlooOptions gloo;
-  gloo.timeout = options.timeout;
-  gloo.connect_timeout = options.connect_timeout;
-  if (!options.gloo_hostname.empty()) {
-    gloo.hostname = options.gloo_hostname;
-  } else if (const char* host = std::getenv("LOCKSTEP_GLOO_HOST")) {
-    gloo.hostname = host;
+  std::string backend = options.backend;
+  if (backend.empty()) {
+    const char* from_env = std::getenv("LOCKSTEP_BACKEND");
+    backend = from_env != nullptr && *from_env != '\0' ? from_env : "gloo";
   }
   Logger log("ddp", env.job_id, env.rank);
   const MonoTime start = RealClock()->Now();
-  auto comm_or = GlooCommunicator::Create(store.get(), env.rank, env.world_size, gloo);
-  if (!comm_or.ok()) {
-    log.Error("gloo mesh of {} ranks failed: {}", env.world_size, comm_or.status().ToString());
-    return comm_or.status();
+  std::unique_ptr<Communicator> comm;
+  if (backend == "gloo") {
+    GlooOptions gloo;
+    gloo.timeout = options.timeout;
+    gloo.connect_timeout = options.connect_timeout;
+    if (!options.gloo_hostname.empty()) {
+      gloo.hostname = options.gloo_hostname;
+    } else if (const char* host = std::getenv("LOCKSTEP_GLOO_HOST")) {
+      gloo.hostname = host;
+    }
+    auto comm_or = GlooCommunicator::Create(store.get(), env.rank, env.world_size, gloo);
+    if (!comm_or.ok()) {
+      log.Error("gloo mesh of {} ranks failed: {}", env.world_size, comm_or.status().ToString());
+      return comm_or.status();
+    }
+    comm = std::move(comm_or).value();
+  } else if (backend == "nccl") {
+    NcclOptions nccl;
+    nccl.device = env.local_rank;
+    nccl.timeout = options.timeout;
+    nccl.connect_timeout = options.connect_timeout;
+    auto comm_or = NcclCommunicator::Create(store.get(), env.rank, env.world_size, nccl);
+    if (!comm_or.ok()) {
+      log.Error("nccl communicator of {} ranks on device {} failed: {}", env.world_size,
+                env.local_rank, comm_or.status().ToString());
+      return comm_or.status();
+    }
+    comm = std::move(comm_or).value();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown communication backend '", backend, "' (LOCKSTEP_BACKEND): use gloo or nccl"));
   }
-  auto comm = std::move(comm_or).value();
-  log.Info("connected gloo mesh of {} ranks (round {}, store {}) in {:.3f} s", env.world_size,
-           env.round, env.store_address.empty() ? env.master_addr : env.store_address,
+  log.Info("connected {} communicator of {} ranks (round {}, store {}) in {:.3f} s", backend,
+           env.world_size, env.round,
+           env.store_address.empty() ? env.master_addr : env.store_address,
            ToSeconds(RealClock()->Now() - start));
   return std::make_unique<ProcessGroup>(std::move(env), std::move(store),
                                         std::shared_ptr<Communicator>(std::move(comm)));

@@ -81,6 +81,9 @@ struct InitOptions {
   Duration connect_timeout = rendezvous::kDefaultStoreTimeout;
   // Address Gloo binds. Default: 127.0.0.1, or LOCKSTEP_GLOO_HOST if set.
   std::string gloo_hostname;
+  // "gloo" (CPU tensors) or "nccl" (CUDA tensors; the rank drives CUDA
+  // device local_rank). Default: LOCKSTEP_BACKEND if set, else "gloo".
+  std::string backend;
   // Calls KeepFreedMemory() (below). Default: true.
   bool keep_freed_memory = true;
 };
@@ -114,8 +117,11 @@ class ProcessGroup {
   std::shared_ptr<Communicator> communicator_;  // Destroyed before store_.
 };
 
-// Parses the process environment, opens the store and connects a
-// GlooCommunicator. Blocks until all ranks connect or connect_timeout.
+// Parses the process environment, opens the store and connects the
+// communicator of the chosen backend (GlooCommunicator, or NcclCommunicator
+// on device local_rank). Blocks until all ranks connect or connect_timeout.
+// Errors: InvalidArgument naming an unknown backend; the communicators'
+// errors (NCCL in a build without it: Unimplemented saying how to build it).
 StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options = {});
 
 }  // namespace ddp

@@ -111,6 +111,50 @@ TEST(OpenStoreTest, HostPortUsesTheRegisteredFactory) {
   RegisterStoreFactory(nullptr);
 }
 
+// Sets a world of one on a file store for InitFromEnv.
+void SetWorldOfOne(const std::string& dir) {
+  setenv("LOCKSTEP_STORE", ("file:" + dir).c_str(), 1);
+  setenv("LOCKSTEP_RANK", "0", 1);
+  setenv("LOCKSTEP_WORLD_SIZE", "1", 1);
+}
+
+std::string TestDir(const char* leaf) {
+  const char* tmp = getenv("TEST_TMPDIR");
+  return std::string(tmp ? tmp : "/tmp") + "/" + leaf;
+}
+
+TEST(InitFromEnvTest, DefaultBackendIsGlooAndUnknownBackendIsNamed) {
+  SetWorldOfOne(TestDir("backend"));
+  unsetenv("LOCKSTEP_BACKEND");
+  auto group = InitFromEnv();
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ((*group)->communicator()->backend(), "gloo");
+  setenv("LOCKSTEP_BACKEND", "mpi", 1);
+  auto bad = InitFromEnv();
+  unsetenv("LOCKSTEP_BACKEND");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_NE(bad.status().message().find("unknown communication backend 'mpi'"), std::string::npos)
+      << bad.status();
+}
+
+TEST(InitFromEnvTest, NcclBackendWithoutNcclOrGpuSaysWhy) {
+  SetWorldOfOne(TestDir("nccl"));
+  InitOptions options;
+  options.backend = "nccl";
+  options.connect_timeout = std::chrono::seconds(5);
+  auto group = InitFromEnv(options);
+  if (group.ok()) {
+    EXPECT_EQ((*group)->communicator()->backend(), "nccl");  // A GPU machine.
+    return;
+  }
+  // Built without NCCL: Unimplemented naming the build option; with NCCL
+  // but no device: FailedPrecondition naming the missing device.
+  EXPECT_TRUE(absl::IsUnimplemented(group.status()) || absl::IsFailedPrecondition(group.status()))
+      << group.status();
+  EXPECT_NE(group.status().message().find("nccl"), std::string::npos) << group.status();
+}
+
 }  // namespace
 }  // namespace ddp
 }  // namespace lockstep

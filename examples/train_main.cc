@@ -51,6 +51,7 @@ struct Config {
   int64_t stall_rank = -1;
   int64_t threads = 1;
   int64_t step_delay_ms = 0;
+  std::string device = "cpu";
 };
 
 // CPU time of the whole process (every thread), in ms.
@@ -76,6 +77,13 @@ std::vector<torch::Tensor> UniqueParameters(torch::nn::Module& m) {
 }
 
 Status Run(const Config& cfg) {
+  if (cfg.device != "cpu" && cfg.device != "cuda") {
+    return absl::InvalidArgumentError("--device must be cpu or cuda, got '" + cfg.device + "'");
+  }
+  if (cfg.device == "cuda" && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(
+        "--device cuda: this LibTorch sees no CUDA device (CPU-only build, or no GPU)");
+  }
   torch::set_num_threads(static_cast<int>(cfg.threads));
   std::unique_ptr<ddp::ProcessGroup> group;
   int rank = 0, world = 1;
@@ -85,6 +93,7 @@ Status Run(const Config& cfg) {
   if (!cfg.local) {
     ddp::InitOptions init;
     init.timeout = FromSeconds(cfg.timeout_s);
+    if (cfg.device == "cuda") init.backend = "nccl";
     ASSIGN_OR_RETURN(group, ddp::InitFromEnv(init));
     rank = group->env().rank;
     world = group->env().world_size;
@@ -93,6 +102,14 @@ Status Run(const Config& cfg) {
   auto [x_all, y_all] = examples::MakeBatch(w, world * cfg.batch, cfg.seed);
   torch::Tensor x = x_all.narrow(0, rank * cfg.batch, cfg.batch);
   torch::Tensor y = y_all.narrow(0, rank * cfg.batch, cfg.batch);
+  if (cfg.device == "cuda") {
+    // One GPU per rank: the communicator's device (local rank under DDP).
+    const torch::Device gpu =
+        group ? group->communicator()->device() : torch::Device(torch::kCUDA, 0);
+    w.root->to(gpu);
+    x = x.to(gpu);
+    y = y.to(gpu);
+  }
 
   std::unique_ptr<ddp::DistributedDataParallel> model;
   if (!cfg.local) {
@@ -198,7 +215,7 @@ Status Run(const Config& cfg) {
     const std::string path = cfg.local ? cfg.dump_params : absl::StrCat(cfg.dump_params, ".", rank);
     std::ofstream out(path, std::ios::binary);
     for (const auto& p : params) {
-      torch::Tensor c = p.detach().to(torch::kFloat).contiguous();
+      torch::Tensor c = p.detach().to(torch::kCPU, torch::kFloat).contiguous();
       out.write(static_cast<const char*>(c.data_ptr()), c.nbytes());
     }
     if (!out) return absl::InternalError("cannot write " + path);
@@ -229,6 +246,7 @@ int main(int argc, char** argv) {
   flags.String("dump-params", &cfg.dump_params, "write final parameters (float32) here; DDP ranks append .<rank>");
   flags.Int("stall-rank", &cfg.stall_rank, "test hook: this rank stops after DDP setup");
   flags.Int("threads", &cfg.threads, "intra-op threads");
+  flags.String("device", &cfg.device, "cpu | cuda (DDP over NCCL, one GPU per local rank)");
   flags.Int("step-delay-ms", &cfg.step_delay_ms,
             "sleep this long before each step after the first (stands in for data loading)");
   auto rest = flags.Parse(argc, argv);
