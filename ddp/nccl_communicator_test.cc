@@ -11,6 +11,12 @@
 #include <thread>
 
 #include "ddp/fake_store.h"
+
+#ifdef LOCKSTEP_WITH_NCCL
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#endif
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -175,6 +181,46 @@ TEST(NcclCommunicatorTest, MissingUniqueIdNamesRankZero) {
   EXPECT_THAT(std::string(comm.status().message()),
               HasSubstr("rank 0 did not publish the NCCL unique id"));
 }
+
+#ifdef LOCKSTEP_WITH_NCCL
+// A collective that cannot finish within its timeout (here: it waits for the
+// caller's stream, which a host callback holds) is aborted by the watchdog;
+// the Work fails with DeadlineExceeded, and the communicator refuses every
+// later call. With one GPU this stands in for a peer that never arrives
+// (the multi-GPU case also names the missing ranks through the store).
+std::atomic<bool> g_release{false};
+
+void CUDART_CB HoldStream(void*) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!g_release.load() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+TEST(NcclCommunicatorTest, CollectivePastItsTimeoutAbortsTheCommunicator) {
+  SKIP_WITHOUT_GPU();
+  FakeStore store;
+  NcclOptions options;
+  options.device = 0;
+  options.timeout = std::chrono::seconds(1);
+  auto created = NcclCommunicator::Create(&store, 0, 1, options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto comm = std::move(*created);
+  auto t = torch::ones({1024}, OnGpu());
+  torch::cuda::synchronize();
+  g_release = false;
+  // The current torch stream is the default stream (nullptr) here.
+  ASSERT_EQ(cudaLaunchHostFunc(nullptr, HoldStream, nullptr), cudaSuccess);
+  Status s = comm->AllReduce(t, ReduceOp::kSum)->Wait(kWait);
+  g_release = true;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("did not complete within 1 s"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("communicator aborted"));
+  Status later = comm->AllReduce(t, ReduceOp::kSum)->Wait(kWait);
+  EXPECT_TRUE(absl::IsFailedPrecondition(later)) << later;
+  torch::cuda::synchronize();
+}
+#endif  // LOCKSTEP_WITH_NCCL
 
 }  // namespace
 }  // namespace ddp
