@@ -60,31 +60,27 @@ StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::Crea
   auto root = ddp->module_.ptr();
 
   // Parameters requiring grad, each storage once (tied weights), in
-  // registration order.
+  // registration order; `state` is every parameter and buffer, named.
   std::vector<Reducer::NamedParam> params;
-  std::vector<torch::Tensor> state;
+  std::vector<Reducer::NamedParam> state;
   std::unordered_set<const void*> seen;
   for (const auto& item : root->named_parameters(/*recurse=*/true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    state.push_back(item.value());
+    state.push_back({item.key(), item.value()});
     if (item.value().requires_grad()) params.push_back({item.key(), item.value()});
   }
   for (const auto& item : root->named_buffers(/*recurse=*/true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    state.push_back(item.value());
+    state.push_back({item.key(), item.value()});
     ddp->buffers_.push_back(item.value());
   }
-  {
-    // Before any collective: a model split across devices (or on the wrong
-    // one for this backend) gets an error naming the tensors.
-    std::vector<Reducer::NamedParam> named = params;
-    for (const auto& item : root->named_buffers(/*recurse=*/true)) {
-      named.push_back({item.key(), item.value()});
-    }
-    RETURN_IF_ERROR(Reducer::CheckDevices(named, *ddp->comm_));
-  }
+  // Before any collective: a model split across devices (or on the wrong
+  // one for this backend) gets an error naming the tensors.
+  RETURN_IF_ERROR(Reducer::CheckDevices(state, *ddp->comm_));
+  std::vector<torch::Tensor> state_tensors;
+  for (const auto& s : state) state_tensors.push_back(s.tensor);
   const DdpOptions& opts = ddp->options_;
-  RETURN_IF_ERROR(Annotate(BroadcastCoalesced(*ddp->comm_, state, 0, opts.timeout),
+  RETURN_IF_ERROR(Annotate(BroadcastCoalesced(*ddp->comm_, state_tensors, 0, opts.timeout),
                            "DDP: broadcasting initial parameters and buffers from rank 0"));
   ReducerOptions reducer_options;
   reducer_options.bucket_cap_bytes = static_cast<size_t>(opts.bucket_cap_mb * 1024 * 1024);

@@ -635,7 +635,6 @@ std::shared_ptr<Work> NcclCommunicator::Broadcast(at::Tensor tensor, int root) {
   auto type = ToNcclType(tensor.scalar_type());
   if (!type.ok()) return Work::Failed(type.status());
   void* data = tensor.data_ptr();
-  // Bytes as uint8 for dtypes whose element count differs from NCCL's view.
   const size_t count = static_cast<size_t>(tensor.numel());
   ncclComm_t comm = impl_->comm;
   const ncclDataType_t t = *type;
