@@ -211,8 +211,14 @@ TEST(NcclCommunicatorTest, CollectivePastItsTimeoutAbortsTheCommunicator) {
   g_release = false;
   // The current torch stream is the default stream (nullptr) here.
   ASSERT_EQ(cudaLaunchHostFunc(nullptr, HoldStream, nullptr), cudaSuccess);
+  // Released well after the 1 s timeout, from another thread: ncclCommAbort
+  // may itself wait for the queued kernel's stream.
+  std::thread release([] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    g_release = true;
+  });
   Status s = comm->AllReduce(t, ReduceOp::kSum)->Wait(kWait);
-  g_release = true;
+  release.join();
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("did not complete within 1 s"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("communicator aborted"));
