@@ -12,6 +12,7 @@
 #include "ddp/ddp.h"
 #include "ddp/fake_store.h"
 #include "ddp/nccl_communicator.h"
+#include "ddp/nccl_test_util.h"
 #include "examples/models.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,21 +23,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-#define SKIP_WITHOUT_GPU()                                          \
-  do {                                                              \
-    const std::string reason = NcclUnavailableReason();             \
-    if (!reason.empty()) GTEST_SKIP() << "no NCCL GPU: " << reason; \
-  } while (0)
-
 const torch::Device kGpu(torch::kCUDA, 0);
 
-std::shared_ptr<NcclCommunicator> MakeComm(FakeStore* store) {
-  NcclOptions options;
-  options.device = 0;
-  auto comm = NcclCommunicator::Create(store, 0, 1, options);
-  EXPECT_TRUE(comm.ok()) << comm.status();
-  return comm.ok() ? std::shared_ptr<NcclCommunicator>(std::move(*comm)) : nullptr;
-}
+std::shared_ptr<NcclCommunicator> MakeComm(FakeStore* store) { return MakeWorldOfOne(store); }
 
 examples::Workload OnGpu(const std::string& name) {
   auto w = examples::MakeWorkload(name, /*seed=*/7);
@@ -117,17 +106,17 @@ void TrainAndCompare(const std::string& model, bool gradient_as_bucket_view) {
 }
 
 TEST(DdpCudaTest, MlpStepMatchesLocalTraining) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   TrainAndCompare("mlp", false);
 }
 
 TEST(DdpCudaTest, TransformerStepMatchesLocalTraining) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   TrainAndCompare("transformer", false);
 }
 
 TEST(DdpCudaTest, GradientAsBucketViewMatchesLocalTraining) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   TrainAndCompare("mlp", true);
 }
 
@@ -138,7 +127,7 @@ TEST(DdpCudaTest, GradientAsBucketViewMatchesLocalTraining) {
 // proves the collective ran while backward was still in progress. A small
 // batch keeps the GPU close behind the host, as in latency-bound training.
 TEST(DdpCudaTest, FirstBucketStartsBeforeBackwardEnds) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   auto comm = MakeComm(&store);
   ASSERT_NE(comm, nullptr);
@@ -181,7 +170,7 @@ struct TwoLayersImpl : torch::nn::Module {
 TORCH_MODULE(TwoLayers);
 
 TEST(DdpCudaTest, ModelSplitAcrossCpuAndGpuIsRejected) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   auto comm = MakeComm(&store);
   ASSERT_NE(comm, nullptr);
@@ -195,7 +184,7 @@ TEST(DdpCudaTest, ModelSplitAcrossCpuAndGpuIsRejected) {
 }
 
 TEST(DdpCudaTest, CpuModelWithTheNcclBackendIsRejected) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   auto comm = MakeComm(&store);
   ASSERT_NE(comm, nullptr);

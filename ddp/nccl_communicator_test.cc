@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "ddp/fake_store.h"
+#include "ddp/nccl_test_util.h"
 
 #ifdef LOCKSTEP_WITH_NCCL
 #include <cuda_runtime_api.h>
@@ -26,22 +27,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-#define SKIP_WITHOUT_GPU()                                        \
-  do {                                                            \
-    const std::string reason = NcclUnavailableReason();           \
-    if (!reason.empty()) GTEST_SKIP() << "no NCCL GPU: " << reason; \
-  } while (0)
-
 constexpr Duration kWait = std::chrono::seconds(60);
-
-std::unique_ptr<NcclCommunicator> MakeWorldOfOne(FakeStore* store) {
-  NcclOptions options;
-  options.device = 0;
-  options.connect_timeout = std::chrono::seconds(30);
-  auto comm = NcclCommunicator::Create(store, 0, 1, options);
-  EXPECT_TRUE(comm.ok()) << comm.status();
-  return comm.ok() ? std::move(*comm) : nullptr;
-}
 
 torch::TensorOptions OnGpu(torch::ScalarType type = torch::kFloat) {
   return torch::TensorOptions().dtype(type).device(torch::Device(torch::kCUDA, 0));
@@ -67,7 +53,7 @@ TEST(NcclCommunicatorTest, RejectsBadRankBeforeTouchingTheGpu) {
 }
 
 TEST(NcclCommunicatorTest, WorldOfOneAllReduceSumAndAverage) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   auto comm = MakeWorldOfOne(&store);
   ASSERT_NE(comm, nullptr);
@@ -88,7 +74,7 @@ TEST(NcclCommunicatorTest, WorldOfOneAllReduceSumAndAverage) {
 }
 
 TEST(NcclCommunicatorTest, BroadcastAllGatherAndBarrierComplete) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   auto comm = MakeWorldOfOne(&store);
   ASSERT_NE(comm, nullptr);
@@ -109,7 +95,7 @@ TEST(NcclCommunicatorTest, BroadcastAllGatherAndBarrierComplete) {
 }
 
 TEST(NcclCommunicatorTest, CpuTensorIsRejectedNamingBothDevices) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   auto comm = MakeWorldOfOne(&store);
   ASSERT_NE(comm, nullptr);
@@ -124,7 +110,7 @@ TEST(NcclCommunicatorTest, CpuTensorIsRejectedNamingBothDevices) {
 // stream, which does not wait for the default stream on its own). Without
 // the event ordering the copy reads the old zeros.
 TEST(NcclCommunicatorTest, CollectiveRunsAfterTheProducingStream) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   auto comm = MakeWorldOfOne(&store);
   ASSERT_NE(comm, nullptr);
@@ -143,7 +129,7 @@ TEST(NcclCommunicatorTest, CollectiveRunsAfterTheProducingStream) {
 // WaitStream orders the caller's stream after the collective without a host
 // wait: a reduction queued right after it sees the gathered values.
 TEST(NcclCommunicatorTest, WaitStreamOrdersTheConsumerWithoutBlockingTheHost) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   auto comm = MakeWorldOfOne(&store);
   ASSERT_NE(comm, nullptr);
@@ -159,7 +145,7 @@ TEST(NcclCommunicatorTest, WaitStreamOrdersTheConsumerWithoutBlockingTheHost) {
 }
 
 TEST(NcclCommunicatorTest, InitTimeoutNamesTheRankThatNeverArrived) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   NcclOptions options;
   options.device = 0;
@@ -171,7 +157,7 @@ TEST(NcclCommunicatorTest, InitTimeoutNamesTheRankThatNeverArrived) {
 }
 
 TEST(NcclCommunicatorTest, MissingUniqueIdNamesRankZero) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   NcclOptions options;
   options.device = 0;
@@ -198,7 +184,7 @@ void CUDART_CB HoldStream(void*) {
 }
 
 TEST(NcclCommunicatorTest, CollectivePastItsTimeoutAbortsTheCommunicator) {
-  SKIP_WITHOUT_GPU();
+  LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
   NcclOptions options;
   options.device = 0;
