@@ -85,10 +85,7 @@ int main(int argc, char** argv) {
   flags.Int("max-mb", &max_mb, "largest message (MB)");
   flags.Int("segment-kb", &segment_kb, "Gloo ring segment size (KB); 0 = GlooOptions default (4096)");
   auto rest = flags.Parse(argc, argv);
-  if (!rest.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(rest.status().message()).c_str());
-    return absl::IsNotFound(rest.status()) ? 0 : 2;
-  }
+  if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());
   char templ[] = "/tmp/allreduce_bench_XXXXXX";
   if (mkdtemp(templ) == nullptr) return 1;
   std::vector<pid_t> pids;

@@ -143,11 +143,7 @@ int main(int argc, char** argv) {
   flags.Bool("gradient-as-bucket-view", &cfg.grad_as_bucket_view, "DDP gradient_as_bucket_view");
   flags.String("train", &cfg.train, "path of examples/train (default: from runfiles)");
   auto rest = flags.Parse(argc, argv);
-  if (!rest.ok()) {
-    const bool help = absl::IsNotFound(rest.status());
-    std::fprintf(help ? stdout : stderr, "%s\n", std::string(rest.status().message()).c_str());
-    return help ? 0 : 2;
-  }
+  if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());
   lockstep::Status s = lockstep::Run(cfg, argv[0]);
   if (!s.ok()) {
     std::fprintf(stderr, "ddp_bench: %s\n", s.ToString().c_str());

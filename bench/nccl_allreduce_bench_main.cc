@@ -103,10 +103,7 @@ int main(int argc, char** argv) {
   flags.Int("max-mb", &cfg.max_mb, "largest message (MB)");
   flags.Int("repeats", &cfg.repeats, "timed batches per size (the median is reported)");
   auto rest = flags.Parse(argc, argv);
-  if (!rest.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(rest.status().message()).c_str());
-    return absl::IsNotFound(rest.status()) ? 0 : 2;
-  }
+  if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());
   const std::string reason = lockstep::ddp::NcclUnavailableReason();
   if (!reason.empty()) {
     std::fprintf(stderr, "nccl_allreduce_bench: cannot run: %s\n", reason.c_str());

@@ -128,10 +128,7 @@ int main(int argc, char** argv) {
   flags.Int32("repeat", &config.repeat, "rounds to time (one job each)");
   auto rest = flags.Parse(argc, argv);
   (void)lockstep::InitLogging();
-  if (!rest.ok()) {
-    std::cerr << rest.status().message() << "\n";
-    return rest.status().code() == absl::StatusCode::kNotFound ? 0 : 2;
-  }
+  if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());
   if (config.nodes < 1 || config.channels < 1 || config.repeat < 1) {
     std::cerr << "--nodes, --channels and --repeat must be >= 1\n";
     return 2;

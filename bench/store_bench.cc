@@ -227,10 +227,7 @@ int main(int argc, char** argv) {
   flags.Int32("child-index", &config.child_index, "internal: client process index");
   auto rest = flags.Parse(argc, argv);
   (void)lockstep::InitLogging();
-  if (!rest.ok()) {
-    std::cerr << rest.status().message() << "\n";
-    return rest.status().code() == absl::StatusCode::kNotFound ? 0 : 2;
-  }
+  if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());
   if (config.clients < 1 || config.ops < 1 || config.value_bytes < 0) {
     std::cerr << "--clients and --ops must be >= 1\n";
     return 2;

@@ -1,5 +1,7 @@
 #include "common/flags.h"
 
+#include <cstdio>
+
 #include <cerrno>
 #include <cstdlib>
 #include <utility>
@@ -157,6 +159,12 @@ std::string FlagSet::Usage() const {
     absl::StrAppend(&out, "\n");
   }
   return out;
+}
+
+int FlagSet::ReportParseError(const Status& status) {
+  const bool help = absl::IsNotFound(status);
+  std::fprintf(help ? stdout : stderr, "%s\n", std::string(status.message()).c_str());
+  return help ? 0 : 2;
 }
 
 }  // namespace lockstep

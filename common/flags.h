@@ -49,6 +49,13 @@ class FlagSet {
   StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args,
                                            bool stop_at_first_positional = false);
 
+  // What a main returns when Parse failed: for --help (NotFound) prints the
+  // usage to stdout and returns 0; otherwise prints the error, which names
+  // the flag, to stderr and returns 2.
+  //   auto rest = flags.Parse(argc, argv);
+  //   if (!rest.ok()) return FlagSet::ReportParseError(rest.status());
+  static int ReportParseError(const Status& status);
+
   // True if the flag was given on the command line (not just defaulted).
   bool WasSet(const std::string& name) const;
 

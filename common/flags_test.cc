@@ -61,3 +61,25 @@ TEST(FlagsTest, ErrorsNameTheFlag) {
 
 }  // namespace
 }  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+TEST(FlagsTest, ReportParseErrorExitsZeroForHelpAndTwoForErrors) {
+  FlagSet flags("prog", "a program");
+  int64_t n = 1;
+  flags.Int("n", &n, "a number");
+  auto help = flags.Parse({"--help"});
+  ASSERT_TRUE(absl::IsNotFound(help.status()));
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(FlagSet::ReportParseError(help.status()), 0);
+  EXPECT_NE(testing::internal::GetCapturedStdout().find("--n"), std::string::npos);
+  auto bad = flags.Parse({"--n=x"});
+  ASSERT_FALSE(bad.ok());
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(FlagSet::ReportParseError(bad.status()), 2);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("--n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -250,11 +250,7 @@ int main(int argc, char** argv) {
   flags.Int("step-delay-ms", &cfg.step_delay_ms,
             "sleep this long before each step after the first (stands in for data loading)");
   auto rest = flags.Parse(argc, argv);
-  if (!rest.ok()) {
-    const bool help = absl::IsNotFound(rest.status());
-    std::fprintf(help ? stdout : stderr, "%s\n", std::string(rest.status().message()).c_str());
-    return help ? 0 : 2;
-  }
+  if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());
   lockstep::Status s = lockstep::InitLogging();  // Logs to stderr; stdout is JSON.
   if (s.ok()) s = lockstep::Run(cfg);
   if (!s.ok()) {

@@ -84,10 +84,7 @@ int main(int argc, char** argv) {
   flags.Double("timeout-s", &config.timeout_s, "timeout for each step");
   flags.String("store-get", &config.store_get, "only block in a store Get of NS/KEY");
   auto rest = flags.Parse(argc, argv);
-  if (!rest.ok()) {
-    std::cerr << rest.status().message() << "\n";
-    return 2;
-  }
+  if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());
   lockstep::Status status = lockstep::rendezvous::Run(config);
   if (!status.ok()) {
     std::cerr << "node " << config.node << ": " << status << "\n";
