@@ -37,7 +37,9 @@ Status BroadcastCoalesced(Communicator& comm, const std::vector<torch::Tensor>& 
       std::vector<torch::Tensor> flat;
       for (const auto& t : chunk) flat.push_back(t.detach().reshape({-1}));
       torch::Tensor buffer = torch::cat(flat);
-      RETURN_IF_ERROR(comm.Broadcast(buffer, root)->Wait(timeout + kWorkWaitSlack));
+      // A stream wait on a device communicator: forward queues behind the
+      // broadcast without the host waiting for the GPU.
+      RETURN_IF_ERROR(comm.Broadcast(buffer, root)->WaitStream(timeout + kWorkWaitSlack));
       int64_t offset = 0;
       for (auto& t : chunk) {
         t.detach().copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
@@ -125,6 +127,12 @@ void DistributedDataParallel::OnReducerStep() {
   s.reducer = r;
   last_stats_ = s;
   if (options_.on_step) options_.on_step(s);
+}
+
+StepStats DistributedDataParallel::last_stats() const {
+  StepStats s = last_stats_;
+  if (s.step > 0) s.reducer = reducer_->last_stats();
+  return s;
 }
 
 Status DistributedDataParallel::Backward(const torch::Tensor& loss) {

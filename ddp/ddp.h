@@ -122,7 +122,9 @@ class DistributedDataParallel {
   std::vector<torch::Tensor> parameters() const { return module_.ptr()->parameters(); }
   Communicator& communicator() const { return *comm_; }
   const Reducer& reducer() const { return *reducer_; }
-  StepStats last_stats() const { return last_stats_; }
+  // The last synchronised step; its per-bucket timestamps are refreshed from
+  // the reducer (device collectives may finish after backward returns).
+  StepStats last_stats() const;
 
  private:
   DistributedDataParallel(torch::nn::AnyModule module, std::shared_ptr<Communicator> comm,
@@ -148,8 +150,11 @@ class DistributedDataParallel {
 };
 
 // Broadcasts `tensors` from `root` in place, packed per dtype into flat
-// buffers of at most `chunk_bytes` (one collective per chunk). Blocks up to
-// `timeout` per chunk. All ranks must pass the same shapes and dtypes.
+// buffers of at most `chunk_bytes` (one collective per chunk). With a
+// host-side communicator it blocks up to `timeout` per chunk; with a device
+// one (NCCL) the copies back are queued on the current stream behind the
+// broadcast and the host does not wait. All ranks must pass the same shapes
+// and dtypes.
 Status BroadcastCoalesced(Communicator& comm, const std::vector<torch::Tensor>& tensors, int root,
                           Duration timeout, size_t chunk_bytes = 64u << 20);
 

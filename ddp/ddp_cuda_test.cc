@@ -6,10 +6,15 @@
 // rejected. Skips, with the reason, without NCCL or a usable GPU.
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ddp/ddp.h"
+#include "ddp/fake_communicator.h"
 #include "ddp/fake_store.h"
 #include "ddp/nccl_communicator.h"
 #include "ddp/nccl_test_util.h"
@@ -72,9 +77,11 @@ void ExpectSame(const std::vector<Param>& ddp, const std::vector<Param>& local,
 
 // Three SGD steps (the second rebuilds the buckets on the device) of DDP and
 // of plain local training from the same initial model and data.
-void TrainAndCompare(const std::string& model, bool gradient_as_bucket_view) {
+// `comm` defaults to a world-of-one NcclCommunicator.
+void TrainAndCompare(const std::string& model, bool gradient_as_bucket_view,
+                     std::shared_ptr<Communicator> comm = nullptr) {
   FakeStore store;
-  auto comm = MakeComm(&store);
+  if (comm == nullptr) comm = MakeComm(&store);
   ASSERT_NE(comm, nullptr);
   examples::Workload local = OnGpu(model);
   examples::Workload dist = OnGpu(model);
@@ -120,12 +127,41 @@ TEST(DdpCudaTest, GradientAsBucketViewMatchesLocalTraining) {
   TrainAndCompare("mlp", true);
 }
 
+// A world of one never divides. A fake world of two identical ranks on the
+// GPU (its allreduce doubles the bucket on the current stream) checks the
+// 1/world scaling of each gradient on the compute stream: without it, or
+// with it out of order, the gradients would differ from local training.
+TEST(DdpCudaTest, WorldOfTwoScalingOnTheGpuMatchesLocalTraining) {
+  LOCKSTEP_SKIP_WITHOUT_GPU();
+  auto fake = std::make_shared<FakeCommunicator>(2, kGpu);
+  TrainAndCompare("mlp", false, fake);
+  TrainAndCompare("transformer", true, fake);
+  int allreduces = 0;
+  for (const auto& call : fake->calls()) allreduces += call.op == "allreduce";
+  EXPECT_GE(allreduces, 2 * 3 * 2) << "two models, three steps, at least two buckets each";
+}
+
 // Overlap on the GPU: the watchdog marks a bucket started when its start
 // event has completed on the GPU (so no earlier than the GPU began it), and
 // backward_end is when the host finished queuing backward (no later than the
 // GPU finished it). The first bucket starting before backward_end therefore
 // proves the collective ran while backward was still in progress. A small
 // batch keeps the GPU close behind the host, as in latency-bound training.
+// The timestamps of one step, in microseconds after the end of forward.
+void PrintTimeline(const ReducerStepStats& s) {
+  auto us = [&](MonoTime t) {
+    return static_cast<long long>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                      t - s.forward_end).count());
+  };
+  std::printf("timeline (us after forward's end): backward queued until %lld\n",
+              us(s.backward_end));
+  for (int b = 0; b < s.buckets; ++b) {
+    std::printf("  bucket %d: launched %lld, started on the GPU %lld, done %lld\n", b,
+                us(s.bucket_launched[b]), us(s.bucket_comm_start[b]), us(s.bucket_comm_end[b]));
+  }
+  std::fflush(stdout);
+}
+
 TEST(DdpCudaTest, FirstBucketStartsBeforeBackwardEnds) {
   LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
@@ -143,21 +179,91 @@ TEST(DdpCudaTest, FirstBucketStartsBeforeBackwardEnds) {
     auto out = (*ddp)->Forward(x);
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_TRUE((*ddp)->Backward(Loss(*out, y)).ok());
-    const ReducerStepStats s = (*ddp)->last_stats().reducer;
+    // Backward's end only queued stream waits; the watchdog stamps each
+    // bucket when it sees its events complete.
+    ReducerStepStats s = (*ddp)->last_stats().reducer;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::count(s.bucket_comm_end.begin(), s.bucket_comm_end.end(), MonoTime{}) > 0 &&
+           std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      s = (*ddp)->last_stats().reducer;
+    }
     ASSERT_GE(s.buckets, 2);
     ASSERT_EQ(s.bucket_comm_start.size(), static_cast<size_t>(s.buckets));
     for (int b = 0; b < s.buckets; ++b) {
+      ASSERT_NE(s.bucket_comm_end[b], MonoTime{}) << "bucket " << b << " never finished";
       EXPECT_LE(s.bucket_comm_start[b], s.bucket_comm_end[b]);
       if (b > 0) {
         EXPECT_LE(s.bucket_comm_end[b - 1], s.bucket_comm_end[b]) << "out of order";
       }
     }
     if (s.bucket_comm_start.front() < s.backward_end) ++overlapped;
+    if (step == steps - 1) PrintTimeline(s);
   }
   // Step 1 runs before the bucket rebuild; later steps use the rebuilt order.
   EXPECT_GE(overlapped, steps / 2) << "the first bucket started before the end of backward in "
                                    << overlapped << " of " << steps << " steps";
 }
+
+#ifdef LOCKSTEP_WITH_NCCL
+// Backward's end queues stream waits instead of waiting on the host, so a
+// bucket's allreduce can fail after Backward has returned OK (here: held
+// past its 1 s timeout behind the default stream, then aborted). The next
+// step must fail, naming the bucket and the timeout, not train on.
+TEST(DdpCudaTest, AllreduceFailingAfterBackwardReturnedFailsTheNextStep) {
+  LOCKSTEP_SKIP_WITHOUT_GPU();
+  FakeStore store;
+  NcclOptions nccl;
+  nccl.device = 0;
+  nccl.timeout = std::chrono::seconds(1);
+  auto created = NcclCommunicator::Create(&store, 0, 1, nccl);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::shared_ptr<Communicator> comm = std::move(*created);
+  examples::Workload w = OnGpu("mlp");
+  auto ddp = DistributedDataParallel::Create(w.module, comm);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  auto [x, y] = examples::MakeBatch(w, 8, /*seed=*/5);
+  x = x.to(kGpu);
+  y = y.to(kGpu);
+  // Two healthy steps first: the second accumulates into existing gradients,
+  // so every kernel of the held step has run once. (CUDA loads kernels
+  // lazily, and loading one can wait for the whole device, held stream
+  // included.)
+  for (int step = 0; step < 2; ++step) {
+    auto out = (*ddp)->Forward(x);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*ddp)->Backward(Loss(*out, y)).ok());
+  }
+  torch::cuda::synchronize();
+
+  auto out = (*ddp)->Forward(x);
+  ASSERT_TRUE(out.ok()) << out.status();
+  torch::Tensor loss = Loss(*out, y);
+  std::thread release = HoldDefaultStream(std::chrono::seconds(3));
+  Status held = (*ddp)->Backward(loss);
+  // Backward returned while its buckets were still queued behind the held
+  // stream: its end waited on the GPU through the stream, not the host.
+  const ReducerStepStats queued = (*ddp)->last_stats().reducer;
+  release.join();
+  torch::cuda::synchronize();
+  EXPECT_TRUE(held.ok()) << held;
+  ASSERT_EQ(queued.buckets, 3);
+  EXPECT_EQ(queued.bucket_comm_end[0], MonoTime{}) << "backward's end waited on the host";
+
+  // The watchdog aborts at 1 s, but ncclCommAbort returns only once the
+  // held kernels could run; wait for the failure to reach the Work.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((*ddp)->last_stats().reducer.bucket_comm_end[0] == MonoTime{} &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  auto next = (*ddp)->Forward(x);
+  ASSERT_FALSE(next.ok()) << "a step after a failed allreduce went on";
+  EXPECT_THAT(std::string(next.status().message()),
+              HasSubstr("gradient allreduce of bucket 0 in the previous step failed"));
+  EXPECT_THAT(std::string(next.status().message()), HasSubstr("did not complete within 1 s"));
+}
+#endif  // LOCKSTEP_WITH_NCCL
 
 struct TwoLayersImpl : torch::nn::Module {
   TwoLayersImpl() {

@@ -24,11 +24,17 @@ class FakeCommunicator : public Communicator {
     int64_t numel;
   };
 
-  explicit FakeCommunicator(int world_size = 1) : world_size_(world_size) {}
+  // `device`: where the tensors it is given live (a CUDA device stands in
+  // for a device communicator; its arithmetic then runs on the caller's
+  // current stream).
+  explicit FakeCommunicator(int world_size = 1,
+                            c10::Device device = c10::Device(c10::DeviceType::CPU))
+      : world_size_(world_size), device_(device) {}
 
   int rank() const override { return 0; }
   int world_size() const override { return world_size_; }
   std::string backend() const override { return "fake"; }
+  c10::Device device() const override { return device_; }
 
   std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op) override {
     auto w = Record("allreduce", tensor);
@@ -76,6 +82,7 @@ class FakeCommunicator : public Communicator {
   }
 
   const int world_size_;
+  const c10::Device device_;
   mutable std::mutex mu_;
   std::vector<Call> calls_;  // GUARDED_BY(mu_)
   int fail_after_ = -1;      // GUARDED_BY(mu_)

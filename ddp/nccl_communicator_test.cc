@@ -12,12 +12,6 @@
 
 #include "ddp/fake_store.h"
 #include "ddp/nccl_test_util.h"
-
-#ifdef LOCKSTEP_WITH_NCCL
-#include <cuda_runtime_api.h>
-
-#include <atomic>
-#endif
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -174,15 +168,6 @@ TEST(NcclCommunicatorTest, MissingUniqueIdNamesRankZero) {
 // the Work fails with DeadlineExceeded, and the communicator refuses every
 // later call. With one GPU this stands in for a peer that never arrives
 // (the multi-GPU case also names the missing ranks through the store).
-std::atomic<bool> g_release{false};
-
-void CUDART_CB HoldStream(void*) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!g_release.load() && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
-
 TEST(NcclCommunicatorTest, CollectivePastItsTimeoutAbortsTheCommunicator) {
   LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
@@ -194,15 +179,9 @@ TEST(NcclCommunicatorTest, CollectivePastItsTimeoutAbortsTheCommunicator) {
   auto comm = std::move(*created);
   auto t = torch::ones({1024}, OnGpu());
   torch::cuda::synchronize();
-  g_release = false;
-  // The current torch stream is the default stream (nullptr) here.
-  ASSERT_EQ(cudaLaunchHostFunc(nullptr, HoldStream, nullptr), cudaSuccess);
-  // Released well after the 1 s timeout, from another thread: ncclCommAbort
-  // may itself wait for the queued kernel's stream.
-  std::thread release([] {
-    std::this_thread::sleep_for(std::chrono::seconds(3));
-    g_release = true;
-  });
+  // The current torch stream is the default stream here; released well
+  // after the 1 s timeout.
+  std::thread release = HoldDefaultStream(std::chrono::seconds(3));
   Status s = comm->AllReduce(t, ReduceOp::kSum)->Wait(kWait);
   release.join();
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;

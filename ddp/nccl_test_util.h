@@ -6,6 +6,13 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
+
+#ifdef LOCKSTEP_WITH_NCCL
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#endif
 
 #include "ddp/fake_store.h"
 #include "ddp/nccl_communicator.h"
@@ -31,6 +38,36 @@ inline std::unique_ptr<NcclCommunicator> MakeWorldOfOne(FakeStore* store) {
   EXPECT_TRUE(comm.ok()) << comm.status();
   return comm.ok() ? std::move(*comm) : nullptr;
 }
+
+#ifdef LOCKSTEP_WITH_NCCL
+// Holding the default stream: a host callback queued on it that returns only
+// once released (or after 60 s), so whatever is queued behind it, a
+// collective's ready event included, cannot run. With one GPU this stands in
+// for a peer that never arrives.
+inline std::atomic<bool>& DefaultStreamReleased() {
+  static std::atomic<bool> released{false};
+  return released;
+}
+
+inline void CUDART_CB HoldUntilReleased(void*) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!DefaultStreamReleased().load() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// Holds the default stream now and releases it after `hold` from another
+// thread (ncclCommAbort may itself wait for a stream with a queued kernel, so
+// the test thread must not be the one to release it). Join the thread.
+inline std::thread HoldDefaultStream(std::chrono::milliseconds hold) {
+  DefaultStreamReleased() = false;
+  EXPECT_EQ(cudaLaunchHostFunc(nullptr, HoldUntilReleased, nullptr), cudaSuccess);
+  return std::thread([hold] {
+    std::this_thread::sleep_for(hold);
+    DefaultStreamReleased() = true;
+  });
+}
+#endif  // LOCKSTEP_WITH_NCCL
 
 }  // namespace ddp
 }  // namespace lockstep

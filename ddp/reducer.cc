@@ -160,7 +160,14 @@ std::vector<std::vector<size_t>> Reducer::bucket_indices() const {
 
 ReducerStepStats Reducer::last_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return last_stats_;
+  ReducerStepStats out = last_stats_;
+  // A device collective may have started or finished after finalisation.
+  for (size_t b = 0; b < last_works_.size() && b < out.bucket_comm_start.size(); ++b) {
+    const Work& work = *last_works_[b];
+    if (out.bucket_comm_start[b] == MonoTime{}) out.bucket_comm_start[b] = work.started_at();
+    if (out.bucket_comm_end[b] == MonoTime{}) out.bucket_comm_end[b] = work.finished_at();
+  }
+  return out;
 }
 
 Status Reducer::last_error() const {
@@ -171,6 +178,16 @@ Status Reducer::last_error() const {
 Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!error_.ok()) return error_;
+  // The previous step's collectives, when backward's end only queued a
+  // stream wait on them: one that has failed since fails this step.
+  for (size_t b = 0; b < last_works_.size(); ++b) {
+    Status s = last_works_[b]->status();
+    if (!s.ok()) {
+      error_ = Annotate(s, absl::StrCat("DDP: gradient allreduce of bucket ", b,
+                                        " in the previous step failed"));
+      return error_;
+    }
+  }
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& b : buckets_) {
     b.pending = b.params.size();
@@ -286,11 +303,15 @@ void Reducer::Finalize() {
   }
   lock.unlock();
   // Wait for every launched bucket, even when failing, so no allreduce is
-  // left writing into gradients.
+  // left writing into gradients. On a device communicator the wait is queued
+  // on the current stream (an event), so the write-back below and whatever
+  // the caller queues next run after the collective without the host waiting
+  // for the GPU; a collective that fails later is reported by the next
+  // PrepareForBackward. Host-side communicators block here.
   const MonoTime wait_start = RealClock()->Now();
   Status comm_status;
   for (const auto& w : works) {
-    Status s = w->Wait(options_.timeout + kWorkWaitSlack);
+    Status s = w->WaitStream(options_.timeout + kWorkWaitSlack);
     if (comm_status.ok() && !s.ok()) comm_status = s;
   }
   const MonoTime wait_end = RealClock()->Now();
@@ -323,6 +344,7 @@ void Reducer::Finalize() {
   stats_.comm_exposed_ms = MillisBetween(wait_start, wait_end);
   stats_.backward_ms = MillisBetween(stats_.forward_end, RealClock()->Now());
   last_stats_ = stats_;
+  last_works_ = std::move(works);
   ReducerStepStats done = stats_;
   lock.unlock();
   if (options_.on_step) options_.on_step(done);

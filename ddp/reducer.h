@@ -92,13 +92,19 @@ struct ReducerOptions {
 // What one synchronised backward did, with timestamps for overlap analysis.
 struct ReducerStepStats {
   double backward_ms = 0;       // End of forward to end of finalisation.
-  double comm_exposed_ms = 0;   // Finalisation's wait on buckets.
+  // Finalisation's host wait on buckets. With a device communicator (NCCL)
+  // finalisation queues a stream wait instead, so this is near zero and the
+  // GPU-side wait is not in it.
+  double comm_exposed_ms = 0;
   int64_t bytes_reduced = 0;
   int buckets = 0;
   MonoTime forward_end{};       // PrepareForBackward.
   MonoTime backward_end{};      // Finalisation callback starts.
   std::vector<MonoTime> bucket_launched;    // Reducer queued the allreduce.
-  std::vector<MonoTime> bucket_comm_start;  // Communicator thread started it.
+  // When the communicator started / finished each bucket's collective (for
+  // NCCL: when its watchdog saw the start / done event complete on the GPU).
+  // Zero until then; last_stats() fills in what has happened since.
+  std::vector<MonoTime> bucket_comm_start;
   std::vector<MonoTime> bucket_comm_end;
 };
 
@@ -123,7 +129,10 @@ class Reducer {
 
   // Called after forward when the coming backward must synchronise.
   // `outputs` are the forward outputs (used with find_unused_parameters).
-  // Returns the error of the previous step if it failed.
+  // Returns the error of the previous step if it failed, including a device
+  // collective of that step that failed after its backward returned. (One
+  // whose abort is still under way fails this step's first launch instead:
+  // the communicator refuses new collectives once it is aborting.)
   Status PrepareForBackward(const std::vector<torch::Tensor>& outputs);
 
   // Called before forward; broadcasts rank 0's arrival order and re-packs
@@ -174,6 +183,7 @@ class Reducer {
   Status error_;                                  // GUARDED_BY(mu_)
   ReducerStepStats stats_;                        // GUARDED_BY(mu_)
   ReducerStepStats last_stats_;                   // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<Work>> last_works_;  // GUARDED_BY(mu_); last finalised step's.
 };
 
 }  // namespace ddp

@@ -84,7 +84,7 @@ sed 's/^/build.sh: found: /' "${build_abs}/lockstep_summary.txt"
 
 # ---- Build ----
 say "ninja -C ${build_dir} -j ${jobs}"
-ninja -C "${build_dir}" -j "${jobs}" || die "build failed (see the compiler output above)"
+ninja -C "${build_dir}" -j "${jobs}" -k 0 || die "build failed (see the compiler output above)"
 
 # ---- Test ----
 test_rc=0

@@ -35,6 +35,15 @@ mkdir -p "${tmp}/include" "${tmp}/lib"
 cp -a "${inc}/absl" "${inc}/gtest" "${inc}/gmock" "${tmp}/include/"
 cp -a "${lib}"/libabsl_*.a "${lib}/libgtest.a" "${lib}/libgtest_main.a" "${lib}/libgmock.a" \
       "${tmp}/lib/"
+# The peer benchmark's models (../shared is not on the GPU machine):
+# bench/torch_ddp_cuda_bench.py imports them from here.
+peer="${root}/../shared/bench/torch_ddp_bench.py"
+if [[ -f "${peer}" ]]; then
+  mkdir -p "${tmp}/peer"
+  cp "${peer}" "${tmp}/peer/"
+else
+  echo "pack_deps: note: ${peer} not found: device_check.sh will skip the DDP peer benchmark"
+fi
 {
   echo "# Packed by tools/gpu/pack_deps.sh from this machine's Debian packages."
   dpkg-query -W -f '${Package} ${Version}\n' libabsl-dev libgtest-dev libgmock-dev 2>/dev/null || true
