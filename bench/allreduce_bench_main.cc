@@ -15,12 +15,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
+#include "common/status.h"
 #include "ddp/gloo_communicator.h"
+#include "ddp/shm_communicator.h"
 #include "rendezvous/file_store.h"
 
 namespace lockstep {
@@ -33,17 +36,35 @@ double CpuUs() {
          ru.ru_stime.tv_usec;
 }
 
-int RunRank(int rank, int world, const std::string& dir, int64_t max_mb, int64_t segment_kb) {
+StatusOr<std::unique_ptr<ddp::Communicator>> Connect(const std::string& backend,
+                                                     rendezvous::Store* store, int rank, int world,
+                                                     int64_t segment_kb) {
+  if (backend == "shm") {
+    ASSIGN_OR_RETURN(auto comm, ddp::ShmCommunicator::Create(store, rank, world));
+    return std::unique_ptr<ddp::Communicator>(std::move(comm));
+  }
+  if (backend != "gloo") {
+    return absl::InvalidArgumentError("--backend must be gloo or shm, got '" + backend + "'");
+  }
+  ddp::GlooOptions options;
+  if (segment_kb > 0) options.max_segment_bytes = static_cast<size_t>(segment_kb) * 1024;
+  ASSIGN_OR_RETURN(auto comm, ddp::GlooCommunicator::Create(store, rank, world, options));
+  return std::unique_ptr<ddp::Communicator>(std::move(comm));
+}
+
+int RunRank(int rank, int world, const std::string& dir, int64_t max_mb, int64_t segment_kb,
+            const std::string& backend) {
   at::set_num_threads(1);
   auto store = rendezvous::FileStore::Open(dir);
   if (!store.ok()) return 1;
-  ddp::GlooOptions options;
-  if (segment_kb > 0) options.max_segment_bytes = static_cast<size_t>(segment_kb) * 1024;
-  auto comm = ddp::GlooCommunicator::Create(store->get(), rank, world, options);
+  auto comm = Connect(backend, store->get(), rank, world, segment_kb);
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
     return 1;
   }
+  const int64_t shown_segment_kb =
+      backend == "gloo" ? (segment_kb > 0 ? segment_kb : ddp::kDefaultGlooSegmentBytes / 1024)
+                        : static_cast<int64_t>(ddp::kDefaultShmSlotBytes / 2 / 1024);
   for (int64_t nbytes = 1 << 10; nbytes <= (max_mb << 20); nbytes <<= 2) {
     at::Tensor t = at::ones({nbytes / 4});
     const int iters = std::max<int64_t>(5, std::min<int64_t>(200, int64_t(4e8) / nbytes));
@@ -65,10 +86,10 @@ int RunRank(int rank, int world, const std::string& dir, int64_t max_mb, int64_t
     const double algbw = nbytes / dt / 1e9;
     if (rank == 0) {
       std::printf(
-          R"({"system":"lockstep-gloo","world":%d,"bytes":%lld,"time_us":%.1f,"algbw_gbps":%.3f,)"
+          R"({"system":"lockstep-%s","world":%d,"bytes":%lld,"time_us":%.1f,"algbw_gbps":%.3f,)"
           R"("busbw_gbps":%.3f,"cpu_us":%.1f,"segment_kb":%lld})" "\n",
-          world, static_cast<long long>(nbytes), dt * 1e6, algbw, algbw * 2 * (world - 1) / world,
-          cpu / iters, static_cast<long long>(options.max_segment_bytes / 1024));
+          backend.c_str(), world, static_cast<long long>(nbytes), dt * 1e6, algbw,
+          algbw * 2 * (world - 1) / world, cpu / iters, static_cast<long long>(shown_segment_kb));
       std::fflush(stdout);
     }
   }
@@ -80,7 +101,9 @@ int RunRank(int rank, int world, const std::string& dir, int64_t max_mb, int64_t
 
 int main(int argc, char** argv) {
   int64_t world = 2, max_mb = 64, segment_kb = 0;
-  lockstep::FlagSet flags("allreduce_bench", "GlooCommunicator allreduce bandwidth");
+  std::string backend = "gloo";
+  lockstep::FlagSet flags("allreduce_bench", "CPU allreduce bandwidth (Gloo or shared memory)");
+  flags.String("backend", &backend, "gloo | shm");
   flags.Int("world", &world, "processes");
   flags.Int("max-mb", &max_mb, "largest message (MB)");
   flags.Int("segment-kb", &segment_kb, "Gloo ring segment size (KB); 0 = GlooOptions default (4096)");
@@ -91,7 +114,7 @@ int main(int argc, char** argv) {
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(lockstep::RunRank(r, world, templ, max_mb, segment_kb));
+    if (pid == 0) _exit(lockstep::RunRank(r, world, templ, max_mb, segment_kb, backend));
     pids.push_back(pid);
   }
   int failed = 0;

@@ -35,6 +35,7 @@ struct Config {
   bool local = false;
   bool grad_as_bucket_view = false;
   std::string train = "";
+  std::string backend = "gloo";
 };
 
 std::string FindTrainBinary(const char* argv0) {
@@ -74,6 +75,7 @@ Status Run(const Config& cfg, const char* argv0) {
       setenv("LOCKSTEP_JOB_ID", "bench", 1);
       setenv("LOCKSTEP_RANK", std::to_string(r).c_str(), 1);
       setenv("LOCKSTEP_WORLD_SIZE", std::to_string(cfg.world).c_str(), 1);
+      setenv("LOCKSTEP_BACKEND", cfg.backend.c_str(), 1);
       std::vector<std::string> args = {train,
                                        "--model", cfg.model,
                                        "--steps", std::to_string(cfg.steps + cfg.warmup),
@@ -119,7 +121,8 @@ Status Run(const Config& cfg, const char* argv0) {
       R"("batch_per_rank":%d,"steps":%d,"step_ms_median":%.2f,"step_ms_min":%.2f,)"
       R"("samples_per_s":%.1f,"comm_exposed_ms_median":%.2f,"backward_ms_median":%.2f,)"
       R"("buckets":%d,"gradient_as_bucket_view":%s,"cpu_ms_median":%.2f})" "\n",
-      cfg.model.c_str(), static_cast<int>(cfg.world), cfg.local ? "local" : "gloo", cfg.bucket_mb,
+      cfg.model.c_str(), static_cast<int>(cfg.world), cfg.local ? "local" : cfg.backend.c_str(),
+      cfg.bucket_mb,
       static_cast<int>(cfg.batch), static_cast<int>(step_ms.size()), median,
       *std::min_element(step_ms.begin(), step_ms.end()), cfg.world * cfg.batch * 1000.0 / median,
       cfg.local ? 0.0 : Median(exposed_ms), cfg.local ? 0.0 : Median(backward_ms),
@@ -140,6 +143,7 @@ int main(int argc, char** argv) {
   flags.Int("batch", &cfg.batch, "samples per rank per step");
   flags.Double("bucket-mb", &cfg.bucket_mb, "DDP bucket cap (MB)");
   flags.Bool("local", &cfg.local, "compute-only baseline: N processes, no communication");
+  flags.String("backend", &cfg.backend, "gloo | shm (LOCKSTEP_BACKEND of the ranks)");
   flags.Bool("gradient-as-bucket-view", &cfg.grad_as_bucket_view, "DDP gradient_as_bucket_view");
   flags.String("train", &cfg.train, "path of examples/train (default: from runfiles)");
   auto rest = flags.Parse(argc, argv);

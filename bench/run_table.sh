@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the DDP comparison of bench/README.md in one session: for each model,
-# lockstep DDP at bucket caps 1/5/25/100 MB, lockstep --local (N processes,
-# no communication), and the peer script (PyTorch DDP gloo and --no-ddp).
+# lockstep DDP at bucket caps 1/5/25/100 MB (Gloo) and 25 MB over shared
+# memory (--backend shm), lockstep --local (N processes, no communication),
+# and the peer script (PyTorch DDP gloo and --no-ddp).
 # The peer runs twice more with glibc told to keep freed memory (the
 # MALLOC_*_THRESHOLD_ variables; what ddp::KeepFreedMemory() does in
 # lockstep's workers), tagged "+keep", so the allocator's share is visible.
@@ -22,6 +23,7 @@ for m in $models; do
     $bench --train $train --model "$m" --world "$world" --steps "$steps" --bucket-mb "$b"
   done
   $bench --train $train --model "$m" --world "$world" --steps "$steps" --bucket-mb 25 --gradient-as-bucket-view
+  $bench --train $train --model "$m" --world "$world" --steps "$steps" --bucket-mb 25 --backend shm
   /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps"
   for args in "--no-ddp" ""; do
     MALLOC_MMAP_THRESHOLD_=2000000000 MALLOC_TRIM_THRESHOLD_=2000000000 \

@@ -15,7 +15,7 @@ for name in $(sed -n 's/^lockstep_test(NAME \([A-Za-z0-9_]*\).*/\1/p' "$cmake_fi
   [ -f "ddp/$name.cc" ] || { echo "FAIL: $cmake_file builds test ddp/$name.cc, which does not exist"; fail=1; }
 done
 # Bazel-only sources (they need Gloo, spdlog or gRPC, absent on the GPU machine).
-bazel_only=" gloo_communicator.cc init.cc init_grpc.cc "
+bazel_only=" gloo_communicator.cc hierarchical_communicator.cc init.cc init_grpc.cc "
 for src in ddp/*.cc; do
   base=$(basename "$src")
   case "$base" in

@@ -1,8 +1,9 @@
 // Communicator: asynchronous collectives over the ranks of one job round.
 //
 // The interface the Reducer and the DDP wrapper talk to. Implementations:
-// GlooCommunicator (CPU, TCP; gloo_communicator.h); shared memory and NCCL
-// come later and plug in behind the same interface.
+// GlooCommunicator (CPU, TCP; gloo_communicator.h), ShmCommunicator (CPU,
+// ranks on one host, shared memory; shm_communicator.h) and NcclCommunicator
+// (CUDA; nccl_communicator.h).
 //
 // Cross-process invariant (read this before issuing collectives): every rank
 // issues the same collectives, with the same sizes and dtypes, in the same

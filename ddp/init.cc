@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -10,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "ddp/gloo_communicator.h"
+#include "ddp/hierarchical_communicator.h"
 #include "ddp/nccl_communicator.h"
+#include "ddp/shm_communicator.h"
 #include "rendezvous/file_store.h"
 
 namespace lockstep {
@@ -182,6 +185,43 @@ StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
       return comm_or.status();
     }
     comm = std::move(comm_or).value();
+  } else if (backend == "shm" && env.local_world_size == env.world_size) {
+    ShmOptions shm;
+    shm.timeout = options.timeout;
+    shm.connect_timeout = options.connect_timeout;
+    auto comm_or = ShmCommunicator::Create(store.get(), env.rank, env.world_size, shm);
+    if (!comm_or.ok()) {
+      log.Error("shm communicator of {} ranks failed: {}", env.world_size,
+                comm_or.status().ToString());
+      return comm_or.status();
+    }
+    comm = std::move(comm_or).value();
+  } else if (backend == "shm") {
+    // Several nodes: shared memory inside each, Gloo between their leaders.
+    HierarchicalLayout layout;
+    layout.rank = env.rank;
+    layout.world_size = env.world_size;
+    layout.local_rank = env.local_rank;
+    layout.local_world_size = env.local_world_size;
+    layout.node_rank = env.node_rank;
+    layout.num_nodes = env.num_nodes > 1 ? env.num_nodes
+                                         : std::max(1, env.world_size / env.local_world_size);
+    HierarchicalOptions hier;
+    hier.timeout = options.timeout;
+    hier.connect_timeout = options.connect_timeout;
+    if (!options.gloo_hostname.empty()) {
+      hier.gloo_hostname = options.gloo_hostname;
+    } else if (const char* host = std::getenv("LOCKSTEP_GLOO_HOST")) {
+      hier.gloo_hostname = host;
+    }
+    auto comm_or = HierarchicalCommunicator::Create(store.get(), layout, hier);
+    if (!comm_or.ok()) {
+      log.Error("shm+gloo communicator of {} ranks on {} nodes failed: {}", env.world_size,
+                layout.num_nodes, comm_or.status().ToString());
+      return comm_or.status();
+    }
+    comm = std::move(comm_or).value();
+    backend = "shm+gloo";
   } else if (backend == "nccl") {
     NcclOptions nccl;
     nccl.device = env.local_rank;
@@ -196,7 +236,7 @@ StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
     comm = std::move(comm_or).value();
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown communication backend '", backend, "' (LOCKSTEP_BACKEND): use gloo or nccl"));
+        "unknown communication backend '", backend, "' (LOCKSTEP_BACKEND): use gloo, shm or nccl"));
   }
   log.Info("connected {} communicator of {} ranks (round {}, store {}) in {:.3f} s", backend,
            env.world_size, env.round,

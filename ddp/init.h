@@ -81,8 +81,10 @@ struct InitOptions {
   Duration connect_timeout = rendezvous::kDefaultStoreTimeout;
   // Address Gloo binds. Default: 127.0.0.1, or LOCKSTEP_GLOO_HOST if set.
   std::string gloo_hostname;
-  // "gloo" (CPU tensors) or "nccl" (CUDA tensors; the rank drives CUDA
-  // device local_rank). Default: LOCKSTEP_BACKEND if set, else "gloo".
+  // "gloo" (CPU tensors, any hosts), "shm" (CPU tensors, every rank on one
+  // host: shared memory, no sockets) or "nccl" (CUDA tensors; the rank
+  // drives CUDA device local_rank). Default: LOCKSTEP_BACKEND if set, else
+  // "gloo".
   std::string backend;
   // Calls KeepFreedMemory() (below). Default: true.
   bool keep_freed_memory = true;
@@ -118,8 +120,8 @@ class ProcessGroup {
 };
 
 // Parses the process environment, opens the store and connects the
-// communicator of the chosen backend (GlooCommunicator, or NcclCommunicator
-// on device local_rank). Blocks until all ranks connect or connect_timeout.
+// communicator of the chosen backend (GlooCommunicator, ShmCommunicator, or
+// NcclCommunicator on device local_rank). Blocks until all ranks connect or connect_timeout.
 // Errors: InvalidArgument naming an unknown backend; the communicators'
 // errors (NCCL in a build without it: Unimplemented saying how to build it).
 StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options = {});

@@ -3,6 +3,8 @@
 #include <malloc.h>
 #include <stdlib.h>
 
+#include <ATen/ATen.h>
+
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -136,6 +138,18 @@ TEST(InitFromEnvTest, DefaultBackendIsGlooAndUnknownBackendIsNamed) {
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
   EXPECT_NE(bad.status().message().find("unknown communication backend 'mpi'"), std::string::npos)
       << bad.status();
+}
+
+TEST(InitFromEnvTest, ShmBackendFromTheEnvironmentReducesInSharedMemory) {
+  SetWorldOfOne(TestDir("shm"));
+  setenv("LOCKSTEP_BACKEND", "shm", 1);
+  auto group = InitFromEnv();
+  unsetenv("LOCKSTEP_BACKEND");
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ((*group)->communicator()->backend(), "shm");
+  at::Tensor t = at::full({3}, 2.0f);
+  ASSERT_TRUE((*group)->communicator()->AllReduce(t, ReduceOp::kAvg)->Wait().ok());
+  EXPECT_TRUE(t.equal(at::full({3}, 2.0f)));
 }
 
 TEST(InitFromEnvTest, NcclBackendWithoutNcclOrGpuSaysWhy) {

@@ -148,7 +148,8 @@ std::string Describe(const std::vector<Proc>& procs) {
 // with the same flags, and checks every rank ends with the reference's
 // parameters (relative 1e-5).
 void ExpectParity(const std::string& model, int world, std::vector<std::string> extra,
-                  int64_t batch = 8, std::vector<std::string> ddp_only = {}) {
+                  int64_t batch = 8, std::vector<std::string> ddp_only = {},
+                  const std::string& backend = "", int per_node = 0) {
   const std::string dir = TempDir();
   std::vector<std::string> args = {"--model", model, "--steps", "5", "--batch",
                                    std::to_string(batch), "--bucket-mb", "0.05"};
@@ -157,8 +158,23 @@ void ExpectParity(const std::string& model, int world, std::vector<std::string> 
   ddp_args.insert(ddp_args.end(), ddp_only.begin(), ddp_only.end());
   ddp_args.push_back("--dump-params");
   ddp_args.push_back(dir + "/rank");  // Each rank writes "rank.<r>".
-  std::vector<Proc> procs = Spawn(RankEnvs(world, dir), ddp_args, dir);
+  auto envs = RankEnvs(world, dir);
+  if (!backend.empty()) {
+    for (auto& env : envs) env.push_back("LOCKSTEP_BACKEND=" + backend);
+  }
+  for (int r = 0; per_node > 0 && r < world; ++r) {  // Ranks as nodes of per_node.
+    envs[r].push_back(absl::StrCat("LOCKSTEP_LOCAL_RANK=", r % per_node));
+    envs[r].push_back(absl::StrCat("LOCKSTEP_LOCAL_WORLD_SIZE=", per_node));
+    envs[r].push_back(absl::StrCat("LOCKSTEP_NODE_RANK=", r / per_node));
+    envs[r].push_back(absl::StrCat("LOCKSTEP_NUM_NODES=", world / per_node));
+  }
+  std::vector<Proc> procs = Spawn(envs, ddp_args, dir);
   for (const auto& p : procs) ASSERT_EQ(p.exit_code, 0) << Describe(procs);
+  if (!backend.empty()) {
+    const std::string used = per_node > 0 && per_node < world ? backend + "+gloo" : backend;
+    EXPECT_NE(procs[0].err.find("connected " + used + " communicator"), std::string::npos)
+        << Describe(procs);
+  }
 
   std::vector<std::string> ref_args = {"--model", model, "--steps", "5", "--batch",
                                        std::to_string(batch * world), "--local",
@@ -189,6 +205,16 @@ TEST(DdpParityTest, TransformerTwoAndThreeRanksMatchOneProcess) {
 TEST(DdpParityTest, TiedWeightsTwoAndThreeRanksMatchOneProcess) {
   ExpectParity("tied", 2, {});
   ExpectParity("tied", 3, {});
+}
+
+TEST(DdpParityTest, ShmBackendMatchesOneProcess) {
+  ExpectParity("mlp_small", 2, {}, 8, {}, "shm");
+  ExpectParity("transformer_small", 3, {}, 8, {}, "shm");
+}
+
+// Two "nodes" of two ranks on loopback: shm inside each, Gloo between.
+TEST(DdpParityTest, ShmAcrossTwoNodesMatchesOneProcess) {
+  ExpectParity("mlp_small", 4, {}, 4, {}, "shm", 2);
 }
 
 TEST(DdpParityTest, GradientAsBucketViewMatchesOneProcess) {

@@ -1,0 +1,446 @@
+// Communicator conformance suite, run against GlooCommunicator and
+// ShmCommunicator with ranks as threads (FakeStore) and ranks as forked
+// processes (FileStore on a temp dir); then each backend's own cases.
+#include <signal.h>
+
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "ddp/fake_store.h"
+#include "ddp/gloo_communicator.h"
+#include "ddp/hierarchical_communicator.h"
+#include "ddp/shm_communicator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rendezvous/file_store.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+using RankBody = std::function<Status(int rank, rendezvous::Store* store)>;
+
+enum class Mode { kThreads, kProcesses };
+
+std::string TempDir() {
+  std::string base = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+  std::string templ = base + "/comm_XXXXXX";
+  EXPECT_NE(mkdtemp(templ.data()), nullptr);
+  return templ;
+}
+
+// Runs `body` for ranks 0..world-1 and returns each rank's status.
+std::vector<Status> RunRanks(Mode mode, int world, const RankBody& body) {
+  std::vector<Status> results(world);
+  if (mode == Mode::kThreads) {
+    FakeStore store;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] { results[r] = body(r, &store); });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+  const std::string dir = TempDir();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      auto store = rendezvous::FileStore::Open(dir);
+      Status s = store.ok() ? body(r, store->get()) : store.status();
+      if (!s.ok()) fprintf(stderr, "rank %d: %s\n", r, s.ToString().c_str());
+      fflush(stderr);
+      _exit(s.ok() ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  for (int r = 0; r < world; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      results[r] = absl::InternalError(absl::StrCat("rank ", r, " process failed"));
+    }
+  }
+  return results;
+}
+
+struct Backend {
+  std::string name;  // "gloo" or "shm".
+  Mode mode;
+};
+
+StatusOr<std::unique_ptr<Communicator>> Connect(
+    const std::string& backend, rendezvous::Store* store, int rank, int world,
+    Duration timeout = std::chrono::seconds(30),
+    Duration connect_timeout = std::chrono::seconds(30)) {
+  if (backend == "shm") {
+    ShmOptions options;
+    options.timeout = timeout;
+    options.connect_timeout = connect_timeout;
+    ASSIGN_OR_RETURN(auto comm, ShmCommunicator::Create(store, rank, world, options));
+    return std::unique_ptr<Communicator>(std::move(comm));
+  }
+  GlooOptions options;
+  options.timeout = timeout;
+  options.connect_timeout = connect_timeout;
+  ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, rank, world, options));
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+Status Expect(bool cond, const std::string& what) {
+  return cond ? absl::OkStatus() : absl::InternalError(what);
+}
+
+class CommunicatorConformanceTest : public ::testing::TestWithParam<Backend> {};
+
+TEST_P(CommunicatorConformanceTest, AllReduceSumsAndAveragesOverRanks) {
+  constexpr int kWorld = 3;
+  auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, Connect(GetParam().name, store, rank, kWorld));
+    // Larger than Gloo's segment and shm's half slot, so both run in chunks.
+    at::Tensor sum = at::full({1300001}, float(rank + 1));
+    at::Tensor avg = at::full({7}, double(rank + 1));
+    at::Tensor ints = at::full({5}, int64_t(rank + 1), at::kLong);
+    auto w1 = comm->AllReduce(sum, ReduceOp::kSum);
+    auto w2 = comm->AllReduce(avg, ReduceOp::kAvg);
+    auto w3 = comm->AllReduce(ints, ReduceOp::kSum);
+    RETURN_IF_ERROR(w1->Wait());
+    RETURN_IF_ERROR(w2->Wait());
+    RETURN_IF_ERROR(w3->Wait());
+    RETURN_IF_ERROR(Expect(sum.eq(6.0f).all().item<bool>(), "float sum"));
+    RETURN_IF_ERROR(Expect(avg.eq(2.0).all().item<bool>(), "double average"));
+    RETURN_IF_ERROR(Expect(ints.eq(6).all().item<bool>(), "int64 sum"));
+    return Expect(w1->IsCompleted() && w1->started_at() <= w1->finished_at(), "timestamps");
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_P(CommunicatorConformanceTest, BroadcastCopiesRootTensorToEveryRank) {
+  constexpr int kWorld = 3;
+  auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, Connect(GetParam().name, store, rank, kWorld));
+    at::Tensor t = at::arange(1000, at::kInt) * (rank + 1);
+    RETURN_IF_ERROR(comm->Broadcast(t, 1)->Wait());
+    return Expect(t.equal(at::arange(1000, at::kInt) * 2), "broadcast from rank 1");
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_P(CommunicatorConformanceTest, AllGatherConcatenatesInRankOrderAndBarrierCompletes) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, Connect(GetParam().name, store, rank, kWorld));
+    at::Tensor in = at::full({4}, float(rank));
+    at::Tensor out = at::empty({8});
+    RETURN_IF_ERROR(comm->AllGather(in, out)->Wait());
+    RETURN_IF_ERROR(comm->Barrier()->Wait());
+    return Expect(out.equal(at::cat({at::zeros({4}), at::ones({4})})), "allgather order");
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_P(CommunicatorConformanceTest, MissingRankFailsOthersWithinTimeoutNamingIt) {
+  constexpr int kWorld = 3;
+  constexpr auto kTimeout = std::chrono::seconds(2);
+  auto results = RunRanks(GetParam().mode, kWorld, [&](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, Connect(GetParam().name, store, rank, kWorld, kTimeout));
+    if (rank == 2) {
+      // Never joins the allreduce; stays connected until the others are done.
+      return store->Wait({"test/done/0", "test/done/1"}, std::chrono::seconds(30));
+    }
+    at::Tensor t = at::ones({1000});
+    const auto start = std::chrono::steady_clock::now();
+    Status s = comm->AllReduce(t, ReduceOp::kSum)->Wait();
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    RETURN_IF_ERROR(store->Set(absl::StrCat("test/done/", rank), "1"));
+    RETURN_IF_ERROR(Expect(absl::IsDeadlineExceeded(s), "expected DeadlineExceeded: " + s.ToString()));
+    RETURN_IF_ERROR(Expect(s.message().find("ranks [2]") != std::string::npos,
+                           "error does not name rank 2: " + s.ToString()));
+    RETURN_IF_ERROR(Expect(elapsed < kTimeout + std::chrono::seconds(1), "took too long"));
+    Status later = comm->Barrier()->Wait();
+    return Expect(absl::IsFailedPrecondition(later), "later collective: " + later.ToString());
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_P(CommunicatorConformanceTest, CreateNamesRanksThatNeverConnect) {
+  constexpr int kWorld = 3;
+  auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    if (rank == 2) return absl::OkStatus();
+    auto comm = Connect(GetParam().name, store, rank, kWorld, std::chrono::seconds(30),
+                        std::chrono::milliseconds(500));
+    RETURN_IF_ERROR(Expect(absl::IsDeadlineExceeded(comm.status()), comm.status().ToString()));
+    return Expect(comm.status().message().find("ranks [2]") != std::string::npos,
+                  comm.status().ToString());
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CommunicatorConformanceTest,
+                         ::testing::Values(Backend{"gloo", Mode::kThreads},
+                                           Backend{"gloo", Mode::kProcesses},
+                                           Backend{"shm", Mode::kThreads},
+                                           Backend{"shm", Mode::kProcesses}),
+                         [](const auto& info) {
+                           return info.param.name +
+                                  (info.param.mode == Mode::kThreads ? "Threads" : "Processes");
+                         });
+
+TEST(GlooCommunicatorTest, RejectsNonContiguousTensorWithoutRunning) {
+  FakeStore store;
+  auto comm = Connect("gloo", &store, 0, 1);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  at::Tensor t = at::ones({4, 4}).t();
+  auto work = (*comm)->AllReduce(t, ReduceOp::kSum);
+  EXPECT_TRUE(work->IsCompleted());
+  EXPECT_TRUE(absl::IsInvalidArgument(work->status())) << work->status();
+  EXPECT_TRUE(absl::IsInvalidArgument((*comm)->Broadcast(at::ones({2}), 3)->Wait()));
+}
+
+// ---- ShmCommunicator's own cases ----
+
+using ::testing::HasSubstr;
+
+StatusOr<std::unique_ptr<ShmCommunicator>> ConnectShm(rendezvous::Store* store, int rank,
+                                                      int world, ShmOptions options = {}) {
+  if (options.timeout == kDefaultCollectiveTimeout) options.timeout = std::chrono::seconds(30);
+  options.connect_timeout = std::min<Duration>(options.connect_timeout, std::chrono::seconds(30));
+  return ShmCommunicator::Create(store, rank, world, options);
+}
+
+// 1 KB slots (512-byte halves): every collective runs in many chunks, the
+// halves alternate across collectives of different kinds, and odd sizes
+// leave ragged last chunks and uneven per-rank reduction ranges.
+TEST(ShmCommunicatorTest, MixedCollectivesThroughTinySlotsGiveExactResults) {
+  constexpr int kWorld = 3;
+  auto results = RunRanks(Mode::kThreads, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ShmOptions options;
+    options.slot_bytes = 1000;  // Rounded up to 1024.
+    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld, options));
+    for (int round = 0; round < 3; ++round) {
+      at::Tensor d = at::arange(10007, at::kDouble) * (rank + 1);
+      at::Tensor i = at::arange(2001, at::kInt) + rank;
+      at::Tensor b = at::arange(1250, at::kInt) * (rank + 7);
+      at::Tensor in = at::arange(301, at::kFloat) + 1000 * rank;
+      at::Tensor out = at::empty({301 * kWorld});
+      auto w1 = comm->AllReduce(d, ReduceOp::kSum);
+      auto w2 = comm->Broadcast(b, 2);
+      auto w3 = comm->AllReduce(i, ReduceOp::kSum);
+      auto w4 = comm->AllGather(in, out);
+      auto w5 = comm->Barrier();
+      for (auto* w : {&w1, &w2, &w3, &w4, &w5}) RETURN_IF_ERROR((*w)->Wait());
+      RETURN_IF_ERROR(Expect(d.equal(at::arange(10007, at::kDouble) * 6), "double sum"));
+      RETURN_IF_ERROR(Expect(i.equal(at::arange(2001, at::kInt) * 3 + 3), "int sum"));
+      RETURN_IF_ERROR(Expect(b.equal(at::arange(1250, at::kInt) * 9), "broadcast from 2"));
+      at::Tensor want = at::cat({at::arange(301, at::kFloat), at::arange(301, at::kFloat) + 1000,
+                                 at::arange(301, at::kFloat) + 2000});
+      RETURN_IF_ERROR(Expect(out.equal(want), "allgather"));
+    }
+    return absl::OkStatus();
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+// A rank whose process dies is named at once, not after the timeout: the
+// waiting ranks check their peers' pids (a zombie counts as dead).
+TEST(ShmCommunicatorTest, KilledPeerIsNamedLongBeforeTheTimeout) {
+  constexpr int kWorld = 2;
+  constexpr auto kTimeout = std::chrono::seconds(60);
+  auto results = RunRanks(Mode::kProcesses, kWorld, [&](int rank, rendezvous::Store* store) -> Status {
+    ShmOptions options;
+    options.timeout = kTimeout;
+    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld, options));
+    at::Tensor t = at::ones({1 << 20});
+    RETURN_IF_ERROR(comm->AllReduce(t, ReduceOp::kSum)->Wait());
+    if (rank == 1) raise(SIGKILL);  // Dies before the second allreduce.
+    const auto start = std::chrono::steady_clock::now();
+    Status s = comm->AllReduce(t, ReduceOp::kSum)->Wait();
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    RETURN_IF_ERROR(Expect(absl::IsUnavailable(s), "expected Unavailable: " + s.ToString()));
+    RETURN_IF_ERROR(Expect(s.message().find("rank 1 (pid ") != std::string::npos &&
+                               s.message().find(") exited") != std::string::npos,
+                           "error does not name rank 1's process: " + s.ToString()));
+    RETURN_IF_ERROR(Expect(elapsed < kTimeout / 2, "the death was found only by the timeout"));
+    Status later = comm->Barrier()->Wait();
+    return Expect(absl::IsFailedPrecondition(later), "later collective: " + later.ToString());
+  });
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_FALSE(results[1].ok()) << "rank 1 was meant to die";
+}
+
+TEST(ShmCommunicatorTest, RankOnAnotherHostIsRefusedNamingBothHosts) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(Mode::kThreads, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ShmOptions options;
+    options.hostname = rank == 0 ? "host-a" : "host-b";
+    options.connect_timeout = std::chrono::seconds(1);
+    auto comm = ShmCommunicator::Create(store, rank, kWorld, options);
+    if (rank == 1) {
+      RETURN_IF_ERROR(Expect(absl::IsFailedPrecondition(comm.status()), comm.status().ToString()));
+      return Expect(comm.status().message().find("on host 'host-b' but rank 0 is on 'host-a'") !=
+                        std::string::npos,
+                    comm.status().ToString());
+    }
+    RETURN_IF_ERROR(Expect(absl::IsDeadlineExceeded(comm.status()), comm.status().ToString()));
+    return Expect(comm.status().message().find("ranks [1] never attached") != std::string::npos,
+                  comm.status().ToString());
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(ShmCommunicatorTest, SegmentLeavesNothingInDevShm) {
+  FakeStore store;
+  {
+    std::unique_ptr<ShmCommunicator> comms[2];
+    std::thread other([&] {
+      auto c = ConnectShm(&store, 1, 2);
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (c.ok()) comms[1] = std::move(*c);
+    });
+    auto c = ConnectShm(&store, 0, 2);
+    other.join();
+    ASSERT_TRUE(c.ok()) << c.status();
+    comms[0] = std::move(*c);
+    auto name = store.Get("shm/segment", std::chrono::seconds(1));
+    ASSERT_TRUE(name.ok()) << name.status();
+    EXPECT_THAT(*name, HasSubstr("/lockstep-"));
+    EXPECT_NE(access(("/dev/shm" + *name).c_str(), F_OK), 0)
+        << *name << " is still in /dev/shm after every rank attached";
+    ASSERT_NE(comms[1], nullptr);
+    at::Tensor a = at::ones({5}), b = at::ones({5});
+    auto wa = comms[0]->AllReduce(a, ReduceOp::kAvg);
+    auto wb = comms[1]->AllReduce(b, ReduceOp::kAvg);
+    ASSERT_TRUE(wa->Wait().ok());
+    ASSERT_TRUE(wb->Wait().ok());
+    EXPECT_TRUE(a.equal(at::ones({5})));
+  }
+  // A rank 0 that gave up waiting removes its segment too.
+  FakeStore alone;
+  ShmOptions options;
+  options.connect_timeout = std::chrono::milliseconds(300);
+  auto c = ShmCommunicator::Create(&alone, 0, 2, options);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(c.status())) << c.status();
+  auto name = alone.Get("shm/segment", std::chrono::seconds(1));
+  ASSERT_TRUE(name.ok()) << name.status();
+  EXPECT_NE(access(("/dev/shm" + *name).c_str(), F_OK), 0) << *name << " was left behind";
+}
+
+TEST(ShmCommunicatorTest, RankZeroThatNeverComesIsNamed) {
+  FakeStore store;
+  ShmOptions options;
+  options.connect_timeout = std::chrono::milliseconds(300);
+  auto c = ShmCommunicator::Create(&store, 1, 2, options);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(c.status())) << c.status();
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("rank 0 did not publish the shared-memory segment"));
+}
+
+// ---- HierarchicalCommunicator: two "hosts" of two ranks (separate shm
+// segments per node, Gloo between the two leaders, all on loopback) ----
+
+StatusOr<std::unique_ptr<HierarchicalCommunicator>> ConnectHier(
+    rendezvous::Store* store, int rank, int nodes, int per_node,
+    Duration timeout = std::chrono::seconds(30)) {
+  HierarchicalLayout layout;
+  layout.rank = rank;
+  layout.world_size = nodes * per_node;
+  layout.local_rank = rank % per_node;
+  layout.local_world_size = per_node;
+  layout.node_rank = rank / per_node;
+  layout.num_nodes = nodes;
+  HierarchicalOptions options;
+  options.timeout = timeout;
+  options.connect_timeout = std::chrono::seconds(30);
+  return HierarchicalCommunicator::Create(store, layout, options);
+}
+
+TEST(HierarchicalCommunicatorTest, TwoHostsOfTwoRanksGiveTheResultsOfOneWorld) {
+  constexpr int kWorld = 4;
+  for (Mode mode : {Mode::kThreads, Mode::kProcesses}) {
+    auto results = RunRanks(mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+      ASSIGN_OR_RETURN(auto comm, ConnectHier(store, rank, 2, 2));
+      RETURN_IF_ERROR(Expect(comm->backend() == "shm+gloo", comm->backend()));
+      at::Tensor sum = at::full({1300001}, float(rank + 1));
+      at::Tensor avg = at::full({7}, double(rank + 1));
+      at::Tensor ints = at::full({5}, int64_t(rank + 1), at::kLong);
+      at::Tensor b = at::arange(1000, at::kInt) * (rank + 1);
+      at::Tensor in = at::full({3}, float(rank));
+      at::Tensor out = at::empty({3 * kWorld});
+      auto w1 = comm->AllReduce(sum, ReduceOp::kSum);
+      auto w2 = comm->AllReduce(avg, ReduceOp::kAvg);
+      auto w3 = comm->AllReduce(ints, ReduceOp::kSum);
+      auto w4 = comm->Broadcast(b, 3);  // Local rank 1 of node 1.
+      auto w5 = comm->AllGather(in, out);
+      auto w6 = comm->Barrier();
+      for (auto* w : {&w1, &w2, &w3, &w4, &w5, &w6}) RETURN_IF_ERROR((*w)->Wait());
+      RETURN_IF_ERROR(Expect(sum.eq(10.0f).all().item<bool>(), "float sum"));
+      RETURN_IF_ERROR(Expect(avg.eq(2.5).all().item<bool>(), "double average"));
+      RETURN_IF_ERROR(Expect(ints.eq(10).all().item<bool>(), "int64 sum"));
+      RETURN_IF_ERROR(Expect(b.equal(at::arange(1000, at::kInt) * 4), "broadcast from rank 3"));
+      return Expect(out.equal(at::arange(kWorld, at::kFloat).repeat_interleave(3)),
+                    "allgather in global rank order");
+    });
+    for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// Rank 3 (node 1, local rank 1) never joins: its host's shm step names it in
+// local ranks, and node 0's leader, left alone between hosts, names node 1.
+TEST(HierarchicalCommunicatorTest, MissingRankFailsEveryRankSayingWhereItWasMissed) {
+  constexpr int kWorld = 4;
+  constexpr auto kTimeout = std::chrono::seconds(2);
+  auto results = RunRanks(Mode::kProcesses, kWorld, [&](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, ConnectHier(store, rank, 2, 2, kTimeout));
+    if (rank == 3) {
+      return store->Wait({"test/done/0", "test/done/1", "test/done/2"}, std::chrono::seconds(60));
+    }
+    at::Tensor t = at::ones({1000});
+    Status s = comm->AllReduce(t, ReduceOp::kSum)->Wait();
+    RETURN_IF_ERROR(store->Set(absl::StrCat("test/done/", rank), "1"));
+    RETURN_IF_ERROR(Expect(!s.ok(), absl::StrCat("rank ", rank, " succeeded")));
+    const std::string m(s.message());
+    if (rank == 2) {
+      RETURN_IF_ERROR(Expect(m.find("on host 1 (local ranks)") != std::string::npos &&
+                                 m.find("ranks [1]") != std::string::npos,
+                             "rank 2: " + s.ToString()));
+    }
+    if (rank == 0) {
+      RETURN_IF_ERROR(Expect(m.find("between hosts") != std::string::npos &&
+                                 m.find("ranks [1]") != std::string::npos,
+                             "rank 0: " + s.ToString()));
+    }
+    Status later = comm->Barrier()->Wait();
+    return Expect(absl::IsFailedPrecondition(later), "later collective: " + later.ToString());
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(HierarchicalCommunicatorTest, NonUniformLayoutIsRefusedWithTheNumbers) {
+  FakeStore store;
+  HierarchicalLayout layout;
+  layout.rank = 1;
+  layout.world_size = 3;
+  layout.local_rank = 1;
+  layout.local_world_size = 2;
+  layout.node_rank = 0;
+  layout.num_nodes = 2;
+  auto comm = HierarchicalCommunicator::Create(&store, layout);
+  EXPECT_TRUE(absl::IsInvalidArgument(comm.status())) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()),
+              HasSubstr("rank 1 of 3 is local rank 1 of 2 on node 0 of 2"));
+}
+
+}  // namespace
+}  // namespace ddp
+}  // namespace lockstep

@@ -1,0 +1,155 @@
+#include "ddp/hierarchical_communicator.h"
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "ddp/gloo_communicator.h"
+#include "ddp/shm_communicator.h"
+
+namespace lockstep {
+namespace ddp {
+
+StatusOr<std::unique_ptr<HierarchicalCommunicator>> HierarchicalCommunicator::Create(
+    rendezvous::Store* store, const HierarchicalLayout& layout, HierarchicalOptions options) {
+  const HierarchicalLayout& l = layout;
+  if (l.local_world_size < 1 || l.num_nodes < 1 || l.local_rank < 0 ||
+      l.local_rank >= l.local_world_size || l.node_rank < 0 || l.node_rank >= l.num_nodes ||
+      l.world_size != l.num_nodes * l.local_world_size ||
+      l.rank != l.node_rank * l.local_world_size + l.local_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shm across hosts needs the same number of ranks on every node, numbered node by node: "
+        "rank ",
+        l.rank, " of ", l.world_size, " is local rank ", l.local_rank, " of ", l.local_world_size,
+        " on node ", l.node_rank, " of ", l.num_nodes, ", but rank should be node_rank * ",
+        l.local_world_size, " + local_rank and the world ", l.num_nodes, " * ",
+        l.local_world_size));
+  }
+  ShmOptions shm;
+  shm.timeout = options.timeout;
+  shm.connect_timeout = options.connect_timeout;
+  shm.key_prefix = absl::StrCat(options.key_prefix, "/node", l.node_rank);
+  shm.hostname = options.hostname;
+  auto local = ShmCommunicator::Create(store, l.local_rank, l.local_world_size, shm);
+  if (!local.ok()) {
+    return Annotate(local.status(), absl::StrCat("shm+gloo: shared memory on node ", l.node_rank));
+  }
+  std::unique_ptr<Communicator> leaders;
+  if (l.local_rank == 0 && l.num_nodes > 1) {
+    GlooOptions gloo;
+    gloo.hostname = options.gloo_hostname;
+    gloo.timeout = options.timeout;
+    gloo.connect_timeout = options.connect_timeout;
+    gloo.key_prefix = absl::StrCat(options.key_prefix, "/leaders");
+    auto mesh = GlooCommunicator::Create(store, l.node_rank, l.num_nodes, gloo);
+    if (!mesh.ok()) {
+      return Annotate(mesh.status(),
+                      absl::StrCat("shm+gloo: node ", l.node_rank,
+                                   "'s leader connecting to the other nodes' leaders (node ranks)"));
+    }
+    leaders = std::move(*mesh);
+  }
+  return std::unique_ptr<HierarchicalCommunicator>(new HierarchicalCommunicator(
+      layout, std::move(options), std::move(*local), std::move(leaders)));
+}
+
+HierarchicalCommunicator::HierarchicalCommunicator(const HierarchicalLayout& layout,
+                                                   HierarchicalOptions options,
+                                                   std::unique_ptr<Communicator> local,
+                                                   std::unique_ptr<Communicator> leaders)
+    : layout_(layout),
+      options_(std::move(options)),
+      local_(std::move(local)),
+      leaders_(std::move(leaders)) {}
+
+HierarchicalCommunicator::~HierarchicalCommunicator() = default;
+
+Status HierarchicalCommunicator::OnHost(const std::shared_ptr<Work>& work, const char* what) const {
+  return Annotate(work->Wait(options_.timeout + kWorkWaitSlack),
+                  absl::StrCat(what, " on host ", layout_.node_rank, " (local ranks)"));
+}
+
+Status HierarchicalCommunicator::BetweenHosts(const std::shared_ptr<Work>& work,
+                                              const char* what) const {
+  return Annotate(work->Wait(options_.timeout + kWorkWaitSlack),
+                  absl::StrCat(what, " between hosts (node ranks of the leaders)"));
+}
+
+std::shared_ptr<Work> HierarchicalCommunicator::AllReduce(at::Tensor tensor, ReduceOp op) {
+  Status s = CheckCollectiveTensor(tensor, "allreduce");
+  if (!s.ok()) return Work::Failed(s);
+  const auto dtype = tensor.scalar_type();
+  const bool floating = dtype == at::kFloat || dtype == at::kDouble;
+  if (op == ReduceOp::kAvg && !floating) {
+    return Work::Failed(absl::InvalidArgumentError("allreduce average needs a floating dtype"));
+  }
+  return queue_.Enqueue("allreduce", [this, tensor, op](uint64_t) mutable -> Status {
+    RETURN_IF_ERROR(OnHost(local_->AllReduce(tensor, ReduceOp::kSum), "allreduce"));
+    if (leader()) {
+      RETURN_IF_ERROR(BetweenHosts(leaders_->AllReduce(tensor, ReduceOp::kSum), "allreduce"));
+    }
+    if (layout_.num_nodes > 1) {
+      RETURN_IF_ERROR(OnHost(local_->Broadcast(tensor, 0), "allreduce (result broadcast)"));
+    }
+    if (op == ReduceOp::kAvg && layout_.world_size > 1) tensor.div_(layout_.world_size);
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> HierarchicalCommunicator::Broadcast(at::Tensor tensor, int root) {
+  Status s = CheckCollectiveTensor(tensor, "broadcast");
+  if (!s.ok()) return Work::Failed(s);
+  if (root < 0 || root >= layout_.world_size) {
+    return Work::Failed(absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " is outside world of size ", layout_.world_size)));
+  }
+  return queue_.Enqueue("broadcast", [this, tensor, root](uint64_t) -> Status {
+    const int root_node = root / layout_.local_world_size;
+    const int root_local = root % layout_.local_world_size;
+    if (layout_.node_rank == root_node) {
+      RETURN_IF_ERROR(OnHost(local_->Broadcast(tensor, root_local), "broadcast"));
+    }
+    if (leader()) RETURN_IF_ERROR(BetweenHosts(leaders_->Broadcast(tensor, root_node), "broadcast"));
+    if (layout_.node_rank != root_node) {
+      RETURN_IF_ERROR(OnHost(local_->Broadcast(tensor, 0), "broadcast"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> HierarchicalCommunicator::AllGather(at::Tensor input, at::Tensor output) {
+  Status s = CheckCollectiveTensor(input, "allgather input");
+  if (s.ok()) s = CheckCollectiveTensor(output, "allgather output");
+  if (!s.ok()) return Work::Failed(s);
+  if (input.scalar_type() != output.scalar_type() ||
+      output.numel() != input.numel() * layout_.world_size) {
+    return Work::Failed(absl::InvalidArgumentError(absl::StrCat(
+        "allgather output needs ", input.numel() * layout_.world_size, " elements of ",
+        c10::toString(input.scalar_type()), ", got ", output.numel(), " of ",
+        c10::toString(output.scalar_type()))));
+  }
+  return queue_.Enqueue("allgather", [this, input, output](uint64_t) -> Status {
+    const int64_t block = input.numel() * layout_.local_world_size;
+    at::Tensor mine = output.view({-1}).narrow(0, layout_.node_rank * block, block);
+    at::Tensor node_block = layout_.num_nodes > 1 ? at::empty({block}, input.options()) : mine;
+    RETURN_IF_ERROR(OnHost(local_->AllGather(input, node_block), "allgather"));
+    if (layout_.num_nodes == 1) return absl::OkStatus();
+    if (leader()) {
+      RETURN_IF_ERROR(BetweenHosts(leaders_->AllGather(node_block, output), "allgather"));
+    }
+    return OnHost(local_->Broadcast(output, 0), "allgather (result broadcast)");
+  });
+}
+
+std::shared_ptr<Work> HierarchicalCommunicator::Barrier() {
+  return queue_.Enqueue("barrier", [this](uint64_t) -> Status {
+    RETURN_IF_ERROR(OnHost(local_->Barrier(), "barrier"));
+    if (leader()) RETURN_IF_ERROR(BetweenHosts(leaders_->Barrier(), "barrier"));
+    if (layout_.num_nodes > 1) RETURN_IF_ERROR(OnHost(local_->Barrier(), "barrier"));
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace ddp
+}  // namespace lockstep

@@ -1,0 +1,135 @@
+// ShmCommunicator: the Communicator for ranks on one host, over a POSIX
+// shared-memory segment (CPU tensors). The fast path for single-host jobs:
+// an allreduce is a copy into shared memory, a reduction of 1/world of the
+// data by each rank, and a copy out, with no sockets and no kernel crossing
+// on the data path.
+//
+// Bootstrap: every rank publishes its host name under
+// "<key_prefix>/host/<rank>". Rank 0 creates the segment
+// (/dev/shm/lockstep-<pid>-<nonce>, mode 0600) and publishes its name under
+// "<key_prefix>/segment"; the others check that they are on rank 0's host,
+// map it and mark themselves attached in it. Once every rank is attached,
+// rank 0 unlinks the name, so nothing is left behind in /dev/shm whatever
+// happens to the processes later (the memory goes when the last one unmaps).
+//
+// Layout: a header, one 64-byte control line per rank (a phase counter and
+// its pid), then one slot per rank, split in two halves used alternately.
+// Synchronisation is a phase barrier: a rank publishes phase p and waits
+// until every rank's phase is at least p. Chunks alternate between the two
+// halves of each slot, so a rank may write chunk i+1 while slower ranks still
+// read chunk i: an allreduce costs two barriers per chunk, a broadcast or an
+// allgather one. Each element is reduced by exactly one rank, so every rank
+// ends with bit-identical results.
+//
+// Waiting spins briefly, then sleeps on a futex in the segment that every
+// arrival bumps and wakes, so a waiting rank costs no CPU (its compute
+// threads keep the cores) and still wakes within microseconds of the last
+// arrival. Collectives run one at a time, in call order, on a communicator
+// thread.
+//
+// Errors: a rank that does not reach a barrier within the collective's
+// timeout is named ("shm allreduce #12 on rank 0: ranks [2] did not arrive
+// within 3 s"); a rank whose process has exited is named at once, without
+// waiting for the timeout ("rank 1 (pid 4242) exited"). Either way the
+// communicator is broken and every later call fails with FailedPrecondition,
+// as with Gloo.
+//
+// Thread safety: thread-safe (see Communicator). The destructor lets queued
+// collectives finish (each bounded by its timeout) and joins the thread.
+#ifndef LOCKSTEP_DDP_SHM_COMMUNICATOR_H_
+#define LOCKSTEP_DDP_SHM_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "ddp/collective_queue.h"
+#include "ddp/communicator.h"
+#include "rendezvous/store.h"
+
+namespace lockstep {
+namespace ddp {
+
+// Bytes of shared memory per rank (two halves of 2 MB). 4 MB per rank keeps
+// a chunk inside the caches of common server cores while amortising the two
+// barriers per chunk.
+inline constexpr size_t kDefaultShmSlotBytes = 4u << 20;
+
+struct ShmOptions {
+  // End-to-end timeout of every collective. Default: kDefaultCollectiveTimeout.
+  Duration timeout = kDefaultCollectiveTimeout;
+  // How long Create waits for rank 0's segment and for every rank to attach.
+  // Default: rendezvous::kDefaultStoreTimeout.
+  Duration connect_timeout = rendezvous::kDefaultStoreTimeout;
+  // Store key prefix; communicators sharing a store namespace need distinct
+  // prefixes. Default: "shm".
+  std::string key_prefix = "shm";
+  // Shared memory per rank, rounded up to a multiple of 128 bytes; at least
+  // 128. Every rank must pass the same value (checked).
+  size_t slot_bytes = kDefaultShmSlotBytes;
+  // The host name this rank reports; empty: gethostname(). Ranks must all
+  // report rank 0's. (Tests set it to simulate a second host.)
+  std::string hostname;
+};
+
+class ShmCommunicator : public Communicator {
+ public:
+  // Creates (rank 0) or maps (others) the job's segment. Blocks until every
+  // rank is attached or `connect_timeout` passes. Errors: InvalidArgument
+  // (rank/world/slot size), FailedPrecondition (a rank on another host; the
+  // message names both hosts), DeadlineExceeded (rank 0 never published the
+  // segment, or the ranks that never attached, named), Internal (shm_open,
+  // ftruncate or mmap failed, with errno's text). `store` must outlive the
+  // communicator.
+  static StatusOr<std::unique_ptr<ShmCommunicator>> Create(rendezvous::Store* store, int rank,
+                                                          int world_size, ShmOptions options = {});
+  ~ShmCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend() const override { return "shm"; }
+
+  // Float, double, int32 and int64; kAvg on floating dtypes only.
+  std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op) override;
+  std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root) override;
+  std::shared_ptr<Work> AllGather(at::Tensor input, at::Tensor output) override;
+  std::shared_ptr<Work> Barrier() override;
+
+  struct Segment;  // The mapping (shm_communicator.cc).
+
+ private:
+  ShmCommunicator(int rank, int world_size, ShmOptions options, std::unique_ptr<Segment> segment);
+
+  // Queues `body` with the collective's deadline (timeout from its start).
+  std::shared_ptr<Work> Enqueue(const char* name,
+                                std::function<Status(uint64_t seq, MonoTime deadline)> body);
+
+  // The phase barrier: publishes the next phase and waits for every rank.
+  Status Arrive(uint64_t seq, const char* name, MonoTime deadline);
+  // The half of every slot the next chunk uses (alternates).
+  size_t NextHalf();
+  uint8_t* HalfOf(int rank, size_t half) const;
+
+  Status RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint64_t seq, MonoTime deadline);
+  Status RunBroadcast(const at::Tensor& tensor, int root, uint64_t seq, MonoTime deadline);
+  Status RunAllGather(const at::Tensor& input, const at::Tensor& output, uint64_t seq,
+                      MonoTime deadline);
+
+  const int rank_;
+  const int world_size_;
+  const ShmOptions options_;
+  std::unique_ptr<Segment> segment_;
+  // Used only on the communicator thread.
+  uint64_t phase_ = 0;
+  uint64_t chunks_ = 0;
+  // Last: destroyed first, so its thread stops before the segment goes.
+  CollectiveQueue queue_{"shm"};
+};
+
+}  // namespace ddp
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DDP_SHM_COMMUNICATOR_H_
