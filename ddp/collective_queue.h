@@ -1,6 +1,6 @@
 // CollectiveQueue: the communicator thread shared by the CPU communicators
-// that run their collectives one at a time, in call order (ShmCommunicator,
-// HierarchicalCommunicator). Each collective gets the next sequence number;
+// that run their collectives one at a time, in call order (GlooCommunicator,
+// ShmCommunicator, HierarchicalCommunicator). Each collective gets the next sequence number;
 // its body runs on the queue's thread and returns a Status. The first
 // failure breaks the queue: the failed Work carries the error, and every
 // collective queued or issued after it fails with FailedPrecondition quoting

@@ -131,63 +131,20 @@ GlooCommunicator::GlooCommunicator(rendezvous::Store* store, int rank, int world
       grace_(std::min<Duration>(options_.timeout / 5, kMaxDiagnosisGrace)),
       context_(std::move(context)) {
   context_->setTimeout(ToMillis(options_.timeout - grace_));
-  thread_ = std::thread([this] { Loop(); });
 }
 
-GlooCommunicator::~GlooCommunicator() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
+GlooCommunicator::~GlooCommunicator() = default;
 
 std::shared_ptr<Work> GlooCommunicator::Enqueue(
     const char* name, std::function<void(Millis, uint32_t)> body) {
-  auto work = std::make_shared<Work>();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_.ok()) {
-      work->Finish(absl::FailedPreconditionError(
-          absl::StrCat("gloo ", name, " refused: communicator failed earlier and must be rebuilt "
-                       "through rendezvous (", broken_.message(), ")")));
-      return work;
-    }
-    queue_.push_back(Task{next_seq_++, name, work, std::move(body)});
-  }
-  cv_.notify_one();
-  return work;
-}
-
-void GlooCommunicator::Loop() {
-  const Millis gloo_timeout = ToMillis(options_.timeout - grace_);
-  while (true) {
-    Task task;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      if (!broken_.ok()) {
-        task.work->Finish(absl::FailedPreconditionError(
-            absl::StrCat("gloo ", task.name, " #", task.seq,
-                         " refused: communicator failed earlier (", broken_.message(), ")")));
-        continue;
-      }
-    }
-    task.work->MarkStarted();
-    Status status;
+  return queue_.Enqueue(name, [this, name, body = std::move(body)](uint64_t seq) -> Status {
     try {
-      task.body(gloo_timeout, static_cast<uint32_t>(task.seq));
+      body(ToMillis(options_.timeout - grace_), static_cast<uint32_t>(seq));
     } catch (const std::exception& e) {
-      status = Diagnose(task.seq, task.name, e.what());
-      std::lock_guard<std::mutex> lock(mu_);
-      broken_ = status;
+      return Diagnose(seq, name, e.what());
     }
-    task.work->Finish(std::move(status));
-  }
+    return absl::OkStatus();
+  });
 }
 
 Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::string& what) {

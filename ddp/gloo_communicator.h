@@ -25,15 +25,12 @@
 #define LOCKSTEP_DDP_GLOO_COMMUNICATOR_H_
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include "common/status.h"
+#include "ddp/collective_queue.h"
 #include "ddp/communicator.h"
 #include "rendezvous/store.h"
 
@@ -93,10 +90,10 @@ class GlooCommunicator : public Communicator {
                    std::shared_ptr<gloo::Context> context);
 
   // `body` runs the Gloo calls with the given Gloo timeout and tag; it may
-  // throw. Queues it for the communicator thread.
+  // throw (a throw becomes the Work's error, diagnosed). Queues it for the
+  // communicator thread.
   std::shared_ptr<Work> Enqueue(const char* name,
                                 std::function<void(std::chrono::milliseconds, uint32_t)> body);
-  void Loop();
   // Maps a failure of collective #seq to a Status naming the missing ranks.
   Status Diagnose(uint64_t seq, const char* name, const std::string& what);
 
@@ -107,19 +104,8 @@ class GlooCommunicator : public Communicator {
   const Duration grace_;
   std::shared_ptr<gloo::Context> context_;
 
-  struct Task {
-    uint64_t seq;
-    const char* name;
-    std::shared_ptr<Work> work;
-    std::function<void(std::chrono::milliseconds, uint32_t)> body;
-  };
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;  // GUARDED_BY(mu_)
-  uint64_t next_seq_ = 0;   // GUARDED_BY(mu_)
-  bool stopping_ = false;   // GUARDED_BY(mu_)
-  Status broken_;           // Set once, on the thread; read under mu_.
-  std::thread thread_;
+  // Last: destroyed first, so its thread stops before the context goes.
+  CollectiveQueue queue_{"gloo"};
 };
 
 }  // namespace ddp
