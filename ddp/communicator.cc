@@ -74,5 +74,45 @@ Status CheckCollectiveTensor(const at::Tensor& t, const char* what, c10::Device 
   return absl::OkStatus();
 }
 
+Status CheckRank(const char* backend, int rank, int world_size) {
+  if (world_size >= 1 && rank >= 0 && rank < world_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(backend, ": rank ", rank, " is outside world of size ", world_size));
+}
+
+Status CheckBroadcastRoot(int root, int world_size) {
+  if (root >= 0 && root < world_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("broadcast root ", root, " is outside world of size ", world_size));
+}
+
+Status CheckAllGather(const at::Tensor& input, const at::Tensor& output, int world_size,
+                      c10::Device device) {
+  RETURN_IF_ERROR(CheckCollectiveTensor(input, "allgather input", device));
+  RETURN_IF_ERROR(CheckCollectiveTensor(output, "allgather output", device));
+  if (input.scalar_type() == output.scalar_type() &&
+      output.numel() == input.numel() * world_size) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "allgather output needs ", input.numel() * world_size, " elements of ",
+      c10::toString(input.scalar_type()), ", got ", output.numel(), " of ",
+      c10::toString(output.scalar_type())));
+}
+
+Status CheckCpuAllReduce(const at::Tensor& t, ReduceOp op) {
+  RETURN_IF_ERROR(CheckCollectiveTensor(t, "allreduce"));
+  const auto dtype = t.scalar_type();
+  const bool floating = dtype == at::kFloat || dtype == at::kDouble;
+  if (!floating && dtype != at::kInt && dtype != at::kLong) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allreduce does not support dtype ", c10::toString(dtype)));
+  }
+  if (op == ReduceOp::kAvg && !floating) {
+    return absl::InvalidArgumentError("allreduce average needs a floating dtype");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace ddp
 }  // namespace lockstep

@@ -137,10 +137,24 @@ class Communicator {
   virtual std::shared_ptr<Work> Barrier() = 0;
 };
 
-// Returns InvalidArgument naming `what` unless `t` is a defined, dense,
-// contiguous tensor on `device`. For implementations.
+// Argument checks shared by the implementations, made before anything is
+// queued. Each returns InvalidArgument naming what was wrong.
+
+// `t` is a defined, dense, contiguous tensor on `device`; `what` names it.
 Status CheckCollectiveTensor(const at::Tensor& t, const char* what,
                              c10::Device device = c10::Device(c10::DeviceType::CPU));
+// `rank` is in [0, world_size) and world_size >= 1 (Create); `backend`
+// prefixes the message.
+Status CheckRank(const char* backend, int rank, int world_size);
+// `root` is a rank of the world.
+Status CheckBroadcastRoot(int root, int world_size);
+// Both tensors pass CheckCollectiveTensor, with the same dtype, and `output`
+// holds world_size x input.numel() elements.
+Status CheckAllGather(const at::Tensor& input, const at::Tensor& output, int world_size,
+                      c10::Device device = c10::Device(c10::DeviceType::CPU));
+// The CPU communicators' allreduce: a CPU tensor of float, double, int32 or
+// int64; kAvg on floating dtypes only.
+Status CheckCpuAllReduce(const at::Tensor& t, ReduceOp op);
 
 }  // namespace ddp
 }  // namespace lockstep

@@ -86,10 +86,7 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(rendezvous:
                                                                     int rank, int world_size,
                                                                     GlooOptions options) {
   if (store == nullptr) return absl::InvalidArgumentError("gloo: store is null");
-  if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gloo: rank ", rank, " is outside world of size ", world_size));
-  }
+  RETURN_IF_ERROR(CheckRank("gloo", rank, world_size));
   if (options.timeout <= Duration::zero()) {
     return absl::InvalidArgumentError("gloo: collective timeout must be positive");
   }
@@ -161,18 +158,9 @@ Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::str
 }
 
 std::shared_ptr<Work> GlooCommunicator::AllReduce(at::Tensor tensor, ReduceOp op) {
-  Status s = CheckCollectiveTensor(tensor, "allreduce");
-  if (!s.ok()) return Work::Failed(s);
-  const auto dtype = tensor.scalar_type();
-  const bool floating = dtype == at::kFloat || dtype == at::kDouble;
-  if (!floating && dtype != at::kInt && dtype != at::kLong) {
-    return Work::Failed(absl::InvalidArgumentError(
-        absl::StrCat("allreduce does not support dtype ", c10::toString(dtype))));
-  }
-  if (op == ReduceOp::kAvg && !floating) {
-    return Work::Failed(absl::InvalidArgumentError("allreduce average needs a floating dtype"));
-  }
+  if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
   const int world = world_size_;
+  const auto dtype = tensor.scalar_type();
   return Enqueue("allreduce", [this, tensor, op, dtype, world](Millis timeout,
                                                                uint32_t tag) mutable {
     if (tensor.numel() == 0 || world == 1) return;
@@ -197,11 +185,8 @@ std::shared_ptr<Work> GlooCommunicator::AllReduce(at::Tensor tensor, ReduceOp op
 
 std::shared_ptr<Work> GlooCommunicator::Broadcast(at::Tensor tensor, int root) {
   Status s = CheckCollectiveTensor(tensor, "broadcast");
+  if (s.ok()) s = CheckBroadcastRoot(root, world_size_);
   if (!s.ok()) return Work::Failed(s);
-  if (root < 0 || root >= world_size_) {
-    return Work::Failed(absl::InvalidArgumentError(
-        absl::StrCat("broadcast root ", root, " is outside world of size ", world_size_)));
-  }
   return Enqueue("broadcast", [this, tensor, root](Millis timeout, uint32_t tag) mutable {
     const size_t bytes = tensor.nbytes();
     if (bytes == 0 || world_size_ == 1) return;
@@ -217,16 +202,7 @@ std::shared_ptr<Work> GlooCommunicator::Broadcast(at::Tensor tensor, int root) {
 }
 
 std::shared_ptr<Work> GlooCommunicator::AllGather(at::Tensor input, at::Tensor output) {
-  Status s = CheckCollectiveTensor(input, "allgather input");
-  if (s.ok()) s = CheckCollectiveTensor(output, "allgather output");
-  if (!s.ok()) return Work::Failed(s);
-  if (input.scalar_type() != output.scalar_type() ||
-      output.numel() != input.numel() * world_size_) {
-    return Work::Failed(absl::InvalidArgumentError(absl::StrCat(
-        "allgather output needs ", input.numel() * world_size_, " elements of ",
-        c10::toString(input.scalar_type()), ", got ", output.numel(), " of ",
-        c10::toString(output.scalar_type()))));
-  }
+  if (Status s = CheckAllGather(input, output, world_size_); !s.ok()) return Work::Failed(s);
   return Enqueue("allgather", [this, input, output](Millis timeout, uint32_t tag) mutable {
     const size_t bytes = input.nbytes();
     if (bytes == 0) return;

@@ -77,13 +77,7 @@ Status HierarchicalCommunicator::BetweenHosts(const std::shared_ptr<Work>& work,
 }
 
 std::shared_ptr<Work> HierarchicalCommunicator::AllReduce(at::Tensor tensor, ReduceOp op) {
-  Status s = CheckCollectiveTensor(tensor, "allreduce");
-  if (!s.ok()) return Work::Failed(s);
-  const auto dtype = tensor.scalar_type();
-  const bool floating = dtype == at::kFloat || dtype == at::kDouble;
-  if (op == ReduceOp::kAvg && !floating) {
-    return Work::Failed(absl::InvalidArgumentError("allreduce average needs a floating dtype"));
-  }
+  if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
   return queue_.Enqueue("allreduce", [this, tensor, op](uint64_t) mutable -> Status {
     RETURN_IF_ERROR(OnHost(local_->AllReduce(tensor, ReduceOp::kSum), "allreduce"));
     if (leader()) {
@@ -99,11 +93,8 @@ std::shared_ptr<Work> HierarchicalCommunicator::AllReduce(at::Tensor tensor, Red
 
 std::shared_ptr<Work> HierarchicalCommunicator::Broadcast(at::Tensor tensor, int root) {
   Status s = CheckCollectiveTensor(tensor, "broadcast");
+  if (s.ok()) s = CheckBroadcastRoot(root, layout_.world_size);
   if (!s.ok()) return Work::Failed(s);
-  if (root < 0 || root >= layout_.world_size) {
-    return Work::Failed(absl::InvalidArgumentError(
-        absl::StrCat("broadcast root ", root, " is outside world of size ", layout_.world_size)));
-  }
   return queue_.Enqueue("broadcast", [this, tensor, root](uint64_t) -> Status {
     const int root_node = root / layout_.local_world_size;
     const int root_local = root % layout_.local_world_size;
@@ -119,20 +110,13 @@ std::shared_ptr<Work> HierarchicalCommunicator::Broadcast(at::Tensor tensor, int
 }
 
 std::shared_ptr<Work> HierarchicalCommunicator::AllGather(at::Tensor input, at::Tensor output) {
-  Status s = CheckCollectiveTensor(input, "allgather input");
-  if (s.ok()) s = CheckCollectiveTensor(output, "allgather output");
-  if (!s.ok()) return Work::Failed(s);
-  if (input.scalar_type() != output.scalar_type() ||
-      output.numel() != input.numel() * layout_.world_size) {
-    return Work::Failed(absl::InvalidArgumentError(absl::StrCat(
-        "allgather output needs ", input.numel() * layout_.world_size, " elements of ",
-        c10::toString(input.scalar_type()), ", got ", output.numel(), " of ",
-        c10::toString(output.scalar_type()))));
+  if (Status s = CheckAllGather(input, output, layout_.world_size); !s.ok()) {
+    return Work::Failed(s);
   }
   return queue_.Enqueue("allgather", [this, input, output](uint64_t) -> Status {
     const int64_t block = input.numel() * layout_.local_world_size;
-    at::Tensor mine = output.view({-1}).narrow(0, layout_.node_rank * block, block);
-    at::Tensor node_block = layout_.num_nodes > 1 ? at::empty({block}, input.options()) : mine;
+    // One node: its block is the whole output.
+    at::Tensor node_block = layout_.num_nodes > 1 ? at::empty({block}, input.options()) : output;
     RETURN_IF_ERROR(OnHost(local_->AllGather(input, node_block), "allgather"));
     if (layout_.num_nodes == 1) return absl::OkStatus();
     if (leader()) {

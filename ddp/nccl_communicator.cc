@@ -510,10 +510,7 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(rendezvous:
                                                                      int rank, int world_size,
                                                                      NcclOptions options) {
   if (store == nullptr) return absl::InvalidArgumentError("nccl: store is null");
-  if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nccl: invalid rank ", rank, " for world size ", world_size));
-  }
+  RETURN_IF_ERROR(CheckRank("nccl", rank, world_size));
   const int count = CudaDeviceCount();
   if (count == 0) {
     return absl::FailedPreconditionError(
@@ -627,11 +624,8 @@ std::shared_ptr<Work> NcclCommunicator::AllReduce(at::Tensor tensor, ReduceOp op
 
 std::shared_ptr<Work> NcclCommunicator::Broadcast(at::Tensor tensor, int root) {
   Status s = CheckCollectiveTensor(tensor, "broadcast", device());
+  if (s.ok()) s = CheckBroadcastRoot(root, impl_->world_size);
   if (!s.ok()) return Work::Failed(s);
-  if (root < 0 || root >= impl_->world_size) {
-    return Work::Failed(absl::InvalidArgumentError(
-        absl::StrCat("broadcast root ", root, " is not a rank of ", impl_->world_size)));
-  }
   auto type = ToNcclType(tensor.scalar_type());
   if (!type.ok()) return Work::Failed(type.status());
   void* data = tensor.data_ptr();
@@ -644,16 +638,9 @@ std::shared_ptr<Work> NcclCommunicator::Broadcast(at::Tensor tensor, int root) {
 }
 
 std::shared_ptr<Work> NcclCommunicator::AllGather(at::Tensor input, at::Tensor output) {
-  Status s = CheckCollectiveTensor(input, "allgather input", device());
-  if (s.ok()) s = CheckCollectiveTensor(output, "allgather output", device());
-  if (s.ok() && (input.scalar_type() != output.scalar_type() ||
-                 output.numel() != input.numel() * impl_->world_size)) {
-    s = absl::InvalidArgumentError(absl::StrCat(
-        "allgather output must have world_size x ", input.numel(), " elements of ",
-        c10::toString(input.scalar_type()), ", got ", output.numel(), " of ",
-        c10::toString(output.scalar_type())));
+  if (Status s = CheckAllGather(input, output, impl_->world_size, device()); !s.ok()) {
+    return Work::Failed(s);
   }
-  if (!s.ok()) return Work::Failed(s);
   auto type = ToNcclType(input.scalar_type());
   if (!type.ok()) return Work::Failed(type.status());
   const void* in = input.data_ptr();

@@ -140,10 +140,7 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
                                                                   int rank, int world_size,
                                                                   ShmOptions options) {
   if (store == nullptr) return absl::InvalidArgumentError("shm: store is null");
-  if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shm: invalid rank ", rank, " for world size ", world_size));
-  }
+  RETURN_IF_ERROR(CheckRank("shm", rank, world_size));
   if (options.slot_bytes < kSlotAlign) {
     return absl::InvalidArgumentError(absl::StrCat("shm: slot_bytes must be at least ",
                                                    kSlotAlign, ", got ", options.slot_bytes));
@@ -403,17 +400,7 @@ Status ShmCommunicator::RunAllGather(const at::Tensor& input, const at::Tensor& 
 }
 
 std::shared_ptr<Work> ShmCommunicator::AllReduce(at::Tensor tensor, ReduceOp op) {
-  Status s = CheckCollectiveTensor(tensor, "allreduce");
-  if (!s.ok()) return Work::Failed(s);
-  const auto dtype = tensor.scalar_type();
-  const bool floating = dtype == at::kFloat || dtype == at::kDouble;
-  if (!floating && dtype != at::kInt && dtype != at::kLong) {
-    return Work::Failed(absl::InvalidArgumentError(
-        absl::StrCat("allreduce does not support dtype ", c10::toString(dtype))));
-  }
-  if (op == ReduceOp::kAvg && !floating) {
-    return Work::Failed(absl::InvalidArgumentError("allreduce average needs a floating dtype"));
-  }
+  if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
   return Enqueue("allreduce", [this, tensor, op](uint64_t seq, MonoTime deadline) {
     if (tensor.numel() == 0 || world_size_ == 1) return absl::OkStatus();
     return RunAllReduce(tensor, op, seq, deadline);
@@ -422,11 +409,8 @@ std::shared_ptr<Work> ShmCommunicator::AllReduce(at::Tensor tensor, ReduceOp op)
 
 std::shared_ptr<Work> ShmCommunicator::Broadcast(at::Tensor tensor, int root) {
   Status s = CheckCollectiveTensor(tensor, "broadcast");
+  if (s.ok()) s = CheckBroadcastRoot(root, world_size_);
   if (!s.ok()) return Work::Failed(s);
-  if (root < 0 || root >= world_size_) {
-    return Work::Failed(absl::InvalidArgumentError(
-        absl::StrCat("broadcast root ", root, " is outside world of size ", world_size_)));
-  }
   return Enqueue("broadcast", [this, tensor, root](uint64_t seq, MonoTime deadline) {
     if (tensor.numel() == 0 || world_size_ == 1) return absl::OkStatus();
     return RunBroadcast(tensor, root, seq, deadline);
@@ -434,16 +418,7 @@ std::shared_ptr<Work> ShmCommunicator::Broadcast(at::Tensor tensor, int root) {
 }
 
 std::shared_ptr<Work> ShmCommunicator::AllGather(at::Tensor input, at::Tensor output) {
-  Status s = CheckCollectiveTensor(input, "allgather input");
-  if (s.ok()) s = CheckCollectiveTensor(output, "allgather output");
-  if (!s.ok()) return Work::Failed(s);
-  if (input.scalar_type() != output.scalar_type() ||
-      output.numel() != input.numel() * world_size_) {
-    return Work::Failed(absl::InvalidArgumentError(absl::StrCat(
-        "allgather output needs ", input.numel() * world_size_, " elements of ",
-        c10::toString(input.scalar_type()), ", got ", output.numel(), " of ",
-        c10::toString(output.scalar_type()))));
-  }
+  if (Status s = CheckAllGather(input, output, world_size_); !s.ok()) return Work::Failed(s);
   return Enqueue("allgather", [this, input, output](uint64_t seq, MonoTime deadline) {
     if (input.numel() == 0) return absl::OkStatus();
     if (world_size_ == 1) {
