@@ -158,45 +158,39 @@ bool KeepFreedMemory() {
   return mmap_ok && trim_ok;
 }
 
-StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
-  if (options.keep_freed_memory) KeepFreedMemory();
-  ASSIGN_OR_RETURN(WorkerEnv env, ParseWorkerEnv([](const char* n) { return std::getenv(n); }));
-  ASSIGN_OR_RETURN(auto store, OpenStore(env, options.connect_timeout));
-  std::string backend = options.backend;
-  if (backend.empty()) {
-    const char* from_env = std::getenv("LOCKSTEP_BACKEND");
-    backend = from_env != nullptr && *from_env != '\0' ? from_env : "gloo";
-  }
-  Logger log("ddp", env.job_id, env.rank);
-  const MonoTime start = RealClock()->Now();
-  std::unique_ptr<Communicator> comm;
+namespace {
+
+// The address Gloo binds: InitOptions, else LOCKSTEP_GLOO_HOST, else loopback.
+std::string GlooHostname(const InitOptions& options) {
+  if (!options.gloo_hostname.empty()) return options.gloo_hostname;
+  const char* host = std::getenv("LOCKSTEP_GLOO_HOST");
+  return host != nullptr ? host : GlooOptions().hostname;
+}
+
+template <typename T>
+StatusOr<std::unique_ptr<Communicator>> Upcast(StatusOr<std::unique_ptr<T>> comm) {
+  if (!comm.ok()) return comm.status();
+  return std::unique_ptr<Communicator>(std::move(*comm));
+}
+
+// The communicator of `backend` for this worker.
+StatusOr<std::unique_ptr<Communicator>> Connect(const std::string& backend, const WorkerEnv& env,
+                                                rendezvous::Store* store,
+                                                const InitOptions& options) {
   if (backend == "gloo") {
     GlooOptions gloo;
     gloo.timeout = options.timeout;
     gloo.connect_timeout = options.connect_timeout;
-    if (!options.gloo_hostname.empty()) {
-      gloo.hostname = options.gloo_hostname;
-    } else if (const char* host = std::getenv("LOCKSTEP_GLOO_HOST")) {
-      gloo.hostname = host;
-    }
-    auto comm_or = GlooCommunicator::Create(store.get(), env.rank, env.world_size, gloo);
-    if (!comm_or.ok()) {
-      log.Error("gloo mesh of {} ranks failed: {}", env.world_size, comm_or.status().ToString());
-      return comm_or.status();
-    }
-    comm = std::move(comm_or).value();
-  } else if (backend == "shm" && env.local_world_size == env.world_size) {
+    gloo.hostname = GlooHostname(options);
+    return Upcast(GlooCommunicator::Create(store, env.rank, env.world_size, gloo));
+  }
+  if (backend == "shm" && env.local_world_size == env.world_size) {
     ShmOptions shm;
     shm.timeout = options.timeout;
     shm.connect_timeout = options.connect_timeout;
-    auto comm_or = ShmCommunicator::Create(store.get(), env.rank, env.world_size, shm);
-    if (!comm_or.ok()) {
-      log.Error("shm communicator of {} ranks failed: {}", env.world_size,
-                comm_or.status().ToString());
-      return comm_or.status();
-    }
-    comm = std::move(comm_or).value();
-  } else if (backend == "shm") {
+    return Upcast(ShmCommunicator::Create(store, env.rank, env.world_size, shm));
+  }
+  if (backend == "shm") {
     // Several nodes: shared memory inside each, Gloo between their leaders.
     HierarchicalLayout layout;
     layout.rank = env.rank;
@@ -209,41 +203,46 @@ StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
     HierarchicalOptions hier;
     hier.timeout = options.timeout;
     hier.connect_timeout = options.connect_timeout;
-    if (!options.gloo_hostname.empty()) {
-      hier.gloo_hostname = options.gloo_hostname;
-    } else if (const char* host = std::getenv("LOCKSTEP_GLOO_HOST")) {
-      hier.gloo_hostname = host;
-    }
-    auto comm_or = HierarchicalCommunicator::Create(store.get(), layout, hier);
-    if (!comm_or.ok()) {
-      log.Error("shm+gloo communicator of {} ranks on {} nodes failed: {}", env.world_size,
-                layout.num_nodes, comm_or.status().ToString());
-      return comm_or.status();
-    }
-    comm = std::move(comm_or).value();
-    backend = "shm+gloo";
-  } else if (backend == "nccl") {
+    hier.gloo_hostname = GlooHostname(options);
+    return Upcast(HierarchicalCommunicator::Create(store, layout, hier));
+  }
+  if (backend == "nccl") {
     NcclOptions nccl;
     nccl.device = env.local_rank;
     nccl.timeout = options.timeout;
     nccl.connect_timeout = options.connect_timeout;
-    auto comm_or = NcclCommunicator::Create(store.get(), env.rank, env.world_size, nccl);
-    if (!comm_or.ok()) {
-      log.Error("nccl communicator of {} ranks on device {} failed: {}", env.world_size,
-                env.local_rank, comm_or.status().ToString());
-      return comm_or.status();
-    }
-    comm = std::move(comm_or).value();
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown communication backend '", backend, "' (LOCKSTEP_BACKEND): use gloo, shm or nccl"));
+    return Upcast(NcclCommunicator::Create(store, env.rank, env.world_size, nccl));
   }
-  log.Info("connected {} communicator of {} ranks (round {}, store {}) in {:.3f} s", backend,
-           env.world_size, env.round,
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown communication backend '", backend, "' (LOCKSTEP_BACKEND): use gloo, shm or nccl"));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
+  if (options.keep_freed_memory) KeepFreedMemory();
+  ASSIGN_OR_RETURN(WorkerEnv env, ParseWorkerEnv([](const char* n) { return std::getenv(n); }));
+  ASSIGN_OR_RETURN(auto store, OpenStore(env, options.connect_timeout));
+  std::string backend = options.backend;
+  if (backend.empty()) {
+    const char* from_env = std::getenv("LOCKSTEP_BACKEND");
+    backend = from_env != nullptr && *from_env != '\0' ? from_env : "gloo";
+  }
+  Logger log("ddp", env.job_id, env.rank);
+  const MonoTime start = RealClock()->Now();
+  auto comm = Connect(backend, env, store.get(), options);
+  if (!comm.ok()) {
+    log.Error("{} communicator of {} ranks (local rank {} of {}, node {} of {}) failed: {}",
+              backend, env.world_size, env.local_rank, env.local_world_size, env.node_rank,
+              env.num_nodes, comm.status().ToString());
+    return comm.status();
+  }
+  log.Info("connected {} communicator of {} ranks (round {}, store {}) in {:.3f} s",
+           (*comm)->backend(), env.world_size, env.round,
            env.store_address.empty() ? env.master_addr : env.store_address,
            ToSeconds(RealClock()->Now() - start));
   return std::make_unique<ProcessGroup>(std::move(env), std::move(store),
-                                        std::shared_ptr<Communicator>(std::move(comm)));
+                                        std::shared_ptr<Communicator>(std::move(*comm)));
 }
 
 }  // namespace ddp
