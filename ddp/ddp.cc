@@ -115,24 +115,26 @@ Status DistributedDataParallel::PostForward(const std::vector<torch::Tensor>& ou
   return reducer_->PrepareForBackward(outputs);
 }
 
-void DistributedDataParallel::OnReducerStep() {
-  const ReducerStepStats r = reducer_->last_stats();
+StepStats DistributedDataParallel::MakeStats(const ReducerStepStats& r) const {
   StepStats s;
-  s.step = ++steps_;
-  s.forward_ms = forward_ms_;
+  s.step = steps_;
+  s.forward_ms = synced_forward_ms_;
   s.backward_ms = r.backward_ms;
   s.comm_exposed_ms = r.comm_exposed_ms;
   s.bytes_reduced = r.bytes_reduced;
   s.buckets = r.buckets;
   s.reducer = r;
-  last_stats_ = s;
-  if (options_.on_step) options_.on_step(s);
+  return s;
+}
+
+void DistributedDataParallel::OnReducerStep() {
+  ++steps_;
+  synced_forward_ms_ = forward_ms_;
+  if (options_.on_step) options_.on_step(MakeStats(reducer_->last_stats()));
 }
 
 StepStats DistributedDataParallel::last_stats() const {
-  StepStats s = last_stats_;
-  if (s.step > 0) s.reducer = reducer_->last_stats();
-  return s;
+  return steps_ > 0 ? MakeStats(reducer_->last_stats()) : StepStats{};
 }
 
 Status DistributedDataParallel::Backward(const torch::Tensor& loss) {

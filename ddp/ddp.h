@@ -122,8 +122,8 @@ class DistributedDataParallel {
   std::vector<torch::Tensor> parameters() const { return module_.ptr()->parameters(); }
   Communicator& communicator() const { return *comm_; }
   const Reducer& reducer() const { return *reducer_; }
-  // The last synchronised step; its per-bucket timestamps are refreshed from
-  // the reducer (device collectives may finish after backward returns).
+  // The last synchronised step (all zero before the first), read from the
+  // reducer each time: device collectives may finish after backward returns.
   StepStats last_stats() const;
 
  private:
@@ -135,6 +135,7 @@ class DistributedDataParallel {
   Status PreForward();
   Status PostForward(const std::vector<torch::Tensor>& outputs);
   void OnReducerStep();
+  StepStats MakeStats(const ReducerStepStats& r) const;
 
   torch::nn::AnyModule module_;
   std::shared_ptr<Communicator> comm_;
@@ -145,8 +146,8 @@ class DistributedDataParallel {
   bool sync_pending_ = false;
   MonoTime forward_start_{};
   double forward_ms_ = 0;
-  int64_t steps_ = 0;
-  StepStats last_stats_;
+  double synced_forward_ms_ = 0;  // forward_ms_ of the last synchronised step.
+  int64_t steps_ = 0;             // Synchronised steps.
 };
 
 // Broadcasts `tensors` from `root` in place, packed per dtype into flat

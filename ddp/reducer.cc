@@ -78,7 +78,7 @@ Status Reducer::CheckDevices(const std::vector<NamedParam>& tensors, const Commu
         "DDP: the model is on ", device.str(), " but the ", comm.backend(),
         " communicator reduces tensors on ", comm.device().str(),
         device.is_cuda() ? " (use the nccl backend for CUDA models)"
-                         : " (use the gloo backend for CPU models)"));
+                         : " (use the gloo or shm backend for CPU models)"));
   }
   return absl::OkStatus();
 }
@@ -161,11 +161,11 @@ std::vector<std::vector<size_t>> Reducer::bucket_indices() const {
 ReducerStepStats Reducer::last_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ReducerStepStats out = last_stats_;
-  // A device collective may have started or finished after finalisation.
+  // Read from the Works: a device collective may start or finish after
+  // finalisation took its snapshot.
   for (size_t b = 0; b < last_works_.size() && b < out.bucket_comm_start.size(); ++b) {
-    const Work& work = *last_works_[b];
-    if (out.bucket_comm_start[b] == MonoTime{}) out.bucket_comm_start[b] = work.started_at();
-    if (out.bucket_comm_end[b] == MonoTime{}) out.bucket_comm_end[b] = work.finished_at();
+    out.bucket_comm_start[b] = last_works_[b]->started_at();
+    out.bucket_comm_end[b] = last_works_[b]->finished_at();
   }
   return out;
 }
