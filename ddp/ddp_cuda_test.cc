@@ -147,6 +147,19 @@ TEST(DdpCudaTest, WorldOfTwoScalingOnTheGpuMatchesLocalTraining) {
 // GPU finished it). The first bucket starting before backward_end therefore
 // proves the collective ran while backward was still in progress. A small
 // batch keeps the GPU close behind the host, as in latency-bound training.
+// The last step's stats once the watchdog has marked every bucket's
+// collective ended (Backward's end only queued stream waits), or after 30 s.
+ReducerStepStats StatsOnceEveryBucketEnded(const DistributedDataParallel& ddp) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  ReducerStepStats s = ddp.last_stats().reducer;
+  while (std::count(s.bucket_comm_end.begin(), s.bucket_comm_end.end(), MonoTime{}) > 0 &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    s = ddp.last_stats().reducer;
+  }
+  return s;
+}
+
 // The timestamps of one step, in microseconds after the end of forward.
 void PrintTimeline(const ReducerStepStats& s) {
   auto us = [&](MonoTime t) {
@@ -179,15 +192,7 @@ TEST(DdpCudaTest, FirstBucketStartsBeforeBackwardEnds) {
     auto out = (*ddp)->Forward(x);
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_TRUE((*ddp)->Backward(Loss(*out, y)).ok());
-    // Backward's end only queued stream waits; the watchdog stamps each
-    // bucket when it sees its events complete.
-    ReducerStepStats s = (*ddp)->last_stats().reducer;
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (std::count(s.bucket_comm_end.begin(), s.bucket_comm_end.end(), MonoTime{}) > 0 &&
-           std::chrono::steady_clock::now() < give_up) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      s = (*ddp)->last_stats().reducer;
-    }
+    const ReducerStepStats s = StatsOnceEveryBucketEnded(**ddp);
     ASSERT_GE(s.buckets, 2);
     ASSERT_EQ(s.bucket_comm_start.size(), static_cast<size_t>(s.buckets));
     for (int b = 0; b < s.buckets; ++b) {
@@ -213,12 +218,8 @@ TEST(DdpCudaTest, FirstBucketStartsBeforeBackwardEnds) {
 TEST(DdpCudaTest, AllreduceFailingAfterBackwardReturnedFailsTheNextStep) {
   LOCKSTEP_SKIP_WITHOUT_GPU();
   FakeStore store;
-  NcclOptions nccl;
-  nccl.device = 0;
-  nccl.timeout = std::chrono::seconds(1);
-  auto created = NcclCommunicator::Create(&store, 0, 1, nccl);
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::shared_ptr<Communicator> comm = std::move(*created);
+  std::shared_ptr<Communicator> comm = MakeWorldOfOne(&store, std::chrono::seconds(1));
+  ASSERT_NE(comm, nullptr);
   examples::Workload w = OnGpu("mlp");
   auto ddp = DistributedDataParallel::Create(w.module, comm);
   ASSERT_TRUE(ddp.ok()) << ddp.status();
@@ -251,12 +252,8 @@ TEST(DdpCudaTest, AllreduceFailingAfterBackwardReturnedFailsTheNextStep) {
   EXPECT_EQ(queued.bucket_comm_end[0], MonoTime{}) << "backward's end waited on the host";
 
   // The watchdog aborts at 1 s, but ncclCommAbort returns only once the
-  // held kernels could run; wait for the failure to reach the Work.
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while ((*ddp)->last_stats().reducer.bucket_comm_end[0] == MonoTime{} &&
-         std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  // held kernels could run; wait for the failure to reach the Works.
+  StatsOnceEveryBucketEnded(**ddp);
   auto next = (*ddp)->Forward(x);
   ASSERT_FALSE(next.ok()) << "a step after a failed allreduce went on";
   EXPECT_THAT(std::string(next.status().message()),

@@ -29,10 +29,13 @@
 namespace lockstep {
 namespace ddp {
 
-// Rank 0 of 1 on device 0, or null after a test failure naming the error.
-inline std::unique_ptr<NcclCommunicator> MakeWorldOfOne(FakeStore* store) {
+// Rank 0 of 1 on device 0 with the given collective timeout, or null after a
+// test failure naming the error.
+inline std::unique_ptr<NcclCommunicator> MakeWorldOfOne(
+    FakeStore* store, Duration timeout = kDefaultCollectiveTimeout) {
   NcclOptions options;
   options.device = 0;
+  options.timeout = timeout;
   options.connect_timeout = std::chrono::seconds(30);
   auto comm = NcclCommunicator::Create(store, 0, 1, options);
   EXPECT_TRUE(comm.ok()) << comm.status();
