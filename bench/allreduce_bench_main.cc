@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/median.h"
 #include "common/flags.h"
 #include "common/status.h"
 #include "ddp/gloo_communicator.h"
@@ -81,8 +82,7 @@ int RunRank(int rank, int world, const std::string& dir, int64_t max_mb, int64_t
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
       cpu += CpuUs() - c0;
     }
-    std::sort(times.begin(), times.end());
-    const double dt = times[times.size() / 2];
+    const double dt = Median(times);
     const double algbw = nbytes / dt / 1e9;
     if (rank == 0) {
       std::printf(

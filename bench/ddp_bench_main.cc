@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/median.h"
 #include "common/flags.h"
 #include "common/status.h"
 
@@ -52,14 +53,10 @@ double Field(const std::string& line, const std::string& name) {
   return std::atof(line.c_str() + at + name.size() + 3);
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 Status Run(const Config& cfg, const char* argv0) {
+  if (cfg.backend != "gloo" && cfg.backend != "shm") {
+    return absl::InvalidArgumentError("--backend must be gloo or shm, got '" + cfg.backend + "'");
+  }
   const std::string train = cfg.train.empty() ? FindTrainBinary(argv0) : cfg.train;
   if (train.empty()) return absl::NotFoundError("cannot find examples/train; pass --train");
   char templ[] = "/tmp/ddp_bench_XXXXXX";

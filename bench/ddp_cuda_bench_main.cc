@@ -20,8 +20,10 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "bench/median.h"
 #include "common/flags.h"
 #include "ddp/ddp.h"
 #include "ddp/nccl_communicator.h"
@@ -32,12 +34,6 @@ namespace lockstep {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -146,9 +142,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ddp_cuda_bench: cannot run: %s\n", reason.c_str());
     return 1;
   }
-  if (cfg.steps < 1 || cfg.repeats < 1 || cfg.batch < 1 || cfg.warmup < 0) {
-    std::fprintf(stderr, "ddp_cuda_bench: --steps, --repeats and --batch must be positive\n");
-    return 2;
+  for (const auto& [name, value, least] :
+       {std::make_tuple("steps", cfg.steps, 1), std::make_tuple("repeats", cfg.repeats, 1),
+        std::make_tuple("batch", cfg.batch, 1), std::make_tuple("warmup", cfg.warmup, 0)}) {
+    if (value < least) {
+      std::fprintf(stderr, "ddp_cuda_bench: --%s must be at least %d, got %lld\n", name, least,
+                   static_cast<long long>(value));
+      return 2;
+    }
   }
   if (lockstep::Status s = lockstep::Run(cfg); !s.ok()) {
     std::fprintf(stderr, "ddp_cuda_bench: %s\n", s.ToString().c_str());

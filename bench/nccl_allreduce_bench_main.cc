@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/median.h"
 #include "common/flags.h"
 #include "ddp/nccl_communicator.h"
 #include "rendezvous/memory_store.h"
@@ -28,11 +29,6 @@ namespace lockstep {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Config {
   int64_t world = 0;

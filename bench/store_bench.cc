@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/median.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "rendezvous/store_client.h"
@@ -59,12 +60,6 @@ struct KindResult {
   double seconds = 0;
   double p50_us = 0;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // One client's loop: set, get, add; returns its time and median per kind.
 StatusOr<std::vector<KindResult>> ClientLoop(const std::string& address, int index,
