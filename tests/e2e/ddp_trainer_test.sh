@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
-# The real DDP example trainer (//examples:train, Gloo over the
-# coordinator's store) as a 2-node x 2-worker job: SUCCEEDED, and
-# `logs --rank 3` returns rank 3's own step lines.
+# The real DDP example trainer (//examples:train, bootstrapped through the
+# coordinator's store) as a 2-node x 2-worker job under lockstepd, over the
+# backend given as the 5th argument:
+#   gloo  Gloo between all four ranks;
+#   shm   `--env LOCKSTEP_BACKEND=shm`: each node's workers reduce through
+#         their own shared-memory segment and the nodes' local rank 0s over
+#         Gloo (shm+gloo); no segment is left in /dev/shm.
+# The job succeeds, `logs --rank 3` returns rank 3's own step lines, all
+# ranks end with identical parameters; a worker killed mid-run costs one
+# restart and the job still succeeds.
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
+BACKEND="$5"
+case "$BACKEND" in
+  gloo) env_args=(); communicator=gloo ;;
+  shm) env_args=(--env LOCKSTEP_BACKEND=shm); communicator=shm+gloo ;;
+  *) fail "unknown backend '$BACKEND' (gloo or shm)" ;;
+esac
+shm_before=$(ls /dev/shm | grep -c '^lockstep-' || true)
 
 start_coordinator
 start_agent nodeb
-out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 1 --wait -- \
+out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 1 "${env_args[@]}" --wait -- \
   "$TRAIN" --model mlp_small --steps 10 --timeout-s 60) || fail "DDP job did not succeed: $out"
 echo "$out"
 job=$(echo "$out" | sed -n 's/^submitted job //p')
 ls_cli status "$job"
+grep -q "connected $communicator communicator of 4 ranks" "$T/coord/jobs/$job/rank-0.stderr" ||
+  fail "rank 0 did not use $communicator: $(tail -n 5 "$T/coord/jobs/$job/rank-0.stderr")"
 ls_cli logs "$job" --rank 3 >"$T/rank3.txt"
 grep -q '"rank":3,"step":10' "$T/rank3.txt" || fail "rank 3's log lacks its step 10: $(tail -n 3 "$T/rank3.txt")"
 if grep -q '"rank":[012],' "$T/rank3.txt"; then fail "rank 3's log has other ranks' lines"; fi
-# Four processes bootstrapped Gloo only through the coordinator's gRPC store
-# and averaged gradients every step: their final parameters are identical.
+# Four processes averaged gradients every step: their final parameters are
+# identical.
 sums=$(for r in 0 1 2 3; do
   ls_cli logs "$job" --rank "$r" | sed -n 's/.*"checksum":\([^,]*\),"abs_checksum":\([^,]*\),.*/\1 \2/p'
 done)
@@ -24,12 +40,13 @@ done)
 [ "$(echo "$sums" | sort -u | wc -l)" = 1 ] || fail "ranks ended with different parameters: $sums"
 check_invariants "$job" 1
 
-# kill -9 of one DDP worker mid-run: the surviving ranks (blocked in or
-# about to enter a collective) are stopped by their agents, a new round
-# rebuilds the communicator, and the job succeeds with one restart. The
-# 50 ms pause per step keeps round 1 running for ~5 s after step 5, so the
-# kill lands mid-run even on a fast machine (mlp_small steps take ~1 ms).
-job=$(ls_cli submit --json --nodes 2 --nproc-per-node 2 --max-restarts 1 -- \
+# kill -9 of one DDP worker (rank 1: node a, local rank 1) mid-run: the
+# surviving ranks (blocked in or about to enter a collective) are stopped by
+# their agents, a new round rebuilds the communicator, and the job succeeds
+# with one restart. The 50 ms pause per step keeps round 1 running for ~5 s
+# after step 5, so the kill lands mid-run even on a fast machine (mlp_small
+# steps take ~1 ms).
+job=$(ls_cli submit --json --nodes 2 --nproc-per-node 2 --max-restarts 1 "${env_args[@]}" -- \
   "$TRAIN" --model mlp_small --steps 100 --step-delay-ms 50 --timeout-s 60 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_state "$job" RUNNING 60
@@ -42,4 +59,6 @@ wait_state "$job" SUCCEEDED 120
 [ "$(job_field "$job" 'j["first_failure"]["exit"]["signal"]')" = 9 ] || fail "first failure should be signal 9"
 grep -q '"rank":3,"step":100,' "$T/nodeb/jobs/$job/rank-3.stdout" || fail "rank 3 did not finish round 2"
 check_invariants "$job" 1
+shm_after=$(ls /dev/shm | grep -c '^lockstep-' || true)
+[ "$shm_after" -le "$shm_before" ] || fail "segments left in /dev/shm: $(ls /dev/shm | grep '^lockstep-')"
 log "PASS"
