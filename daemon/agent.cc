@@ -1,12 +1,17 @@
 #include "daemon/agent.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -14,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/address.h"
 #include "common/ids.h"
 #include "daemon/job_spec.h"
 #include "daemon/token.h"
@@ -59,6 +65,52 @@ std::vector<std::string> TailLines(const std::string& path, int n) {
   std::vector<std::string> lines = absl::StrSplit(data, '\n', absl::SkipEmpty());
   if (static_cast<int>(lines.size()) > n) lines.erase(lines.begin(), lines.end() - n);
   return lines;
+}
+
+// The wall-clock time of an exit seen on the monotonic clock.
+int64_t ExitedUnixMs(const ExitStatus& e) {
+  using namespace std::chrono;
+  const auto ago = e.exited_at.time_since_epoch().count() == 0
+                       ? steady_clock::duration::zero()
+                       : std::max(steady_clock::duration::zero(), steady_clock::now() - e.exited_at);
+  return duration_cast<milliseconds>((system_clock::now() - ago).time_since_epoch()).count();
+}
+
+// A port that is free on `host` now: bound with port 0 and read back (and
+// released, so the worker can bind it; torchrun's agent does the same).
+StatusOr<int> PickFreePort(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), "0", &hints, &found);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("MASTER_PORT: cannot resolve ", host, ": ", gai_strerror(rc)));
+  }
+  std::string why = "no address";
+  int port = 0;
+  for (addrinfo* ai = found; ai != nullptr && port == 0; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+      port = ntohs(bound.ss_family == AF_INET
+                       ? reinterpret_cast<sockaddr_in&>(bound).sin_port
+                       : reinterpret_cast<sockaddr_in6&>(bound).sin6_port);
+    } else {
+      why = std::strerror(errno);
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  if (port == 0) {
+    return absl::UnavailableError(absl::StrCat("MASTER_PORT: no free port on ", host, ": ", why));
+  }
+  return port;
 }
 
 }  // namespace
@@ -114,6 +166,18 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
                                                   options_.run_as, "\" (--run-as)"));
   }
 
+  // Node rank 0 hosts MASTER_PORT: it picks a free one for this round and
+  // reports it; the coordinator starts the other nodes once it knows it.
+  if (ok.ok() && a.node_rank() == 0 && a.master_port() == 0) {
+    auto port = PickFreePort(a.master_addr().empty() ? HostOfAddress(agent_address_)
+                                                     : a.master_addr());
+    if (port.ok()) {
+      run.assignment.set_master_port(*port);
+    } else {
+      ok = port.status();
+    }
+  }
+
   std::map<std::string, std::string> base;
   for (const auto& kv : options_.base_env) {
     auto eq = kv.find('=');
@@ -149,6 +213,8 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
         set("LOCKSTEP_STORE_TOKEN", JobStoreToken(options_.admin_token, job_id));
       }
       set("LOCKSTEP_AGENT", agent_address_);
+      // The node's own address: the data plane binds it (ddp/data_plane.h).
+      set("LOCKSTEP_NODE_ADDR", HostOfAddress(agent_address_));
       set("LOCKSTEP_AGENT_TOKEN", run.progress_token);
       set("RANK", std::to_string(w.rank));
       set("LOCAL_RANK", std::to_string(local));
@@ -156,7 +222,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       set("LOCAL_WORLD_SIZE", std::to_string(nproc));
       set("GROUP_RANK", std::to_string(a.node_rank()));
       set("MASTER_ADDR", a.master_addr());
-      set("MASTER_PORT", std::to_string(a.master_port()));
+      set("MASTER_PORT", std::to_string(run.assignment.master_port()));
       set("TORCHELASTIC_RESTART_COUNT", std::to_string(a.restart_count()));
       LaunchSpec spec;
       spec.argv.assign(cmd.spec().command().begin(), cmd.spec().command().end());
@@ -227,6 +293,7 @@ void Agent::Reap() {
       v1::ExitInfo* exit = w.status.mutable_exit();
       exit->set_exit_code(e->exit_code);
       exit->set_signal(e->signal);
+      exit->set_exited_unix_ms(ExitedUnixMs(*e));
       bool failed = e->exit_code != 0 || e->signal != 0;
       w.status.set_state(run.stopping ? v1::WORKER_STATE_STOPPED : v1::WORKER_STATE_EXITED);
       if (failed && !run.stopping) {
@@ -251,6 +318,7 @@ std::vector<v1::AgentJobReport> Agent::Reports() const {
     v1::AgentJobReport r;
     r.set_job_id(job_id);
     r.set_round(run.assignment.round());
+    if (run.assignment.node_rank() == 0) r.set_master_port(run.assignment.master_port());
     for (const auto& w : run.workers) *r.add_workers() = w.status;
     out.push_back(std::move(r));
   }

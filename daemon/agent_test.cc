@@ -118,7 +118,7 @@ TEST_F(AgentTest, SpawnsWorkersWithTheWorkerEnvironment) {
                  "echo \"$LOCKSTEP_JOB_ID $LOCKSTEP_RANK $LOCKSTEP_LOCAL_RANK "
                  "$LOCKSTEP_WORLD_SIZE $LOCKSTEP_LOCAL_WORLD_SIZE $LOCKSTEP_NODE_RANK "
                  "$LOCKSTEP_NUM_NODES $LOCKSTEP_ROUND $LOCKSTEP_RESTART_COUNT $LOCKSTEP_STORE "
-                 "$LOCKSTEP_AGENT $JOBVAR $EXTRA\"")});
+                 "$LOCKSTEP_AGENT $LOCKSTEP_NODE_ADDR $JOBVAR $EXTRA\"")});
   ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED); }));
   EXPECT_TRUE(agent_->registered());
   auto ws = Workers("j1");
@@ -128,7 +128,7 @@ TEST_F(AgentTest, SpawnsWorkersWithTheWorkerEnvironment) {
   std::string out = Output("j1", 3);
   EXPECT_NE(out.find("=== lockstep: job j1 round 1 rank 3"), std::string::npos) << out;
   EXPECT_NE(out.find("3 1 4 2 1 10.0.0.1 29511 0\n"), std::string::npos) << out;
-  EXPECT_NE(out.find("j1 3 1 4 2 1 2 1 0 127.0.0.1:7000 127.0.0.1:5555 jv base\n"),
+  EXPECT_NE(out.find("j1 3 1 4 2 1 2 1 0 127.0.0.1:7000 127.0.0.1:5555 127.0.0.1 jv base\n"),
             std::string::npos)
       << out;
   // The exited state reaches the coordinator.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/address.h"
 #include "daemon/job_spec.h"
 
 namespace lockstep {
@@ -14,15 +15,6 @@ namespace {
 
 bool IsLiveWorker(const v1::WorkerStatus& w) {
   return w.state() == v1::WORKER_STATE_STARTING || w.state() == v1::WORKER_STATE_RUNNING;
-}
-
-std::string HostOf(const std::string& address) {
-  if (!address.empty() && address[0] == '[') {
-    auto end = address.find(']');
-    return end == std::string::npos ? address : address.substr(1, end - 1);
-  }
-  auto colon = address.rfind(':');
-  return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
 std::string DescribeExit(const v1::ExitInfo& exit) {
@@ -41,11 +33,6 @@ std::string DescribeFailure(const v1::Failure& f) {
   return absl::StrCat(f.reason(), " in round ", f.round());
 }
 
-uint32_t Fnv1a(const std::string& s) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : s) h = (h ^ c) * 16777619u;
-  return h;
-}
 
 }  // namespace
 
@@ -309,6 +296,9 @@ void Coordinator::ApplyReport(NodeState* node, const v1::AgentJobReport& report,
   int node_rank = pos - ids.begin();
   int nproc = job.spec().nproc_per_node();
   v1::Job before = job;
+  if (node_rank == 0 && report.master_port() > 0 && job.master_port() == 0) {
+    job.set_master_port(report.master_port());
+  }
   for (const v1::WorkerStatus& w : report.workers()) {
     if (w.rank() < node_rank * nproc || w.rank() >= (node_rank + 1) * nproc) continue;
     v1::WorkerStatus* slot = nullptr;
@@ -334,7 +324,9 @@ void Coordinator::ApplyReport(NodeState* node, const v1::AgentJobReport& report,
     for (const auto& w : job.workers()) {
       if (w.state() == v1::WORKER_STATE_EXITED) {
         if (w.exit().exit_code() != 0 || w.exit().signal() != 0) {
-          if (!failed) failed = &w;
+          // The root cause is the earliest exit (a peer's death makes the
+          // others fail a moment later), then the lowest rank.
+          if (!failed || w.exit().exited_unix_ms() < failed->exit().exited_unix_ms()) failed = &w;
         } else {
           ++succeeded;
         }
@@ -500,6 +492,8 @@ std::vector<v1::AgentCommand> Coordinator::CommandsFor(const NodeState& node) co
     const auto& ids = job.node_ids();
     auto pos = std::find(ids.begin(), ids.end(), node.info.node_id());
     if (pos == ids.end()) continue;
+    // Node rank 0 picks MASTER_PORT; the others wait until it reported it.
+    if (pos != ids.begin() && job.master_port() == 0) continue;
     v1::AgentCommand cmd;
     cmd.set_kind(v1::AgentCommand::KIND_START);
     cmd.set_job_id(id);
@@ -521,9 +515,8 @@ v1::RoundAssignment Coordinator::AssignmentFor(const v1::Job& job, int node_rank
   a.set_nproc_per_node(job.spec().nproc_per_node());
   *a.mutable_node_ids() = job.node_ids();
   auto first = nodes_.find(job.node_ids(0));
-  if (first != nodes_.end()) a.set_master_addr(HostOf(first->second.info.agent_address()));
-  a.set_master_port(options_.master_port_base +
-                    Fnv1a(absl::StrCat(job.job_id(), "/", job.round())) % 10000);
+  if (first != nodes_.end()) a.set_master_addr(HostOfAddress(first->second.info.agent_address()));
+  a.set_master_port(job.master_port());
   a.set_store_address(store_address_);
   a.set_store_namespace(absl::StrCat(job.job_id(), "/", job.round()));
   a.set_restart_count(job.restart_count());
@@ -592,6 +585,7 @@ void Coordinator::TickJob(v1::Job* job, std::vector<Notification>* notify) {
         return;
       }
       job->set_round(job->round() + 1);
+      job->set_master_port(0);
       job->clear_node_ids();
       job->clear_workers();
       job->set_world_size(0);

@@ -88,8 +88,6 @@ struct CoordinatorOptions {
   std::vector<std::string> allowed_commands;
   // host:port workers get as LOCKSTEP_STORE (the coordinator's server).
   std::string store_address;
-  // First port of the range MASTER_PORT is drawn from (per job and round).
-  int master_port_base = 29500;
 };
 
 class Coordinator {

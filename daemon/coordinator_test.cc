@@ -52,7 +52,7 @@ class CoordinatorTest : public ::testing::Test {
   StatusOr<v1::HeartbeatResponse> Beat(const std::string& node, const std::string& job = "",
                                        int round = 0,
                                        std::vector<v1::WorkerStatus> workers = {},
-                                       const std::string& inc = "") {
+                                       const std::string& inc = "", int master_port = 0) {
     v1::HeartbeatRequest req;
     req.set_node_id(node);
     req.set_incarnation(inc.empty() ? "inc-" + node : inc);
@@ -60,6 +60,7 @@ class CoordinatorTest : public ::testing::Test {
       v1::AgentJobReport* r = req.add_jobs();
       r->set_job_id(job);
       r->set_round(round);
+      r->set_master_port(master_port);
       for (auto& w : workers) *r->add_workers() = w;
     }
     return coord_->Heartbeat(req);
@@ -194,7 +195,26 @@ TEST_F(CoordinatorTest, JobRunsThroughRendezvousToSucceeded) {
   EXPECT_EQ(j.node_ids(0), "n1");  // node ranks follow sorted node ids
   EXPECT_EQ(j.world_size(), 4);
 
+  // Node rank 0 starts first, with no MASTER_PORT: its agent picks one.
   auto resp = Beat("n2");
+  ASSERT_TRUE(resp.ok());
+  EXPECT_EQ(resp->commands_size(), 0) << "node rank 1 must wait for MASTER_PORT";
+  resp = Beat("n1");
+  ASSERT_TRUE(resp.ok());
+  ASSERT_EQ(resp->commands_size(), 1);
+  EXPECT_EQ(resp->commands(0).assignment().node_rank(), 0);
+  EXPECT_EQ(resp->commands(0).assignment().master_port(), 0);
+
+  std::string id = job->job_id();
+  ASSERT_TRUE(Beat("n1", id, 1,
+                   {Worker(0, v1::WORKER_STATE_STARTING), Worker(1, v1::WORKER_STATE_STARTING)}, "",
+                   /*master_port=*/29777)
+                  .ok());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(Job(id).master_port(), 29777);
+  EXPECT_EQ(store_.jobs[id].master_port(), 29777) << "the port is persisted";
+
+  resp = Beat("n2");
   ASSERT_TRUE(resp.ok());
   ASSERT_EQ(resp->commands_size(), 1);
   const v1::AgentCommand& cmd = resp->commands(0);
@@ -203,13 +223,10 @@ TEST_F(CoordinatorTest, JobRunsThroughRendezvousToSucceeded) {
   EXPECT_EQ(cmd.assignment().node_rank(), 1);
   EXPECT_EQ(cmd.assignment().world_size(), 4);
   EXPECT_EQ(cmd.assignment().master_addr(), "127.0.0.1");
+  EXPECT_EQ(cmd.assignment().master_port(), 29777);
   EXPECT_EQ(cmd.assignment().store_address(), "127.0.0.1:7000");
   EXPECT_EQ(cmd.assignment().store_namespace(), job->job_id() + "/1");
 
-  std::string id = job->job_id();
-  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STARTING),
-                                 Worker(1, v1::WORKER_STATE_STARTING)}).ok());
-  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RENDEZVOUS);
   ASSERT_TRUE(Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_STARTING),
                                  Worker(3, v1::WORKER_STATE_STARTING)}).ok());
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
@@ -291,6 +308,22 @@ TEST_F(CoordinatorTest, BudgetSpentFailsWithFirstFailure) {
   EXPECT_NE(j.message().find("rank 1"), std::string::npos) << j.message();
   EXPECT_NE(j.message().find("code 3"), std::string::npos) << j.message();
   EXPECT_NE(j.message().find("startup failure"), std::string::npos) << j.message();
+}
+
+// kill -9 of rank 1; its peer rank 0 fails ~100 ms later; both exits reach
+// the coordinator in one heartbeat. The root cause is the earlier exit, not
+// the lower rank.
+TEST_F(CoordinatorTest, FirstFailureIsTheEarliestExitNotTheLowestRank) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/0);
+  v1::WorkerStatus killed = Worker(1, v1::WORKER_STATE_EXITED, 0, /*sig=*/9);
+  killed.mutable_exit()->set_exited_unix_ms(1'700'000'000'000);
+  v1::WorkerStatus peer = Worker(0, v1::WORKER_STATE_EXITED, 1);
+  peer.mutable_exit()->set_exited_unix_ms(1'700'000'000'100);
+  ASSERT_TRUE(Beat("n1", id, 1, {peer, killed}).ok());
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.first_failure().rank(), 1);
+  EXPECT_EQ(j.first_failure().exit().signal(), 9);
 }
 
 TEST_F(CoordinatorTest, RestartBudgetIsPerJobNotPerNode) {

@@ -5,10 +5,11 @@
 // RendezvousCore the coordinator drives).
 // Composition root: flags -> config -> construct -> wire -> serve.
 // See daemon/README.md for the operator's view.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,6 +35,7 @@
 #include "daemon/process_launcher.h"
 #include "daemon/sqlite_job_store.h"
 #include "daemon/token.h"
+#include "rendezvous/grpc_server.h"
 #include "rendezvous/rendezvous_core.h"
 #include "rendezvous/rendezvous_service.h"
 #include "rendezvous/store_core.h"
@@ -169,6 +171,21 @@ int Run(int argc, char** argv) {
       return 1;
     }
   }
+  // One daemon per state dir: a second one would share the job table and
+  // the workers' log files. The lock goes with the process, however it ends.
+  const std::string lock_path = config.state_dir + "/lockstepd.lock";
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    std::string holder;
+    std::ifstream(lock_path) >> holder;
+    log.Error("state dir {} is in use by another lockstepd{} ({}: {})", config.state_dir,
+              holder.empty() ? "" : " (pid " + holder + ")", lock_path, std::strerror(errno));
+    return 1;
+  }
+  if (::ftruncate(lock_fd, 0) == 0) {
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    (void)!::write(lock_fd, pid.data(), pid.size());
+  }
   auto token = LoadToken(config.token_file, /*create=*/true);
   if (!token.ok()) {
     log.Error("{}", token.status().ToString());
@@ -255,21 +272,18 @@ int Run(int argc, char** argv) {
     agent_service = std::make_unique<AgentGrpcService>(agent.get(), *token);
   }
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  rendezvous::ConfigureStoreServerBuilder(&builder);
-  int port = 0;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
-  if (coordinator_service) builder.RegisterService(coordinator_service.get());
-  if (store_service) builder.RegisterService(store_service.get());
-  if (rendezvous_service) builder.RegisterService(rendezvous_service.get());
-  if (agent_service) builder.RegisterService(agent_service.get());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    log.Error("cannot listen on {}", config.listen);
+  std::vector<grpc::Service*> services;
+  if (coordinator_service) services.push_back(coordinator_service.get());
+  if (store_service) services.push_back(store_service.get());
+  if (rendezvous_service) services.push_back(rendezvous_service.get());
+  if (agent_service) services.push_back(agent_service.get());
+  auto started = rendezvous::StartGrpcServer(config.listen, services, "lockstepd");
+  if (!started.ok()) {
+    log.Error("{}", std::string(started.status().message()));
     return 1;
   }
+  std::unique_ptr<grpc::Server> server = std::move(started->server);
+  const int port = started->port;
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(false);
   std::string advertise = config.advertise;

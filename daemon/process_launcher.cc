@@ -11,7 +11,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,9 +23,23 @@ namespace lockstep {
 namespace daemon {
 namespace {
 
+// The instant a child exited, seen by a watcher thread blocked in waitid
+// with WNOWAIT (it does not reap: Poll does). Shared, because the detached
+// watcher may outlive the Process.
+struct ExitWatch {
+  std::atomic<int64_t> exited_ns{0};  // steady_clock since epoch; 0 = not yet
+};
+
 class PosixProcess : public Process {
  public:
-  explicit PosixProcess(pid_t pid) : pid_(pid) {}
+  explicit PosixProcess(pid_t pid) : pid_(pid), watch_(std::make_shared<ExitWatch>()) {
+    std::thread([pid, watch = watch_] {
+      siginfo_t info{};
+      while (::waitid(P_PID, pid, &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
+      }
+      watch->exited_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
+    }).detach();
+  }
   ~PosixProcess() override {
     if (!exit_) {
       ::kill(-pid_, SIGKILL);
@@ -45,6 +62,10 @@ class PosixProcess : public Process {
     } else {
       e.exit_code = WEXITSTATUS(st);
     }
+    const int64_t seen = watch_->exited_ns.load();
+    e.exited_at = seen != 0 ? std::chrono::steady_clock::time_point(
+                                  std::chrono::steady_clock::duration(seen))
+                            : std::chrono::steady_clock::now();
     ::kill(-pid_, SIGKILL);  // stragglers left in the group
     exit_ = e;
     return exit_;
@@ -56,6 +77,7 @@ class PosixProcess : public Process {
 
  private:
   pid_t pid_;
+  std::shared_ptr<ExitWatch> watch_;
   std::optional<ExitStatus> exit_;
 };
 

@@ -14,6 +14,7 @@
 #ifndef LOCKSTEP_DAEMON_PROCESS_LAUNCHER_H_
 #define LOCKSTEP_DAEMON_PROCESS_LAUNCHER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -40,6 +41,10 @@ struct LaunchSpec {
 struct ExitStatus {
   int exit_code = 0;  // valid when signal == 0
   int signal = 0;     // terminating signal
+  // When it exited, on the real monotonic clock: a watcher thread per
+  // process sees the exit at once (waitid with WNOWAIT), however late Poll
+  // is called. Default-constructed (epoch) when unknown.
+  std::chrono::steady_clock::time_point exited_at;
 };
 
 class Process {

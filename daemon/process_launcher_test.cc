@@ -55,6 +55,28 @@ TEST(PosixProcessLauncherTest, RunsWithEnvWorkingDirAndCapturedOutput) {
   EXPECT_EQ(Slurp(spec.stderr_path), "err\n");
 }
 
+// Two workers that die 150 ms apart, polled only afterwards (the agent
+// polls every 100 ms): the exit times still order them.
+TEST(PosixProcessLauncherTest, ExitTimeIsWhenItExitedNotWhenPolled) {
+  auto launcher = NewPosixProcessLauncher();
+  LaunchSpec spec;
+  spec.stdout_path = TmpDir() + "/exit_time.out";
+  spec.stderr_path = TmpDir() + "/exit_time.err";
+  spec.argv = {"/bin/sh", "-c", "exit 1"};
+  auto first = launcher->Launch(spec);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  auto second = launcher->Launch(spec);
+  ASSERT_TRUE(second.ok()) << second.status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto polled = std::chrono::steady_clock::now();
+  ExitStatus b = WaitExit(second->get());
+  ExitStatus a = WaitExit(first->get());
+  EXPECT_LT(a.exited_at, b.exited_at) << "the first to exit must have the earlier time";
+  EXPECT_LT(b.exited_at, polled - std::chrono::milliseconds(100))
+      << "the exit time is the poll's, not the exit's";
+}
+
 TEST(PosixProcessLauncherTest, ExecFailureIsAnErrorNamingTheProgram) {
   auto launcher = NewPosixProcessLauncher();
   LaunchSpec spec;

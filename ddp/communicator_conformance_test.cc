@@ -1,6 +1,7 @@
 // Communicator conformance suite, run against GlooCommunicator and
 // ShmCommunicator with ranks as threads (FakeStore) and ranks as forked
 // processes (FileStore on a temp dir); then each backend's own cases.
+#include <dirent.h>
 #include <signal.h>
 
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -299,41 +301,83 @@ TEST(ShmCommunicatorTest, RankOnAnotherHostIsRefusedNamingBothHosts) {
   for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
 }
 
-TEST(ShmCommunicatorTest, SegmentLeavesNothingInDevShm) {
-  FakeStore store;
-  {
-    std::unique_ptr<ShmCommunicator> comms[2];
-    std::thread other([&] {
-      auto c = ConnectShm(&store, 1, 2);
-      EXPECT_TRUE(c.ok()) << c.status();
-      if (c.ok()) comms[1] = std::move(*c);
-    });
-    auto c = ConnectShm(&store, 0, 2);
-    other.join();
-    ASSERT_TRUE(c.ok()) << c.status();
-    comms[0] = std::move(*c);
-    auto name = store.Get("shm/segment", std::chrono::seconds(1));
-    ASSERT_TRUE(name.ok()) << name.status();
-    EXPECT_THAT(*name, HasSubstr("/lockstep-"));
-    EXPECT_NE(access(("/dev/shm" + *name).c_str(), F_OK), 0)
-        << *name << " is still in /dev/shm after every rank attached";
-    ASSERT_NE(comms[1], nullptr);
-    at::Tensor a = at::ones({5}), b = at::ones({5});
-    auto wa = comms[0]->AllReduce(a, ReduceOp::kAvg);
-    auto wb = comms[1]->AllReduce(b, ReduceOp::kAvg);
-    ASSERT_TRUE(wa->Wait().ok());
-    ASSERT_TRUE(wb->Wait().ok());
-    EXPECT_TRUE(a.equal(at::ones({5})));
+std::set<std::string> DevShmEntries() {
+  std::set<std::string> names;
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (dirent* e = readdir(dir)) names.insert(e->d_name);
+    closedir(dir);
   }
-  // A rank 0 that gave up waiting removes its segment too.
-  FakeStore alone;
-  ShmOptions options;
-  options.connect_timeout = std::chrono::milliseconds(300);
-  auto c = ShmCommunicator::Create(&alone, 0, 2, options);
-  EXPECT_TRUE(absl::IsDeadlineExceeded(c.status())) << c.status();
-  auto name = alone.Get("shm/segment", std::chrono::seconds(1));
-  ASSERT_TRUE(name.ok()) << name.status();
-  EXPECT_NE(access(("/dev/shm" + *name).c_str(), F_OK), 0) << *name << " was left behind";
+  return names;
+}
+
+TEST(ShmCommunicatorTest, SegmentHasNoNameInDevShm) {
+  const auto before = DevShmEntries();
+  FakeStore store;
+  std::unique_ptr<ShmCommunicator> comms[2];
+  std::thread other([&] {
+    auto c = ConnectShm(&store, 1, 2);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (c.ok()) comms[1] = std::move(*c);
+  });
+  auto c = ConnectShm(&store, 0, 2);
+  other.join();
+  ASSERT_TRUE(c.ok()) << c.status();
+  comms[0] = std::move(*c);
+  auto published = store.Get("shm/segment", std::chrono::seconds(1));
+  ASSERT_TRUE(published.ok()) << published.status();
+  EXPECT_THAT(*published, testing::StartsWith(absl::StrCat(getpid(), ":")));
+  EXPECT_EQ(DevShmEntries(), before) << "the segment appeared in /dev/shm";
+  ASSERT_NE(comms[1], nullptr);
+  at::Tensor a = at::ones({5}), b = at::ones({5});
+  auto wa = comms[0]->AllReduce(a, ReduceOp::kAvg);
+  auto wb = comms[1]->AllReduce(b, ReduceOp::kAvg);
+  ASSERT_TRUE(wa->Wait().ok());
+  ASSERT_TRUE(wb->Wait().ok());
+  EXPECT_TRUE(a.equal(at::ones({5})));
+}
+
+// Ranks as processes, SIGKILLed at every moment of the bootstrap: before
+// rank 0 creates the segment, after it published it and before the others
+// attached (the moment that used to leak 8 MB), while they attach, and
+// mid-collective. /dev/shm is as it was after each.
+TEST(ShmCommunicatorTest, StopAtAnyMomentOfTheBootstrapLeavesDevShmAsItWas) {
+  const auto before = DevShmEntries();
+  auto spawn = [](const std::string& dir, int rank) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      auto store = rendezvous::FileStore::Open(dir);
+      if (store.ok()) {
+        auto comm = ConnectShm(store->get(), rank, 2);
+        at::Tensor t = at::ones({1 << 20});
+        while (comm.ok() && (*comm)->AllReduce(t, ReduceOp::kSum)->Wait().ok()) {
+        }
+      }
+      _exit(0);
+    }
+    return pid;
+  };
+  auto kill_all = [](const std::vector<pid_t>& pids) {
+    for (pid_t pid : pids) kill(pid, SIGKILL);
+    for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+  };
+  // Rank 0 alone, killed once its segment is published (rank 1 never came).
+  {
+    const std::string dir = TempDir();
+    pid_t rank0 = spawn(dir, 0);
+    auto store = rendezvous::FileStore::Open(dir);
+    ASSERT_TRUE(store.ok());
+    EXPECT_TRUE((*store)->Get("shm/segment", std::chrono::seconds(30)).ok());
+    kill_all({rank0});
+    EXPECT_EQ(DevShmEntries(), before) << "left behind by a rank 0 killed before anyone attached";
+  }
+  // Both ranks, killed after 0 to 50 ms: before, during and after attaching.
+  for (int delay_ms : {0, 1, 2, 5, 10, 20, 50}) {
+    const std::string dir = TempDir();
+    std::vector<pid_t> pids = {spawn(dir, 0), spawn(dir, 1)};
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    kill_all(pids);
+    EXPECT_EQ(DevShmEntries(), before) << "left behind by a stop after " << delay_ms << " ms";
+  }
 }
 
 TEST(ShmCommunicatorTest, RankZeroThatNeverComesIsNamed) {
@@ -343,7 +387,8 @@ TEST(ShmCommunicatorTest, RankZeroThatNeverComesIsNamed) {
   auto c = ShmCommunicator::Create(&store, 1, 2, options);
   EXPECT_TRUE(absl::IsDeadlineExceeded(c.status())) << c.status();
   EXPECT_THAT(std::string(c.status().message()),
-              HasSubstr("rank 0 did not publish the shared-memory segment"));
+              HasSubstr("rank 1 waiting for rank 0's shared-memory segment: ranks [0] did not "
+                        "arrive within 0.3 s"));
 }
 
 // ---- HierarchicalCommunicator: two "hosts" of two ranks (separate shm

@@ -10,11 +10,16 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "ddp/missing_ranks.h"
 
 namespace lockstep {
@@ -82,6 +87,78 @@ void DivideInPlace(at::Tensor& t, int world_size) {
 
 }  // namespace
 
+namespace {
+
+// The first words of every rank's entry in the mesh check.
+constexpr int64_t kMeshMagic = 0x6c6f636b73746570;  // "lockstep"
+// The mesh check's tag: far from the collectives' sequence numbers.
+constexpr uint32_t kMeshCheckTag = 0x7fff0000;
+
+// A write to a socket whose peer has gone raises SIGPIPE, which kills the
+// process by default: Gloo writes with writev, without MSG_NOSIGNAL. With
+// SIGPIPE ignored the write fails with EPIPE, Gloo throws, and the Work's
+// error names the lost peer. A handler the program installed is kept.
+void IgnoreSigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    (void)signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+// One attempt at the full mesh under `mesh` (a store key prefix), checked:
+// an allgather over every pair must return each rank's own entry
+// {magic, rank, world, nonce}. Returns the context, or null with *error.
+std::shared_ptr<gloo::rendezvous::Context> ConnectCheckedMesh(rendezvous::Store* store, int rank,
+                                                              int world_size,
+                                                              const GlooOptions& options,
+                                                              const std::string& mesh,
+                                                              std::string* error) {
+  try {
+    std::string nonce_text;
+    if (rank == 0) {
+      std::random_device random;
+      nonce_text = std::to_string((uint64_t{random()} << 32) ^ random());
+      Status s = store->Set(mesh + "/nonce", nonce_text);
+      if (!s.ok()) throw gloo::IoException(std::string(s.message()));
+    } else {
+      auto v = store->Get(mesh + "/nonce", options.connect_timeout);
+      if (!v.ok()) throw gloo::IoException(std::string(v.status().message()));
+      nonce_text = *v;
+    }
+    const int64_t nonce = static_cast<int64_t>(std::stoull(nonce_text));
+    GlooStoreAdapter adapter(store, mesh, options.connect_timeout);
+    gloo::transport::tcp::attr attr(options.hostname.c_str());
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+    context->setTimeout(ToMillis(options.connect_timeout));
+    context->connectFullMesh(adapter, device);
+    if (world_size == 1) return context;
+    std::vector<int64_t> mine = {kMeshMagic, rank, world_size, nonce};
+    std::vector<int64_t> all(mine.size() * world_size);
+    gloo::AllgatherOptions check(context);
+    check.setInput(mine.data(), mine.size());
+    check.setOutput(all.data(), all.size());
+    check.setTag(kMeshCheckTag);
+    check.setTimeout(ToMillis(std::min<Duration>(options.connect_timeout, kMeshCheckTimeout)));
+    gloo::allgather(check);
+    for (int r = 0; r < world_size; ++r) {
+      const int64_t* got = &all[r * mine.size()];
+      if (got[0] != kMeshMagic || got[1] != r || got[2] != world_size || got[3] != nonce) {
+        *error = absl::StrCat("the pair to rank ", r, " carried {rank ", got[1], ", world ", got[2],
+                              ", mesh ", got[3], "}, expected {rank ", r, ", world ", world_size,
+                              ", mesh ", nonce, "}: a foreign or stray connection");
+        return nullptr;
+      }
+    }
+    return context;
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return nullptr;
+  }
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(rendezvous::Store* store,
                                                                     int rank, int world_size,
                                                                     GlooOptions options) {
@@ -90,33 +167,50 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(rendezvous:
   if (options.timeout <= Duration::zero()) {
     return absl::InvalidArgumentError("gloo: collective timeout must be positive");
   }
-  GlooStoreAdapter adapter(store, options.key_prefix, options.connect_timeout);
-  std::shared_ptr<gloo::rendezvous::Context> context;
-  try {
-    gloo::transport::tcp::attr attr(options.hostname.c_str());
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
-    context->setTimeout(ToMillis(options.connect_timeout));
-    context->connectFullMesh(adapter, device);
-  } catch (const std::exception& e) {
-    // Name every rank whose address never appeared, not only the first.
-    std::vector<int> missing;
-    for (int r = 0; r < world_size; ++r) {
-      if (!store->Get(options.key_prefix + "/" + std::to_string(r), Duration::zero()).ok()) {
-        missing.push_back(r);
-      }
+  IgnoreSigpipe();
+  const std::string& prefix = options.key_prefix;
+  const std::string who = absl::StrCat("gloo: rank ", rank);
+  const std::string what =
+      absl::StrCat(who, " connecting the mesh of ", world_size, " ranks on ", options.hostname);
+  // Arrival first, so that no pair listens for a peer that is not there
+  // yet, and the wait names whoever is missing.
+  std::vector<std::pair<int, std::string>> arrived;
+  for (int r = 0; r < world_size; ++r) arrived.emplace_back(r, absl::StrCat(prefix, "/arrived/", r));
+  RETURN_IF_ERROR(Annotate(store->Set(arrived[rank].second, "1"), who + ": publishing arrival"));
+  const Logger log = Logger("ddp").WithRank(rank);
+  const ProgressLog progress = [log](const std::string& line) { log.Info("{}", line); };
+  RETURN_IF_ERROR(WaitForRanks(store, arrived, options.connect_timeout, what, progress));
+
+  std::string last_failure;
+  for (int attempt = 0; attempt < kMaxMeshAttempts; ++attempt) {
+    const std::string mesh = absl::StrCat(prefix, "/mesh", attempt);
+    std::string error;
+    auto context = ConnectCheckedMesh(store, rank, world_size, options, mesh, &error);
+    // Every rank publishes its verdict; all retry if any failed, so the
+    // ranks never disagree on which mesh they use.
+    std::vector<std::pair<int, std::string>> verdicts;
+    for (int r = 0; r < world_size; ++r) verdicts.emplace_back(r, absl::StrCat(mesh, "/verdict/", r));
+    RETURN_IF_ERROR(Annotate(store->Set(verdicts[rank].second, error.empty() ? "ok" : error),
+                             who + ": publishing its mesh check"));
+    RETURN_IF_ERROR(WaitForRanks(store, verdicts, options.connect_timeout,
+                                 absl::StrCat(who, " checking mesh attempt ", attempt + 1),
+                                 progress));
+    std::vector<std::string> failures;
+    for (const auto& [r, key] : verdicts) {
+      auto verdict = store->Get(key, Duration::zero());
+      if (verdict.ok() && *verdict != "ok") failures.push_back(absl::StrCat("rank ", r, ": ", *verdict));
     }
-    std::string msg = absl::StrCat("gloo: rank ", rank, " could not connect the mesh of ",
-                                   world_size, " ranks");
-    if (!missing.empty()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(msg, ": ranks ", FormatRanks(missing), " did not arrive within ",
-                       ToSeconds(options.connect_timeout), " s (", e.what(), ")"));
+    if (failures.empty()) {
+      return std::unique_ptr<GlooCommunicator>(
+          new GlooCommunicator(store, rank, world_size, std::move(options), std::move(context)));
     }
-    return absl::UnavailableError(absl::StrCat(msg, ": ", e.what()));
+    last_failure = absl::StrJoin(failures, "; ");
+    log.Warn("{}: mesh attempt {} of {} failed ({}); connecting again", who, attempt + 1,
+             kMaxMeshAttempts, last_failure);
   }
-  return std::unique_ptr<GlooCommunicator>(
-      new GlooCommunicator(store, rank, world_size, std::move(options), std::move(context)));
+  return absl::UnavailableError(absl::StrCat(
+      who, ": the mesh of ", world_size, " ranks failed its check ", kMaxMeshAttempts,
+      " times (stray connections to its ports? see daemon/README.md); last: ", last_failure));
 }
 
 GlooCommunicator::GlooCommunicator(rendezvous::Store* store, int rank, int world_size,

@@ -1,7 +1,19 @@
 // GlooCommunicator: the Communicator over Gloo's TCP transport (CPU).
 //
-// Bootstrap: every rank publishes its pair addresses in the Store (keys
-// "<key_prefix>/<rank>") and connects a full mesh of TCP pairs. Collectives
+// Bootstrap: every rank marks its arrival ("<key_prefix>/arrived/<rank>")
+// and waits for all the others (logging every few seconds whom it waits
+// for; past connect_timeout the error names them). Then it publishes its
+// pair addresses ("<key_prefix>/mesh<attempt>/<rank>") and connects a full
+// mesh of TCP pairs, one listening socket per pair that accepts the first
+// connection and closes: once the mesh is up, no Gloo port listens.
+// Because a pair takes the *first* connection, a stray one that arrives
+// before the real peer would take its place. So the mesh is checked before
+// use: an allgather over every pair must return each rank's own
+// {rank, world, mesh nonce} (the nonce is rank 0's, per attempt). Every rank
+// publishes its verdict and waits for the others'; if any failed, all of
+// them build a fresh mesh (new ports), at most kMaxMeshAttempts times.
+// SIGPIPE is ignored (unless the program handles it), so a peer that goes
+// away fails a collective instead of killing the process. Collectives
 // run one at a time, in call order, on a dedicated communicator thread, so
 // the caller (the autograd thread, for the Reducer) never blocks on the
 // network. Gloo throws; nothing thrown leaves this class: failures become
@@ -43,6 +55,12 @@ namespace ddp {
 
 inline constexpr size_t kDefaultGlooSegmentBytes = 4u << 20;
 
+// Meshes Create builds before giving up when each fails its check.
+inline constexpr int kMaxMeshAttempts = 3;
+// Upper bound of the mesh check's allgather (a pair hijacked by a stray
+// connection makes its peer wait this long before the mesh is rebuilt).
+inline constexpr std::chrono::seconds kMeshCheckTimeout{10};
+
 // Upper bound of the time a failed rank waits for the others' reports.
 inline constexpr std::chrono::seconds kMaxDiagnosisGrace{5};
 
@@ -66,10 +84,11 @@ struct GlooOptions {
 
 class GlooCommunicator : public Communicator {
  public:
-  // Connects the full mesh. Blocks until every rank has called Create with
-  // the same store namespace and prefix, or `connect_timeout` passes.
-  // Errors: InvalidArgument (rank/world), DeadlineExceeded naming the ranks
-  // that never published their address, Unavailable (transport).
+  // Connects and checks the full mesh. Blocks until every rank has called
+  // Create with the same store namespace and prefix, or `connect_timeout`
+  // passes. Errors: InvalidArgument (rank/world), DeadlineExceeded naming
+  // the ranks that never arrived, Unavailable (transport, or every mesh
+  // attempt failed its check).
   // `store` must outlive the communicator.
   static StatusOr<std::unique_ptr<GlooCommunicator>> Create(rendezvous::Store* store, int rank,
                                                            int world_size,

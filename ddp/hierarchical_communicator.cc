@@ -31,6 +31,7 @@ StatusOr<std::unique_ptr<HierarchicalCommunicator>> HierarchicalCommunicator::Cr
   shm.connect_timeout = options.connect_timeout;
   shm.key_prefix = absl::StrCat(options.key_prefix, "/node", l.node_rank);
   shm.hostname = options.hostname;
+  shm.progress = options.progress;
   auto local = ShmCommunicator::Create(store, l.local_rank, l.local_world_size, shm);
   if (!local.ok()) {
     return Annotate(local.status(), absl::StrCat("shm+gloo: shared memory on node ", l.node_rank));

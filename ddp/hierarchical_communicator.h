@@ -37,6 +37,7 @@
 #include "common/status.h"
 #include "ddp/collective_queue.h"
 #include "ddp/communicator.h"
+#include "ddp/missing_ranks.h"
 #include "rendezvous/store.h"
 
 namespace lockstep {
@@ -62,6 +63,8 @@ struct HierarchicalOptions {
   std::string key_prefix = "hier";
   // The host name each rank reports to its node's shm setup (tests: "").
   std::string hostname;
+  // The shm bootstrap's progress lines (ShmOptions::progress).
+  ProgressLog progress;
 };
 
 class HierarchicalCommunicator : public Communicator {

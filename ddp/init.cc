@@ -9,7 +9,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 #include "common/logging.h"
+#include "ddp/data_plane.h"
 #include "ddp/gloo_communicator.h"
 #include "ddp/hierarchical_communicator.h"
 #include "ddp/nccl_communicator.h"
@@ -90,6 +92,7 @@ StatusOr<WorkerEnv> ParseWorkerEnv(const std::function<const char*(const char*)>
   if (!job.empty()) env.job_id = job;
   env.store_address = ReadString(getenv, {"LOCKSTEP_STORE"});
   env.agent_address = ReadString(getenv, {"LOCKSTEP_AGENT"});
+  env.node_addr = ReadString(getenv, {"LOCKSTEP_NODE_ADDR"});
   const std::string master = ReadString(getenv, {"MASTER_ADDR"});
   const std::string port = ReadString(getenv, {"MASTER_PORT"});
   if (!master.empty() || !port.empty()) env.master_addr = master + ":" + port;
@@ -148,6 +151,34 @@ StatusOr<std::unique_ptr<rendezvous::Store>> OpenStore(const WorkerEnv& env, Dur
   return factory(address, ns, timeout);
 }
 
+Status JoinStore(rendezvous::Store* store, const WorkerEnv& env) {
+  const std::string where =
+      absl::StrCat("the store at ", env.store_address.empty() ? env.master_addr : env.store_address,
+                   " (namespace ", rendezvous::StoreNamespace(env.job_id, env.round), ")");
+  const std::string world = std::to_string(env.world_size);
+  // The likely cause, by store kind.
+  const std::string cause =
+      !env.store_address.empty()
+          ? absl::StartsWith(env.store_address, "file:")
+                ? "the rank was started twice, or the directory is left from an earlier run "
+                  "(give each run its own)"
+                : "the rank has two owners"
+          : "another job uses this MASTER_ADDR:MASTER_PORT (give each job its own)";
+  ASSIGN_OR_RETURN(std::string agreed, store->CompareSet("lockstep/world_size", "", world));
+  if (agreed != world) {
+    return absl::FailedPreconditionError(absl::StrCat(where, " belongs to a world of ", agreed,
+                                                      " ranks; rank ", env.rank, " of job ",
+                                                      env.job_id, " expects ", world, ": ", cause));
+  }
+  ASSIGN_OR_RETURN(int64_t owners, store->Add(absl::StrCat("lockstep/member/", env.rank), 1));
+  if (owners != 1) {
+    return absl::AlreadyExistsError(absl::StrCat("rank ", env.rank, " of job ", env.job_id,
+                                                 " round ", env.round, " already joined ", where,
+                                                 ": ", cause));
+  }
+  return absl::OkStatus();
+}
+
 bool KeepFreedMemory() {
   const char* keep = std::getenv("LOCKSTEP_KEEP_FREED_MEMORY");
   if (keep != nullptr && std::string(keep) == "0") return false;
@@ -160,11 +191,20 @@ bool KeepFreedMemory() {
 
 namespace {
 
-// The address Gloo binds: InitOptions, else LOCKSTEP_GLOO_HOST, else loopback.
-std::string GlooHostname(const InitOptions& options) {
-  if (!options.gloo_hostname.empty()) return options.gloo_hostname;
-  const char* host = std::getenv("LOCKSTEP_GLOO_HOST");
-  return host != nullptr ? host : GlooOptions().hostname;
+// The data-plane address of this worker (ddp/data_plane.h has the rule).
+StatusOr<DataPlaneAddress> DataPlaneHost(const WorkerEnv& env, const InitOptions& options) {
+  DataPlaneInputs in;
+  in.override_host = options.gloo_hostname;
+  if (in.override_host.empty()) {
+    const char* host = std::getenv("LOCKSTEP_GLOO_HOST");
+    if (host != nullptr) in.override_host = host;
+  }
+  in.node_addr = env.node_addr;
+  if (!env.master_addr.empty()) in.master_host = HostOfAddress(env.master_addr);
+  if (!env.store_address.empty() && !absl::StartsWith(env.store_address, "file:")) {
+    in.store_host = HostOfAddress(env.store_address);
+  }
+  return ChooseDataPlaneAddress(in);
 }
 
 template <typename T>
@@ -175,19 +215,23 @@ StatusOr<std::unique_ptr<Communicator>> Upcast(StatusOr<std::unique_ptr<T>> comm
 
 // The communicator of `backend` for this worker.
 StatusOr<std::unique_ptr<Communicator>> Connect(const std::string& backend, const WorkerEnv& env,
+                                                const std::string& data_host,
                                                 rendezvous::Store* store,
                                                 const InitOptions& options) {
+  Logger log("ddp", env.job_id, env.rank);
+  const ProgressLog progress = [log](const std::string& line) { log.Info("{}", line); };
   if (backend == "gloo") {
     GlooOptions gloo;
     gloo.timeout = options.timeout;
     gloo.connect_timeout = options.connect_timeout;
-    gloo.hostname = GlooHostname(options);
+    gloo.hostname = data_host;
     return Upcast(GlooCommunicator::Create(store, env.rank, env.world_size, gloo));
   }
   if (backend == "shm" && env.local_world_size == env.world_size) {
     ShmOptions shm;
     shm.timeout = options.timeout;
     shm.connect_timeout = options.connect_timeout;
+    shm.progress = progress;
     return Upcast(ShmCommunicator::Create(store, env.rank, env.world_size, shm));
   }
   if (backend == "shm") {
@@ -203,10 +247,19 @@ StatusOr<std::unique_ptr<Communicator>> Connect(const std::string& backend, cons
     HierarchicalOptions hier;
     hier.timeout = options.timeout;
     hier.connect_timeout = options.connect_timeout;
-    hier.gloo_hostname = GlooHostname(options);
+    hier.gloo_hostname = data_host;
+    hier.progress = progress;
     return Upcast(HierarchicalCommunicator::Create(store, layout, hier));
   }
   if (backend == "nccl") {
+    // NCCL picks its bootstrap interface by itself (the first that is not
+    // loopback or docker); point it at the one holding the data-plane
+    // address unless the user chose one.
+    const std::string ifname = InterfaceOf(data_host);
+    if (std::getenv("NCCL_SOCKET_IFNAME") == nullptr && !ifname.empty() &&
+        !ResolvesToLoopback(data_host)) {
+      ::setenv("NCCL_SOCKET_IFNAME", ("=" + ifname).c_str(), 0);
+    }
     NcclOptions nccl;
     nccl.device = env.local_rank;
     nccl.timeout = options.timeout;
@@ -222,25 +275,32 @@ StatusOr<std::unique_ptr<Communicator>> Connect(const std::string& backend, cons
 StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
   if (options.keep_freed_memory) KeepFreedMemory();
   ASSIGN_OR_RETURN(WorkerEnv env, ParseWorkerEnv([](const char* n) { return std::getenv(n); }));
-  ASSIGN_OR_RETURN(auto store, OpenStore(env, options.connect_timeout));
   std::string backend = options.backend;
   if (backend.empty()) {
     const char* from_env = std::getenv("LOCKSTEP_BACKEND");
     backend = from_env != nullptr && *from_env != '\0' ? from_env : "gloo";
   }
+  if (backend != "gloo" && backend != "shm" && backend != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown communication backend '", backend, "' (LOCKSTEP_BACKEND): use gloo, shm or nccl"));
+  }
+  ASSIGN_OR_RETURN(auto store, OpenStore(env, options.connect_timeout));
+  RETURN_IF_ERROR(JoinStore(store.get(), env));
   Logger log("ddp", env.job_id, env.rank);
+  ASSIGN_OR_RETURN(DataPlaneAddress data, DataPlaneHost(env, options));
   const MonoTime start = RealClock()->Now();
-  auto comm = Connect(backend, env, store.get(), options);
+  auto comm = Connect(backend, env, data.address, store.get(), options);
   if (!comm.ok()) {
     log.Error("{} communicator of {} ranks (local rank {} of {}, node {} of {}) failed: {}",
               backend, env.world_size, env.local_rank, env.local_world_size, env.node_rank,
               env.num_nodes, comm.status().ToString());
     return comm.status();
   }
-  log.Info("connected {} communicator of {} ranks (round {}, store {}) in {:.3f} s",
+  log.Info("connected {} communicator of {} ranks (round {}, store {}, data plane {} from {}) in "
+           "{:.3f} s",
            (*comm)->backend(), env.world_size, env.round,
-           env.store_address.empty() ? env.master_addr : env.store_address,
-           ToSeconds(RealClock()->Now() - start));
+           env.store_address.empty() ? env.master_addr : env.store_address, data.address,
+           data.source, ToSeconds(RealClock()->Now() - start));
   return std::make_unique<ProcessGroup>(std::move(env), std::move(store),
                                         std::shared_ptr<Communicator>(std::move(*comm)));
 }

@@ -5,8 +5,8 @@
 // Variables: LOCKSTEP_JOB_ID, LOCKSTEP_RANK, LOCKSTEP_LOCAL_RANK,
 // LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK,
 // LOCKSTEP_NUM_NODES, LOCKSTEP_ROUND, LOCKSTEP_RESTART_COUNT, LOCKSTEP_STORE,
-// LOCKSTEP_AGENT; each falls back to torchrun's name where one exists (RANK,
-// LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+// LOCKSTEP_AGENT, LOCKSTEP_NODE_ADDR; each falls back to torchrun's name
+// where one exists (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // TORCHELASTIC_RESTART_COUNT). Required: rank and world size, and a store.
 //
 // Store selection (LOCKSTEP_STORE):
@@ -50,6 +50,7 @@ struct WorkerEnv {
   int restart_count = 0;
   std::string store_address;  // LOCKSTEP_STORE; may be empty.
   std::string agent_address;  // LOCKSTEP_AGENT; empty when not under lockstepd.
+  std::string node_addr;      // LOCKSTEP_NODE_ADDR: the agent's advertised host.
   std::string master_addr;    // MASTER_ADDR:MASTER_PORT, when set.
 };
 
@@ -74,12 +75,24 @@ void RegisterMasterStoreFactory(MasterStoreFactory factory);
 // host:port), InvalidArgument (malformed address), the store's errors.
 StatusOr<std::unique_ptr<rendezvous::Store>> OpenStore(const WorkerEnv& env, Duration timeout);
 
+// Registers this rank in its job round's store before any bootstrap: the
+// store records the world size the first rank brings, and each rank may join
+// once. So a rank of another job (two hand-started jobs on one
+// MASTER_ADDR:MASTER_PORT) or a second owner of a rank fails here, naming
+// the store, the job and the rank, before it can touch anyone's collectives.
+// Errors: FailedPrecondition (another world size), AlreadyExists (the rank
+// joined already), the store's errors.
+Status JoinStore(rendezvous::Store* store, const WorkerEnv& env);
+
 struct InitOptions {
   // Collective timeout. Default: kDefaultCollectiveTimeout.
   Duration timeout = kDefaultCollectiveTimeout;
   // Waiting for every rank to connect. Default: rendezvous::kDefaultStoreTimeout.
   Duration connect_timeout = rendezvous::kDefaultStoreTimeout;
-  // Address Gloo binds. Default: 127.0.0.1, or LOCKSTEP_GLOO_HOST if set.
+  // Address the data plane (Gloo, the shm+gloo leaders, NCCL's bootstrap)
+  // binds. Default: LOCKSTEP_GLOO_HOST if set, else the rule of
+  // ddp/data_plane.h (the node's own address: LOCKSTEP_NODE_ADDR from the
+  // agent, else the route to MASTER_ADDR or the store, else 127.0.0.1).
   std::string gloo_hostname;
   // "gloo" (CPU tensors, any hosts), "shm" (CPU tensors, every rank on one
   // host: shared memory, no sockets) or "nccl" (CUDA tensors; the rank

@@ -6,11 +6,15 @@
 // The host:port client sends LOCKSTEP_STORE_TOKEN (set by lockstepd's agent:
 // the job's store token) as its bearer token when the variable is set.
 // Link //ddp:init_from_env_grpc (alwayslink) into the binary to enable it.
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "ddp/init.h"
+#include "ddp/missing_ranks.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 
@@ -58,11 +62,41 @@ StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
                                                          Duration timeout) {
   std::unique_ptr<rendezvous::StoreServer> server;
   if (env.rank == 0) {
-    ASSIGN_OR_RETURN(server, rendezvous::StoreServer::Start(env.master_addr));
+    auto started = rendezvous::StoreServer::Start(env.master_addr);
+    if (!started.ok()) {
+      return absl::Status(started.status().code(),
+                          absl::StrCat("rank 0 serves the job's store at MASTER_ADDR:MASTER_PORT: ",
+                                       started.status().message()));
+    }
+    server = std::move(*started);
   }
-  ASSIGN_OR_RETURN(auto client, rendezvous::ConnectStore(env.master_addr, ns, timeout));
-  return std::unique_ptr<rendezvous::Store>(
-      std::make_unique<ServingStore>(std::move(server), std::move(client)));
+  // Rank 0 may start later than the others: wait for its store in slices,
+  // saying every few seconds whom this rank waits for.
+  Logger log("ddp", env.job_id, env.rank);
+  const MonoTime start = RealClock()->Now();
+  const MonoTime deadline = start + timeout;
+  while (true) {
+    const Duration slice =
+        std::min<Duration>(kBootstrapProgressInterval, std::max<Duration>(deadline - RealClock()->Now(), {}));
+    auto client = rendezvous::ConnectStore(env.master_addr, ns, slice);
+    if (client.ok()) {
+      return std::unique_ptr<rendezvous::Store>(
+          std::make_unique<ServingStore>(std::move(server), std::move(*client)));
+    }
+    if (client.status().code() != absl::StatusCode::kUnavailable &&
+        client.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      return client.status();
+    }
+    const MonoTime now = RealClock()->Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank ", env.rank, ": rank 0's store at MASTER_ADDR:MASTER_PORT ", env.master_addr,
+          " did not come up within ", ToSeconds(timeout), " s (is rank 0 running?): ",
+          client.status().message()));
+    }
+    log.Info("waiting for rank 0's store at {} (MASTER_ADDR:MASTER_PORT): {:.0f} s of {:.0f} s",
+             env.master_addr, ToSeconds(now - start), ToSeconds(timeout));
+  }
 }
 
 const bool kRegistered = [] {

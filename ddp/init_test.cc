@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 
+#include "ddp/fake_store.h"
 #include "gtest/gtest.h"
 
 namespace lockstep {
@@ -34,6 +35,39 @@ TEST(KeepFreedMemoryTest, LargeBlocksComeFromTheHeapNotFreshMappings) {
   ASSERT_NE(block, nullptr);
   EXPECT_EQ(::mallinfo2().hblkhd, mapped_before);
   std::free(block);
+}
+
+TEST(JoinStoreTest, EachRankJoinsOnceAndTheWorldSizeMustAgree) {
+  FakeStore store;
+  WorkerEnv env;
+  env.job_id = "first";
+  env.world_size = 2;
+  env.master_addr = "127.0.0.1:29500";
+  env.rank = 0;
+  ASSERT_TRUE(JoinStore(&store, env).ok());
+  env.rank = 1;
+  ASSERT_TRUE(JoinStore(&store, env).ok());
+
+  // Rank 1 of a second job on the same MASTER_ADDR:MASTER_PORT.
+  env.job_id = "second";
+  Status again = JoinStore(&store, env);
+  EXPECT_TRUE(absl::IsAlreadyExists(again)) << again;
+  EXPECT_NE(again.message().find("rank 1 of job second round 0 already joined the store at "
+                                 "127.0.0.1:29500"),
+            std::string::npos)
+      << again;
+  EXPECT_NE(again.message().find("another job uses this MASTER_ADDR:MASTER_PORT"),
+            std::string::npos)
+      << again;
+
+  // A world of another size.
+  env.world_size = 4;
+  env.rank = 3;
+  Status other = JoinStore(&store, env);
+  EXPECT_TRUE(absl::IsFailedPrecondition(other)) << other;
+  EXPECT_NE(other.message().find("belongs to a world of 2 ranks; rank 3 of job second expects 4"),
+            std::string::npos)
+      << other;
 }
 
 TEST(ParseWorkerEnvTest, ReadsLockstepVariables) {
@@ -132,7 +166,7 @@ TEST(InitFromEnvTest, DefaultBackendIsGlooAndUnknownBackendIsNamed) {
   ASSERT_TRUE(group.ok()) << group.status();
   EXPECT_EQ((*group)->communicator()->backend(), "gloo");
   setenv("LOCKSTEP_BACKEND", "mpi", 1);
-  auto bad = InitFromEnv();
+  auto bad = InitFromEnv();  // Refused before it touches the store.
   unsetenv("LOCKSTEP_BACKEND");
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();

@@ -1,5 +1,7 @@
 #include "ddp/missing_ranks.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -17,6 +19,43 @@ std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::strin
     if (!store->Get(keys[r], Duration::zero()).ok()) missing.push_back(r);
   }
   return missing;
+}
+
+Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, std::string>>& keys,
+                    Duration timeout, const std::string& what, const ProgressLog& progress,
+                    Duration interval) {
+  const MonoTime start = RealClock()->Now();
+  const MonoTime deadline = start + timeout;
+  std::vector<std::pair<int, std::string>> missing = keys;
+  while (true) {
+    const MonoTime now = RealClock()->Now();
+    const Duration slice = std::min<Duration>(interval, std::max<Duration>(deadline - now, {}));
+    std::vector<std::string> names;
+    for (const auto& [r, key] : missing) names.push_back(key);
+    Status s = store->Wait(names, slice);
+    if (s.ok()) return s;
+    if (s.code() != absl::StatusCode::kDeadlineExceeded) {
+      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    }
+    std::vector<std::pair<int, std::string>> still;
+    for (const auto& entry : missing) {
+      if (!store->Get(entry.second, Duration::zero()).ok()) still.push_back(entry);
+    }
+    missing = std::move(still);
+    if (missing.empty()) return absl::OkStatus();
+    std::vector<int> ranks;
+    for (const auto& entry : missing) ranks.push_back(entry.first);
+    if (RealClock()->Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": ranks ", FormatRanks(ranks),
+                                                      " did not arrive within ",
+                                                      ToSeconds(timeout), " s"));
+    }
+    if (progress) {
+      progress(absl::StrCat(what, ": still waiting for ranks ", FormatRanks(ranks), " (",
+                            static_cast<int64_t>(ToSeconds(RealClock()->Now() - start)), " s of ",
+                            ToSeconds(timeout), " s)"));
+    }
+  }
 }
 
 std::string FormatRanks(const std::vector<int>& ranks) {

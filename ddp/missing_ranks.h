@@ -7,10 +7,13 @@
 #ifndef LOCKSTEP_DDP_MISSING_RANKS_H_
 #define LOCKSTEP_DDP_MISSING_RANKS_H_
 
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/status.h"
 #include "rendezvous/store.h"
 
 namespace lockstep {
@@ -21,6 +24,23 @@ namespace ddp {
 // Store errors count as "missing" (the diagnosis is best effort).
 std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::string& base,
                                       int rank, int world_size, Duration grace);
+
+// How often a bootstrap wait logs whom it still waits for.
+inline constexpr Duration kBootstrapProgressInterval = std::chrono::seconds(5);
+
+// Where bootstrap waits report progress: one line per call (the callers
+// that have spdlog log it; the CMake build of the ddp core has none).
+using ProgressLog = std::function<void(const std::string& line)>;
+
+// The bootstrap wait every communicator uses: waits until the key of every
+// rank in `keys` (rank -> key) is set, for at most `timeout`. Every
+// `interval` it tells `progress` (if set) "<what>: still waiting for ranks
+// [..] (Ns of Ts)", so a rank whose peer never starts says whom it waits for.
+// Errors: DeadlineExceeded "<what>: ranks [..] did not arrive within T s";
+// the store's other errors, annotated with `what`.
+Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, std::string>>& keys,
+                    Duration timeout, const std::string& what, const ProgressLog& progress,
+                    Duration interval = kBootstrapProgressInterval);
 
 // "[1, 3]".
 std::string FormatRanks(const std::vector<int>& ranks);

@@ -111,9 +111,8 @@ inline void CpuRelax() {
 struct ShmCommunicator::Segment {
   uint8_t* base = nullptr;
   size_t bytes = 0;
-  std::string name;
-  bool owner = false;     // Rank 0: unlinks the name.
-  bool unlinked = false;
+  int fd = -1;            // Rank 0: the memfd, open until every rank attached.
+  std::string where;      // "/proc/<pid>/fd/<fd>" of rank 0's memfd, for messages.
   std::vector<char> check_pid;  // Per rank: its pid is visible from here.
 
   Header* header() const { return reinterpret_cast<Header*>(base); }
@@ -124,14 +123,12 @@ struct ShmCommunicator::Segment {
     return base + SlotsOffset(static_cast<int>(header()->world)) +
            slot_bytes * static_cast<size_t>(rank);
   }
-  void Unlink() {
-    if (owner && !unlinked && !name.empty()) {
-      (void)shm_unlink(name.c_str());
-      unlinked = true;
-    }
+  void CloseFd() {
+    if (fd >= 0) close(fd);
+    fd = -1;
   }
   ~Segment() {
-    Unlink();
+    CloseFd();
     if (base != nullptr) (void)munmap(base, bytes);
   }
 };
@@ -156,26 +153,27 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
 
   auto segment = std::make_unique<Segment>();
   int fd = -1;
+  uint64_t nonce = 0;
   if (rank == 0) {
     std::random_device random;
-    const uint64_t nonce = (uint64_t{random()} << 32) ^ random();
-    segment->name = absl::StrFormat("/lockstep-%d-%016x", getpid(), nonce);
-    fd = shm_open(segment->name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) return absl::InternalError(Errno(who + ": shm_open(" + segment->name + ")"));
-    segment->owner = true;
+    nonce = (uint64_t{random()} << 32) ^ random();
+    // An anonymous memfd: it has no name in /dev/shm, so nothing is left
+    // behind whenever the processes stop. The others open it through
+    // /proc/<pid>/fd/<fd> while rank 0 holds it open.
+    fd = static_cast<int>(syscall(SYS_memfd_create, "lockstep-shm", MFD_CLOEXEC));
+    if (fd < 0) return absl::InternalError(Errno(who + ": memfd_create"));
+    segment->fd = fd;
+    segment->where = absl::StrFormat("/proc/%d/fd/%d", getpid(), fd);
     if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      const std::string e = Errno(absl::StrCat(who, ": sizing ", segment->name, " to ", bytes,
-                                               " bytes (is /dev/shm large enough?)"));
-      close(fd);
-      return absl::InternalError(e);
+      return absl::InternalError(Errno(absl::StrCat(who, ": sizing the segment to ", bytes,
+                                                    " bytes (is shared memory limited?)")));
     }
   } else {
-    auto name = store->Get(prefix + "/segment", options.connect_timeout);
-    if (!name.ok()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          who, ": rank 0 did not publish the shared-memory segment within ",
-          ToSeconds(options.connect_timeout), " s (", name.status().message(), ")"));
-    }
+    const std::string what = absl::StrCat(who, " waiting for rank 0's shared-memory segment");
+    RETURN_IF_ERROR(WaitForRanks(store, {{0, prefix + "/segment"}}, options.connect_timeout, what,
+                                 options.progress));
+    auto published = store->Get(prefix + "/segment", std::chrono::seconds(5));
+    if (!published.ok()) return Annotate(published.status(), who + ": reading rank 0's segment");
     auto host0 = store->Get(prefix + "/host/0", std::chrono::seconds(5));
     if (!host0.ok()) return Annotate(host0.status(), who + ": reading rank 0's host");
     if (*host0 != host) {
@@ -183,24 +181,32 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
           absl::StrCat(who, " is on host '", host, "' but rank 0 is on '", *host0,
                        "': the shm backend needs every rank on one host (use gloo)"));
     }
-    segment->name = *name;
-    fd = shm_open(segment->name.c_str(), O_RDWR, 0);
+    int pid0 = 0, fd0 = -1;
+    unsigned long long published_nonce = 0;
+    if (std::sscanf(published->c_str(), "%d:%d:%llx", &pid0, &fd0, &published_nonce) != 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": rank 0 published '", *published, "' as its segment (want pid:fd:nonce)"));
+    }
+    nonce = published_nonce;
+    segment->where = absl::StrFormat("/proc/%d/fd/%d", pid0, fd0);
+    fd = open(segment->where.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) {
-      return absl::FailedPreconditionError(
-          Errno(absl::StrCat(who, ": opening ", segment->name,
-                             " (rank 0 may have given up waiting, or it is from an old round)")));
+      return absl::FailedPreconditionError(Errno(absl::StrCat(
+          who, ": opening rank 0's segment ", segment->where,
+          " (rank 0 gone, or not in this pid namespace with this user: the shm backend needs "
+          "every rank of a host started alike, as lockstepd does)")));
     }
     struct stat st {};
     if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
       close(fd);
       return absl::InvalidArgumentError(absl::StrCat(
-          who, ": segment ", segment->name, " has ", static_cast<int64_t>(st.st_size),
+          who, ": segment ", segment->where, " has ", static_cast<int64_t>(st.st_size),
           " bytes, expected ", bytes, " (do all ranks use the same world size and slot_bytes?)"));
     }
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const std::string map_error = base == MAP_FAILED ? Errno(who + ": mmap") : std::string();
-  close(fd);
+  if (rank != 0) close(fd);
   if (base == MAP_FAILED) return absl::InternalError(map_error);
   segment->base = static_cast<uint8_t*>(base);
   segment->bytes = bytes;
@@ -208,6 +214,7 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
   if (rank == 0) {
     Header* h = segment->header();
     h->magic = kMagic;
+    h->nonce = nonce;
     h->slot_bytes = options.slot_bytes;
     h->world = static_cast<uint32_t>(world_size);
     new (&h->generation) std::atomic<uint32_t>(0);
@@ -219,15 +226,20 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
       c->attached.store(0, std::memory_order_relaxed);
     }
     std::atomic_thread_fence(std::memory_order_release);
-    RETURN_IF_ERROR(Annotate(store->Set(prefix + "/segment", segment->name),
-                             who + ": publishing the segment"));
+    RETURN_IF_ERROR(Annotate(
+        store->Set(prefix + "/segment",
+                   absl::StrFormat("%d:%d:%016x", getpid(), segment->fd, nonce)),
+        who + ": publishing the segment"));
   } else {
     std::atomic_thread_fence(std::memory_order_acquire);
     const Header* h = segment->header();
-    if (h->magic != kMagic || h->world != static_cast<uint32_t>(world_size) ||
-        h->slot_bytes != options.slot_bytes) {
+    if (h->magic != kMagic || h->nonce != nonce) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, ": ", segment->where, " is not the segment rank 0 published for this job round"));
+    }
+    if (h->world != static_cast<uint32_t>(world_size) || h->slot_bytes != options.slot_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          who, ": segment ", segment->name, " was made for ", h->world, " ranks of ",
+          who, ": segment ", segment->where, " was made for ", h->world, " ranks of ",
           h->slot_bytes, " bytes; this rank expects ", world_size, " of ", options.slot_bytes));
     }
   }
@@ -235,17 +247,27 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
   mine->pid.store(getpid(), std::memory_order_relaxed);
   mine->attached.store(1, std::memory_order_release);
 
-  // Everyone attached (then rank 0 unlinks the name), or name who did not.
+  // Everyone attached (then rank 0 closes the memfd), or name who did not.
   std::vector<int> missing;
+  const MonoTime start = RealClock()->Now();
+  MonoTime next_progress = start + kBootstrapProgressInterval;
   while (true) {
     missing.clear();
     for (int r = 0; r < world_size; ++r) {
       if (segment->control(r)->attached.load(std::memory_order_acquire) == 0) missing.push_back(r);
     }
-    if (missing.empty() || RealClock()->Now() > deadline) break;
+    const MonoTime now = RealClock()->Now();
+    if (missing.empty() || now > deadline) break;
+    if (now >= next_progress && options.progress) {
+      options.progress(absl::StrCat(who, " attaching the shared-memory segment: still waiting for ranks ",
+                                    FormatRanks(missing), " (",
+                                    static_cast<int64_t>(ToSeconds(now - start)), " s of ",
+                                    ToSeconds(options.connect_timeout), " s)"));
+      next_progress = now + kBootstrapProgressInterval;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  segment->Unlink();
+  segment->CloseFd();
   if (!missing.empty()) {
     return absl::DeadlineExceededError(
         absl::StrCat(who, ": ranks ", FormatRanks(missing), " never attached to the segment within ",

@@ -5,12 +5,16 @@
 // on the data path.
 //
 // Bootstrap: every rank publishes its host name under
-// "<key_prefix>/host/<rank>". Rank 0 creates the segment
-// (/dev/shm/lockstep-<pid>-<nonce>, mode 0600) and publishes its name under
-// "<key_prefix>/segment"; the others check that they are on rank 0's host,
-// map it and mark themselves attached in it. Once every rank is attached,
-// rank 0 unlinks the name, so nothing is left behind in /dev/shm whatever
-// happens to the processes later (the memory goes when the last one unmaps).
+// "<key_prefix>/host/<rank>". Rank 0 creates the segment as an anonymous
+// memfd (memfd_create: no name in /dev/shm, ever) and publishes
+// "<pid>:<fd>:<nonce>" under "<key_prefix>/segment"; the others check that
+// they are on rank 0's host, open it through /proc/<pid>/fd/<fd> (which
+// needs the same user and pid namespace: ranks started by one lockstepd
+// agent, or by hand on one host), check the nonce in its header, map it
+// and mark themselves attached. Once every rank is attached rank 0 closes
+// the fd. The memory goes when the last process unmaps it, so a stop at any
+// moment of the bootstrap leaves nothing behind. The store namespace is the
+// job's round, so a rank can only ever find its own round's segment.
 //
 // Layout: a header, one 64-byte control line per rank (a phase counter and
 // its pid), then one slot per rank, split in two halves used alternately.
@@ -48,6 +52,7 @@
 #include "common/status.h"
 #include "ddp/collective_queue.h"
 #include "ddp/communicator.h"
+#include "ddp/missing_ranks.h"
 #include "rendezvous/store.h"
 
 namespace lockstep {
@@ -73,6 +78,9 @@ struct ShmOptions {
   // The host name this rank reports; empty: gethostname(). Ranks must all
   // report rank 0's. (Tests set it to simulate a second host.)
   std::string hostname;
+  // Told every few seconds whom the bootstrap still waits for. Default: none
+  // (InitFromEnv logs it).
+  ProgressLog progress;
 };
 
 class ShmCommunicator : public Communicator {
@@ -81,8 +89,8 @@ class ShmCommunicator : public Communicator {
   // rank is attached or `connect_timeout` passes. Errors: InvalidArgument
   // (rank/world/slot size), FailedPrecondition (a rank on another host; the
   // message names both hosts), DeadlineExceeded (rank 0 never published the
-  // segment, or the ranks that never attached, named), Internal (shm_open,
-  // ftruncate or mmap failed, with errno's text). `store` must outlive the
+  // segment, or the ranks that never attached, named), Internal
+  // (memfd_create, ftruncate or mmap failed, with errno's text). `store` must outlive the
   // communicator.
   static StatusOr<std::unique_ptr<ShmCommunicator>> Create(rendezvous::Store* store, int rank,
                                                           int world_size, ShmOptions options = {});

@@ -93,6 +93,8 @@ Status Run(const Config& cfg) {
   if (!cfg.local) {
     ddp::InitOptions init;
     init.timeout = FromSeconds(cfg.timeout_s);
+    // The bootstrap (store, peers, mesh) is bounded by the same timeout.
+    init.connect_timeout = FromSeconds(cfg.timeout_s);
     if (cfg.device == "cuda") init.backend = "nccl";
     ASSIGN_OR_RETURN(group, ddp::InitFromEnv(init));
     rank = group->env().rank;
@@ -242,7 +244,9 @@ int main(int argc, char** argv) {
   flags.Bool("find-unused-parameters", &cfg.find_unused, "DDP find_unused_parameters");
   flags.Bool("gradient-as-bucket-view", &cfg.grad_as_bucket_view, "DDP gradient_as_bucket_view");
   flags.Bool("broadcast-buffers", &cfg.broadcast_buffers, "DDP broadcast_buffers");
-  flags.Double("timeout-s", &cfg.timeout_s, "collective timeout (seconds)");
+  flags.Double("timeout-s", &cfg.timeout_s,
+               "collective and bootstrap timeout (seconds): a peer that never arrives is named "
+               "after it");
   flags.String("dump-params", &cfg.dump_params, "write final parameters (float32) here; DDP ranks append .<rank>");
   flags.Int("stall-rank", &cfg.stall_rank, "test hook: this rank stops after DDP setup");
   flags.Int("threads", &cfg.threads, "intra-op threads");

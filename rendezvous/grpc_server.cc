@@ -2,12 +2,62 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 #include "rendezvous/store_service.h"
 
 namespace lockstep {
 namespace rendezvous {
+
+std::string WhyCannotListen(const std::string& address) {
+  const std::string host = HostOfAddress(address);
+  const std::string port = PortOfAddress(address);
+  if (port.empty()) return "no port given (want host:port)";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const int gai = getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), port.c_str(),
+                              &hints, &found);
+  if (gai != 0) return absl::StrCat("cannot resolve '", host, "': ", gai_strerror(gai));
+  std::string why;
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    // As gRPC does: SO_REUSEADDR lets a port in TIME_WAIT be reused, but
+    // never one another socket listens on.
+    int on = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      why = std::strerror(errno);
+      if (errno == EADDRINUSE) why += " (another process listens there)";
+      if (errno == EADDRNOTAVAIL) why += " (not an address of this host)";
+    } else {
+      why.clear();
+    }
+    close(fd);
+    if (!why.empty()) break;
+  }
+  freeaddrinfo(found);
+  return why;
+}
+
+void DisallowPortSharing(grpc::ServerBuilder* builder) {
+  // gRPC sets SO_REUSEPORT on Linux by default, so a second server on a
+  // used port binds "successfully" and steals half the connections.
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+}
 
 StatusOr<StartedGrpcServer> StartGrpcServer(const std::string& address,
                                             const std::vector<grpc::Service*>& services,
@@ -16,12 +66,16 @@ StatusOr<StartedGrpcServer> StartGrpcServer(const std::string& address,
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   ConfigureStoreServerBuilder(&builder);
+  DisallowPortSharing(&builder);
   StartedGrpcServer started;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &started.port);
   for (grpc::Service* service : services) builder.RegisterService(service);
   started.server = builder.BuildAndStart();
   if (started.server == nullptr || started.port == 0) {
-    return absl::UnavailableError(absl::StrCat(what, " could not bind ", address));
+    started.server.reset();
+    std::string why = WhyCannotListen(address);
+    if (why.empty()) why = "gRPC refused the address";
+    return absl::UnavailableError(absl::StrCat(what, " cannot listen on ", address, ": ", why));
   }
   started.address = absl::StrCat(address.substr(0, address.rfind(':')), ":", started.port);
   return started;

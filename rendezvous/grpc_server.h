@@ -1,5 +1,9 @@
-// Start and stop of the small embeddable gRPC servers (StoreServer,
+// Start and stop of the project's gRPC servers (lockstepd, StoreServer,
 // RendezvousServer): one place for the builder settings they share.
+//
+// No port is ever shared: gRPC sets SO_REUSEPORT by default on Linux, which
+// lets a second server bind a port in use and take half its connections.
+// Every server here turns it off, so binding a used port fails at once.
 #ifndef LOCKSTEP_RENDEZVOUS_GRPC_SERVER_H_
 #define LOCKSTEP_RENDEZVOUS_GRPC_SERVER_H_
 
@@ -21,10 +25,19 @@ struct StartedGrpcServer {
   std::string address;  // host of the listen address + bound port
 };
 
+// Why binding `address` ("host:port") fails, found by binding it with a
+// plain socket the way gRPC does ("Address already in use (another process
+// listens there)"); empty when that bind succeeds.
+std::string WhyCannotListen(const std::string& address);
+
+// Turns off SO_REUSEPORT for `builder`'s listening ports.
+void DisallowPortSharing(grpc::ServerBuilder* builder);
+
 // Starts a server on `address` ("host:port", port 0 picks one) hosting
 // `services` (not owned; must outlive the server), with health checking,
-// reflection and the store's message-size limits. Unavailable, naming `what`
-// and the address, if it cannot bind.
+// reflection, the store's message-size limits and no port sharing.
+// Unavailable, naming `what`, the address and why (WhyCannotListen), if it
+// cannot bind.
 StatusOr<StartedGrpcServer> StartGrpcServer(const std::string& address,
                                             const std::vector<grpc::Service*>& services,
                                             const std::string& what);

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Real DDP (//examples:train) across two hosts: network namespaces joined by
+# a veth pair, a coordinator+agent in one, an agent in the other, and no
+# data-plane setting anywhere (no LOCKSTEP_GLOO_HOST): each worker binds its
+# node's own address, handed over by its agent. Backend (5th argument):
+#   gloo   Gloo between all four ranks;
+#   shm    LOCKSTEP_BACKEND=shm: shared memory inside each host, Gloo
+#          between the hosts' local rank 0s (shm+gloo).
+#  1. 2 hosts x 2 ranks: SUCCEEDED, identical parameters on all 4 ranks.
+#  2. --nodes 1:2: host b's link is cut mid-job; the job goes on on host a
+#     alone; the link is restored and the job scales back to both hosts,
+#     SUCCEEDED with identical parameters on the last round's 4 ranks.
+source tests/e2e/lib.sh "$1" "$2" "$3"
+TRAIN="$PWD/$4"
+BACKEND="$5"
+case "$BACKEND" in
+  gloo) env_args=(); communicator=gloo ;;
+  shm) env_args=(--env LOCKSTEP_BACKEND=shm); communicator=shm+gloo ;;
+  *) fail "unknown backend '$BACKEND' (gloo or shm)" ;;
+esac
+unset LOCKSTEP_GLOO_HOST
+
+id=$$
+NSA="lda$id"; NSB="ldb$id"; VA="lxa$id"; VB="lxb$id"
+NET="10.214.$((id % 250))"
+netns_cleanup() {
+  ip netns del "$NSA" 2>/dev/null || true
+  ip netns del "$NSB" 2>/dev/null || true
+}
+EXTRA_CLEANUP=netns_cleanup
+if ! ip netns add "$NSA" 2>/dev/null; then
+  echo "SKIP: cannot create network namespaces here (needs root and iproute2)"
+  exit 0
+fi
+ip netns add "$NSB"
+ip link add "$VA" type veth peer name "$VB"
+ip link set "$VA" netns "$NSA"
+ip link set "$VB" netns "$NSB"
+ip -n "$NSA" addr add "$NET.1/24" dev "$VA"
+ip -n "$NSB" addr add "$NET.2/24" dev "$VB"
+for ns in "$NSA" "$NSB"; do ip -n "$ns" link set lo up; done
+ip -n "$NSA" link set "$VA" up
+ip -n "$NSB" link set "$VB" up
+log "hosts $NSA ($NET.1) and $NSB ($NET.2), backend $BACKEND"
+
+DAEMON_PREFIX=(ip netns exec "$NSA")
+CLI_PREFIX=(ip netns exec "$NSA")
+start_coordinator --listen "$NET.1:0"
+DAEMON_PREFIX=(ip netns exec "$NSB")
+start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" --token-file "$TOKEN"
+
+# checksums JOB: the final checksum line of each rank's log, one per line.
+checksums() {
+  for r in 0 1 2 3; do
+    ls_cli logs "$1" --rank "$r" | sed -n 's/.*"checksum":\([^,]*\),"abs_checksum":\([^,]*\),.*/\1 \2/p' | tail -n 1
+  done
+}
+identical_on_four() {
+  local sums; sums=$(checksums "$1")
+  [ "$(echo "$sums" | grep -c .)" = 4 ] || fail "expected 4 checksum lines, got: $sums"
+  [ "$(echo "$sums" | sort -u | wc -l)" = 1 ] || fail "ranks ended with different parameters: $sums"
+}
+
+log "1. two hosts x two ranks"
+out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 0 "${env_args[@]}" --wait -- \
+  "$TRAIN" --model mlp_small --steps 10 --timeout-s 30) || fail "job did not succeed: $out"
+job=$(echo "$out" | sed -n 's/^submitted job //p')
+for r in 2 3; do
+  grep -q "connected $communicator communicator of 4 ranks.*data plane $NET.2 from LOCKSTEP_NODE_ADDR" \
+    "$T/hostb/jobs/$job/rank-$r.stderr" ||
+    fail "rank $r did not bind host b's address: $(grep connected "$T/hostb/jobs/$job/rank-$r.stderr")"
+done
+grep -q "data plane $NET.1 from LOCKSTEP_NODE_ADDR" "$T/coord/jobs/$job/rank-0.stderr" ||
+  fail "rank 0 did not bind host a's address"
+identical_on_four "$job"
+check_invariants "$job" 0
+
+log "2. --nodes 1:2, host b cut off mid-job and restored"
+job=$(ls_cli submit --json --nodes 1:2 --nproc-per-node 2 --max-restarts 2 --last-call-s 0.5 \
+  "${env_args[@]}" -- "$TRAIN" --model mlp_small --steps 150 --step-delay-ms 50 --timeout-s 8 |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
+wait_state "$job" RUNNING 60
+[ "$(job_field "$job" 'sorted(j["node_ids"])')" = "['coord', 'hostb']" ] || fail "expected both hosts"
+wait_for 60 grep -q '"rank":3,"step":5,' "$T/hostb/jobs/$job/rank-3.stdout" || fail "rank 3 never stepped"
+log "link down on $NSB"
+ip -n "$NSB" link set "$VB" down
+wait_for 60 field_is "$job" 'j["node_ids"]' "['coord']" ||
+  fail "the job did not go on on host a alone: $(job_field "$job" 'j["node_ids"]')"
+wait_state "$job" RUNNING 60
+log "running on host a alone; link up on $NSB"
+ip -n "$NSB" link set "$VB" up
+wait_for 60 field_is "$job" 'sorted(j["node_ids"])' "['coord', 'hostb']" ||
+  fail "the job did not scale back to both hosts: $(job_field "$job" 'j["node_ids"]')"
+wait_state "$job" SUCCEEDED 120
+job_field "$job" 'j["history"]' | grep -q "hostb lost" || fail "history should record that hostb was lost"
+identical_on_four "$job"
+check_invariants "$job" 2
+log "PASS"
