@@ -1,6 +1,8 @@
 #include "daemon/agent.h"
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -110,6 +112,41 @@ class AgentTest : public ::testing::Test {
   std::unique_ptr<ProcessLauncher> launcher_;
   std::unique_ptr<Agent> agent_;
 };
+
+// Node rank 0 hosts MASTER_PORT: with none assigned, its agent picks a port
+// that is free on the master address, hands it to its workers and reports
+// it to the coordinator (which then starts the other nodes).
+TEST_F(AgentTest, NodeRankZeroPicksAFreeMasterPortAndReportsIt) {
+  v1::AgentCommand cmd = Start("j0", 1, "echo \"port=$MASTER_PORT\"");
+  cmd.mutable_assignment()->set_node_rank(0);
+  cmd.mutable_assignment()->set_master_addr("127.0.0.1");
+  cmd.mutable_assignment()->set_master_port(0);
+  Command({cmd});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j0", v1::WORKER_STATE_EXITED); }));
+  const std::string out = Output("j0", 1);
+  const auto at = out.find("port=");
+  ASSERT_NE(at, std::string::npos) << out;
+  const int port = std::atoi(out.c_str() + at + 5);
+  EXPECT_GT(port, 0) << out;
+  EXPECT_NE(Output("j0", 0).find("port=" + std::to_string(port)), std::string::npos)
+      << "both local ranks get the same MASTER_PORT";
+  ASSERT_TRUE(RunUntil([&] {
+    for (const auto& hb : coord_.heartbeats()) {
+      for (const auto& job : hb.jobs()) {
+        if (job.job_id() == "j0" && job.master_port() == port) return true;
+      }
+    }
+    return false;
+  })) << "the chosen port never reached the coordinator";
+  // Free on 127.0.0.1 now that the workers are gone.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  close(fd);
+}
 
 TEST_F(AgentTest, SpawnsWorkersWithTheWorkerEnvironment) {
   Command({Start("j1", 1,
