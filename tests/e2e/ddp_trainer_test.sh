@@ -12,11 +12,7 @@
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
 BACKEND="$5"
-case "$BACKEND" in
-  gloo) env_args=(); communicator=gloo ;;
-  shm) env_args=(--env LOCKSTEP_BACKEND=shm); communicator=shm+gloo ;;
-  *) fail "unknown backend '$BACKEND' (gloo or shm)" ;;
-esac
+backend_args "$BACKEND"
 shm_before=$(ls /dev/shm | grep -c '^lockstep-' || true)
 
 start_coordinator

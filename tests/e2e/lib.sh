@@ -117,6 +117,41 @@ check_invariants() {
   ls_cli list --json | grep -q "$job" || fail "job $job lost from the list"
 }
 
+# two_hosts TAG SUBNET: two network namespaces joined by a veth pair, host a
+# at SUBNET.1 and host b at SUBNET.2 (SUBNET like 10.213.7); sets NSA, NSB,
+# VA, VB and removes them at exit. Exits 0 with SKIP where namespaces are
+# not permitted.
+two_hosts() {
+  local tag=$1 net=$2
+  NSA="${tag}a$$"; NSB="${tag}b$$"; VA="${tag}va$$"; VB="${tag}vb$$"
+  EXTRA_CLEANUP='ip netns del "$NSA" 2>/dev/null || true; ip netns del "$NSB" 2>/dev/null || true'
+  if ! ip netns add "$NSA" 2>/dev/null; then
+    echo "SKIP: cannot create network namespaces here (needs root and iproute2)"
+    exit 0
+  fi
+  ip netns add "$NSB"
+  ip link add "$VA" type veth peer name "$VB"
+  ip link set "$VA" netns "$NSA"
+  ip link set "$VB" netns "$NSB"
+  ip -n "$NSA" addr add "$net.1/24" dev "$VA"
+  ip -n "$NSB" addr add "$net.2/24" dev "$VB"
+  for ns in "$NSA" "$NSB"; do ip -n "$ns" link set lo up; done
+  ip -n "$NSA" link set "$VA" up
+  ip -n "$NSB" link set "$VB" up
+  log "hosts $NSA ($net.1) and $NSB ($net.2)"
+}
+
+# backend_args BACKEND: sets env_args (submit flags) and communicator (the
+# name rank 0 logs) for the DDP backends the e2e tests run: gloo, or shm
+# (shared memory inside each node, Gloo between nodes: shm+gloo).
+backend_args() {
+  case "$1" in
+    gloo) env_args=(); communicator=gloo ;;
+    shm) env_args=(--env LOCKSTEP_BACKEND=shm); communicator=shm+gloo ;;
+    *) fail "unknown backend '$1' (gloo or shm)" ;;
+  esac
+}
+
 cleanup() {
   local pid
   for pid in "${DAEMON_PIDS[@]}"; do kill -CONT "$pid" 2>/dev/null || true; kill -TERM "$pid" 2>/dev/null || true; done

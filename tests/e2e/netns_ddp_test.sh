@@ -13,35 +13,10 @@
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
 BACKEND="$5"
-case "$BACKEND" in
-  gloo) env_args=(); communicator=gloo ;;
-  shm) env_args=(--env LOCKSTEP_BACKEND=shm); communicator=shm+gloo ;;
-  *) fail "unknown backend '$BACKEND' (gloo or shm)" ;;
-esac
+backend_args "$BACKEND"
 unset LOCKSTEP_GLOO_HOST
-
-id=$$
-NSA="lda$id"; NSB="ldb$id"; VA="lxa$id"; VB="lxb$id"
-NET="10.214.$((id % 250))"
-netns_cleanup() {
-  ip netns del "$NSA" 2>/dev/null || true
-  ip netns del "$NSB" 2>/dev/null || true
-}
-EXTRA_CLEANUP=netns_cleanup
-if ! ip netns add "$NSA" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and iproute2)"
-  exit 0
-fi
-ip netns add "$NSB"
-ip link add "$VA" type veth peer name "$VB"
-ip link set "$VA" netns "$NSA"
-ip link set "$VB" netns "$NSB"
-ip -n "$NSA" addr add "$NET.1/24" dev "$VA"
-ip -n "$NSB" addr add "$NET.2/24" dev "$VB"
-for ns in "$NSA" "$NSB"; do ip -n "$ns" link set lo up; done
-ip -n "$NSA" link set "$VA" up
-ip -n "$NSB" link set "$VB" up
-log "hosts $NSA ($NET.1) and $NSB ($NET.2), backend $BACKEND"
+NET="10.214.$(($$ % 250))"
+two_hosts ld "$NET"
 
 DAEMON_PREFIX=(ip netns exec "$NSA")
 CLI_PREFIX=(ip netns exec "$NSA")

@@ -7,29 +7,8 @@
 # permitted; the loopback variants are agent_cutoff_test and agent_kill_test.
 source tests/e2e/lib.sh "$@"
 
-id=$$
-NSA="lsa$id"; NSB="lsb$id"; VA="lva$id"; VB="lvb$id"
-SUB="10.213.$((id % 250)).0"
-NET="${SUB%.0}"
-netns_cleanup() {
-  ip netns del "$NSA" 2>/dev/null || true
-  ip netns del "$NSB" 2>/dev/null || true
-}
-EXTRA_CLEANUP=netns_cleanup
-if ! ip netns add "$NSA" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and iproute2)"
-  exit 0
-fi
-ip netns add "$NSB"
-ip link add "$VA" type veth peer name "$VB"
-ip link set "$VA" netns "$NSA"
-ip link set "$VB" netns "$NSB"
-ip -n "$NSA" addr add "$NET.1/24" dev "$VA"
-ip -n "$NSB" addr add "$NET.2/24" dev "$VB"
-for ns in "$NSA" "$NSB"; do ip -n "$ns" link set lo up; done
-ip -n "$NSA" link set "$VA" up
-ip -n "$NSB" link set "$VB" up
-log "namespaces $NSA ($NET.1) and $NSB ($NET.2)"
+NET="10.213.$(($$ % 250))"
+two_hosts ls "$NET"
 
 DAEMON_PREFIX=(ip netns exec "$NSA")
 CLI_PREFIX=(ip netns exec "$NSA")
