@@ -261,6 +261,7 @@ StatusOr<std::unique_ptr<Communicator>> Connect(const std::string& backend, cons
       ::setenv("NCCL_SOCKET_IFNAME", ("=" + ifname).c_str(), 0);
     }
     NcclOptions nccl;
+    nccl.progress = progress;
     nccl.device = env.local_rank;
     nccl.timeout = options.timeout;
     nccl.connect_timeout = options.connect_timeout;

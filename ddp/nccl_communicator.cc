@@ -542,7 +542,11 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(rendezvous:
         store->Set(id_key, std::string(reinterpret_cast<const char*>(&id), sizeof(id))),
         "nccl: publishing the unique id"));
   } else {
-    auto value = store->Get(id_key, options.connect_timeout);
+    Status published = WaitForRanks(
+        store, {{0, id_key}}, options.connect_timeout,
+        absl::StrCat("nccl: rank ", rank, " waiting for rank 0's NCCL unique id"), options.progress);
+    auto value = published.ok() ? store->Get(id_key, std::chrono::seconds(5))
+                                : StatusOr<std::string>(published);
     if (!value.ok()) {
       return absl::DeadlineExceededError(absl::StrCat(
           "nccl: rank ", rank, ": rank 0 did not publish the NCCL unique id within ",

@@ -52,6 +52,7 @@
 
 #include "common/status.h"
 #include "ddp/communicator.h"
+#include "ddp/missing_ranks.h"
 #include "rendezvous/store.h"
 
 namespace lockstep {
@@ -71,6 +72,9 @@ struct NcclOptions {
   // How often the watchdog polls pending collectives. Default: 50 us (the
   // resolution of the Work timestamps; the thread sleeps when idle).
   std::chrono::microseconds poll_interval{50};
+  // Told every few seconds whom the bootstrap still waits for. Default:
+  // none (InitFromEnv logs it).
+  ProgressLog progress;
 };
 
 // True when this binary was built with NCCL (LOCKSTEP_WITH_NCCL).
