@@ -267,6 +267,12 @@ StatusOr<std::unique_ptr<Communicator>> Connect(const std::string& backend, cons
     nccl.connect_timeout = options.connect_timeout;
     return Upcast(NcclCommunicator::Create(store, env.rank, env.world_size, nccl));
   }
+  return absl::InternalError(absl::StrCat("backend '", backend, "' passed CheckBackend"));
+}
+
+// The one check of a backend name, before anything is opened.
+Status CheckBackend(const std::string& backend) {
+  if (backend == "gloo" || backend == "shm" || backend == "nccl") return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown communication backend '", backend, "' (LOCKSTEP_BACKEND): use gloo, shm or nccl"));
 }
@@ -281,10 +287,7 @@ StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
     const char* from_env = std::getenv("LOCKSTEP_BACKEND");
     backend = from_env != nullptr && *from_env != '\0' ? from_env : "gloo";
   }
-  if (backend != "gloo" && backend != "shm" && backend != "nccl") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown communication backend '", backend, "' (LOCKSTEP_BACKEND): use gloo, shm or nccl"));
-  }
+  RETURN_IF_ERROR(CheckBackend(backend));
   ASSIGN_OR_RETURN(auto store, OpenStore(env, options.connect_timeout));
   RETURN_IF_ERROR(JoinStore(store.get(), env));
   Logger log("ddp", env.job_id, env.rank);
