@@ -9,11 +9,16 @@
 // SUCCEEDED.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <thread>
@@ -63,6 +68,35 @@ std::string EnvOr(const char* name, const std::string& fallback) {
 struct UsageError {
   std::string message;
 };
+
+// The directory this CLI runs in, as the user's shell names it: $PWD when
+// it is this directory (a path through a symlink, e.g. a shared mount,
+// more likely means the same on other nodes), else getcwd.
+StatusOr<std::string> CurrentDir() {
+  std::string cwd(4096, '\0');
+  if (::getcwd(cwd.data(), cwd.size()) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot find the current directory: ", std::strerror(errno)));
+  }
+  cwd.resize(std::strlen(cwd.c_str()));
+  const char* pwd = std::getenv("PWD");
+  struct stat a, b;
+  if (pwd && pwd[0] == '/' && ::stat(pwd, &a) == 0 && ::stat(cwd.c_str(), &b) == 0 &&
+      a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    return std::string(pwd);
+  }
+  return cwd;
+}
+
+// `path` made absolute against `base` and lexically normalized ("a/./b",
+// "a/x/../b"). Symlinks are kept, not resolved: the program may exist only
+// on the nodes, and some (a virtualenv's python) find their files through
+// the path they were started by.
+std::string AbsolutePath(const std::string& path, const std::string& base) {
+  std::filesystem::path p(path);
+  if (p.is_relative()) p = std::filesystem::path(base) / p;
+  return p.lexically_normal().string();
+}
 
 class Cli {
  public:
@@ -129,7 +163,9 @@ class Cli {
     flags.Int32("max-restarts", &max_restarts, "restarts allowed for the whole job");
     flags.StringList("env", &env, "K=V for every worker (repeatable)");
     flags.String("name", &name, "a human-readable name");
-    flags.String("working-dir", &working_dir, "workers' working dir (default: the job's log dir)");
+    flags.String("working-dir", &working_dir,
+                 "workers' working dir (default: the job's log dir; a relative one is taken "
+                 "from here)");
     flags.String("run-as", &run_as, "user to run workers as (never root)");
     flags.Double("stop-grace-s", &stop_grace_s, "SIGTERM to SIGKILL grace (default 10)");
     flags.Double("last-call-s", &last_call_s, "wait this long for more than MIN nodes (default 2)");
@@ -142,6 +178,21 @@ class Cli {
     flags.Bool("wait", &wait, "follow the job until it ends; exit 3 unless it SUCCEEDED");
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
+    // Workers start in their own directory on each node, so a relative
+    // --working-dir, or a program given as a relative path ("./train"),
+    // means what it means here: from this directory, the program from
+    // --working-dir when given (where the worker would look for it). A bare
+    // name stays a PATH lookup on the node.
+    const bool relative_program = !rest->empty() && !(*rest)[0].empty() &&
+                                  (*rest)[0][0] != '/' &&
+                                  (*rest)[0].find('/') != std::string::npos;
+    if (relative_program || (!working_dir.empty() && working_dir[0] != '/')) {
+      ASSIGN_OR_RETURN(std::string cwd, CurrentDir());
+      if (!working_dir.empty()) working_dir = AbsolutePath(working_dir, cwd);
+      if (relative_program) {
+        (*rest)[0] = AbsolutePath((*rest)[0], working_dir.empty() ? cwd : working_dir);
+      }
+    }
     v1::SubmitJobRequest req;
     v1::JobSpec* spec = req.mutable_spec();
     for (const auto& a : *rest) spec->add_command(a);
@@ -267,13 +318,21 @@ class Cli {
         std::cout << "rank " << f.rank() << " on node " << f.node_id() << " "
                   << (f.exit().signal() ? absl::StrCat("killed by signal ", f.exit().signal())
                                         : absl::StrCat("exit code ", f.exit().exit_code()))
-                  << (f.exit().startup_failure() ? " (startup failure: died before its first step)" : "")
+                  << (f.exit().startup_failure() ? " (startup failure: died in the engine's bootstrap)" : "")
+                  << (f.exit().launch_error() ? " (launch error: not retried)" : "")
                   << "\n";
       } else {
         std::cout << f.reason() << "\n";
       }
       if (!f.exit().message().empty()) std::cout << "            " << f.exit().message() << "\n";
       for (const auto& l : f.exit().last_log_lines()) std::cout << "  | " << l << "\n";
+      // What followed in the same round: consequences, not causes.
+      for (const auto& c : job.consequences()) {
+        std::cout << "then:       rank " << c.rank() << " on node " << c.node_id() << " "
+                  << (c.exit().signal() ? absl::StrCat("killed by signal ", c.exit().signal())
+                                        : absl::StrCat("exit code ", c.exit().exit_code()))
+                  << ", after rank " << f.rank() << " failed\n";
+      }
     }
     if (job.workers_size()) {
       std::cout << absl::StrFormat("%-5s %-12s %-8s %-9s %-8s %-10s %-11s %s\n", "RANK", "NODE",

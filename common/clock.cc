@@ -23,17 +23,17 @@ Clock* RealClock() {
 }
 
 MonoTime FakeClock::Now() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return now_;
 }
 
 int64_t FakeClock::UnixMillis() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return unix_ms_;
 }
 
 void FakeClock::Advance(Duration d) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   now_ += d;
   unix_ms_ += std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
 }

@@ -6,7 +6,9 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 
 namespace lockstep {
 
@@ -36,9 +38,9 @@ class FakeClock : public Clock {
   void Advance(Duration d);
 
  private:
-  mutable std::mutex mu_;
-  MonoTime now_{Duration(0)};  // GUARDED_BY(mu_)
-  int64_t unix_ms_;            // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  MonoTime now_ ABSL_GUARDED_BY(mu_){Duration(0)};
+  int64_t unix_ms_ ABSL_GUARDED_BY(mu_);
 };
 
 // Seconds as a double, for flags and display.

@@ -125,7 +125,13 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
       agent_address_(options_.agent_address),
       heartbeat_interval_(options_.heartbeat_interval),
       lease_(options_.lease),
-      next_heartbeat_(clock->Now()) {}
+      next_heartbeat_(clock->Now()) {
+  Status fence = fence_.Create();
+  if (!fence.ok()) {
+    log_.Error("no fence page ({}): a frozen agent's workers will not stop themselves",
+               fence.ToString());
+  }
+}
 
 Agent::~Agent() {
   if (thread_.joinable()) Shutdown(std::chrono::seconds(1));
@@ -136,7 +142,7 @@ std::string Agent::LogPath(const std::string& job_id, int rank, bool stderr_stre
                       stderr_stream ? ".stderr" : ".stdout");
 }
 
-bool Agent::RunDone(const JobRun& run) const {
+bool Agent::RunDone(const JobRun& run) {
   for (const auto& w : run.workers) {
     if (IsLive(w.status)) return false;
   }
@@ -154,6 +160,11 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
   run.progress_token = NewRandomId("pt-");
   const v1::RoundAssignment& a = cmd.assignment();
   int nproc = std::max(1, a.nproc_per_node());
+  run.status_page = std::make_unique<worker_link::StatusPage>();
+  if (Status page = run.status_page->Create(nproc); !page.ok()) {
+    log.Warn("no status page ({}): startup failures of this run cannot be told apart", page.ToString());
+    run.status_page.reset();
+  }
 
   Status ok = IsSafeId(job_id) ? ValidateJobSpec(cmd.spec(), options_.allowed_commands)
                                : absl::InvalidArgumentError(absl::StrCat(
@@ -216,6 +227,8 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       // The node's own address: the data plane binds it (ddp/data_plane.h).
       set("LOCKSTEP_NODE_ADDR", HostOfAddress(agent_address_));
       set("LOCKSTEP_AGENT_TOKEN", run.progress_token);
+      if (fence_.fd() >= 0) set(worker_link::kFenceFdEnv, std::to_string(fence_.fd()));
+      if (run.status_page) set(worker_link::kStatusFdEnv, std::to_string(run.status_page->fd()));
       set("RANK", std::to_string(w.rank));
       set("LOCAL_RANK", std::to_string(local));
       set("WORLD_SIZE", std::to_string(a.world_size()));
@@ -234,6 +247,9 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       spec.max_address_space = cmd.spec().limits().max_address_space();
       spec.max_cpu_seconds = cmd.spec().limits().max_cpu_seconds();
       spec.run_as = run_as;
+      if (fence_.fd() >= 0) spec.inherit_fds.push_back(fence_.fd());
+      if (run.status_page) spec.inherit_fds.push_back(run.status_page->fd());
+      spec.on_exit = [waker = waker_] { waker->Wake(); };
       std::string header = absl::StrCat("=== lockstep: job ", job_id, " round ", cmd.round(),
                                         " rank ", w.rank, " restart ", a.restart_count(),
                                         " ===\n");
@@ -255,7 +271,11 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
     w.status.set_state(v1::WORKER_STATE_EXITED);
     v1::ExitInfo* exit = w.status.mutable_exit();
     exit->set_exit_code(127);
-    exit->set_startup_failure(true);
+    // Never ran, so never in the engine's bootstrap. A permanent error
+    // (this node's checks above, or the launcher's) fails the job at once;
+    // Unavailable (fork, log files, a free port) may pass on a restart.
+    exit->set_startup_failure(false);
+    exit->set_launch_error(IsPermanentLaunchError(launched));
     exit->set_message(std::string(launched.message()));
     exit->add_last_log_lines(std::string(launched.message()));
     run.workers.push_back(std::move(w));
@@ -294,10 +314,16 @@ void Agent::Reap() {
       exit->set_exit_code(e->exit_code);
       exit->set_signal(e->signal);
       exit->set_exited_unix_ms(ExitedUnixMs(*e));
+      exit->set_exited_mono_ns(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(e->exited_at.time_since_epoch())
+              .count());
       bool failed = e->exit_code != 0 || e->signal != 0;
       w.status.set_state(run.stopping ? v1::WORKER_STATE_STOPPED : v1::WORKER_STATE_EXITED);
       if (failed && !run.stopping) {
-        exit->set_startup_failure(!w.has_progress);
+        // Died inside the engine's bootstrap; a program that does not use
+        // the engine never marks its slot and is never a startup failure.
+        exit->set_startup_failure(run.status_page &&
+                                  run.status_page->Get(w.local_rank) == worker_link::kBootstrapBegun);
         std::vector<std::string> lines = TailLines(w.status.stderr_path(), kLastLogLines);
         if (lines.empty()) lines = TailLines(w.status.stdout_path(), kLastLogLines);
         for (auto& l : lines) exit->add_last_log_lines(l);
@@ -325,6 +351,26 @@ std::vector<v1::AgentJobReport> Agent::Reports() const {
   return out;
 }
 
+namespace {
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+void Agent::Renewed(MonoTime sent) {
+  last_renewed_ = sent;
+  fenced_ = false;
+  // Workers must be gone by S + lease + lease/4 (see the header); the page
+  // is on the real monotonic clock whatever clock_ is.
+  const Duration left = sent + lease_ + lease_ / 4 - clock_->Now();
+  fence_.SetDeadline(worker_link::MonotonicNowNs() +
+                     std::chrono::duration_cast<std::chrono::nanoseconds>(left).count());
+}
+
 void Agent::Register() {
   v1::RegisterNodeRequest req;
   req.set_node_id(options_.node_id);
@@ -332,10 +378,11 @@ void Agent::Register() {
   req.set_agent_address(agent_address_);
   req.set_incarnation(incarnation_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& r : Reports()) *req.add_jobs() = std::move(r);
   }
   MonoTime sent = clock_->Now();
+  req.set_sent_mono_ns(SteadyNowNs());
   auto resp = coordinator_->RegisterNode(req, options_.rpc_timeout);
   if (!resp.ok()) {
     static RateLimiter limiter(std::chrono::seconds(5));
@@ -344,8 +391,7 @@ void Agent::Register() {
   }
   if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
   if (resp->heartbeat_interval_s() > 0) heartbeat_interval_ = FromSeconds(resp->heartbeat_interval_s());
-  last_renewed_ = sent;
-  fenced_ = false;
+  Renewed(sent);
   registered_ = true;
   next_heartbeat_ = clock_->Now();  // fetch commands at once
   log_.Info("registered as node {} (incarnation {}), lease {}s", options_.node_id, incarnation_,
@@ -358,13 +404,14 @@ void Agent::Heartbeat() {
   req.set_incarnation(incarnation_);
   std::set<std::string> done_at_send;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& r : Reports()) {
       if (RunDone(runs_.at(r.job_id()))) done_at_send.insert(r.job_id());
       *req.add_jobs() = std::move(r);
     }
   }
   MonoTime sent = clock_->Now();
+  req.set_sent_mono_ns(SteadyNowNs());
   // Bounded by lease/4 so a hung coordinator cannot delay the self-fence.
   auto resp = coordinator_->Heartbeat(req, std::min<Duration>(options_.rpc_timeout, lease_ / 4));
   if (!resp.ok()) {
@@ -376,20 +423,26 @@ void Agent::Heartbeat() {
     } else if (resp.status().code() == absl::StatusCode::kAborted) {
       log_.Error("coordinator fenced this incarnation ({}); stopping workers, new incarnation",
                  std::string(resp.status().message()));
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       for (auto& [id, run] : runs_) StopRun(id, &run, std::chrono::seconds(1), "fenced");
       incarnation_ = NewRandomId("inc-");
       registered_ = false;
     } else {
       static RateLimiter limiter(std::chrono::seconds(2));
-      if (limiter.Allow()) log_.Warn("heartbeat failed: {}", resp.status().ToString());
+      if (limiter.Allow()) {
+        log_.Warn("heartbeat failed ({}s since the last accepted one, lease {}s): {}",
+                  last_renewed_ ? ToSeconds(clock_->Now() - *last_renewed_) : 0.0,
+                  ToSeconds(lease_), resp.status().ToString());
+      }
     }
     return;
   }
-  last_renewed_ = sent;
-  fenced_ = false;
   if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
-  std::lock_guard<std::mutex> lock(mu_);
+  if (fenced_ || (last_renewed_ && clock_->Now() - *last_renewed_ > heartbeat_interval_ * 3)) {
+    log_.Info("heartbeat accepted again after {}s", ToSeconds(clock_->Now() - *last_renewed_));
+  }
+  Renewed(sent);
+  MutexLock lock(&mu_);
   for (const auto& id : done_at_send) {
     auto it = runs_.find(id);
     if (it != runs_.end() && RunDone(it->second)) it->second.final_reported = true;
@@ -432,7 +485,7 @@ void Agent::ApplyCommands(const v1::HeartbeatResponse& resp) {
 void Agent::RunOnce() {
   MonoTime now = clock_->Now();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Reap();
     // Start pending rounds whose previous workers are all gone.
     for (auto it = pending_starts_.begin(); it != pending_starts_.end();) {
@@ -445,6 +498,7 @@ void Agent::RunOnce() {
       it = pending_starts_.erase(it);
     }
   }
+  now = clock_->Now();  // Reap may have asked for a heartbeat now
   if (now >= next_heartbeat_) {
     next_heartbeat_ = now + heartbeat_interval_;
     if (!registered_) {
@@ -454,9 +508,9 @@ void Agent::RunOnce() {
     }
   }
   now = clock_->Now();
-  if (last_renewed_ && !fenced_ && now - *last_renewed_ > lease_ / 2) {
+  if (last_renewed_ && !fenced_ && now - *last_renewed_ > lease_) {
     fenced_ = true;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     bool any = false;
     for (auto& [id, run] : runs_) {
       if (RunDone(run)) continue;
@@ -475,7 +529,7 @@ void Agent::Start() {
   thread_ = std::thread([this] {
     while (!stop_.load()) {
       RunOnce();
-      std::this_thread::sleep_for(kPollInterval);
+      waker_->Wait(kPollInterval);  // a worker's exit ends the wait early
     }
     // Stop the workers from this thread: they carry PR_SET_PDEATHSIG for
     // the thread that forked them, so they must be gone before it exits or
@@ -488,33 +542,44 @@ void Agent::Shutdown(Duration grace) {
   shutdown_grace_ = grace;
   if (thread_.joinable()) {
     stop_ = true;
+    waker_->Wake();
     thread_.join();
   } else {
     StopAllAndReap(grace);
   }
 }
 
+bool Agent::AllRunsDone() const {
+  for (const auto& [id, run] : runs_) {
+    if (!RunDone(run)) return false;
+  }
+  return true;
+}
+
 void Agent::StopAllAndReap(Duration grace) {
-  std::lock_guard<std::mutex> lock(mu_);
-  pending_starts_.clear();
-  for (auto& [id, run] : runs_) {
-    if (RunDone(run)) continue;
-    run.stopping = false;  // re-arm with the shutdown grace
-    StopRun(id, &run, grace, "agent shutting down");
+  {
+    MutexLock lock(&mu_);
+    pending_starts_.clear();
+    for (auto& [id, run] : runs_) {
+      if (RunDone(run)) continue;
+      run.stopping = false;  // re-arm with the shutdown grace
+      StopRun(id, &run, grace, "agent shutting down");
+    }
   }
   MonoTime deadline = clock_->Now() + grace + std::chrono::seconds(1);
   while (true) {
-    Reap();
-    bool done = true;
-    for (auto& [id, run] : runs_) done = done && RunDone(run);
-    if (done || clock_->Now() > deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    {
+      MutexLock lock(&mu_);
+      Reap();
+      if (AllRunsDone() || clock_->Now() > deadline) break;
+    }
+    waker_->Wait(std::chrono::milliseconds(20));  // not under mu_
   }
 }
 
 Status Agent::ReportProgress(const std::string& job_id, int round, const std::string& token,
                              const v1::RankProgress& progress) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = runs_.find(job_id);
   if (it == runs_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no workers on node ",
@@ -533,7 +598,6 @@ Status Agent::ReportProgress(const std::string& job_id, int round, const std::st
     if (w.rank != progress.rank()) continue;
     *w.status.mutable_progress() = progress;
     w.status.mutable_progress()->set_reported_unix_ms(clock_->UnixMillis());
-    w.has_progress = true;
     if (w.status.state() == v1::WORKER_STATE_STARTING) w.status.set_state(v1::WORKER_STATE_RUNNING);
     return absl::OkStatus();
   }
@@ -569,7 +633,7 @@ StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool std
   chunk.data.resize(in.gcount());
   chunk.next_offset = offset + chunk.data.size();
   chunk.worker_done = true;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = runs_.find(job_id);
   if (it != runs_.end()) {
     for (const auto& w : it->second.workers) {
@@ -581,7 +645,7 @@ StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool std
 }
 
 std::vector<v1::AgentJobReport> Agent::ListWorkers(const std::string& job_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<v1::AgentJobReport> out;
   for (auto& r : Reports()) {
     if (job_id.empty() || r.job_id() == job_id) out.push_back(std::move(r));

@@ -7,11 +7,24 @@
 //   2. when a heartbeat is due: report every job's workers, renew the
 //      lease, apply the commands (register first, with a fresh incarnation
 //      per agent start; re-register on NotFound);
-//   3. self-fence: if no heartbeat succeeded for lease/2 (measured from
-//      the *send* time of the last successful one, on this host's monotonic
-//      clock), stop every worker. The coordinator declares the node dead
-//      only after a full lease from the *receipt* of that heartbeat, so our
-//      workers are stopped before their ranks can be handed out again.
+//   3. self-fence: if no heartbeat succeeded for a lease (measured from
+//      the *send* time S of the last successful one, on this host's
+//      monotonic clock), stop every worker: SIGTERM, SIGKILL after
+//      min(stop grace, lease/4). The agent also keeps the node's fence page
+//      (common/worker_link.h) at S + lease + lease/4: a worker that links
+//      the engine kills itself past it, even when this agent is frozen and
+//      stops nobody. The coordinator declares the node dead a lease after
+//      the *receipt* R >= S of that heartbeat and reassigns its ranks only
+//      after R + lease + lease/4 + 1 s (its fence deadline), so a rank
+//      never has two live owners. Holding the workers for a whole lease
+//      (not less) is what lets them ride out a coordinator outage shorter
+//      than the lease.
+//
+// Exits are reported at once: each worker's exit watcher wakes the loop,
+// which reaps and heartbeats in the same iteration. Each exit carries the
+// instant it happened on this host's monotonic clock (exited_mono_ns) and
+// each request its send instant, so the coordinator orders exits of
+// different nodes on its own clock.
 //
 // Commands are level-triggered (see Coordinator): START(job, round) is a
 // no-op when that round already runs here (or ran: a round is never
@@ -25,22 +38,25 @@
 //
 // Thread safety: RunOnce is called from one thread (the launcher needs a
 // long-lived thread; see ProcessLauncher); the other methods are
-// thread-safe and never block on workers or the network.
+// thread-safe and never block on workers or the network. Nothing sleeps
+// while holding mu_.
 #ifndef LOCKSTEP_DAEMON_AGENT_H_
 #define LOCKSTEP_DAEMON_AGENT_H_
 
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/worker_link.h"
 #include "daemon/coordinator_client.h"
 #include "daemon/process_launcher.h"
 #include "lockstep/v1/common.pb.h"
@@ -121,33 +137,57 @@ class Agent {
   std::vector<v1::AgentJobReport> ListWorkers(const std::string& job_id) const;
 
  private:
+  // Wakes the loop thread early (a worker exited). Shared with the exit
+  // watchers, which may outlive the agent.
+  struct Waker {
+    Mutex mu;
+    CondVar cv;
+    bool woken ABSL_GUARDED_BY(mu) = false;
+    void Wake() {
+      MutexLock lock(&mu);
+      woken = true;
+      cv.Signal();
+    }
+    // Returns at the first Wake or after `timeout`.
+    void Wait(Duration timeout) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      MutexLock lock(&mu);
+      while (!woken && !cv.WaitWithDeadline(&mu, deadline)) {
+      }
+      woken = false;
+    }
+  };
   struct Worker {
     int rank = 0;
     int local_rank = 0;
     std::unique_ptr<Process> process;
     v1::WorkerStatus status;
-    bool has_progress = false;
   };
   struct JobRun {
     v1::JobSpec spec;
     v1::RoundAssignment assignment;
     std::string progress_token;
     std::vector<Worker> workers;
+    // Where each local rank's engine bootstrap is (startup failures).
+    std::unique_ptr<worker_link::StatusPage> status_page;
     bool stopping = false;
     bool killed = false;
     MonoTime kill_at;
     bool final_reported = false;  // a heartbeat carried its terminal state
   };
 
-  void Reap();                                              // REQUIRES: mu_ held
-  void StopRun(const std::string& job_id, JobRun* run, Duration grace,
-               const std::string& why);                      // REQUIRES: mu_ held
-  void StartRun(const v1::AgentCommand& cmd);                // REQUIRES: mu_ held
-  void ApplyCommands(const v1::HeartbeatResponse& resp);     // REQUIRES: mu_ held
-  std::vector<v1::AgentJobReport> Reports() const;          // REQUIRES: mu_ held
-  bool RunDone(const JobRun& run) const;
+  void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopRun(const std::string& job_id, JobRun* run, Duration grace, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartRun(const v1::AgentCommand& cmd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyCommands(const v1::HeartbeatResponse& resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<v1::AgentJobReport> Reports() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllRunsDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool RunDone(const JobRun& run);
   void Register();
   void Heartbeat();
+  // A heartbeat or registration sent at `sent` was accepted.
+  void Renewed(MonoTime sent);
   void StopAllAndReap(Duration grace);
   std::string LogPath(const std::string& job_id, int rank, bool stderr_stream) const;
 
@@ -159,6 +199,10 @@ class Agent {
   std::string agent_address_;
   Logger log_{"agent"};
 
+  // The node's fence page, inherited by every worker.
+  worker_link::FencePage fence_;
+  std::shared_ptr<Waker> waker_ = std::make_shared<Waker>();
+
   // Loop-thread state.
   Duration heartbeat_interval_;
   Duration lease_;
@@ -167,9 +211,9 @@ class Agent {
   bool fenced_ = false;
   std::atomic<bool> registered_{false};
 
-  mutable std::mutex mu_;
-  std::map<std::string, JobRun> runs_;                      // GUARDED_BY(mu_)
-  std::map<std::string, v1::AgentCommand> pending_starts_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<std::string, JobRun> runs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, v1::AgentCommand> pending_starts_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<bool> stop_{false};
   Duration shutdown_grace_ = std::chrono::seconds(10);  // written before stop_

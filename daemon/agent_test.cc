@@ -14,7 +14,9 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/worker_link.h"
 #include "daemon/fake_coordinator_client.h"
 
 namespace lockstep {
@@ -184,20 +186,65 @@ TEST_F(AgentTest, FailedWorkerReportsCodeStartupFailureAndLastLines) {
   ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
   v1::WorkerStatus w = Workers("j1")[0];
   EXPECT_EQ(w.exit().exit_code(), 4);
-  EXPECT_TRUE(w.exit().startup_failure());
+  // A program that does not use the engine is never a startup failure.
+  EXPECT_FALSE(w.exit().startup_failure());
   ASSERT_EQ(w.exit().last_log_lines_size(), 2);
   EXPECT_EQ(w.exit().last_log_lines(1), "bad rank 1");
 }
 
-TEST_F(AgentTest, UnlaunchableCommandIsAStartupFailureWithTheReason) {
+// A program that is not there is a launch error (the job fails at once),
+// not a startup failure: it never reached the engine's bootstrap.
+TEST_F(AgentTest, UnlaunchableCommandIsALaunchErrorWithTheReason) {
   v1::AgentCommand cmd = Start("j1", 1, "", 1);
   cmd.mutable_spec()->set_command(0, "/nonexistent/train");
   Command({cmd});
   ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
   v1::WorkerStatus w = Workers("j1")[0];
   EXPECT_EQ(w.exit().exit_code(), 127);
-  EXPECT_TRUE(w.exit().startup_failure());
+  EXPECT_TRUE(w.exit().launch_error());
+  EXPECT_FALSE(w.exit().startup_failure());
   EXPECT_NE(w.exit().message().find("/nonexistent/train"), std::string::npos);
+}
+
+// This node's own refusal is as permanent as a missing program.
+TEST_F(AgentTest, CommandOutsideTheAllowedListIsALaunchError) {
+  AgentOptions options;
+  options.node_id = "n1";
+  options.state_dir = state_dir_;
+  options.allowed_commands = {"/bin/true"};
+  agent_->Shutdown(milliseconds(10));
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  Command({Start("j1", 1, "true", 1)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  v1::WorkerStatus w = Workers("j1")[0];
+  EXPECT_TRUE(w.exit().launch_error());
+  EXPECT_NE(w.exit().message().find("not in the allowed list"), std::string::npos)
+      << w.exit().message();
+}
+
+// A launcher that fails as a node short of processes does.
+class UnavailableLauncher : public ProcessLauncher {
+ public:
+  StatusOr<std::unique_ptr<Process>> Launch(const LaunchSpec& spec) override {
+    return absl::UnavailableError(absl::StrCat("launch ", spec.argv[0], ": fork: no memory"));
+  }
+};
+
+TEST_F(AgentTest, TransientLaunchFailureIsNotALaunchError) {
+  AgentOptions options;
+  options.node_id = "n1";
+  options.state_dir = state_dir_;
+  agent_->Shutdown(milliseconds(10));
+  agent_.reset();
+  launcher_ = std::make_unique<UnavailableLauncher>();
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  Command({Start("j1", 1, "true", 1)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  v1::WorkerStatus w = Workers("j1")[0];
+  EXPECT_EQ(w.exit().exit_code(), 127);
+  EXPECT_FALSE(w.exit().launch_error()) << "a restart may find the node able to fork";
+  EXPECT_FALSE(w.exit().startup_failure());
+  EXPECT_NE(w.exit().message().find("fork: no memory"), std::string::npos);
 }
 
 TEST_F(AgentTest, SpecCannotPickAnotherUserThanTheDaemonsRunAs) {
@@ -250,6 +297,47 @@ TEST_F(AgentTest, UnassignedJobIsStoppedWithTermThenKillAfterGrace) {
   ASSERT_TRUE(RunUntil([&] { return agent_->ListWorkers("j1").empty(); }));
 }
 
+// What the engine does (common/worker_link.h), done by hand: mark this
+// worker's slot of the status page through /proc.
+constexpr char kMarkSlot[] =
+    "mark() { printf \"\\00$1\\000\\000\\000\" | dd of=/proc/self/fd/$LOCKSTEP_STATUS_FD bs=4 "
+    "seek=$LOCKSTEP_LOCAL_RANK conv=notrunc status=none; }; ";
+
+TEST_F(AgentTest, StartupFailureMeansDiedInsideTheEnginesBootstrap) {
+  // Local rank 0 dies inside the bootstrap; local rank 1 after it ended.
+  Command({Start("j1", 1,
+                 std::string(kMarkSlot) +
+                     "mark 1; if [ $LOCKSTEP_LOCAL_RANK = 1 ]; then mark 2; fi; exit 3",
+                 2)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED); }));
+  auto ws = Workers("j1");
+  ASSERT_EQ(ws[0].local_rank(), 0);
+  EXPECT_EQ(ws[0].exit().exit_code(), 3);
+  EXPECT_TRUE(ws[0].exit().startup_failure());
+  EXPECT_FALSE(ws[1].exit().startup_failure());
+}
+
+TEST_F(AgentTest, EachRenewalMovesTheFenceDeadlineWorkersSee) {
+  coord_.SetLease(2.0);
+  // The worker reads its fence page twice, 1.5 s apart (heartbeats every 1 s).
+  Command({Start("j1", 1,
+                 "r() { od -An -t d8 -N8 /proc/self/fd/$LOCKSTEP_FENCE_FD | tr -d ' '; }; "
+                 "echo \"a $(r)\"; sleep 1.5; echo \"b $(r)\"; exit 0",
+                 1)});
+  const int64_t t0 = worker_link::MonotonicNowNs();
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  std::vector<std::string> lines = absl::StrSplit(Output("j1", 1), '\n', absl::SkipEmpty());
+  int64_t a = 0, b = 0;
+  for (const auto& l : lines) {
+    if (l.rfind("a ", 0) == 0) a = std::stoll(l.substr(2));
+    if (l.rfind("b ", 0) == 0) b = std::stoll(l.substr(2));
+  }
+  // S + lease + lease/4 = about now + 2.5 s, on the shared monotonic clock.
+  EXPECT_GT(a, t0 + int64_t{2000} * 1000000);
+  EXPECT_LT(a, t0 + int64_t{3000} * 1000000);
+  EXPECT_GT(b, a + int64_t{500} * 1000000);
+}
+
 TEST_F(AgentTest, SelfFencesWhenTheLeaseCannotBeRenewed) {
   coord_.SetLease(1.0);
   Command({Start("j1", 1, "while true; do sleep 0.05; done", 2, 5)});
@@ -257,9 +345,9 @@ TEST_F(AgentTest, SelfFencesWhenTheLeaseCannotBeRenewed) {
   auto cut = std::chrono::steady_clock::now();
   coord_.SetFailure(absl::UnavailableError("coordinator unreachable"));
   ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STOPPED); }));
-  // Stopped within lease/2 + lease/4 grace of the last renewal: before the
-  // coordinator's lease (1 s) could expire.
-  EXPECT_LT(std::chrono::steady_clock::now() - cut, milliseconds(1000));
+  // Stopped a lease (1 s) after the last renewal, within its lease/4 grace:
+  // before the coordinator's fence deadline (receipt + 1.25 lease + 1 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - cut, milliseconds(1500));
 }
 
 TEST_F(AgentTest, NewRoundStartsOnlyAfterOldWorkersAreGone) {

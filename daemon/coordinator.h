@@ -1,83 +1,76 @@
 // Coordinator core: the job table, the node registry and every decision
 // about where and when workers run. Plain C++ (no gRPC); time comes from an
-// injected Clock, durability from an injected JobStore.
+// injected Clock, durability from an injected JobStore. It composes three
+// parts, each with its own header and tests:
+//   - NodeTable (node_table.h): registrations, incarnations, leases, stall
+//     compensation, which jobs each node still runs, fence deadlines;
+//   - JobMachine (job_machine.h): the job state machine, including the one
+//     persisted round record per job (Job.current_round);
+//   - PlanRound (round_planner.h): when an open round closes and the
+//     node-rank order.
 //
-// Job state machine (DESIGN.md "Processes and data flow"):
+// Compute, persist, apply. Every change to a job is computed by the
+// JobMachine on a copy (JobDraft: the Job and its runtime state), written
+// with JobStore::PutJob, and only then applied to memory; a failed write
+// changes nothing, is logged with the job id, and is returned to the caller
+// where there is one (a Tick has none: it retries on the next tick). Node
+// registrations are written with PutNode before they are applied. Leases
+// are never persisted: Recover gives every reloaded node a full lease.
 //
-//   PENDING --(round opened)--> RENDEZVOUS --(all ranks reported)--> RUNNING
-//   RUNNING --(worker failed / node lost, budget left)--> RESTARTING
-//   RUNNING --(a node joined, fewer than max nodes)--> RESTARTING (rescale,
-//             not counted against max_restarts)
-//   RESTARTING --(old workers confirmed stopped or their node dead, and the
-//                 backoff passed)--> RENDEZVOUS (round + 1)
-//   RUNNING --(every rank exited 0)--> SUCCEEDED
-//   any failure with the budget spent --> FAILED;  cancel --> CANCELLED
-//
-// Rounds are the store engineer's rendezvous::RendezvousCore (the one
-// rendezvous implementation; the daemon also serves it as
-// RendezvousService). A round is *open* while the job is in RENDEZVOUS with
-// no participants (node_ids empty): the coordinator joins every eligible
-// node (alive, and reporting no live workers of the job) on the node's
-// behalf, so agents need no extra RPC. The core closes the round when
-// max_nodes joined, or min_nodes and the last call passed, and assigns node
-// ranks (survivors keep theirs, then new nodes by id: deterministic for a
-// given membership); global rank = node_rank * nproc_per_node + local_rank.
-// The core's join callbacks only queue the result; Tick() applies it, so
-// no callback ever takes the coordinator's lock. The coordinator's round
-// number is the core's; after a coordinator restart the core (in memory)
-// is re-created and advanced to the job's next round when one is needed.
-//
-// Fencing. Every agent start has a fresh incarnation; a heartbeat from any
-// other incarnation is rejected (Aborted). Every worker report and command
-// carries the round; reports for another round never change the job. A
-// new round is opened only once every participant of the old round has
-// reported its workers stopped or has been declared dead: a node is dead
-// when no heartbeat arrived for `lease` on this process's monotonic clock,
-// and agents stop their own workers after lease/2 without renewal, so no
-// rank ever has two owners.
+// Side effects run after the change is applied and the lock released:
+// watch callbacks, and the store hook (CoordinatorOptions::drop_store_prefix)
+// for the namespace of a round that was superseded ("<job>/<R-1>" when
+// round R opens) and for every namespace of a job that ended ("<job>/").
 //
 // Commands are level-triggered: each heartbeat response lists every job
-// the node must run (KIND_START for the current closed round); anything
-// else the agent runs is stopped.
+// the node must run (KIND_START for the current closed round; node rank 0
+// first, the others once it reported MASTER_PORT); any other job the agent
+// reports gets KIND_STOP.
 //
-// Durability. Every change to a job or node registration is written to the
-// JobStore before the call returns; if the write fails the in-memory change
-// is rolled back and the error returned. Recover() reloads both tables; a
-// reloaded node gets a full lease from the reload, and agents re-register.
+// Fencing (node_table.h has the rule and the figures): a new incarnation
+// of a node rejects heartbeats from the old one (Aborted) and fails the
+// rounds the node was in; reports carry their round and never change a job
+// of another round; a job's next round opens only when every participant
+// of the old one reported its workers stopped or is dead and past its fence
+// deadline.
 //
-// Thread safety: all methods are thread-safe (one internal mutex). No
-// method blocks beyond a JobStore write.
+// Thread safety: every method is thread-safe (one Mutex, common/mutex.h;
+// the NodeTable and the jobs are guarded by it). No method blocks beyond a
+// JobStore write under it; callbacks and the store hook run without it.
 #ifndef LOCKSTEP_DAEMON_COORDINATOR_H_
 #define LOCKSTEP_DAEMON_COORDINATOR_H_
 
 #include <functional>
 #include <map>
-#include <mutex>
-#include <optional>
-#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "common/clock.h"
 #include "common/ids.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/status.h"
+#include "daemon/job_machine.h"
 #include "daemon/job_store.h"
+#include "daemon/node_table.h"
 #include "lockstep/v1/common.pb.h"
-#include "rendezvous/rendezvous_core.h"
 
 namespace lockstep {
 namespace daemon {
 
-// Default: a node is dead after this long without a heartbeat.
-inline constexpr Duration kDefaultLease = std::chrono::seconds(10);
+// Default: a node is dead a lease after the receipt of its last heartbeat,
+// and its agent stops its workers a lease after sending it. 45 s lets agents
+// keep their workers through a coordinator outage of 30 s plus reconnecting;
+// a node cut off from everyone is replaced after lease + lease/4 + 1 s (its
+// fence deadline, 57.25 s) plus the new round's startup: under two leases.
+inline constexpr Duration kDefaultLease = std::chrono::seconds(45);
 // Default: agents heartbeat this often.
 inline constexpr Duration kDefaultHeartbeatInterval = std::chrono::seconds(1);
 // Default: first restart backoff; doubles per restart up to the max.
 inline constexpr Duration kDefaultRestartBackoff = std::chrono::seconds(1);
 inline constexpr Duration kDefaultMaxRestartBackoff = std::chrono::seconds(30);
-// Events kept per job in Job.history.
-inline constexpr int kMaxHistory = 200;
 
 struct CoordinatorOptions {
   Duration lease = kDefaultLease;
@@ -88,36 +81,45 @@ struct CoordinatorOptions {
   std::vector<std::string> allowed_commands;
   // host:port workers get as LOCKSTEP_STORE (the coordinator's server).
   std::string store_address;
+  // Drops every store namespace whose name starts with `prefix`: called
+  // with "<job>/<R-1>" once round R opened (the old owners are all gone by
+  // then; rounds only grow, so the names it also matches, "<job>/<R-1>0"
+  // and longer, are rounds that do not exist yet) and with "<job>/" once
+  // the job ended. Runs without the coordinator's lock; must not block.
+  // Default: none (nothing is dropped).
+  std::function<void(const std::string& prefix)> drop_store_prefix;
 };
 
 class Coordinator {
  public:
-  // `clock`, `store` and `rendezvous` must outlive the coordinator.
-  // `rendezvous` should run on the same clock.
-  Coordinator(CoordinatorOptions options, Clock* clock, JobStore* store,
-              rendezvous::RendezvousCore* rendezvous);
+  // `clock` and `store` must outlive the coordinator.
+  Coordinator(CoordinatorOptions options, Clock* clock, JobStore* store);
 
   // Reloads jobs and nodes from the store. Call once before serving.
   Status Recover();
 
   // Validates (InvalidArgument / PermissionDenied naming the field),
-  // persists the job as PENDING and returns it. A retry with the same
-  // non-empty request_id returns the job created first.
+  // persists the job as PENDING and returns it (the store's error if that
+  // write fails). A retry with the same non-empty request_id returns the job
+  // created first.
   StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec, const std::string& request_id);
   // NotFound naming the job.
   StatusOr<v1::Job> GetJob(const JobId& id) const;
   // All jobs, oldest first; `states` empty = all.
   std::vector<v1::Job> ListJobs(const std::vector<v1::JobState>& states) const;
   // Moves a live job to CANCELLED (agents stop its workers on their next
-  // heartbeat). NotFound; FailedPrecondition if it already finished.
+  // heartbeat). NotFound; FailedPrecondition if it already finished; the
+  // store's error if the write fails (the job is then unchanged).
   StatusOr<v1::Job> CancelJob(const JobId& id);
 
   // Registers (or re-registers) an agent. A new incarnation of a known node
   // means its old workers are gone: every job whose current round used the
-  // node gets a "node restarted" failure. InvalidArgument for empty ids.
+  // node gets a "node lost: agent restarted" failure. InvalidArgument for bad
+  // ids; the store's error if a write fails.
   StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& request);
   // Renews the lease and applies worker reports. NotFound for an unknown
-  // node (the agent re-registers); Aborted for a stale incarnation.
+  // node (the agent re-registers); Aborted for a stale incarnation; the
+  // store's error (naming the job) if persisting a job's change failed.
   StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   std::vector<v1::NodeInfo> ListNodes() const;
 
@@ -125,8 +127,9 @@ class Coordinator {
   // server bound its port). Overrides options.store_address.
   void SetStoreAddress(const std::string& address);
 
-  // Drives time: lease expiry, round opening and closing, restart backoff.
-  // Call every ~100 ms (the daemon) or after FakeClock::Advance (tests).
+  // Drives time: stall compensation, lease expiry, round opening and
+  // closing, restart backoff. Call every ~100 ms (the daemon) or after
+  // FakeClock::Advance (tests).
   void Tick();
 
   // Change notification for long polls: every job change bumps the job's
@@ -142,74 +145,56 @@ class Coordinator {
   bool Unwatch(int64_t handle);
 
  private:
-  struct NodeState {
-    v1::NodeInfo info;
-    MonoTime last_heartbeat;
-    bool alive = true;
-    bool reported = false;  // a heartbeat/registration reported its workers
-    // Jobs this node reported live (STARTING/RUNNING) workers for.
-    std::set<std::string> live_jobs;
-  };
-  struct JobRuntime {
-    MonoTime round_opened;
-    MonoTime restart_at;
+  struct JobEntry {
+    JobDraft current;
     int64_t version = 1;
-    bool rendezvous_created = false;  // the job exists in the core
-    std::set<std::string> joined;     // nodes joined to the open round
-  };
-  struct RendezvousEvent {
-    std::string job_id;
-    std::string node_id;
-    StatusOr<rendezvous::RendezvousResult> result;
   };
   struct Watch {
     std::string job_id;
     int64_t after_version;
     JobCallback cb;
   };
-  using Notification = std::pair<JobCallback, std::pair<v1::Job, int64_t>>;
+  // Work for after the lock: watch callbacks and store namespace drops.
+  struct Effects {
+    std::vector<std::pair<JobCallback, std::pair<v1::Job, int64_t>>> notify;
+    std::vector<std::string> drop_prefixes;
+  };
 
-  // Persists `job` (the new value of jobs_[id]); on failure restores
-  // `before` and returns the error. Bumps the version and collects watches.
-  Status CommitJob(const v1::Job& before, v1::Job* job, std::vector<Notification>* notify);
-  void AddEvent(v1::Job* job, const std::string& detail);
-  void SetState(v1::Job* job, v1::JobState state, const std::string& detail);
-  // Applies a failure to a live job: restart or FAIL. Does not persist.
-  void HandleFailure(v1::Job* job, const v1::Failure& failure, bool counts);
-  void ApplyReport(NodeState* node, const v1::AgentJobReport& report,
-                   std::vector<Notification>* notify);
-  void DeclareDead(NodeState* node, const std::string& reason, std::vector<Notification>* notify);
-  void TickJob(v1::Job* job, std::vector<Notification>* notify);
-  std::vector<v1::AgentCommand> CommandsFor(const NodeState& node) const;
-  std::vector<std::string> EligibleNodes(const v1::Job& job) const;
-  v1::RoundAssignment AssignmentFor(const v1::Job& job, int node_rank) const;
-  Duration BackoffFor(int restart_count) const;
-  static bool IsTerminal(v1::JobState state);
-  // Makes the core's current round of `job` equal `round` (creating the
-  // job in the core if needed). REQUIRES: mu_ held.
-  Status EnsureRendezvousRound(const v1::Job& job, int round);
-  // Applies queued join results (round closes). REQUIRES: mu_ held.
-  void DrainRendezvous(std::vector<Notification>* notify);
-  void ForgetRendezvous(const std::string& job_id);  // REQUIRES: mu_ held
-  void Deliver(std::vector<Notification>* notify);
+  // Persists `next` (the new value of job `id`) if the Job changed, then
+  // applies it; on a failed write logs it with the job id (rate-limited
+  // when `retried_by_tick`), returns it and changes nothing. Collects the
+  // watches and store drops it causes.
+  Status Commit(const std::string& id, JobDraft next, Effects* effects,
+                bool retried_by_tick = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails every job whose current round used `node_id` (its agent
+  // restarted); the first persistence error.
+  Status NodeLost(const std::string& node_id, const std::string& reason, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Status RegisterLocked(const v1::RegisterNodeRequest& request, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies an agent's job reports; the first persistence error.
+  Status ApplyReports(const std::string& node_id, const NodeTable::Reports& reports,
+                      int64_t sent_mono_ns, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<v1::AgentCommand> CommandsFor(const std::string& node_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::RoundAssignment AssignmentFor(const v1::Job& job, int node_rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Run(Effects* effects) ABSL_LOCKS_EXCLUDED(mu_);
 
   const CoordinatorOptions options_;
   Clock* const clock_;
   JobStore* const store_;
-  rendezvous::RendezvousCore* const rendezvous_;
+  const JobMachine machine_;
   Logger log_{"coordinator"};
+  RateLimiter tick_error_limiter_{std::chrono::seconds(5)};
 
-  std::mutex events_mu_;  // never held with mu_ taken after it
-  std::vector<RendezvousEvent> events_;  // GUARDED_BY(events_mu_)
-
-  mutable std::mutex mu_;
-  std::map<std::string, v1::Job> jobs_;          // GUARDED_BY(mu_)
-  std::vector<std::string> job_order_;           // GUARDED_BY(mu_) submit order
-  std::map<std::string, JobRuntime> runtime_;    // GUARDED_BY(mu_)
-  std::map<std::string, NodeState> nodes_;       // GUARDED_BY(mu_)
-  std::map<int64_t, Watch> watches_;             // GUARDED_BY(mu_)
-  int64_t next_watch_ = 1;                       // GUARDED_BY(mu_)
-  std::string store_address_;                    // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  NodeTable nodes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);  // submit order
+  std::map<int64_t, Watch> watches_ ABSL_GUARDED_BY(mu_);
+  int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
+  std::string store_address_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace daemon

@@ -1,9 +1,14 @@
 #include "daemon/coordinator.h"
 
+#include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
 
 #include "daemon/fake_job_store.h"
 #include "daemon/job_spec.h"
+#include "daemon/test_spec.h"
 
 namespace lockstep {
 namespace daemon {
@@ -11,17 +16,6 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-v1::JobSpec Spec(int min_nodes, int max_nodes, int nproc, int max_restarts) {
-  v1::JobSpec spec;
-  spec.add_command("/bin/train");
-  spec.set_min_nodes(min_nodes);
-  spec.set_max_nodes(max_nodes);
-  spec.set_nproc_per_node(nproc);
-  spec.set_max_restarts(max_restarts);
-  spec.set_last_call_timeout_s(1);
-  return spec;
-}
 
 class CoordinatorTest : public ::testing::Test {
  protected:
@@ -33,11 +27,20 @@ class CoordinatorTest : public ::testing::Test {
     options.restart_backoff = seconds(1);
     options.max_restart_backoff = seconds(4);
     options.store_address = "127.0.0.1:7000";
+    options.drop_store_prefix = [this](const std::string& prefix) { dropped_.push_back(prefix); };
     coord_.reset();
-    rendezvous_ = std::make_unique<rendezvous::RendezvousCore>(
-        &clock_, rendezvous::RendezvousCore::Options{/*run_timer_thread=*/false});
-    coord_ = std::make_unique<Coordinator>(options, &clock_, &store_, rendezvous_.get());
+    coord_ = std::make_unique<Coordinator>(options, &clock_, &store_);
     ASSERT_TRUE(coord_->Recover().ok());
+  }
+
+  // Moves time on in steps of `step`, ticking after each, as the daemon's
+  // ticker does (one jump of more than 2 heartbeat intervals between ticks
+  // is a stalled coordinator: see StallOfTheCoordinatorCostsNoLease).
+  void AdvanceTicking(Duration by, Duration step = std::chrono::milliseconds(500)) {
+    for (Duration done{0}; done < by; done += step) {
+      clock_.Advance(std::min(step, by - done));
+      coord_->Tick();
+    }
   }
 
   void Register(const std::string& node, const std::string& inc = "") {
@@ -52,10 +55,12 @@ class CoordinatorTest : public ::testing::Test {
   StatusOr<v1::HeartbeatResponse> Beat(const std::string& node, const std::string& job = "",
                                        int round = 0,
                                        std::vector<v1::WorkerStatus> workers = {},
-                                       const std::string& inc = "", int master_port = 0) {
+                                       const std::string& inc = "", int master_port = 0,
+                                       int64_t sent_mono_ns = 0) {
     v1::HeartbeatRequest req;
     req.set_node_id(node);
     req.set_incarnation(inc.empty() ? "inc-" + node : inc);
+    req.set_sent_mono_ns(sent_mono_ns);
     if (!job.empty()) {
       v1::AgentJobReport* r = req.add_jobs();
       r->set_job_id(job);
@@ -84,7 +89,7 @@ class CoordinatorTest : public ::testing::Test {
   std::string RunningTwoByTwo(int max_restarts) {
     Register("n1");
     Register("n2");
-    auto job = Submit(Spec(2, 2, 2, max_restarts));
+    auto job = Submit(TestSpec(2, 2, 2, max_restarts));
     EXPECT_TRUE(job.ok());
     std::string id = job->job_id();
     int round = Job(id).round();
@@ -107,12 +112,12 @@ class CoordinatorTest : public ::testing::Test {
 
   FakeClock clock_;
   FakeJobStore store_;
-  std::unique_ptr<rendezvous::RendezvousCore> rendezvous_;
+  std::vector<std::string> dropped_;  // store prefixes the coordinator dropped
   std::unique_ptr<Coordinator> coord_;
 };
 
 TEST(JobSpecTest, RejectsBadSpecsNamingTheField) {
-  v1::JobSpec ok = Spec(1, 1, 1, 0);
+  v1::JobSpec ok = TestSpec(1, 1, 1, 0);
   EXPECT_TRUE(ValidateJobSpec(ok, {}).ok());
 
   v1::JobSpec s = ok;
@@ -124,7 +129,7 @@ TEST(JobSpecTest, RejectsBadSpecsNamingTheField) {
   s.set_nproc_per_node(0);
   EXPECT_NE(ValidateJobSpec(s, {}).message().find("spec.nproc_per_node"), std::string::npos);
 
-  s = Spec(3, 2, 1, 0);
+  s = TestSpec(3, 2, 1, 0);
   Status st = ValidateJobSpec(s, {});
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("min 3 > max 2"), std::string::npos) << st;
@@ -145,6 +150,30 @@ TEST(JobSpecTest, RejectsBadSpecsNamingTheField) {
   EXPECT_TRUE(ValidateJobSpec(ok, {"/bin/other", "/bin/train"}).ok());
 }
 
+// Workers start in their own directory on each node: "./train" would mean
+// a different file on each, unless an absolute working dir pins it.
+TEST(JobSpecTest, RelativeCommandPathIsRefusedWithAHintUnlessWorkingDirIsAbsolute) {
+  v1::JobSpec s = TestSpec(1, 1, 1, 0);
+  s.set_command(0, "./train");
+  Status st = ValidateJobSpec(s, {});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "spec.command: \"./train\" is a relative path, and workers start in their own "
+            "directory on each node; give an absolute path (the lockstep CLI resolves a relative "
+            "one against the directory you run it from)");
+
+  s.set_command(0, "bin/train");
+  s.set_working_dir("relative/dir");
+  EXPECT_EQ(ValidateJobSpec(s, {}).code(), absl::StatusCode::kInvalidArgument);
+
+  s.set_working_dir("/shared/project");
+  EXPECT_TRUE(ValidateJobSpec(s, {}).ok()) << "the node resolves it against the working dir";
+
+  s.clear_working_dir();
+  s.set_command(0, "python3");
+  EXPECT_TRUE(ValidateJobSpec(s, {}).ok()) << "a bare name is a PATH lookup";
+}
+
 TEST(JobSpecTest, SafeIdsRejectPathTricks) {
   EXPECT_TRUE(IsSafeId("j-0123abcd"));
   EXPECT_FALSE(IsSafeId(".."));
@@ -154,14 +183,14 @@ TEST(JobSpecTest, SafeIdsRejectPathTricks) {
 }
 
 TEST_F(CoordinatorTest, SubmitRejectsInvalidSpecAndChangesNothing) {
-  auto r = coord_->SubmitJob(Spec(3, 2, 1, 0), "");
+  auto r = coord_->SubmitJob(TestSpec(3, 2, 1, 0), "");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(coord_->ListJobs({}).empty());
   EXPECT_TRUE(store_.jobs.empty());
 }
 
 TEST_F(CoordinatorTest, SubmitPersistsBeforeAcknowledging) {
-  auto job = coord_->SubmitJob(Spec(1, 1, 2, 0), "");
+  auto job = coord_->SubmitJob(TestSpec(1, 1, 2, 0), "");
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state(), v1::JOB_STATE_PENDING);
   ASSERT_EQ(store_.jobs.count(job->job_id()), 1u);
@@ -170,14 +199,14 @@ TEST_F(CoordinatorTest, SubmitPersistsBeforeAcknowledging) {
 
 TEST_F(CoordinatorTest, SubmitFailsWhenPersistenceFails) {
   store_.fail_writes = true;
-  auto job = coord_->SubmitJob(Spec(1, 1, 2, 0), "");
+  auto job = coord_->SubmitJob(TestSpec(1, 1, 2, 0), "");
   EXPECT_EQ(job.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(coord_->ListJobs({}).empty());
 }
 
 TEST_F(CoordinatorTest, SubmitWithSameRequestIdReturnsSameJob) {
-  auto a = coord_->SubmitJob(Spec(1, 1, 1, 0), "req-1");
-  auto b = coord_->SubmitJob(Spec(1, 1, 1, 0), "req-1");
+  auto a = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "req-1");
+  auto b = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "req-1");
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->job_id(), b->job_id());
   EXPECT_EQ(coord_->ListJobs({}).size(), 1u);
@@ -186,7 +215,7 @@ TEST_F(CoordinatorTest, SubmitWithSameRequestIdReturnsSameJob) {
 TEST_F(CoordinatorTest, JobRunsThroughRendezvousToSucceeded) {
   Register("n2");
   Register("n1");
-  auto job = Submit(Spec(2, 2, 2, 0));
+  auto job = Submit(TestSpec(2, 2, 2, 0));
   ASSERT_TRUE(job.ok());
   v1::Job j = Job(job->job_id());
   EXPECT_EQ(j.state(), v1::JOB_STATE_RENDEZVOUS);
@@ -243,7 +272,7 @@ TEST_F(CoordinatorTest, JobRunsThroughRendezvousToSucceeded) {
 }
 
 TEST_F(CoordinatorTest, PendingUntilMinNodesThenLastCallForMore) {
-  auto job = coord_->SubmitJob(Spec(1, 2, 1, 0), "");
+  auto job = coord_->SubmitJob(TestSpec(1, 2, 1, 0), "");
   ASSERT_TRUE(job.ok());
   coord_->Tick();
   EXPECT_EQ(Job(job->job_id()).state(), v1::JOB_STATE_PENDING);
@@ -310,6 +339,44 @@ TEST_F(CoordinatorTest, BudgetSpentFailsWithFirstFailure) {
   EXPECT_NE(j.message().find("startup failure"), std::string::npos) << j.message();
 }
 
+// A missing program fails the same way on every try: the job fails at once,
+// its restart budget untouched.
+TEST_F(CoordinatorTest, LaunchErrorFailsTheJobAtOnceWhateverTheBudget) {
+  Register("n1");
+  Register("n2");
+  auto job = Submit(TestSpec(2, 2, 2, /*max_restarts=*/3));
+  ASSERT_TRUE(job.ok());
+  std::string id = job->job_id();
+  const std::string why = "launch /x/train: exec \"/x/train\": No such file or directory";
+  std::vector<v1::WorkerStatus> ws = {Worker(0, v1::WORKER_STATE_EXITED, 127),
+                                      Worker(1, v1::WORKER_STATE_EXITED, 127)};
+  for (auto& w : ws) {
+    w.mutable_exit()->set_launch_error(true);
+    w.mutable_exit()->set_message(why);
+  }
+  ASSERT_TRUE(Beat("n1", id, Job(id).round(), ws).ok());
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.restart_count(), 0);
+  EXPECT_EQ(j.first_failure().rank(), 0);
+  EXPECT_TRUE(j.first_failure().exit().launch_error());
+  EXPECT_EQ(j.message(), "rank 0 on node n1 could not be launched: " + why +
+                             "; not retried (a restart cannot fix a launch error)");
+  EXPECT_EQ(store_.jobs[id].state(), v1::JOB_STATE_FAILED) << "persisted";
+}
+
+// The same exit code without launch_error (the node could not fork, say)
+// may pass: it spends a restart like any other failure.
+TEST_F(CoordinatorTest, UnstartedWorkerWithoutLaunchErrorRestarts) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/3);
+  v1::WorkerStatus w = Worker(0, v1::WORKER_STATE_EXITED, 127);
+  w.mutable_exit()->set_message("launch /x/train: fork: Resource temporarily unavailable");
+  ASSERT_TRUE(Beat("n1", id, 1, {w, Worker(1, v1::WORKER_STATE_RUNNING)}).ok());
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(j.restart_count(), 1);
+}
+
 // kill -9 of rank 1; its peer rank 0 fails ~100 ms later; both exits reach
 // the coordinator in one heartbeat. The root cause is the earlier exit, not
 // the lower rank.
@@ -345,7 +412,7 @@ TEST_F(CoordinatorTest, RestartBudgetIsPerJobNotPerNode) {
 TEST_F(CoordinatorTest, NodeWithoutHeartbeatIsDeclaredDeadAndElasticJobGoesOnWithSurvivor) {
   Register("n1");
   Register("n2");
-  auto job = Submit(Spec(1, 2, 1, 3));
+  auto job = Submit(TestSpec(1, 2, 1, 3));
   std::string id = job->job_id();
   ASSERT_EQ(Job(id).node_ids_size(), 2);
   (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
@@ -363,10 +430,17 @@ TEST_F(CoordinatorTest, NodeWithoutHeartbeatIsDeclaredDeadAndElasticJobGoesOnWit
   EXPECT_FALSE(nodes[1].alive());
 
   (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STOPPED)});
-  clock_.Advance(seconds(2));
+  // n2 may still run rank 1 until its fence deadline: its last heartbeat
+  // (t = 0) + lease 10 s + lease/4 + 1 s = 13.5 s.
+  clock_.Advance(seconds(2));  // t = 13
   (void)Beat("n1");
   coord_->Tick();
-  clock_.Advance(seconds(2));  // last call for a second node
+  EXPECT_EQ(Job(id).round(), 1) << "round 2 opened before n2's fence deadline";
+  clock_.Advance(milliseconds(500));  // t = 13.5
+  (void)Beat("n1");
+  coord_->Tick();
+  EXPECT_EQ(Job(id).round(), 2);
+  clock_.Advance(seconds(1));  // last call for a second node
   (void)Beat("n1");
   coord_->Tick();
   v1::Job j = Job(id);
@@ -378,7 +452,7 @@ TEST_F(CoordinatorTest, NodeWithoutHeartbeatIsDeclaredDeadAndElasticJobGoesOnWit
 
 TEST_F(CoordinatorTest, NewNodeJoinsRunningElasticJobAtNextRoundWithoutSpendingBudget) {
   Register("n1");
-  auto job = coord_->SubmitJob(Spec(1, 2, 1, 0), "");
+  auto job = coord_->SubmitJob(TestSpec(1, 2, 1, 0), "");
   std::string id = job->job_id();
   clock_.Advance(seconds(2));
   coord_->Tick();
@@ -451,7 +525,13 @@ TEST_F(CoordinatorTest, RecoverReloadsJobsHistoryAndNodes) {
 TEST_F(CoordinatorTest, RecoveredNodeThatNeverReturnsIsDeclaredDeadAfterLease) {
   std::string id = RunningTwoByTwo(3);
   Reset();
-  clock_.Advance(seconds(11));
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(seconds(1));
+    (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
+    coord_->Tick();
+  }
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING) << "a full lease from the reload";
+  clock_.Advance(seconds(1));
   (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
   coord_->Tick();
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
@@ -459,7 +539,7 @@ TEST_F(CoordinatorTest, RecoveredNodeThatNeverReturnsIsDeclaredDeadAfterLease) {
 }
 
 TEST_F(CoordinatorTest, WatchFiresOnNextChange) {
-  auto job = coord_->SubmitJob(Spec(1, 1, 1, 0), "");
+  auto job = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "");
   auto v = coord_->GetJobVersion(JobId(job->job_id()));
   ASSERT_TRUE(v.ok());
   v1::JobState seen = v1::JOB_STATE_UNSPECIFIED;
@@ -472,36 +552,29 @@ TEST_F(CoordinatorTest, WatchFiresOnNextChange) {
   EXPECT_FALSE(coord_->Unwatch(*handle));
 }
 
-TEST_F(CoordinatorTest, RoundWithANodeThatIsNotAnAgentIsRedone) {
+TEST_F(CoordinatorTest, ParticipantLostBeforeItsRanksStartedRedoesTheRound) {
   Register("n1");
-  auto job = Submit(Spec(1, 2, 1, 0));  // open: n1 joined, last call running
+  Register("n2");
+  auto job = Submit(TestSpec(1, 2, 1, 1));
   std::string id = job->job_id();
+  ASSERT_EQ(Job(id).node_ids_size(), 2);
   ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RENDEZVOUS);
-  // Someone joins through RendezvousService without being an agent.
-  rendezvous::JoinRequest req;
-  req.job_id = JobId(id);
-  req.node_id = NodeId("ghost");
-  req.incarnation = Incarnation("x");
-  req.round = Job(id).round();
-  rendezvous_->Join(req, MonoTime::max(), [](StatusOr<rendezvous::RendezvousResult>) {});
-  coord_->Tick();
+  Register("n2", "inc-n2-second");  // n2's agent restarted before starting rank 1
   v1::Job j = Job(id);
-  EXPECT_EQ(j.restart_count(), 0);
-  EXPECT_EQ(j.rescale_count(), 1);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(j.restart_count(), 1);
+  EXPECT_NE(j.first_failure().reason().find("node n2 lost: agent restarted"), std::string::npos);
+  (void)Beat("n1");  // reports no workers: nothing of round 1 runs
+  (void)Beat("n2", "", 0, {}, "inc-n2-second");
+  clock_.Advance(seconds(1));
   coord_->Tick();
   j = Job(id);
-  EXPECT_EQ(j.state(), v1::JOB_STATE_RENDEZVOUS);
   EXPECT_EQ(j.round(), 2);
-  EXPECT_EQ(j.node_ids_size(), 0) << "the new round waits for its last call";
-  clock_.Advance(std::chrono::milliseconds(1100));
-  coord_->Tick();
-  j = Job(id);
-  ASSERT_EQ(j.node_ids_size(), 1);
-  EXPECT_EQ(j.node_ids(0), "n1");
+  EXPECT_EQ(j.node_ids_size(), 2);
 }
 
 TEST_F(CoordinatorTest, JoinTimeoutFailsRoundWithoutEnoughNodes) {
-  v1::JobSpec spec = Spec(2, 2, 1, 0);
+  v1::JobSpec spec = TestSpec(2, 2, 1, 0);
   spec.set_join_timeout_s(5);
   Register("n1");
   auto job = coord_->SubmitJob(spec, "");
@@ -510,6 +583,176 @@ TEST_F(CoordinatorTest, JoinTimeoutFailsRoundWithoutEnoughNodes) {
   coord_->Tick();
   EXPECT_EQ(Job(job->job_id()).state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(Job(job->job_id()).message().find("fewer than min 2"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, RoundRecordIsPersistedWithTheJob) {
+  std::string id = RunningTwoByTwo(0);
+  const v1::Round& r = store_.jobs[id].current_round();
+  EXPECT_EQ(r.number(), 1);
+  EXPECT_TRUE(r.closed());
+  ASSERT_EQ(r.node_ids_size(), 2);
+  EXPECT_EQ(r.node_ids(0), "n1");
+  EXPECT_EQ(r.world_size(), 4);
+  EXPECT_EQ(r.opened_unix_ms(), clock_.UnixMillis());
+  // The fields the CLI reads mirror it.
+  EXPECT_EQ(store_.jobs[id].round(), 1);
+  EXPECT_EQ(store_.jobs[id].world_size(), 4);
+  EXPECT_EQ(store_.jobs[id].node_ids_size(), 2);
+}
+
+// Compute, persist, apply: a write that fails leaves the job, its runtime
+// state and its version as they were, and the caller gets the error.
+TEST_F(CoordinatorTest, FailedPersistenceChangesNothing) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/2);
+  const v1::Job before = Job(id);
+  const int64_t version = coord_->GetJobVersion(JobId(id))->second;
+  store_.fail_writes = true;
+
+  auto beat = Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_EXITED, 1),
+                                 Worker(3, v1::WORKER_STATE_RUNNING)});
+  EXPECT_EQ(beat.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).restart_count(), 0);
+  EXPECT_EQ(Job(id).workers(2).state(), v1::WORKER_STATE_RUNNING) << "the report was not applied";
+  EXPECT_EQ(coord_->GetJobVersion(JobId(id))->second, version);
+
+  EXPECT_EQ(coord_->CancelJob(JobId(id)).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+
+  v1::RegisterNodeRequest reg;
+  reg.set_node_id("n3");
+  reg.set_incarnation("inc-n3");
+  EXPECT_EQ(coord_->RegisterNode(reg).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(coord_->ListNodes().size(), 2u) << "n3 was not registered";
+  // n2's agent restarts while writes fail: neither the job nor n2 changes.
+  reg.set_node_id("n2");
+  reg.set_incarnation("inc-n2-second");
+  EXPECT_EQ(coord_->RegisterNode(reg).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Beat("n2").status().code() != absl::StatusCode::kAborted) << "old incarnation kept";
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+
+  // Time-driven changes cannot be written either; they happen once writes
+  // work again (n2 silent for a lease: its round fails then).
+  for (int i = 0; i < 11; ++i) {
+    clock_.Advance(seconds(1));
+    (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
+    coord_->Tick();
+  }
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(store_.jobs[id], before));
+  store_.fail_writes = false;
+  coord_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(Job(id).first_failure().reason().find("node n2 lost"), std::string::npos);
+  EXPECT_EQ(store_.jobs[id].state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(coord_->GetJobVersion(JobId(id))->second, version + 1);
+}
+
+TEST_F(CoordinatorTest, StoreNamespacesOfOldRoundsAndEndedJobsAreDropped) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/1);
+  EXPECT_TRUE(dropped_.empty());
+  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_EXITED, 1)}).ok());
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_EXITED, 1), Worker(1, v1::WORKER_STATE_STOPPED)});
+  (void)Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_STOPPED), Worker(3, v1::WORKER_STATE_STOPPED)});
+  EXPECT_TRUE(dropped_.empty()) << "round 1's owners are gone, but round 2 is not open yet";
+  clock_.Advance(seconds(1));
+  coord_->Tick();
+  ASSERT_EQ(Job(id).round(), 2);
+  EXPECT_EQ(dropped_, std::vector<std::string>{id + "/1"});
+  ASSERT_TRUE(Beat("n2", id, 2, {Worker(3, v1::WORKER_STATE_EXITED, 7)}).ok());
+  ASSERT_EQ(Job(id).state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(dropped_, (std::vector<std::string>{id + "/1", id + "/"}));
+
+  auto other = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "");
+  ASSERT_TRUE(coord_->CancelJob(JobId(other->job_id())).ok());
+  EXPECT_EQ(dropped_.back(), other->job_id() + "/");
+  EXPECT_EQ(dropped_.size(), 3u);
+}
+
+TEST_F(CoordinatorTest, StallOfTheCoordinatorCostsNoLease) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/0);
+  // SIGSTOPped for 30 s, three leases: no agent could renew meanwhile.
+  clock_.Advance(seconds(30));
+  coord_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  for (const auto& n : coord_->ListNodes()) EXPECT_TRUE(n.alive()) << n.node_id();
+  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)}).ok());
+  ASSERT_TRUE(Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_RUNNING)}).ok());
+  // A node that is really gone is still found, a lease after the stall.
+  AdvanceTicking(seconds(10), seconds(1));
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  AdvanceTicking(seconds(1), seconds(1));
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(Job(id).first_failure().reason().find("node n2 lost"), std::string::npos);
+}
+
+// The agents' heartbeats carry their send instant: exits of two nodes are
+// ordered on the coordinator's clock whatever their wall clocks say.
+TEST_F(CoordinatorTest, FirstFailureAcrossNodesUsesTheAgentsMonotonicTimes) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/3);
+  const int64_t n1_clock = 3'000'000'000'000, n2_clock = 8'000'000'000'000;
+  v1::WorkerStatus peer = Worker(0, v1::WORKER_STATE_EXITED, 1);
+  peer.mutable_exit()->set_exited_mono_ns(n1_clock);
+  peer.mutable_exit()->set_exited_unix_ms(clock_.UnixMillis() - 5000);  // a wall clock behind
+  v1::WorkerStatus killed = Worker(2, v1::WORKER_STATE_EXITED, 0, 9);
+  killed.mutable_exit()->set_exited_mono_ns(n2_clock);
+  killed.mutable_exit()->set_exited_unix_ms(clock_.UnixMillis() + 5000);  // one ahead
+  // Rank 2 died at T0 and rank 0 100 ms later; n1 reports at T0 + 200 ms,
+  // n2 (slower) at T0 + 700 ms.
+  clock_.Advance(milliseconds(200));
+  ASSERT_TRUE(Beat("n1", id, 1, {peer}, "", 0, n1_clock + 100'000'000).ok());
+  EXPECT_EQ(Job(id).first_failure().rank(), 0);
+  clock_.Advance(milliseconds(500));
+  ASSERT_TRUE(Beat("n2", id, 1, {killed}, "", 0, n2_clock + 700'000'000).ok());
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(j.restart_count(), 1);
+  EXPECT_EQ(j.first_failure().rank(), 2);
+  EXPECT_EQ(j.first_failure().exit().signal(), 9);
+  ASSERT_EQ(j.consequences_size(), 1);
+  EXPECT_EQ(j.consequences(0).rank(), 0);
+  EXPECT_EQ(j.consequences(0).reason(), "after rank 2 failed");
+  EXPECT_EQ(store_.jobs[id].consequences_size(), 1) << "persisted";
+}
+
+// Every entry point from several threads at once, as gRPC and the ticker
+// call them (run under --config=tsan by tools/check_threads.sh's rules).
+TEST_F(CoordinatorTest, EntryPointsAreSafeToCallConcurrently) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/1000);
+  std::atomic<int> watched{0};
+  auto beat = [&](const std::string& node, int first_rank) {
+    for (int i = 0; i < 300; ++i) {
+      int round = Job(id).round();
+      (void)Beat(node, id, round, {Worker(first_rank, v1::WORKER_STATE_RUNNING),
+                                   Worker(first_rank + 1, i % 50 == 49
+                                                              ? v1::WORKER_STATE_EXITED
+                                                              : v1::WORKER_STATE_RUNNING,
+                                          1)});
+    }
+  };
+  std::thread n1(beat, "n1", 0), n2(beat, "n2", 2);
+  std::thread ticker([&] {
+    for (int i = 0; i < 300; ++i) {
+      clock_.Advance(milliseconds(10));
+      coord_->Tick();
+    }
+  });
+  std::thread reader([&] {
+    for (int i = 0; i < 300; ++i) {
+      (void)coord_->ListJobs({});
+      (void)coord_->ListNodes();
+      auto v = coord_->GetJobVersion(JobId(id));
+      auto h = coord_->WatchOnce(JobId(id), v->second, [&](const v1::Job&, int64_t) { ++watched; });
+      if (i % 2) (void)coord_->Unwatch(*h);
+    }
+  });
+  n1.join();
+  n2.join();
+  ticker.join();
+  reader.join();
+  EXPECT_GT(Job(id).restart_count(), 0);
+  EXPECT_GT(watched.load(), 0);
 }
 
 }  // namespace

@@ -20,6 +20,19 @@ Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& 
   if (spec.command_size() == 0 || spec.command(0).empty()) {
     return absl::InvalidArgumentError("spec.command: empty; give the program after `--`");
   }
+  // A relative path would be taken from each node's own working dir (the
+  // job's log dir by default), not from where the user typed it. A bare
+  // name is a PATH lookup; an absolute working dir makes the path mean the
+  // same on every node.
+  const std::string& program = spec.command(0);
+  const bool absolute_working_dir = !spec.working_dir().empty() && spec.working_dir()[0] == '/';
+  if (program[0] != '/' && program.find('/') != std::string::npos && !absolute_working_dir) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.command: \"", program,
+        "\" is a relative path, and workers start in their own directory on each node; give an "
+        "absolute path (the lockstep CLI resolves a relative one against the directory you run "
+        "it from)"));
+  }
   if (spec.min_nodes() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.nodes: min_nodes must be >= 1, got ", spec.min_nodes()));

@@ -22,9 +22,10 @@ inline constexpr int kMaxProcPerNode = 256;
 inline constexpr int kMaxRestarts = 1000;
 
 // Returns InvalidArgument naming the field ("spec.command", "spec.nodes",
-// "spec.nproc_per_node", ...) for a bad spec; PermissionDenied when
-// `allowed_commands` is non-empty and command[0] is not in it, or when
-// run_as names root.
+// "spec.nproc_per_node", ...) for a bad spec, including a relative
+// command[0] with a '/' ("./train") unless working_dir is absolute;
+// PermissionDenied when `allowed_commands` is non-empty and command[0] is
+// not in it, or when run_as names root.
 Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& allowed_commands);
 
 // Fills defaults (max_nodes = min_nodes when 0, stop grace, last call).

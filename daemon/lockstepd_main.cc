@@ -1,8 +1,7 @@
 // lockstepd: the Lockstep daemon. Every daemon is an agent (AgentService,
 // worker supervision); with --coordinator it also hosts the coordinator
 // (CoordinatorService, job table in <state-dir>/coordinator.db), the
-// store (StoreService) and rendezvous (RendezvousService, over the same
-// RendezvousCore the coordinator drives).
+// store (StoreService) the workers rendezvous through.
 // Composition root: flags -> config -> construct -> wire -> serve.
 // See daemon/README.md for the operator's view.
 #include <grpcpp/grpcpp.h>
@@ -36,8 +35,6 @@
 #include "daemon/sqlite_job_store.h"
 #include "daemon/token.h"
 #include "rendezvous/grpc_server.h"
-#include "rendezvous/rendezvous_core.h"
-#include "rendezvous/rendezvous_service.h"
 #include "rendezvous/store_core.h"
 #include "rendezvous/store_service.h"
 
@@ -87,7 +84,9 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   flags.String("run-as", &c.run_as, "run workers as this user (never root)");
   flags.StringList("allowed-command", &c.allowed_commands,
                    "if given (repeatable), jobs may only run these programs (command[0])");
-  flags.Double("lease-s", &c.lease_s, "coordinator: a node is dead after this long silent");
+  flags.Double("lease-s", &c.lease_s,
+               "a node is dead this long after its last heartbeat; its agent stops its "
+               "workers this long after sending it (daemon/README.md, leases and fencing)");
   flags.Double("heartbeat-interval-s", &c.heartbeat_interval_s, "coordinator: agents heartbeat this often");
   flags.Double("restart-backoff-s", &c.restart_backoff_s, "coordinator: first restart backoff (doubles)");
   flags.Double("max-restart-backoff-s", &c.max_restart_backoff_s, "coordinator: backoff cap");
@@ -201,11 +200,9 @@ int Run(int argc, char** argv) {
 
   // Coordinator side.
   std::unique_ptr<SqliteJobStore> job_store;
-  std::unique_ptr<rendezvous::RendezvousCore> rendezvous_core;
-  std::unique_ptr<rendezvous::RendezvousGrpcService> rendezvous_service;
+  std::unique_ptr<rendezvous::StoreCore> store_core;  // outlives the coordinator's hook
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<CoordinatorGrpcService> coordinator_service;
-  std::unique_ptr<rendezvous::StoreCore> store_core;
   std::unique_ptr<rendezvous::StoreGrpcService> store_service;
   if (config.coordinator) {
     auto opened = SqliteJobStore::Open(config.state_dir + "/coordinator.db");
@@ -220,22 +217,18 @@ int Run(int argc, char** argv) {
     options.restart_backoff = FromSeconds(config.restart_backoff_s);
     options.max_restart_backoff = FromSeconds(config.max_restart_backoff_s);
     options.allowed_commands = config.allowed_commands;
-    rendezvous_core = std::make_unique<rendezvous::RendezvousCore>(RealClock());
-    // Agents never call RendezvousService (the coordinator joins nodes
-    // itself): admin token only.
-    rendezvous_service = std::make_unique<rendezvous::RendezvousGrpcService>(
-        rendezvous_core.get(),
-        [admin = *token](const std::multimap<grpc::string_ref, grpc::string_ref>& md,
-                         absl::string_view) { return CheckAuthorization(md, admin); });
-    coordinator = std::make_unique<Coordinator>(options, RealClock(), job_store.get(),
-                                                rendezvous_core.get());
+    store_core = std::make_unique<rendezvous::StoreCore>();
+    // Namespaces of superseded rounds and ended jobs (see CoordinatorOptions).
+    options.drop_store_prefix = [store = store_core.get()](const std::string& prefix) {
+      store->DeleteNamespacesWithPrefix(prefix);
+    };
+    coordinator = std::make_unique<Coordinator>(options, RealClock(), job_store.get());
     s = coordinator->Recover();
     if (!s.ok()) {
       log.Error("recovering the job table: {}", s.ToString());
       return 1;
     }
     coordinator_service = std::make_unique<CoordinatorGrpcService>(coordinator.get(), *token);
-    store_core = std::make_unique<rendezvous::StoreCore>();
     // Workers hold their job's store token (LOCKSTEP_STORE_TOKEN), the CLI
     // and tools the admin token; see AuthorizeStore.
     store_service = std::make_unique<rendezvous::StoreGrpcService>(
@@ -275,7 +268,6 @@ int Run(int argc, char** argv) {
   std::vector<grpc::Service*> services;
   if (coordinator_service) services.push_back(coordinator_service.get());
   if (store_service) services.push_back(store_service.get());
-  if (rendezvous_service) services.push_back(rendezvous_service.get());
   if (agent_service) services.push_back(agent_service.get());
   auto started = rendezvous::StartGrpcServer(config.listen, services, "lockstepd");
   if (!started.ok()) {

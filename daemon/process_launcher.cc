@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace lockstep {
 namespace daemon {
@@ -32,12 +34,14 @@ struct ExitWatch {
 
 class PosixProcess : public Process {
  public:
-  explicit PosixProcess(pid_t pid) : pid_(pid), watch_(std::make_shared<ExitWatch>()) {
-    std::thread([pid, watch = watch_] {
+  PosixProcess(pid_t pid, std::function<void()> on_exit)
+      : pid_(pid), watch_(std::make_shared<ExitWatch>()) {
+    std::thread([pid, watch = watch_, on_exit = std::move(on_exit)] {
       siginfo_t info{};
       while (::waitid(P_PID, pid, &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
       }
       watch->exited_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
+      if (on_exit) on_exit();
     }).detach();
   }
   ~PosixProcess() override {
@@ -98,7 +102,13 @@ StatusOr<User> LookupUser(const std::string& who) {
   } else {
     rc = getpwnam_r(who.c_str(), &pw, buf.data(), buf.size(), &result);
   }
-  if (rc != 0 || result == nullptr) {
+  if (rc != 0) {
+    // The user database could not be read (an NSS backend such as LDAP is
+    // down): that may pass, unlike a user that does not exist.
+    return absl::UnavailableError(
+        absl::StrCat("run_as: cannot look up user \"", who, "\": ", std::strerror(rc)));
+  }
+  if (result == nullptr) {
     return absl::NotFoundError(absl::StrCat("run_as: no such user \"", who, "\""));
   }
   User u{pw.pw_uid, pw.pw_gid, {}, pw.pw_name};
@@ -112,24 +122,160 @@ StatusOr<User> LookupUser(const std::string& who) {
   return u;
 }
 
+// Where a forked child failed, reported with errno through the pipe
+// (redirecting and inheriting descriptors report 1).
+enum ChildStage : int {
+  kRedirect = 1,
+  kChdir = 2,
+  kNoFileLimit = 3,
+  kAddressSpaceLimit = 4,
+  kCpuLimit = 5,
+  kSwitchUser = 6,
+  kExec = 7,
+};
+
+// What execvp searches when the environment has no PATH (glibc's CS_PATH).
+constexpr char kDefaultSearchPath[] = "/bin:/usr/bin";
+
+// Errors for which execvp's PATH search moves on to the next directory.
+bool SkippedInPathSearch(int err) {
+  return err == EACCES || err == ENOENT || err == ENOTDIR || err == ESTALE || err == ENODEV ||
+         err == ETIMEDOUT;
+}
+
+// The code for a failed chdir or exec (the header lists which are
+// permanent): the path, its mode or its format are wrong, and a retry finds
+// them as they are; anything else is the node being short of something.
+absl::StatusCode PathErrorCode(int err) {
+  switch (err) {
+    case ENOENT:
+      return absl::StatusCode::kNotFound;
+    case EACCES:
+    case EPERM:
+      return absl::StatusCode::kPermissionDenied;
+    case ENOEXEC:
+    case ENOTDIR:
+    case ELOOP:
+    case ENAMETOOLONG:
+    case EISDIR:
+    case E2BIG:
+    case EINVAL:
+    case ELIBBAD:
+      return absl::StatusCode::kFailedPrecondition;
+    default:
+      return absl::StatusCode::kUnavailable;
+  }
+}
+
+// Launch's error for a child that failed at `stage` with errno `err`.
+// `search_path` is the PATH searched when argv[0] has no '/'; `uid` the
+// user the worker was to run as.
+Status ChildFailure(const LaunchSpec& spec, const std::string& search_path, uid_t uid,
+                    int stage, int err) {
+  const std::string& program = spec.argv[0];
+  const bool searched = program.find('/') == std::string::npos;
+  std::string what, hint;
+  absl::StatusCode code = absl::StatusCode::kUnavailable;
+  switch (stage) {
+    case kRedirect:
+      what = "redirecting stdin, stdout and stderr";
+      break;
+    case kChdir:
+      what = absl::StrCat("chdir to working dir ", spec.working_dir);
+      code = PathErrorCode(err);
+      if (err == EACCES) hint = absl::StrCat(" (uid ", uid, " cannot enter it)");
+      break;
+    case kNoFileLimit:
+      what = absl::StrCat("setrlimit RLIMIT_NOFILE to ", spec.max_open_files);
+      break;
+    case kAddressSpaceLimit:
+      what = absl::StrCat("setrlimit RLIMIT_AS to ", spec.max_address_space);
+      break;
+    case kCpuLimit:
+      what = absl::StrCat("setrlimit RLIMIT_CPU to ", spec.max_cpu_seconds);
+      break;
+    case kSwitchUser:
+      what = absl::StrCat("switching to user \"", spec.run_as, "\"");
+      break;
+    case kExec: {
+      what = absl::StrCat("exec \"", program, "\"");
+      code = PathErrorCode(err);
+      if (searched && err == ENOENT) {
+        hint = absl::StrCat(" (not found in PATH=", search_path, "; give an absolute path)");
+      } else if (searched && err == EACCES) {
+        hint = absl::StrCat(" (found in PATH=", search_path, " but not executable by uid ", uid,
+                            ")");
+      } else if (err == ENOENT) {
+        // execve says ENOENT too when the file is there but the
+        // interpreter its #! line or ELF header names is not.
+        std::string path = program[0] == '/' || spec.working_dir.empty()
+                               ? program
+                               : absl::StrCat(spec.working_dir, "/", program);
+        struct stat st;
+        if (::stat(path.c_str(), &st) == 0) {
+          hint = " (the file exists: the interpreter its #! line or ELF header names is missing)";
+        } else if (program[0] != '/') {
+          hint = absl::StrCat(" (relative to the working dir ",
+                              spec.working_dir.empty() ? "of the agent" : spec.working_dir, ")");
+        }
+      } else if (err == EACCES) {
+        hint = absl::StrCat(" (uid ", uid,
+                            " cannot execute it: check its mode, the x bits of its directories "
+                            "and noexec mounts)");
+      } else if (err == ENOEXEC) {
+        hint = " (not a format this machine runs: another architecture, or a damaged file)";
+      }
+      break;
+    }
+  }
+  if (stage >= kNoFileLimit && stage <= kSwitchUser) {
+    // EPERM: a limit above the agent's hard limit, or a user it may not
+    // become, on every try; EAGAIN (the user is at RLIMIT_NPROC) may pass.
+    if (err == EPERM) code = absl::StatusCode::kPermissionDenied;
+    if (err == EINVAL) code = absl::StatusCode::kFailedPrecondition;
+  }
+  return Status(code, absl::StrCat("launch ", program, ": ", what, ": ", std::strerror(err), hint));
+}
+
 class PosixProcessLauncher : public ProcessLauncher {
  public:
   StatusOr<std::unique_ptr<Process>> Launch(const LaunchSpec& spec) override {
     if (spec.argv.empty() || spec.argv[0].empty()) {
       return absl::InvalidArgumentError("launch: empty command");
     }
+    const std::string context = absl::StrCat("launch ", spec.argv[0]);
     std::optional<User> user;
     if (!spec.run_as.empty()) {
-      ASSIGN_OR_RETURN(user, LookupUser(spec.run_as));
+      auto found = LookupUser(spec.run_as);
+      if (!found.ok()) return Annotate(found.status(), context);
+      user = *std::move(found);
       if (user->uid == 0) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("run_as \"", spec.run_as, "\": workers never run as root"));
+        return absl::PermissionDeniedError(absl::StrCat(
+            context, ": run_as \"", spec.run_as, "\": workers never run as root"));
       }
       if (::geteuid() != 0 && ::geteuid() != user->uid) {
         return absl::PermissionDeniedError(absl::StrCat(
-            "run_as \"", spec.run_as, "\": the agent runs as uid ", ::geteuid(),
+            context, ": run_as \"", spec.run_as, "\": the agent runs as uid ", ::geteuid(),
             " and cannot switch users (run lockstepd as root to use run_as)"));
       }
+    }
+    const uid_t worker_uid = user ? user->uid : ::geteuid();
+    // execvpe would search the agent's PATH; the worker's is the one its
+    // owner set. The candidates are built here: the child may only make
+    // async-signal-safe calls.
+    const bool search = spec.argv[0].find('/') == std::string::npos;
+    std::string search_path = kDefaultSearchPath;
+    for (const auto& e : spec.env) {
+      if (e.rfind("PATH=", 0) == 0) search_path = e.substr(5);
+    }
+    std::vector<std::string> exec_paths;
+    if (search) {
+      for (absl::string_view dir : absl::StrSplit(search_path, ':')) {
+        exec_paths.push_back(dir.empty() ? "./" + spec.argv[0]
+                                         : absl::StrCat(dir, "/", spec.argv[0]));
+      }
+    } else {
+      exec_paths.push_back(spec.argv[0]);
     }
     std::vector<char*> argv;
     for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
@@ -138,11 +284,12 @@ class PosixProcessLauncher : public ProcessLauncher {
     for (const auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
     envp.push_back(nullptr);
 
-    auto open_out = [](const std::string& path) -> StatusOr<int> {
+    auto open_out = [&context](const std::string& path) -> StatusOr<int> {
       if (path.empty()) return ::open("/dev/null", O_WRONLY | O_CLOEXEC);
       int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
       if (fd < 0) {
-        return absl::UnavailableError(absl::StrCat("open ", path, ": ", std::strerror(errno)));
+        return absl::UnavailableError(absl::StrCat(context, ": open log file ", path, ": ",
+                                                   std::strerror(errno)));
       }
       return fd;
     };
@@ -159,7 +306,7 @@ class PosixProcessLauncher : public ProcessLauncher {
       ::close(out_fd);
       ::close(err_fd);
       ::close(null_fd);
-      return absl::UnavailableError(absl::StrCat("pipe: ", std::strerror(errno)));
+      return absl::UnavailableError(absl::StrCat(context, ": pipe: ", std::strerror(errno)));
     }
     if (user && user->uid != ::geteuid()) {
       // The files belong to the worker's user so it can reopen them.
@@ -167,9 +314,10 @@ class PosixProcessLauncher : public ProcessLauncher {
         if (path->empty() || ::chown(path->c_str(), user->uid, user->gid) == 0) continue;
         int err = errno;
         for (int fd : {out_fd, err_fd, null_fd, pipefd[0], pipefd[1]}) ::close(fd);
-        return absl::PermissionDeniedError(absl::StrCat("cannot give log file ", *path,
-                                                        " to uid ", user->uid, ": ",
-                                                        std::strerror(err)));
+        // The node's log dir, not the job's program, is at fault.
+        return absl::UnavailableError(absl::StrCat(context, ": cannot give log file ", *path,
+                                                   " to uid ", user->uid, ": ",
+                                                   std::strerror(err)));
       }
     }
     pid_t parent = ::getpid();
@@ -181,7 +329,7 @@ class PosixProcessLauncher : public ProcessLauncher {
       ::close(null_fd);
       ::close(pipefd[0]);
       ::close(pipefd[1]);
-      return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(err)));
+      return absl::UnavailableError(absl::StrCat(context, ": fork: ", std::strerror(err)));
     }
     if (pid == 0) {
       // Child: async-signal-safe calls only.
@@ -200,27 +348,42 @@ class PosixProcessLauncher : public ProcessLauncher {
         if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
       }
       if (::dup2(null_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0) fail(1);
-      if (!spec.working_dir.empty() && ::chdir(spec.working_dir.c_str()) != 0) fail(2);
+      for (int fd : spec.inherit_fds) {
+        if (::fcntl(fd, F_SETFD, 0) != 0) fail(1);
+      }
+      if (!spec.working_dir.empty() && ::chdir(spec.working_dir.c_str()) != 0) fail(kChdir);
       struct rlimit rl;
       if (spec.max_open_files > 0) {
         rl.rlim_cur = rl.rlim_max = spec.max_open_files;
-        if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) fail(3);
+        if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) fail(kNoFileLimit);
       }
       if (spec.max_address_space > 0) {
         rl.rlim_cur = rl.rlim_max = spec.max_address_space;
-        if (::setrlimit(RLIMIT_AS, &rl) != 0) fail(3);
+        if (::setrlimit(RLIMIT_AS, &rl) != 0) fail(kAddressSpaceLimit);
       }
       if (spec.max_cpu_seconds > 0) {
         rl.rlim_cur = rl.rlim_max = spec.max_cpu_seconds;
-        if (::setrlimit(RLIMIT_CPU, &rl) != 0) fail(3);
+        if (::setrlimit(RLIMIT_CPU, &rl) != 0) fail(kCpuLimit);
       }
       if (user && user->uid != ::geteuid()) {
-        if (::setgroups(user->groups.size(), user->groups.data()) != 0) fail(4);
-        if (::setgid(user->gid) != 0) fail(4);
-        if (::setuid(user->uid) != 0) fail(4);
+        if (::setgroups(user->groups.size(), user->groups.data()) != 0) fail(kSwitchUser);
+        if (::setgid(user->gid) != 0) fail(kSwitchUser);
+        if (::setuid(user->uid) != 0) fail(kSwitchUser);
       }
-      ::execvpe(argv[0], argv.data(), envp.data());
-      fail(5);
+      // execvp's search: a directory where the program is missing or
+      // denied moves on to the next; any other error stops it. Each
+      // candidate has a '/', so execvpe only adds its fallback of running a
+      // file without #! through /bin/sh.
+      int err = ENOENT;
+      bool denied = false;
+      for (const std::string& path : exec_paths) {
+        ::execvpe(path.c_str(), argv.data(), envp.data());
+        err = errno;
+        denied = denied || err == EACCES;
+        if (!search || !SkippedInPathSearch(err)) break;
+      }
+      errno = search && SkippedInPathSearch(err) ? (denied ? EACCES : ENOENT) : err;
+      fail(kExec);
     }
     ::setpgid(pid, pid);  // also from the parent: no race with SignalGroup
     ::close(pipefd[1]);
@@ -236,20 +399,25 @@ class PosixProcessLauncher : public ProcessLauncher {
     if (n == static_cast<ssize_t>(sizeof(msg))) {
       int st;
       ::waitpid(pid, &st, 0);
-      static const char* kStage[] = {"", "redirecting output", "chdir to working dir",
-                                     "setrlimit", "switching user", "exec"};
-      std::string what = absl::StrCat("launch ", spec.argv[0], ": ", kStage[msg[0]],
-                                       msg[0] == 2 ? " " + spec.working_dir : "", ": ",
-                                       std::strerror(msg[1]));
-      if (msg[1] == ENOENT) return absl::NotFoundError(what);
-      if (msg[1] == EACCES || msg[1] == EPERM) return absl::PermissionDeniedError(what);
-      return absl::UnavailableError(what);
+      return ChildFailure(spec, search_path, worker_uid, msg[0], msg[1]);
     }
-    return std::unique_ptr<Process>(new PosixProcess(pid));
+    return std::unique_ptr<Process>(new PosixProcess(pid, spec.on_exit));
   }
 };
 
 }  // namespace
+
+bool IsPermanentLaunchError(const Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+      return true;
+    default:
+      return false;
+  }
+}
 
 std::unique_ptr<ProcessLauncher> NewPosixProcessLauncher() {
   return std::make_unique<PosixProcessLauncher>();

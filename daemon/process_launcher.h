@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,7 +28,10 @@ namespace lockstep {
 namespace daemon {
 
 struct LaunchSpec {
-  std::vector<std::string> argv;  // argv[0] is looked up in PATH if it has no '/'
+  // argv[0] without a '/' is looked up as execvp does, in the PATH of `env`
+  // (default /bin:/usr/bin), not the agent's; a relative path with a '/' is
+  // taken from working_dir.
+  std::vector<std::string> argv;
   std::vector<std::string> env;   // the complete environment, "KEY=VALUE"
   std::string working_dir;        // empty: inherit
   std::string stdout_path;        // opened O_APPEND|O_CREAT, mode 0640
@@ -36,6 +40,13 @@ struct LaunchSpec {
   int64_t max_address_space = 0;  // RLIMIT_AS bytes; 0 = inherit
   int64_t max_cpu_seconds = 0;    // RLIMIT_CPU; 0 = inherit
   std::string run_as;             // user name or uid; empty = the agent's user
+  // Descriptors the worker inherits under the same numbers (the caller
+  // opens them O_CLOEXEC; the child clears the flag on these only).
+  std::vector<int> inherit_fds;
+  // Called once, from a watcher thread, the moment the process exits (so
+  // the caller can report it at once instead of at its next poll). Must be
+  // thread-safe and must not block.
+  std::function<void()> on_exit;
 };
 
 struct ExitStatus {
@@ -62,12 +73,29 @@ class Process {
 class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
-  // Starts the process. Errors: InvalidArgument (empty argv), NotFound /
-  // PermissionDenied (exec failed, naming the program and errno text;
-  // run_as names root or a user the agent cannot switch to), Unavailable
-  // (fork or file errors naming the path).
+  // Starts the process. Every error names the program (argv[0]) and what
+  // was wrong. Two kinds (IsPermanentLaunchError tells them apart):
+  //  - permanent, the same on every try:
+  //    InvalidArgument: empty argv.
+  //    NotFound: exec ENOENT (with the PATH searched, or the note that the
+  //      file exists and its interpreter does not), the working dir is
+  //      missing, run_as names no user.
+  //    PermissionDenied: exec or chdir EACCES/EPERM, run_as is root or a
+  //      user the agent cannot switch to, a resource limit above the hard
+  //      limit.
+  //    FailedPrecondition: any other exec or chdir error that a retry
+  //      cannot change (ENOEXEC, ENOTDIR, ELOOP, ENAMETOOLONG, EISDIR,
+  //      E2BIG, EINVAL, ELIBBAD).
+  //  - transient, Unavailable: the node is short of something for now
+  //    (fork, pipe, the log files, the user database, ENOMEM/EAGAIN/EMFILE
+  //    at exec).
   virtual StatusOr<std::unique_ptr<Process>> Launch(const LaunchSpec& spec) = 0;
 };
+
+// True for the codes Launch uses for a launch that cannot succeed on retry
+// (InvalidArgument, NotFound, PermissionDenied, FailedPrecondition); false
+// for OK and for Unavailable and any other code.
+bool IsPermanentLaunchError(const Status& status);
 
 // The fork/exec launcher described above.
 std::unique_ptr<ProcessLauncher> NewPosixProcessLauncher();

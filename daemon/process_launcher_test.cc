@@ -1,6 +1,7 @@
 #include "daemon/process_launcher.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -91,6 +92,155 @@ TEST(PosixProcessLauncherTest, ExecFailureIsAnErrorNamingTheProgram) {
   p = launcher->Launch(spec);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("/nonexistent-dir"), std::string::npos);
+}
+
+// Writes `text` to `path` with `mode`; returns the path.
+std::string WriteFile(const std::string& path, const std::string& text, mode_t mode) {
+  ::unlink(path.c_str());
+  std::ofstream(path) << text;
+  ::chmod(path.c_str(), mode);
+  return path;
+}
+
+Status LaunchError(LaunchSpec spec) {
+  auto p = NewPosixProcessLauncher()->Launch(spec);
+  return p.ok() ? absl::OkStatus() : p.status();
+}
+
+TEST(PosixProcessLauncherTest, MissingProgramIsNotFoundAndPermanent) {
+  LaunchSpec spec;
+  spec.argv = {"/nonexistent/train"};
+  Status st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(st.message(),
+            "launch /nonexistent/train: exec \"/nonexistent/train\": No such file or directory");
+  EXPECT_TRUE(IsPermanentLaunchError(st));
+}
+
+TEST(PosixProcessLauncherTest, BareNameMissingFromTheWorkersPathSaysWhichPath) {
+  LaunchSpec spec;
+  spec.argv = {"no-such-program-lockstep"};
+  spec.env = {"PATH=/usr/bin:/bin"};
+  Status st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(st.message(),
+            "launch no-such-program-lockstep: exec \"no-such-program-lockstep\": No such file or "
+            "directory (not found in PATH=/usr/bin:/bin; give an absolute path)");
+}
+
+// The lookup uses the PATH the worker gets, not the agent's own.
+TEST(PosixProcessLauncherTest, BareNameIsLookedUpInTheWorkersPath) {
+  std::string dir = TmpDir() + "/worker-bin";
+  ::mkdir(dir.c_str(), 0755);
+  WriteFile(dir + "/lockstep-tool", "#!/bin/sh\nexit 7\n", 0755);
+  LaunchSpec spec;
+  spec.argv = {"lockstep-tool"};
+  spec.env = {"PATH=/nonexistent:" + dir};
+  auto p = NewPosixProcessLauncher()->Launch(spec);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(WaitExit(p->get()).exit_code, 7);
+}
+
+TEST(PosixProcessLauncherTest, FileWithoutExecuteBitIsPermissionDenied) {
+  LaunchSpec spec;
+  spec.argv = {WriteFile(TmpDir() + "/not-executable", "#!/bin/sh\nexit 0\n", 0644)};
+  Status st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("launch " + spec.argv[0] + ": exec \"" + spec.argv[0] +
+                              "\": Permission denied (uid "),
+            std::string::npos)
+      << st;
+  EXPECT_TRUE(IsPermanentLaunchError(st));
+}
+
+// execve says ENOENT for a file that exists when its interpreter does not.
+TEST(PosixProcessLauncherTest, MissingInterpreterIsNotFoundAndSaysTheFileExists) {
+  LaunchSpec spec;
+  spec.argv = {WriteFile(TmpDir() + "/bad-shebang", "#!/nonexistent/interp\n", 0755)};
+  Status st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(st.message().find("the file exists: the interpreter"), std::string::npos) << st;
+}
+
+TEST(PosixProcessLauncherTest, BadPathShapesAreFailedPrecondition) {
+  LaunchSpec spec;
+  spec.argv = {"/etc/passwd/train"};  // a file used as a directory
+  Status st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.message(), "launch /etc/passwd/train: exec \"/etc/passwd/train\": Not a directory");
+  EXPECT_TRUE(IsPermanentLaunchError(st));
+
+  std::string a = TmpDir() + "/loop-a", b = TmpDir() + "/loop-b";
+  ::unlink(a.c_str());
+  ::unlink(b.c_str());
+  ASSERT_EQ(::symlink(b.c_str(), a.c_str()), 0);
+  ASSERT_EQ(::symlink(a.c_str(), b.c_str()), 0);
+  spec.argv = {a};
+  st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("Too many levels of symbolic links"), std::string::npos) << st;
+}
+
+TEST(PosixProcessLauncherTest, MissingWorkingDirIsNotFoundNamingIt) {
+  LaunchSpec spec;
+  spec.argv = {"/bin/true"};
+  spec.working_dir = "/nonexistent-dir";
+  Status st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(st.message(),
+            "launch /bin/true: chdir to working dir /nonexistent-dir: No such file or directory");
+  EXPECT_TRUE(IsPermanentLaunchError(st));
+
+  spec.working_dir = "/etc/passwd";
+  st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("chdir to working dir /etc/passwd: Not a directory"),
+            std::string::npos)
+      << st;
+}
+
+TEST(PosixProcessLauncherTest, UnknownUserIsNotFoundNamingTheProgramAndUser) {
+  LaunchSpec spec;
+  spec.argv = {"/bin/true"};
+  spec.run_as = "no-such-user-lockstep";
+  Status st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(st.message(), "launch /bin/true: run_as: no such user \"no-such-user-lockstep\"");
+  EXPECT_TRUE(IsPermanentLaunchError(st));
+}
+
+// Above fs.nr_open, which binds root too.
+TEST(PosixProcessLauncherTest, LimitAboveTheHardLimitIsPermissionDeniedNamingIt) {
+  LaunchSpec spec;
+  spec.argv = {"/bin/true"};
+  spec.max_open_files = int64_t{1} << 40;
+  Status st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("launch /bin/true: setrlimit RLIMIT_NOFILE to 1099511627776"),
+            std::string::npos)
+      << st;
+}
+
+// The node's own files failing may pass: the job gets its restarts.
+TEST(PosixProcessLauncherTest, UnopenableLogFileIsUnavailableAndTransient) {
+  LaunchSpec spec;
+  spec.argv = {"/bin/true"};
+  spec.stdout_path = "/nonexistent-dir/out.log";
+  Status st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(st.message(),
+            "launch /bin/true: open log file /nonexistent-dir/out.log: No such file or directory");
+  EXPECT_FALSE(IsPermanentLaunchError(st));
+}
+
+TEST(IsPermanentLaunchErrorTest, OnlyTheDocumentedCodesArePermanent) {
+  EXPECT_TRUE(IsPermanentLaunchError(absl::InvalidArgumentError("x")));
+  EXPECT_TRUE(IsPermanentLaunchError(absl::NotFoundError("x")));
+  EXPECT_TRUE(IsPermanentLaunchError(absl::PermissionDeniedError("x")));
+  EXPECT_TRUE(IsPermanentLaunchError(absl::FailedPreconditionError("x")));
+  EXPECT_FALSE(IsPermanentLaunchError(absl::UnavailableError("x")));
+  EXPECT_FALSE(IsPermanentLaunchError(absl::InternalError("x")));
+  EXPECT_FALSE(IsPermanentLaunchError(absl::OkStatus()));
 }
 
 TEST(PosixProcessLauncherTest, RefusesRoot) {

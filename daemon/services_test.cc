@@ -29,7 +29,7 @@ class ServicesTest : public ::testing::Test {
     const char* tmp = std::getenv("TEST_TMPDIR");
     CoordinatorOptions options;
     options.heartbeat_interval = std::chrono::milliseconds(50);
-    coordinator_ = std::make_unique<Coordinator>(options, RealClock(), &store_, &rendezvous_);
+    coordinator_ = std::make_unique<Coordinator>(options, RealClock(), &store_);
     EXPECT_TRUE(coordinator_->Recover().ok());
     coordinator_service_ = std::make_unique<CoordinatorGrpcService>(coordinator_.get(), kToken);
     launcher_ = NewPosixProcessLauncher();
@@ -77,7 +77,6 @@ class ServicesTest : public ::testing::Test {
   };
 
   FakeJobStore store_;
-  rendezvous::RendezvousCore rendezvous_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorGrpcService> coordinator_service_;
   std::unique_ptr<ProcessLauncher> launcher_;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
 #include "common/logging.h"
+#include "common/worker_link.h"
 #include "ddp/data_plane.h"
 #include "ddp/gloo_communicator.h"
 #include "ddp/hierarchical_communicator.h"
@@ -280,6 +281,11 @@ Status CheckBackend(const std::string& backend) {
 }  // namespace
 
 StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
+  // Under lockstepd: tell the agent the bootstrap began (dying before it
+  // ends is a startup failure), and fence this worker if the agent stops
+  // renewing its lease (common/worker_link.h). No-ops otherwise.
+  worker_link::MarkBootstrap(worker_link::kBootstrapBegun);
+  const bool fenced = worker_link::StartFenceWatchdog();
   if (options.keep_freed_memory) KeepFreedMemory();
   ASSIGN_OR_RETURN(WorkerEnv env, ParseWorkerEnv([](const char* n) { return std::getenv(n); }));
   std::string backend = options.backend;
@@ -305,6 +311,8 @@ StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
            (*comm)->backend(), env.world_size, env.round,
            env.store_address.empty() ? env.master_addr : env.store_address, data.address,
            data.source, ToSeconds(RealClock()->Now() - start));
+  if (fenced) log.Debug("fence watchdog on: this worker stops itself if its agent's lease lapses");
+  worker_link::MarkBootstrap(worker_link::kBootstrapDone);
   return std::make_unique<ProcessGroup>(std::move(env), std::move(store),
                                         std::shared_ptr<Communicator>(std::move(*comm)));
 }

@@ -1,5 +1,5 @@
-// Start and stop of the project's gRPC servers (lockstepd, StoreServer,
-// RendezvousServer): one place for the builder settings they share.
+// Start and stop of the project's gRPC servers (lockstepd, StoreServer): one
+// place for the builder settings they share.
 //
 // No port is ever shared: gRPC sets SO_REUSEPORT by default on Linux, which
 // lets a second server bind a port in use and take half its connections.

@@ -1,12 +1,12 @@
 #include "rendezvous/memory_store.h"
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/mutex.h"
 
 namespace lockstep {
 namespace rendezvous {
@@ -57,30 +57,37 @@ StatusOr<std::vector<std::string>> MemoryStore::BlockingWait(const std::vector<s
   // The core's deadline is left open (max): this thread keeps real time
   // itself, so the store works the same on a core driven by a FakeClock.
   struct Slot {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<StatusOr<std::vector<std::string>>> result;
+    Mutex mu;
+    CondVar cv;
+    std::optional<StatusOr<std::vector<std::string>>> result ABSL_GUARDED_BY(mu);
   };
   auto slot = std::make_shared<Slot>();
   StoreCore::WaitId id = core_->WaitAsync(
       ns_, keys, MonoTime::max(), want_values,
       [slot](StatusOr<std::vector<std::string>> result) {
-        std::lock_guard<std::mutex> lock(slot->mu);
+        MutexLock lock(&slot->mu);
         slot->result = std::move(result);
-        slot->cv.notify_all();
+        slot->cv.SignalAll();
       });
-  std::unique_lock<std::mutex> lock(slot->mu);
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  if (!slot->cv.wait_until(lock, deadline, [&] { return slot->result.has_value(); })) {
-    lock.unlock();
-    if (core_->CancelWait(id)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("store keys not set in namespace '", ns_, "' within ",
-                       ToSeconds(timeout), " s: ", absl::StrJoin(core_->MissingKeys(ns_, keys), ", ")));
+  bool done = false;
+  {
+    MutexLock lock(&slot->mu);
+    const auto start = std::chrono::steady_clock::now();
+    while (!slot->result.has_value()) {
+      Duration left = timeout - (std::chrono::steady_clock::now() - start);
+      if (left <= Duration::zero()) break;
+      slot->cv.WaitWithTimeout(&slot->mu, left);
     }
-    lock.lock();  // the callback is running on another thread: take its result
-    slot->cv.wait(lock, [&] { return slot->result.has_value(); });
+    done = slot->result.has_value();
   }
+  if (!done && core_->CancelWait(id)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("store keys not set in namespace '", ns_, "' within ", ToSeconds(timeout),
+                     " s: ", absl::StrJoin(core_->MissingKeys(ns_, keys), ", ")));
+  }
+  // Not cancelled: the callback has run, or is running on another thread.
+  MutexLock lock(&slot->mu);
+  while (!slot->result.has_value()) slot->cv.Wait(&slot->mu);
   return std::move(*slot->result);
 }
 

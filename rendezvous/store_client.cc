@@ -4,14 +4,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "lockstep/v1/store.grpc.pb.h"
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/store_core.h"
@@ -49,7 +49,7 @@ class Session {
       : address_(address) {
     if (!token.empty()) ctx_.AddMetadata("authorization", "Bearer " + token);
     stream_ = stub->PrepareAsyncSession(&ctx_, &cq_);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stream_->StartCall(&start_tag_);
     start_outstanding_ = true;
     stream_->Read(&incoming_, &read_tag_);
@@ -58,17 +58,19 @@ class Session {
 
   ~Session() {
     ctx_.TryCancel();
-    std::unique_lock<std::mutex> lock(mu_);
-    while (start_outstanding_ || read_outstanding_ || write_outstanding_ || finish_outstanding_) {
-      void* tag;
-      bool ok;
-      lock.unlock();
-      bool got = cq_.Next(&tag, &ok);
-      lock.lock();
-      if (!got) break;
-      HandleLocked(tag, ok);
+    {
+      MutexLock lock(&mu_);
+      while (start_outstanding_ || read_outstanding_ || write_outstanding_ ||
+             finish_outstanding_) {
+        void* tag;
+        bool ok;
+        mu_.Unlock();
+        bool got = cq_.Next(&tag, &ok);
+        mu_.Lock();
+        if (!got) break;
+        HandleLocked(tag, ok);
+      }
     }
-    lock.unlock();
     cq_.Shutdown();
     void* tag;
     bool ok;
@@ -77,7 +79,7 @@ class Session {
   }
 
   bool broken() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return broken_;
   }
 
@@ -86,7 +88,7 @@ class Session {
   // the server), DeadlineExceeded (no reply in time).
   StatusOr<v1::StoreOpResult> Call(const v1::StoreOp& op, SteadyTime deadline, bool* sent) {
     Pending pending;
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     *sent = false;
     // Take in completions that arrived while nobody polled (a server that
     // went away since the last call), so such an op is not sent into a dead
@@ -110,17 +112,17 @@ class Session {
     while (!pending.done) {
       if (!polling_) {
         polling_ = true;
-        lock.unlock();
+        mu_.Unlock();
         void* tag;
         bool ok;
         auto status = cq_.AsyncNext(&tag, &ok, ToSystem(deadline));
-        lock.lock();
+        mu_.Lock();
         polling_ = false;
         if (status == grpc::CompletionQueue::GOT_EVENT) HandleLocked(tag, ok);
-        cv_.notify_all();  // results handed over, and the poller role is free
+        cv_.SignalAll();  // results handed over, and the poller role is free
         if (status != grpc::CompletionQueue::GOT_EVENT && !pending.done) break;
-      } else if (!cv_.wait_until(lock, deadline, [&] { return pending.done || !polling_; })) {
-        break;
+      } else if (cv_.WaitWithDeadline(&mu_, deadline) && !pending.done && polling_) {
+        break;  // timed out, still waiting on another caller's poll
       }
     }
     if (!pending.done) {
@@ -132,13 +134,13 @@ class Session {
   }
 
  private:
+  // An op awaiting its result; on the caller's stack, touched under mu_.
   struct Pending {
     bool done = false;
     StatusOr<v1::StoreOpResult> result;
   };
 
-  // REQUIRES: mu_ held.
-  void HandleLocked(void* tag, bool ok) {
+  void HandleLocked(void* tag, bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (tag == &start_tag_) {
       start_outstanding_ = false;
       if (!ok) {
@@ -182,7 +184,7 @@ class Session {
     MaybeFinishLocked();
   }
 
-  void BreakLocked(const char* why) {
+  void BreakLocked(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!broken_) {
       broken_ = true;
       broken_status_ =
@@ -197,7 +199,7 @@ class Session {
   }
 
   // Finish once the read side is over and nothing else is outstanding.
-  void MaybeFinishLocked() {
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (broken_ && !finish_called_ && !start_outstanding_ && !read_outstanding_ &&
         !write_outstanding_) {
       finish_called_ = true;
@@ -213,20 +215,20 @@ class Session {
   // Tags: their addresses identify completions.
   char start_tag_ = 0, read_tag_ = 0, write_tag_ = 0, finish_tag_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::unordered_map<uint64_t, Pending*> pending_;  // GUARDED_BY(mu_)
-  std::deque<v1::StoreOp> write_queue_;             // GUARDED_BY(mu_)
-  v1::StoreOpResult incoming_;                      // the posted Read's target
+  Mutex mu_;
+  CondVar cv_;  // a result was handed over, or the poller role is free
+  std::unordered_map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::StoreOp> write_queue_ ABSL_GUARDED_BY(mu_);
+  v1::StoreOpResult incoming_;  // the posted Read's target
   grpc::Status finish_status_;
-  bool polling_ = false;             // GUARDED_BY(mu_)
-  bool start_outstanding_ = false;   // GUARDED_BY(mu_)
-  bool read_outstanding_ = false;    // GUARDED_BY(mu_)
-  bool write_outstanding_ = false;   // GUARDED_BY(mu_)
-  bool finish_called_ = false;       // GUARDED_BY(mu_)
-  bool finish_outstanding_ = false;  // GUARDED_BY(mu_)
-  bool broken_ = false;              // GUARDED_BY(mu_)
-  Status broken_status_;             // GUARDED_BY(mu_)
+  bool polling_ ABSL_GUARDED_BY(mu_) = false;
+  bool start_outstanding_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_outstanding_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_outstanding_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_outstanding_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  Status broken_status_ ABSL_GUARDED_BY(mu_);
 };
 
 class GrpcStore : public Store {
@@ -250,8 +252,9 @@ class GrpcStore : public Store {
   }
 
   ~GrpcStore() override {
-    std::lock_guard<std::timed_mutex> lock(session_mu_);
-    session_.reset();
+    std::shared_ptr<Session> session;  // drained outside the lock
+    MutexLock lock(&session_mu_);
+    session = std::move(session_);
   }
 
   Status Connect(Duration timeout) {
@@ -416,23 +419,37 @@ class GrpcStore : public Store {
     }
   }
 
-  // The live session, reconnecting if there is none or it broke.
+  // The live session, reconnecting if there is none or it broke. One caller
+  // reconnects at a time, without holding session_mu_ while it waits for the
+  // channel; the others wait for it no longer than their own deadline.
   StatusOr<std::shared_ptr<Session>> AcquireSession(SteadyTime deadline) {
-    // Another caller may be reconnecting (up to its own deadline): wait for
-    // it no longer than ours.
-    std::unique_lock<std::timed_mutex> lock(session_mu_, std::defer_lock);
-    if (!lock.try_lock_until(deadline)) {
-      return absl::UnavailableError(
-          absl::StrCat("store server at ", address_, ": still reconnecting"));
+    std::shared_ptr<Session> old;  // dropped outside the lock
+    {
+      MutexLock lock(&session_mu_);
+      while (reconnecting_) {
+        if (session_cv_.WaitWithDeadline(&session_mu_, deadline) && reconnecting_) {
+          return absl::UnavailableError(
+              absl::StrCat("store server at ", address_, ": still reconnecting"));
+        }
+      }
+      if (session_ != nullptr && !session_->broken()) return session_;
+      old = std::move(session_);
+      reconnecting_ = true;
     }
-    if (session_ != nullptr && !session_->broken()) return session_;
-    session_.reset();
-    if (!channel_->WaitForConnected(ToSystem(deadline))) {
+    old.reset();
+    std::shared_ptr<Session> fresh;
+    if (channel_->WaitForConnected(ToSystem(deadline))) {
+      fresh = std::make_shared<Session>(stub_.get(), address_, options_.token);
+    }
+    MutexLock lock(&session_mu_);
+    reconnecting_ = false;
+    session_cv_.SignalAll();
+    if (fresh == nullptr) {
       return absl::UnavailableError(
           absl::StrCat("store server at ", address_, " is not reachable"));
     }
-    session_ = std::make_shared<Session>(stub_.get(), address_, options_.token);
-    return session_;
+    session_ = fresh;
+    return fresh;
   }
 
   const std::string address_;
@@ -441,8 +458,10 @@ class GrpcStore : public Store {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::StoreService::Stub> stub_;
   std::atomic<uint64_t> next_id_{1};
-  std::timed_mutex session_mu_;
-  std::shared_ptr<Session> session_;  // GUARDED_BY(session_mu_)
+  Mutex session_mu_;
+  CondVar session_cv_;  // signalled when a reconnect ends
+  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(session_mu_);
+  bool reconnecting_ ABSL_GUARDED_BY(session_mu_) = false;
 };
 
 }  // namespace

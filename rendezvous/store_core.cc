@@ -73,10 +73,10 @@ StoreCore::StoreCore(Clock* clock, Options options) : clock_(clock), options_(op
 
 StoreCore::~StoreCore() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  expiry_cv_.notify_all();
+  expiry_cv_.SignalAll();
   if (expiry_thread_.joinable()) expiry_thread_.join();
 }
 
@@ -178,7 +178,7 @@ Status StoreCore::Set(const std::string& ns, const std::string& key, std::string
   RETURN_IF_ERROR(ValidateValue(key, value));
   Ready ready;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Namespace* space = FindNamespace(ns);
     bool exists = space != nullptr && space->values.count(key) > 0;
     if (!exists) RETURN_IF_ERROR(CheckRoomLocked(ns, space, 1));
@@ -191,7 +191,7 @@ Status StoreCore::Set(const std::string& ns, const std::string& key, std::string
 StatusOr<std::string> StoreCore::TryGet(const std::string& ns, const std::string& key) const {
   RETURN_IF_ERROR(ValidateNamespace(ns));
   RETURN_IF_ERROR(ValidateKey(key));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Namespace* space = FindNamespace(ns);
   if (space != nullptr) {
     auto it = space->values.find(key);
@@ -207,7 +207,7 @@ StatusOr<int64_t> StoreCore::Add(const std::string& ns, const std::string& key, 
   Ready ready;
   int64_t result = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Namespace* space = FindNamespace(ns);
     int64_t current = 0;
     const std::string* old = nullptr;
@@ -240,7 +240,7 @@ StatusOr<CompareSetResult> StoreCore::CompareSet(const std::string& ns, const st
   Ready ready;
   CompareSetResult result;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Namespace* space = FindNamespace(ns);
     const std::string* old = nullptr;
     if (space != nullptr) {
@@ -264,7 +264,7 @@ StatusOr<CompareSetResult> StoreCore::CompareSet(const std::string& ns, const st
 StatusOr<bool> StoreCore::Delete(const std::string& ns, const std::string& key) {
   RETURN_IF_ERROR(ValidateNamespace(ns));
   RETURN_IF_ERROR(ValidateKey(key));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Namespace* space = FindNamespace(ns);
   if (space == nullptr) return false;
   bool erased = space->values.erase(key) > 0;
@@ -274,7 +274,7 @@ StatusOr<bool> StoreCore::Delete(const std::string& ns, const std::string& key) 
 
 StatusOr<int64_t> StoreCore::NumKeys(const std::string& ns) const {
   RETURN_IF_ERROR(ValidateNamespace(ns));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Namespace* space = FindNamespace(ns);
   return space == nullptr ? 0 : static_cast<int64_t>(space->values.size());
 }
@@ -294,7 +294,7 @@ Status StoreCore::MultiSet(const std::string& ns,
   }
   Ready ready;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Namespace* space = FindNamespace(ns);
     size_t new_keys = 0;
     for (const auto& entry : entries) {
@@ -316,7 +316,7 @@ StoreCore::WaitId StoreCore::WaitAsync(const std::string& ns, const std::vector<
   Ready ready;
   WaitId id = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     id = next_wait_id_++;
     if (!valid.ok()) {
       ready.emplace_back(std::move(callback), valid);
@@ -353,7 +353,7 @@ StoreCore::WaitId StoreCore::WaitAsync(const std::string& ns, const std::vector<
       } else if (deadline != MonoTime::max()) {
         bool earliest = deadlines_.empty() || deadline < deadlines_.begin()->first;
         waiter.deadline_it = deadlines_.emplace(deadline, id);
-        if (earliest) expiry_cv_.notify_all();
+        if (earliest) expiry_cv_.SignalAll();
       }
     }
   }
@@ -362,7 +362,7 @@ StoreCore::WaitId StoreCore::WaitAsync(const std::string& ns, const std::vector<
 }
 
 bool StoreCore::CancelWait(WaitId id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = waiters_.find(id);
   if (it == waiters_.end()) return false;
   std::string ns = it->second.ns;
@@ -373,7 +373,7 @@ bool StoreCore::CancelWait(WaitId id) {
 
 std::vector<std::string> StoreCore::MissingKeys(const std::string& ns,
                                                 const std::vector<std::string>& keys) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Namespace* space = FindNamespace(ns);
   std::vector<std::string> missing;
   for (const std::string& key : keys) {
@@ -386,7 +386,7 @@ MonoTime StoreCore::ExpireWaiters() {
   Ready ready;
   MonoTime next = MonoTime::max();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     MonoTime now = clock_->Now();
     while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
       WaitId id = deadlines_.begin()->second;
@@ -433,7 +433,7 @@ bool StoreCore::DeleteNamespace(const std::string& ns) {
   Ready ready;
   int dropped = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     dropped = DeleteNamespaceLocked(ns, &ready);
   }
   RunReady(&ready);
@@ -444,7 +444,7 @@ int StoreCore::DeleteNamespacesWithPrefix(const std::string& prefix) {
   Ready ready;
   int dropped = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::vector<std::string> names;
     for (auto it = namespaces_.lower_bound(prefix);
          it != namespaces_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
@@ -457,31 +457,32 @@ int StoreCore::DeleteNamespacesWithPrefix(const std::string& prefix) {
 }
 
 int64_t StoreCore::NumNamespaces() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return namespaces_.size();
 }
 
 int64_t StoreCore::NumPendingWaiters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return waiters_.size();
 }
 
 void StoreCore::ExpiryLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (!stopping_) {
     if (deadlines_.empty()) {
-      expiry_cv_.wait(lock);
+      expiry_cv_.Wait(&mu_);
       continue;
     }
     Duration until = deadlines_.begin()->first - clock_->Now();
     if (until > Duration::zero()) {
-      expiry_cv_.wait_for(lock, until);
+      expiry_cv_.WaitWithTimeout(&mu_, until);
       continue;
     }
-    lock.unlock();
+    mu_.Unlock();  // ExpireWaiters takes the lock and runs callbacks without it
     ExpireWaiters();
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 }  // namespace rendezvous

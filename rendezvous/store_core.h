@@ -30,19 +30,19 @@
 #ifndef LOCKSTEP_RENDEZVOUS_STORE_CORE_H_
 #define LOCKSTEP_RENDEZVOUS_STORE_CORE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "rendezvous/store.h"
 
@@ -180,32 +180,38 @@ class StoreCore {
   // A callback ready to run once the lock is released.
   using Ready = std::vector<std::pair<WaitCallback, StatusOr<std::vector<std::string>>>>;
 
-  Namespace* FindNamespace(const std::string& ns);
-  const Namespace* FindNamespace(const std::string& ns) const;
-  // Stores `value`; collects waiters this write completes. REQUIRES: mu_ held,
-  // inputs validated, room checked.
-  void WriteLocked(Namespace& space, const std::string& key, std::string value, Ready* ready);
-  Status CheckRoomLocked(const std::string& ns, const Namespace* space, size_t new_keys) const;
+  Namespace* FindNamespace(const std::string& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Namespace* FindNamespace(const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores `value`; collects waiters this write completes. REQUIRES: inputs
+  // validated, room checked.
+  void WriteLocked(Namespace& space, const std::string& key, std::string value, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Status CheckRoomLocked(const std::string& ns, const Namespace* space, size_t new_keys) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-checks a waiter whose missing count reached zero (a key may have been
   // deleted since it was counted); queues it if all keys exist.
-  void CompleteOrRearmLocked(Namespace& space, Waiter& waiter, Ready* ready);
+  void CompleteOrRearmLocked(Namespace& space, Waiter& waiter, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets a waiter (and, with `unindex`, its per-key index entries).
-  void EraseWaiterLocked(WaitId id, bool unindex = true);
-  void MaybeDropEmptyLocked(const std::string& ns);
-  int DeleteNamespaceLocked(const std::string& ns, Ready* ready);
+  void EraseWaiterLocked(WaitId id, bool unindex = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeDropEmptyLocked(const std::string& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int DeleteNamespaceLocked(const std::string& ns, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs callbacks collected under the lock; called without it.
   static void RunReady(Ready* ready);
-  void ExpiryLoop();
+  void ExpiryLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   Clock* const clock_;
   const Options options_;
 
-  mutable std::mutex mu_;
-  std::map<std::string, Namespace> namespaces_;         // GUARDED_BY(mu_)
-  std::unordered_map<WaitId, Waiter> waiters_;           // GUARDED_BY(mu_)
-  std::multimap<MonoTime, WaitId> deadlines_;            // GUARDED_BY(mu_)
-  WaitId next_wait_id_ = 1;                              // GUARDED_BY(mu_)
-  bool stopping_ = false;                                // GUARDED_BY(mu_)
-  std::condition_variable expiry_cv_;
+  mutable Mutex mu_;
+  std::map<std::string, Namespace> namespaces_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::multimap<MonoTime, WaitId> deadlines_ ABSL_GUARDED_BY(mu_);
+  WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Signalled when the earliest deadline moves earlier, and at stop.
+  CondVar expiry_cv_;
   std::thread expiry_thread_;
 };
 

@@ -1,6 +1,8 @@
 #include "rendezvous/store_core.h"
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <thread>
 

@@ -14,7 +14,10 @@ StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& add
   std::unique_ptr<StoreServer> server(new StoreServer(std::move(core)));
   ASSIGN_OR_RETURN(StartedGrpcServer started,
                    StartGrpcServer(address, {server->service_.get()}, "store server"));
-  server->server_ = std::move(started.server);
+  {
+    MutexLock lock(&server->shutdown_mu_);
+    server->server_ = std::move(started.server);
+  }
   server->port_ = started.port;
   server->address_ = std::move(started.address);
   return server;
@@ -23,7 +26,7 @@ StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& add
 StoreServer::~StoreServer() { Shutdown(); }
 
 void StoreServer::Shutdown(Duration grace) {
-  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  MutexLock lock(&shutdown_mu_);
   ShutdownGrpcServer(&server_, grace);
 }
 

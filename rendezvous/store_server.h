@@ -14,9 +14,10 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "rendezvous/store_core.h"
 #include "rendezvous/store_service.h"
@@ -51,8 +52,9 @@ class StoreServer {
 
   std::shared_ptr<StoreCore> core_;
   std::unique_ptr<StoreGrpcService> service_;
-  std::mutex shutdown_mu_;
-  std::unique_ptr<grpc::Server> server_;  // GUARDED_BY(shutdown_mu_) after Start
+  // Held through a shutdown, so concurrent Shutdown calls wait for the first.
+  Mutex shutdown_mu_;
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(shutdown_mu_);
   int port_ = 0;
   std::string address_;
 };

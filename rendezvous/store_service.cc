@@ -3,12 +3,13 @@
 #include <chrono>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "rendezvous/grpc_status.h"
 
 namespace lockstep {
@@ -139,19 +140,19 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   }
 
   void OnWriteDone(bool ok) override {
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     if (!ok) {
       write_failed_ = true;
       queue_.clear();
     }
     if (queue_.empty()) {
       writing_ = false;
-      MaybeFinishLocked(lock);
+      MaybeFinishLocked();
       return;
     }
     current_ = std::move(queue_.front());
     queue_.pop_front();
-    lock.unlock();
+    mu_.Unlock();
     StartWrite(&current_);
   }
 
@@ -243,7 +244,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
     }
     uint64_t seq;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       seq = next_seq_++;
       waits_[seq] = 0;
     }
@@ -259,11 +260,11 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
               for (std::string& v : *values) result.mutable_multi_get()->add_values(std::move(v));
             }
           }
-          std::unique_lock<std::mutex> lock(mu_);
+          mu_.Lock();
           waits_.erase(seq);
-          EnqueueLocked(std::move(result), values.status(), lock);
+          EnqueueLocked(std::move(result), values.status());
         });
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = waits_.find(seq);
     if (it != waits_.end()) it->second = id;
   }
@@ -273,52 +274,51 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   void CancelWaits() {
     std::vector<std::pair<uint64_t, StoreCore::WaitId>> waits;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       reads_done_ = true;
       waits.assign(waits_.begin(), waits_.end());
     }
     for (const auto& [seq, id] : waits) {
       if (core_->CancelWait(id)) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         waits_.erase(seq);
       }
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    MaybeFinishLocked(lock);
+    mu_.Lock();
+    MaybeFinishLocked();
   }
 
   void Complete(v1::StoreOpResult result, const Status& status) {
-    std::unique_lock<std::mutex> lock(mu_);
-    EnqueueLocked(std::move(result), status, lock);
+    mu_.Lock();
+    EnqueueLocked(std::move(result), status);
   }
 
-  // Queues a result and starts writing if idle. Releases `lock`.
-  void EnqueueLocked(v1::StoreOpResult result, const Status& status,
-                     std::unique_lock<std::mutex>& lock) {
+  // Queues a result and starts writing if idle. Releases mu_.
+  void EnqueueLocked(v1::StoreOpResult result, const Status& status) ABSL_UNLOCK_FUNCTION(mu_) {
     if (!status.ok()) {
       result.set_code(static_cast<int32_t>(status.code()));
       result.set_message(std::string(status.message()));
     }
     if (write_failed_) {
-      MaybeFinishLocked(lock);
+      MaybeFinishLocked();
       return;
     }
     if (writing_) {
       queue_.push_back(std::move(result));
-      lock.unlock();
+      mu_.Unlock();
       return;
     }
     writing_ = true;
     current_ = std::move(result);
-    lock.unlock();
+    mu_.Unlock();
     StartWrite(&current_);
   }
 
-  // Releases `lock`.
-  void MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
+  // Finishes the stream if nothing is left to do. Releases mu_.
+  void MaybeFinishLocked() ABSL_UNLOCK_FUNCTION(mu_) {
     bool finish = reads_done_ && waits_.empty() && !writing_ && queue_.empty() && !finished_;
     if (finish) finished_ = true;
-    lock.unlock();
+    mu_.Unlock();
     if (finish) Finish(grpc::Status::OK);
   }
 
@@ -327,15 +327,15 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   grpc::CallbackServerContext* const ctx_;
   v1::StoreOp op_;  // the read in progress; only touched by the read chain
 
-  std::mutex mu_;
-  std::unordered_map<uint64_t, StoreCore::WaitId> waits_;  // GUARDED_BY(mu_)
-  uint64_t next_seq_ = 1;                                  // GUARDED_BY(mu_)
-  std::deque<v1::StoreOpResult> queue_;                    // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unordered_map<uint64_t, StoreCore::WaitId> waits_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<v1::StoreOpResult> queue_ ABSL_GUARDED_BY(mu_);
   v1::StoreOpResult current_;  // the write in flight; owned by whoever set writing_
-  bool writing_ = false;       // GUARDED_BY(mu_)
-  bool write_failed_ = false;  // GUARDED_BY(mu_)
-  bool reads_done_ = false;    // GUARDED_BY(mu_)
-  bool finished_ = false;      // GUARDED_BY(mu_)
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // A unary reactor finished at once with `status` (an authorization failure).

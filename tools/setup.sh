@@ -7,6 +7,8 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap
   g++
+  clang               # tools/check_threads.sh: -Wthread-safety
+  libclang-rt-14-dev  # ... and the TSan runtime
   libgrpc++-dev
   protobuf-compiler-grpc
   libprotobuf-dev

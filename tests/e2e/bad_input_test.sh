@@ -33,21 +33,17 @@ cp "$T/wrong-token" "$T/open-token"; chmod 644 "$T/open-token"
 expect_error "readable by group or others" "$LOCKSTEP" --coordinator "$COORD" --token-file "$T/open-token" list
 expect_error "UNAVAILABLE" "$LOCKSTEP" --coordinator 127.0.0.1:1 --token-file "$TOKEN" list
 
-# The store and rendezvous services on the same port want a token too: a
-# raw StoreService/Set without one, or with another job's store token, is
-# refused; the admin token is accepted. RendezvousService wants the admin
-# token. Requests are hand-encoded (Debian's python3-grpcio ships no stubs).
-raw_call() {  # raw_call METHOD TOKEN NAMESPACE_OR_JOB
+# The store service on the same port wants a token too: a raw
+# StoreService/Set without one, or with another job's store token, is
+# refused; the admin token is accepted. Requests are hand-encoded (Debian's
+# python3-grpcio ships no stubs).
+raw_call() {  # raw_call METHOD TOKEN NAMESPACE
   /usr/bin/python3 - "$COORD" "$@" <<'PY'
 import sys, grpc
 addr, method, token, name = sys.argv[1:5]
 n = name.encode()
-if method.endswith("/Set"):
-    # StoreSetRequest{namespace=1, key=2 "k", value=3 "v"}.
-    req = b"\x0a" + bytes([len(n)]) + n + b"\x12\x01k\x1a\x01v"
-else:
-    # GetRendezvousStateRequest{job_id=1}.
-    req = b"\x0a" + bytes([len(n)]) + n
+# StoreSetRequest{namespace=1, key=2 "k", value=3 "v"}.
+req = b"\x0a" + bytes([len(n)]) + n + b"\x12\x01k\x1a\x01v"
 ch = grpc.insecure_channel(addr)
 call = ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
 md = [("authorization", "Bearer " + token)] if token else []
@@ -65,9 +61,7 @@ expect_error "PERMISSION_DENIED.*j-mine/0" raw_call /lockstep.v1.StoreService/Se
 expect_error "PERMISSION_DENIED.*j-mine/0" raw_call /lockstep.v1.StoreService/Set "$(cat "$T/wrong-token")" j-mine/0
 raw_call /lockstep.v1.StoreService/Set "$own_job_token" j-mine/0 || fail "the job's own store token was refused"
 raw_call /lockstep.v1.StoreService/Set "$(cat "$TOKEN")" j-mine/0 || fail "the admin token was refused by the store"
-expect_error "UNAUTHENTICATED" raw_call /lockstep.v1.RendezvousService/GetRendezvousState "" j-mine
-expect_error "UNAUTHENTICATED" raw_call /lockstep.v1.RendezvousService/GetRendezvousState "$own_job_token" j-mine
-log "ok: store and rendezvous refuse calls without the right token"
+log "ok: the store refuses calls without the right token"
 
 # Nothing above created a job.
 [ "$(ls_cli list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin).get("jobs", [])))')" = 0 ] ||

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Two hosts as network namespaces joined by a veth pair: a coordinator+agent
 # in one, an agent in the other. A 1:2 job runs on both; then the link goes
-# down: the cut-off agent stops its worker by itself, the coordinator
-# declares that node dead within the lease, and the job finishes on the
+# down: the cut-off agent stops its worker by itself a lease after its last
+# accepted heartbeat (SIGKILL within lease/4 more), the coordinator declares
+# that node dead a lease after it last heard from it and opens the next
+# round past the node's fence deadline, and the job finishes on the
 # survivor. Skips (with a message) where network namespaces are not
 # permitted; the loopback variants are agent_cutoff_test and agent_kill_test.
 source tests/e2e/lib.sh "$@"
@@ -25,7 +27,7 @@ grep -q "master $NET.1:" "$T/hostb/jobs/$job/rank-1.stdout" || fail "MASTER_ADDR
 
 log "link down on $NSB"
 ip -n "$NSB" link set "$VB" down
-wait_for "$LEASE_S" bash -c "! kill -0 $victim" || fail "cut-off host kept its worker $victim"
+wait_for $((LEASE_S + LEASE_S / 4 + 2)) bash -c "! kill -0 $victim" || fail "cut-off host kept its worker $victim"
 log "host b stopped its worker by itself"
 wait_state "$job" SUCCEEDED 60
 [ "$(job_field "$job" 'j["node_ids"]')" = "['coord']" ] || fail "the last round should run on host a alone"

@@ -12,6 +12,8 @@
 //   TRAINER_FAIL_AFTER=s                      ... after s steps (0: before the first report)
 //   TRAINER_FAIL_UNTIL_RESTART=n              ... only while LOCKSTEP_RESTART_COUNT < n
 //   TRAINER_OUT_DIR=d                         write d/pid-rank-R (pid), d/done-round-N-rank-R
+//   TRAINER_STORE_BYTES=n                     also store n bytes under payload/rank-R (memory
+//                                             benches: what a round leaves in the store)
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -97,6 +99,12 @@ int main() {
     if (*owner != me) {
       return Die(70, "DUPLICATE: rank " + std::to_string(rank) + " already owned by pid " +
                          *owner + " in round " + std::to_string(round));
+    }
+    const int payload_bytes = EnvInt("TRAINER_STORE_BYTES", 0);
+    if (payload_bytes > 0) {
+      Status s = (*store)->Set("payload/rank-" + std::to_string(rank),
+                               std::string(payload_bytes, 'x'));
+      if (!s.ok()) return Die(65, "store: " + s.ToString());
     }
     auto arrived = (*store)->Add("arrived", 1);
     if (!arrived.ok()) return Die(65, "store: " + arrived.status().ToString());

@@ -1,0 +1,453 @@
+#include "daemon/job_machine.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/round_planner.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+constexpr char kWorkerExited[] = "worker exited";
+constexpr char kWorkerStopped[] = "worker stopped by its agent (lease lost)";
+
+bool Failed(const v1::WorkerStatus& w) {
+  return w.state() == v1::WORKER_STATE_EXITED &&
+         (w.exit().exit_code() != 0 || w.exit().signal() != 0);
+}
+
+std::string DescribeExit(const v1::ExitInfo& exit) {
+  std::string s = exit.signal() != 0 ? absl::StrCat("killed by signal ", exit.signal())
+                                     : absl::StrCat("exited with code ", exit.exit_code());
+  if (exit.startup_failure()) absl::StrAppend(&s, " (startup failure: died in the engine's bootstrap)");
+  if (exit.launch_error()) absl::StrAppend(&s, " (launch error: not retried)");
+  if (!exit.message().empty()) absl::StrAppend(&s, ": ", exit.message());
+  return s;
+}
+
+std::string DescribeFailure(const v1::Failure& f) {
+  if (f.rank() >= 0 && f.has_exit()) {
+    return absl::StrCat("rank ", f.rank(), " on node ", f.node_id(), " ", DescribeExit(f.exit()),
+                        " in round ", f.round());
+  }
+  return absl::StrCat(f.reason(), " in round ", f.round());
+}
+
+std::string BudgetSpent(const v1::Job& job) {
+  return absl::StrCat(DescribeFailure(job.first_failure()), "; restart budget spent (",
+                      job.restart_count(), " of max_restarts ", job.spec().max_restarts(), ")");
+}
+
+v1::Failure WorkerFailure(const v1::WorkerStatus& w, int round, const char* reason) {
+  v1::Failure f;
+  f.set_rank(w.rank());
+  f.set_node_id(w.node_id());
+  *f.mutable_exit() = w.exit();
+  f.set_round(round);
+  f.set_reason(reason);
+  return f;
+}
+
+}  // namespace
+
+JobMachine::JobMachine(JobMachineOptions options, Clock* clock)
+    : options_(options), clock_(clock) {}
+
+bool JobMachine::IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+int JobMachine::NodeRank(const v1::Job& job, const std::string& node_id) {
+  if (!job.current_round().closed()) return -1;
+  const auto& ids = job.current_round().node_ids();
+  auto pos = std::find(ids.begin(), ids.end(), node_id);
+  return pos == ids.end() ? -1 : static_cast<int>(pos - ids.begin());
+}
+
+void JobMachine::MirrorRound(v1::Job* job) {
+  const v1::Round& r = job->current_round();
+  job->set_round(r.number());
+  job->set_world_size(r.world_size());
+  *job->mutable_node_ids() = r.node_ids();
+  job->set_master_port(r.master_port());
+}
+
+JobDraft JobMachine::NewJob(const std::string& job_id, const v1::JobSpec& spec,
+                            const std::string& request_id) const {
+  JobDraft d;
+  d.job.set_job_id(job_id);
+  *d.job.mutable_spec() = spec;
+  d.job.set_request_id(request_id);
+  d.job.set_submitted_unix_ms(clock_->UnixMillis());
+  d.job.set_state(v1::JOB_STATE_PENDING);
+  d.job.set_message("waiting for a rendezvous round");
+  AddEvent(&d.job, "submitted");
+  d.rt.waiting_since = clock_->Now();
+  d.rt.restart_at = d.rt.waiting_since;
+  return d;
+}
+
+JobDraft JobMachine::Recovered(v1::Job job) const {
+  JobDraft d;
+  if (!job.has_current_round() && job.round() > 0) {  // persisted before current_round
+    v1::Round* r = job.mutable_current_round();
+    r->set_number(job.round());
+    r->set_closed(job.node_ids_size() > 0);
+    *r->mutable_node_ids() = job.node_ids();
+    r->set_world_size(job.world_size());
+    r->set_master_port(job.master_port());
+  }
+  job.mutable_current_round()->set_last_call_deadline_unix_ms(0);
+  d.job = std::move(job);
+  d.rt.waiting_since = clock_->Now();
+  d.rt.restart_at = d.rt.waiting_since;
+  return d;
+}
+
+void JobMachine::AddEvent(v1::Job* job, const std::string& detail) const {
+  v1::JobEvent* e = job->add_history();
+  e->set_unix_ms(clock_->UnixMillis());
+  e->set_state(job->state());
+  e->set_round(job->current_round().number());
+  e->set_detail(detail);
+  if (job->history_size() > kMaxHistory) job->mutable_history()->DeleteSubrange(1, 1);
+}
+
+void JobMachine::SetState(v1::Job* job, v1::JobState state, const std::string& detail) const {
+  job->set_state(state);
+  job->set_message(detail);
+  if (IsTerminal(state)) job->set_finished_unix_ms(clock_->UnixMillis());
+  AddEvent(job, detail);
+  log_.WithJob(job->job_id())
+      .Info("{} round={} restarts={}: {}", v1::JobState_Name(state), job->current_round().number(),
+            job->restart_count(), detail);
+}
+
+Duration JobMachine::BackoffFor(int restart_count) const {
+  Duration d = options_.restart_backoff;
+  for (int i = 1; i < restart_count && d < options_.max_restart_backoff; ++i) d *= 2;
+  return std::min(d, options_.max_restart_backoff);
+}
+
+MonoTime JobMachine::ExitInstant(const v1::ExitInfo& exit, MonoTime receipt,
+                                 int64_t sent_mono_ns) const {
+  if (exit.exited_mono_ns() > 0 && sent_mono_ns > 0) {
+    // Both on the agent's steady clock: how long before sending it exited.
+    // The request's network delay is not known and counts as zero, so
+    // exits of different nodes are ordered to within the difference of
+    // their delays.
+    return receipt - std::chrono::nanoseconds(sent_mono_ns - exit.exited_mono_ns());
+  }
+  if (exit.exited_unix_ms() > 0) {
+    // Wall clocks of different hosts agree only as well as they are synced;
+    // a time ahead of ours is kept as is, so the order among one node's
+    // exits survives.
+    return receipt - std::chrono::milliseconds(clock_->UnixMillis() - exit.exited_unix_ms());
+  }
+  return receipt;
+}
+
+void JobMachine::HandleFailure(JobDraft* d, const v1::Failure& failure, bool counts) const {
+  v1::Job* job = &d->job;
+  if (failure.exit().launch_error()) {
+    // The program, its working dir or its user is wrong the same way on
+    // every try: a restart would only spend the budget and the backoff.
+    *job->mutable_first_failure() = failure;
+    SetState(job, v1::JOB_STATE_FAILED,
+             absl::StrCat("rank ", failure.rank(), " on node ", failure.node_id(),
+                          " could not be launched: ", failure.exit().message(),
+                          "; not retried (a restart cannot fix a launch error)"));
+    return;
+  }
+  const std::string what = DescribeFailure(failure);
+  if (!counts) {
+    job->set_rescale_count(job->rescale_count() + 1);
+    d->rt.restart_at = clock_->Now();
+    SetState(job, v1::JOB_STATE_RESTARTING, absl::StrCat("membership change: ", what));
+    return;
+  }
+  if (!job->has_first_failure() || job->first_failure().round() != job->current_round().number()) {
+    *job->mutable_first_failure() = failure;
+  }
+  if (job->restart_count() >= job->spec().max_restarts()) {
+    SetState(job, v1::JOB_STATE_FAILED, BudgetSpent(*job));
+    return;
+  }
+  job->set_restart_count(job->restart_count() + 1);
+  const Duration backoff = BackoffFor(job->restart_count());
+  d->rt.restart_at = clock_->Now() + backoff;
+  SetState(job, v1::JOB_STATE_RESTARTING,
+           absl::StrCat("restart ", job->restart_count(), " of ", job->spec().max_restarts(),
+                        " after ", what, " (backoff ", ToSeconds(backoff), "s)"));
+}
+
+void JobMachine::AttributeFailures(JobDraft* d) const {
+  v1::Job* job = &d->job;
+  const int round = job->current_round().number();
+  if (!job->has_first_failure() || job->first_failure().round() != round) return;
+  std::vector<std::pair<MonoTime, const v1::WorkerStatus*>> failed;
+  const MonoTime now = clock_->Now();
+  for (const auto& w : job->workers()) {
+    if (!Failed(w)) continue;
+    auto at = d->rt.exit_at.find(w.rank());
+    failed.push_back({at != d->rt.exit_at.end() ? at->second : ExitInstant(w.exit(), now, 0), &w});
+  }
+  std::sort(failed.begin(), failed.end(), [](const auto& a, const auto& b) {
+    return std::make_pair(a.first, a.second->rank()) < std::make_pair(b.first, b.second->rank());
+  });
+  v1::Failure first = job->first_failure();
+  if (first.reason() == kWorkerExited && !first.exit().launch_error() && !failed.empty() &&
+      failed.front().second->rank() != first.rank()) {
+    // A report that arrived later carried an earlier exit: the root cause.
+    const int was = first.rank();
+    const bool budget_message = job->message() == BudgetSpent(*job);
+    first = WorkerFailure(*failed.front().second, round, kWorkerExited);
+    *job->mutable_first_failure() = first;
+    AddEvent(job, absl::StrCat("first failure is rank ", first.rank(), ", which exited before rank ",
+                               was, ": ", DescribeFailure(first)));
+    if (budget_message) job->set_message(BudgetSpent(*job));
+  }
+  const std::string after = first.rank() >= 0
+                                ? absl::StrCat("after rank ", first.rank(), " failed")
+                                : absl::StrCat("after node ", first.node_id(), " was lost");
+  job->clear_consequences();
+  for (const auto& [at, w] : failed) {
+    if (w->rank() == first.rank()) continue;
+    v1::Failure* c = job->add_consequences();
+    *c = WorkerFailure(*w, round, "");
+    c->set_reason(after);
+  }
+}
+
+void JobMachine::ApplyReport(JobDraft* d, const std::string& node_id,
+                             const v1::AgentJobReport& report, MonoTime receipt,
+                             int64_t sent_mono_ns) const {
+  v1::Job* job = &d->job;
+  v1::Round* round = job->mutable_current_round();
+  if (report.round() != round->number()) return;  // another round: fenced off
+  const int node_rank = NodeRank(*job, node_id);
+  if (node_rank < 0) return;  // not a participant of this round
+  const int nproc = job->spec().nproc_per_node();
+  if (node_rank == 0 && report.master_port() > 0 && round->master_port() == 0) {
+    round->set_master_port(report.master_port());
+  }
+  for (const v1::WorkerStatus& w : report.workers()) {
+    if (w.rank() < node_rank * nproc || w.rank() >= (node_rank + 1) * nproc) continue;
+    v1::WorkerStatus* slot = nullptr;
+    for (auto& existing : *job->mutable_workers()) {
+      if (existing.rank() == w.rank()) slot = &existing;
+    }
+    if (slot == nullptr) slot = job->add_workers();
+    *slot = w;
+    slot->set_node_id(node_id);
+    slot->set_round(round->number());
+    if (Failed(w) && !d->rt.exit_at.count(w.rank())) {
+      d->rt.exit_at[w.rank()] = ExitInstant(w.exit(), receipt, sent_mono_ns);
+    }
+  }
+  std::sort(job->mutable_workers()->begin(), job->mutable_workers()->end(),
+            [](const v1::WorkerStatus& a, const v1::WorkerStatus& b) { return a.rank() < b.rank(); });
+
+  switch (job->state()) {
+    case v1::JOB_STATE_RESTARTING:
+    case v1::JOB_STATE_FAILED:
+      // Reports of the round that already failed: consequences, never a
+      // change of state.
+      AttributeFailures(d);
+      return;
+    case v1::JOB_STATE_RENDEZVOUS:
+    case v1::JOB_STATE_RUNNING:
+      break;
+    default:
+      return;
+  }
+  if (job->state() == v1::JOB_STATE_RENDEZVOUS && job->workers_size() == round->world_size()) {
+    SetState(job, v1::JOB_STATE_RUNNING,
+             absl::StrCat("all ", round->world_size(), " ranks started on ",
+                          round->node_ids_size(), " nodes"));
+  }
+  const v1::WorkerStatus* earliest = nullptr;
+  const v1::WorkerStatus* stopped = nullptr;
+  int succeeded = 0;
+  auto instant = [&](const v1::WorkerStatus& w) {
+    auto at = d->rt.exit_at.find(w.rank());
+    return std::make_pair(at != d->rt.exit_at.end() ? at->second : receipt, w.rank());
+  };
+  for (const auto& w : job->workers()) {
+    if (Failed(w)) {
+      if (!earliest || instant(w) < instant(*earliest)) earliest = &w;
+    } else if (w.state() == v1::WORKER_STATE_EXITED) {
+      ++succeeded;
+    } else if (w.state() == v1::WORKER_STATE_STOPPED && !stopped) {
+      stopped = &w;
+    }
+  }
+  if (earliest) {
+    HandleFailure(d, WorkerFailure(*earliest, round->number(), kWorkerExited), /*counts=*/true);
+    AttributeFailures(d);
+  } else if (stopped) {
+    v1::Failure f = WorkerFailure(*stopped, round->number(), kWorkerStopped);
+    f.mutable_exit()->set_message("stopped by its agent (could not renew its lease)");
+    HandleFailure(d, f, /*counts=*/true);
+    AttributeFailures(d);
+  } else if (succeeded == round->world_size() && round->world_size() > 0) {
+    SetState(job, v1::JOB_STATE_SUCCEEDED,
+             absl::StrCat("all ", round->world_size(), " ranks exited 0"));
+  }
+}
+
+void JobMachine::NodeLost(JobDraft* d, const std::string& node_id,
+                          const std::string& reason) const {
+  v1::Job* job = &d->job;
+  if (job->state() != v1::JOB_STATE_RENDEZVOUS && job->state() != v1::JOB_STATE_RUNNING) return;
+  if (NodeRank(*job, node_id) < 0) return;
+  v1::Failure f;
+  f.set_rank(-1);
+  f.set_node_id(node_id);
+  f.set_round(job->current_round().number());
+  f.set_reason(absl::StrCat("node ", node_id, " lost: ", reason));
+  HandleFailure(d, f, /*counts=*/true);
+  AttributeFailures(d);
+}
+
+void JobMachine::Cancel(JobDraft* d) const {
+  SetState(&d->job, v1::JOB_STATE_CANCELLED, "cancelled by user");
+}
+
+void JobMachine::OpenNextRound(JobDraft* d) const {
+  v1::Job* job = &d->job;
+  const v1::Round& old = job->current_round();
+  v1::Round next;
+  next.set_number(old.number() + 1);
+  next.set_opened_unix_ms(clock_->UnixMillis());
+  *next.mutable_previous_node_ids() = old.closed() ? old.node_ids() : old.previous_node_ids();
+  *job->mutable_current_round() = std::move(next);
+  job->clear_workers();
+  job->clear_consequences();
+  d->rt.waiting_since = clock_->Now();
+  d->rt.last_call_deadline.reset();
+  d->rt.exit_at.clear();
+  const v1::JobSpec& spec = job->spec();
+  SetState(job, v1::JOB_STATE_RENDEZVOUS,
+           absl::StrCat("round ", job->current_round().number(), " opened: waiting for ",
+                        spec.min_nodes(), "..", spec.max_nodes(), " nodes"));
+}
+
+void JobMachine::PlanOpenRound(JobDraft* d, const NodeTable& nodes) const {
+  v1::Job* job = &d->job;
+  v1::Round* round = job->mutable_current_round();
+  const v1::JobSpec& spec = job->spec();
+  const MonoTime now = clock_->Now();
+  RoundPlanInput in;
+  in.previous.assign(round->previous_node_ids().begin(), round->previous_node_ids().end());
+  in.eligible = nodes.Eligible(job->job_id());
+  in.min_nodes = spec.min_nodes();
+  in.max_nodes = spec.max_nodes();
+  in.nproc_per_node = spec.nproc_per_node();
+  in.last_call_passed = spec.last_call_timeout_s() <= 0 ||
+                        (d->rt.last_call_deadline && now >= *d->rt.last_call_deadline);
+  const RoundPlan plan = PlanRound(in);
+  switch (plan.action) {
+    case RoundPlan::Action::kWaitForNodes:
+      d->rt.last_call_deadline.reset();
+      round->set_last_call_deadline_unix_ms(0);
+      if (spec.join_timeout_s() > 0 && now - d->rt.waiting_since >= FromSeconds(spec.join_timeout_s())) {
+        SetState(job, v1::JOB_STATE_FAILED,
+                 absl::StrCat("rendezvous round ", round->number(), ": fewer than min ",
+                              spec.min_nodes(), " nodes within join timeout ",
+                              spec.join_timeout_s(), "s"));
+      }
+      return;
+    case RoundPlan::Action::kWaitForLastCall:
+      if (!d->rt.last_call_deadline) {
+        const Duration last_call = FromSeconds(spec.last_call_timeout_s());
+        d->rt.last_call_deadline = now + last_call;
+        round->set_last_call_deadline_unix_ms(
+            clock_->UnixMillis() +
+            std::chrono::duration_cast<std::chrono::milliseconds>(last_call).count());
+      }
+      return;
+    case RoundPlan::Action::kClose:
+      break;
+  }
+  d->rt.last_call_deadline.reset();
+  round->set_last_call_deadline_unix_ms(0);
+  round->set_closed(true);
+  for (const auto& id : plan.node_ids) round->add_node_ids(id);
+  round->set_world_size(plan.world_size);
+  AddEvent(job, absl::StrCat("round ", round->number(), " closed: nodes [",
+                             absl::StrJoin(plan.node_ids, ", "), "], world size ",
+                             plan.world_size));
+  job->set_message(absl::StrCat("round ", round->number(), " closed; starting ",
+                                plan.world_size, " workers"));
+}
+
+void JobMachine::Advance(JobDraft* d, const NodeTable& nodes) const {
+  v1::Job* job = &d->job;
+  const v1::JobSpec& spec = job->spec();
+  const MonoTime now = clock_->Now();
+  switch (job->state()) {
+    case v1::JOB_STATE_PENDING:
+      if (static_cast<int>(nodes.Eligible(job->job_id()).size()) < spec.min_nodes()) {
+        if (spec.join_timeout_s() > 0 &&
+            now - d->rt.waiting_since >= FromSeconds(spec.join_timeout_s())) {
+          SetState(job, v1::JOB_STATE_FAILED,
+                   absl::StrCat("no rendezvous: fewer than min ", spec.min_nodes(),
+                                " nodes within join timeout ", spec.join_timeout_s(), "s"));
+        }
+        return;
+      }
+      OpenNextRound(d);
+      PlanOpenRound(d, nodes);
+      return;
+    case v1::JOB_STATE_RESTARTING:
+      if (now < d->rt.restart_at) return;
+      // The gate: no participant may still run a worker of the old round.
+      for (const auto& id : job->current_round().node_ids()) {
+        if (!nodes.OwnersGone(id, job->job_id(), now)) return;
+      }
+      OpenNextRound(d);
+      PlanOpenRound(d, nodes);
+      return;
+    case v1::JOB_STATE_RENDEZVOUS:
+    case v1::JOB_STATE_RUNNING:
+      if (!job->current_round().closed()) {
+        PlanOpenRound(d, nodes);
+        return;
+      }
+      // A participant whose lease expired: the round failed.
+      for (const auto& id : job->current_round().node_ids()) {
+        if (!nodes.Alive(id)) {
+          NodeLost(d, id, nodes.DeathReason(id));
+          return;
+        }
+      }
+      if (job->state() == v1::JOB_STATE_RENDEZVOUS) return;
+      break;
+    default:
+      return;
+  }
+  // RUNNING: elastic scale-up when another node could join.
+  const v1::Round& round = job->current_round();
+  if (round.node_ids_size() >= spec.max_nodes()) return;
+  for (const auto& id : nodes.Eligible(job->job_id())) {
+    if (std::find(round.node_ids().begin(), round.node_ids().end(), id) != round.node_ids().end()) {
+      continue;
+    }
+    v1::Failure f;
+    f.set_rank(-1);
+    f.set_node_id(id);
+    f.set_round(round.number());
+    f.set_reason(absl::StrCat("node ", id, " joined (", round.node_ids_size(), " of max ",
+                              spec.max_nodes(), " nodes)"));
+    HandleFailure(d, f, /*counts=*/false);
+    return;
+  }
+}
+
+}  // namespace daemon
+}  // namespace lockstep

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# A dedicated coordinator (--no-agent) that is down for 20 s costs no
+# training restart: a real DDP job (2 nodes x 1 worker, //examples:train)
+# keeps its round and restart count 0 and succeeds, once with the
+# coordinator killed (-9) and restarted on the same address after 20 s, once
+# with it stopped (SIGSTOP) for 20 s. The agents hold their workers for a
+# whole lease without renewal (45 s by default: daemon/README.md, "Leases
+# and fencing"); the restarted coordinator gives every node a full lease
+# from its reload, the resumed one does not count the time it was stopped.
+LEASE_S=45
+source tests/e2e/lib.sh "$1" "$2" "$3"
+TRAIN="$PWD/$4"
+OUTAGE_S="${5:-20}"
+
+start_daemon coord --coordinator --no-agent --listen 127.0.0.1:0
+COORD="$ADDR_coord"
+TOKEN="$T/coord/token"
+start_agent nodea
+start_agent nodeb
+
+# run_through OUTAGE: submits a job long enough to outlast the outage,
+# applies OUTAGE ("kill" or "stop") once it trains, checks the outcome.
+run_through() {
+  local outage=$1 steps=$(( (OUTAGE_S + 12) * 20 ))
+  job=$(ls_cli submit --json --nodes 2 --nproc-per-node 1 --max-restarts 2 -- \
+    "$TRAIN" --model mlp_small --steps "$steps" --step-delay-ms 50 --timeout-s 60 |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
+  wait_state "$job" RUNNING 60
+  wait_for 60 grep -q '"rank":1,"step":5,' "$T/nodeb/jobs/$job/rank-1.stdout" || fail "rank 1 never reached step 5"
+  if [ "$outage" = kill ]; then
+    log "kill -9 the coordinator (pid $PID_coord) for ${OUTAGE_S}s"
+    kill -9 "$PID_coord"
+    sleep "$OUTAGE_S"
+    start_daemon coord --coordinator --no-agent --listen "$COORD"
+  else
+    log "SIGSTOP the coordinator (pid $PID_coord) for ${OUTAGE_S}s"
+    kill -STOP "$PID_coord"
+    sleep "$OUTAGE_S"
+    kill -CONT "$PID_coord"
+  fi
+  # Training went on through the outage.
+  last=$(grep -c '"rank":1,"step":' "$T/nodeb/jobs/$job/rank-1.stdout")
+  (( last > OUTAGE_S * 10 )) || fail "rank 1 made only $last steps through the outage"
+  wait_state "$job" SUCCEEDED 120
+  [ "$(job_field "$job" '(j["round"], j.get("restart_count", 0))')" = "(1, 0)" ] ||
+    fail "after the $outage outage: (round, restarts) = $(job_field "$job" '(j["round"], j.get("restart_count", 0))'), not (1, 0)"
+  grep -q "stopped this node's workers" "$T/nodea.log" "$T/nodeb.log" && fail "an agent fenced during the outage"
+  check_invariants "$job" 0
+  log "$outage: round 1, 0 restarts, SUCCEEDED"
+}
+run_through kill
+run_through stop
+log "PASS"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# No rank has two live owners, even when an agent is frozen. An elastic 1:2
+# real DDP job (//examples:train, Gloo) runs on nodea (node rank 0: ranks
+# 0, 1) and nodeb (ranks 2, 3). nodea's lockstepd is stopped with SIGSTOP:
+# it can neither stop its workers nor answer anyone. Its workers fence
+# themselves (the engine's watchdog, common/worker_link.h) once the fence
+# deadline on their node's page passes, and the coordinator opens the next
+# round, where nodeb alone runs ranks 0 and 1, only after that deadline.
+# A sampler reads every process of the job every 100 ms: never two live
+# processes with the same rank. Then nodea is resumed and the job succeeds.
+LEASE_S=3
+source tests/e2e/lib.sh "$1" "$2" "$3"
+TRAIN="$PWD/$4"
+
+start_daemon coord --coordinator --no-agent --listen 127.0.0.1:0
+COORD="$ADDR_coord"
+TOKEN="$T/coord/token"
+start_agent nodea
+start_agent nodeb
+job=$(ls_cli submit --json --nodes 1:2 --nproc-per-node 2 --max-restarts 3 --last-call-s 0.1 -- \
+  "$TRAIN" --model mlp_small --steps 150 --step-delay-ms 50 --timeout-s 60 |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
+python3 tests/e2e/rank_owners.py "$job" "$T/owners.txt" &
+sampler=$!
+EXTRA_CLEANUP="kill $sampler 2>/dev/null || true"
+wait_for 60 field_is "$job" 'j["node_ids"]' "['nodea', 'nodeb']" ||
+  fail "round 1 did not close on nodea and nodeb: $(job_field "$job" 'j["node_ids"]')"
+wait_for 60 grep -q '"rank":0,"step":5,' "$T/nodea/jobs/$job/rank-0.stdout" || fail "rank 0 never reached step 5"
+log "SIGSTOP nodea's lockstepd (pid $PID_nodea)"
+kill -STOP "$PID_nodea"
+wait_for 60 field_is "$job" '(j["round"] >= 2, j["node_ids"], j["state"])' \
+  "(True, ['nodeb'], 'JOB_STATE_RUNNING')" || fail "no round on nodeb alone: $(ls_cli status "$job")"
+wait_for 60 grep -q "\"rank\":0,\"step\":5," "$T/nodeb/jobs/$job/rank-0.stdout" ||
+  fail "nodeb's rank 0 never reached step 5"
+grep -q "lockstep: fenced" "$T/nodea/jobs/$job/rank-0.stderr" || fail "nodea's rank 0 did not fence itself"
+log "nodeb trains ranks 0 and 1; SIGCONT nodea"
+kill -CONT "$PID_nodea"
+wait_state "$job" SUCCEEDED 120
+kill "$sampler"
+samples=$(wc -l <"$T/owners.txt")
+(( samples > 50 )) || fail "only $samples samples taken"
+if grep DOUBLE "$T/owners.txt"; then fail "a rank had two live owners (above)"; fi
+ls_cli status "$job"
+check_invariants "$job" 3
+log "PASS: $samples samples, never two live owners of a rank"

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Samples, every 100 ms until killed, the live processes of one job and
+records every instant at which two of them hold the same rank.
+
+usage: rank_owners.py JOB_ID OUT_FILE
+A process belongs to the job when its environment has LOCKSTEP_JOB_ID=JOB;
+its rank is LOCKSTEP_RANK. Zombies (exited, not yet reaped: a frozen agent
+cannot reap) and processes that are gone are not owners. OUT_FILE gets one
+line per sample: "<unix_ms> <live> [DOUBLE rank=R pids=...]".
+"""
+import os
+import sys
+import time
+
+
+def owners(job):
+    by_rank = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            if env.get(b"LOCKSTEP_JOB_ID") != job.encode():
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError):
+            continue
+        if state in ("Z", "X"):
+            continue
+        by_rank.setdefault(int(env.get(b"LOCKSTEP_RANK", b"-1")), []).append(pid)
+    return by_rank
+
+
+def main():
+    job, out = sys.argv[1], sys.argv[2]
+    with open(out, "a", buffering=1) as f:
+        while True:
+            by_rank = owners(job)
+            line = f"{int(time.time() * 1000)} {sum(len(p) for p in by_rank.values())}"
+            for rank, pids in sorted(by_rank.items()):
+                if len(pids) > 1:
+                    line += f" DOUBLE rank={rank} pids={','.join(pids)}"
+            f.write(line + "\n")
+            time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()
