@@ -166,6 +166,14 @@ TEST(JobSpecTest, RelativeCommandPathIsRefusedWithAHintUnlessWorkingDirIsAbsolut
   s.set_working_dir("relative/dir");
   EXPECT_EQ(ValidateJobSpec(s, {}).code(), absl::StatusCode::kInvalidArgument);
 
+  // A relative working dir is refused for any command, naming the field.
+  s.set_command(0, "/bin/train");
+  st = ValidateJobSpec(s, {});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message().rfind("spec.working_dir: \"relative/dir\" is a relative path", 0), 0u)
+      << st;
+  s.set_command(0, "bin/train");
+
   s.set_working_dir("/shared/project");
   EXPECT_TRUE(ValidateJobSpec(s, {}).ok()) << "the node resolves it against the working dir";
 

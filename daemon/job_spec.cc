@@ -25,6 +25,12 @@ Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& 
   // name is a PATH lookup; an absolute working dir makes the path mean the
   // same on every node.
   const std::string& program = spec.command(0);
+  if (!spec.working_dir().empty() && spec.working_dir()[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.working_dir: \"", spec.working_dir(),
+        "\" is a relative path, which each node's agent would take from its own directory; give "
+        "an absolute path (the lockstep CLI makes --working-dir absolute for you)"));
+  }
   const bool absolute_working_dir = !spec.working_dir().empty() && spec.working_dir()[0] == '/';
   if (program[0] != '/' && program.find('/') != std::string::npos && !absolute_working_dir) {
     return absl::InvalidArgumentError(absl::StrCat(
