@@ -46,7 +46,43 @@ Status Coordinator::Recover() {
   for (const auto& info : nodes) nodes_.Restore(info, now);  // a full lease from now
   (void)nodes_.CompensateStall(now);  // the first tick measures from the reload
   log_.Info("recovered {} jobs and {} nodes from the job store", jobs_.size(), nodes.size());
+  EvictFinished();
   return absl::OkStatus();
+}
+
+void Coordinator::EvictFinished() {
+  int finished = 0;
+  for (const auto& id : job_order_) {
+    if (JobMachine::IsTerminal(jobs_.at(id).current.job.state())) ++finished;
+  }
+  int excess = finished - std::max(0, options_.finished_jobs_in_memory);
+  if (excess <= 0) return;
+  std::vector<std::string> kept;
+  for (auto& id : job_order_) {
+    auto it = jobs_.find(id);
+    const v1::Job& job = it->second.current.job;
+    if (excess > 0 && JobMachine::IsTerminal(job.state())) {
+      --excess;
+      evicted_[id] = it->second.version;
+      if (!job.request_id().empty()) evicted_requests_[job.request_id()] = id;
+      jobs_.erase(it);
+    } else {
+      kept.push_back(std::move(id));
+    }
+  }
+  job_order_ = std::move(kept);
+}
+
+StatusOr<std::pair<v1::Job, int64_t>> Coordinator::FindJob(const std::string& id) const {
+  auto it = jobs_.find(id);
+  if (it != jobs_.end()) return std::make_pair(it->second.current.job, it->second.version);
+  auto evicted = evicted_.find(id);
+  if (evicted == evicted_.end()) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
+  ASSIGN_OR_RETURN(std::optional<v1::Job> job, store_->LoadJob(id));
+  if (!job) {
+    return absl::DataLossError(absl::StrCat("job ", id, " finished but is missing from the job store"));
+  }
+  return std::make_pair(std::move(*job), evicted->second);
 }
 
 Status Coordinator::Commit(const std::string& id, JobDraft next, Effects* effects,
@@ -109,11 +145,16 @@ StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& spec, const std::str
       for (const auto& [id, entry] : jobs_) {
         if (entry.current.job.request_id() == request_id) return entry.current.job;
       }
+      auto evicted = evicted_requests_.find(request_id);
+      if (evicted != evicted_requests_.end()) {
+        ASSIGN_OR_RETURN(auto found, FindJob(evicted->second));
+        return found.first;
+      }
     }
     std::string id;
     do {
       id = NewRandomId("j-");
-    } while (jobs_.count(id));
+    } while (jobs_.count(id) || evicted_.count(id));
     JobDraft draft = machine_.NewJob(id, full, request_id);
     JobMachine::MirrorRound(&draft.job);
     Status s = store_->PutJob(draft.job);
@@ -139,16 +180,13 @@ StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& spec, const std::str
 
 StatusOr<v1::Job> Coordinator::GetJob(const JobId& id) const {
   MutexLock lock(&mu_);
-  auto it = jobs_.find(id.value());
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", id.value(), " not found"));
-  return it->second.current.job;
+  ASSIGN_OR_RETURN(auto found, FindJob(id.value()));
+  return std::move(found.first);
 }
 
 StatusOr<std::pair<v1::Job, int64_t>> Coordinator::GetJobVersion(const JobId& id) const {
   MutexLock lock(&mu_);
-  auto it = jobs_.find(id.value());
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", id.value(), " not found"));
-  return std::make_pair(it->second.current.job, it->second.version);
+  return FindJob(id.value());
 }
 
 StatusOr<int64_t> Coordinator::WatchOnce(const JobId& id, int64_t after_version, JobCallback cb) {
@@ -156,17 +194,15 @@ StatusOr<int64_t> Coordinator::WatchOnce(const JobId& id, int64_t after_version,
   int64_t version;
   {
     MutexLock lock(&mu_);
-    auto it = jobs_.find(id.value());
-    if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job ", id.value(), " not found"));
-    }
-    version = it->second.version;
+    ASSIGN_OR_RETURN(auto found, FindJob(id.value()));
+    version = found.second;
     if (version <= after_version) {
+      // (A finished job never changes again: such a watch waits for Unwatch.)
       int64_t handle = next_watch_++;
       watches_[handle] = Watch{id.value(), after_version, std::move(cb)};
       return handle;
     }
-    snapshot = it->second.current.job;
+    snapshot = std::move(found.first);
   }
   cb(snapshot, version);
   return 0;
@@ -177,14 +213,32 @@ bool Coordinator::Unwatch(int64_t handle) {
   return watches_.erase(handle) > 0;
 }
 
-std::vector<v1::Job> Coordinator::ListJobs(const std::vector<v1::JobState>& states) const {
+StatusOr<std::vector<v1::Job>> Coordinator::ListJobs(const std::vector<v1::JobState>& states) const {
+  auto wanted = [&](const v1::Job& job) {
+    return states.empty() || std::find(states.begin(), states.end(), job.state()) != states.end();
+  };
   MutexLock lock(&mu_);
   std::vector<v1::Job> out;
+  bool finished_wanted = states.empty();
+  for (v1::JobState s : states) finished_wanted = finished_wanted || JobMachine::IsTerminal(s);
+  if (!evicted_.empty() && finished_wanted) {
+    // Some finished jobs live only in the store: list from it, in submit
+    // order, with the in-memory (newer) copy of each job that has one.
+    ASSIGN_OR_RETURN(std::vector<v1::Job> stored, store_->LoadJobs());
+    std::sort(stored.begin(), stored.end(), [](const v1::Job& a, const v1::Job& b) {
+      return std::make_pair(a.submitted_unix_ms(), a.job_id()) <
+             std::make_pair(b.submitted_unix_ms(), b.job_id());
+    });
+    for (auto& job : stored) {
+      auto it = jobs_.find(job.job_id());
+      if (it != jobs_.end()) job = it->second.current.job;
+      if (wanted(job)) out.push_back(std::move(job));
+    }
+    return out;
+  }
   for (const auto& id : job_order_) {
     const v1::Job& job = jobs_.at(id).current.job;
-    if (states.empty() || std::find(states.begin(), states.end(), job.state()) != states.end()) {
-      out.push_back(job);
-    }
+    if (wanted(job)) out.push_back(job);
   }
   return out;
 }
@@ -401,6 +455,7 @@ void Coordinator::Tick() {
       machine_.Advance(&draft, nodes_);
       (void)Commit(id, std::move(draft), &effects, /*retried_by_tick=*/true);
     }
+    EvictFinished();
   }
   Run(&effects);
 }

@@ -71,6 +71,10 @@ inline constexpr Duration kDefaultHeartbeatInterval = std::chrono::seconds(1);
 // Default: first restart backoff; doubles per restart up to the max.
 inline constexpr Duration kDefaultRestartBackoff = std::chrono::seconds(1);
 inline constexpr Duration kDefaultMaxRestartBackoff = std::chrono::seconds(30);
+// Default: finished jobs kept in memory, the most recently submitted. Older
+// ones live only in the JobStore and are read from it on request, so the
+// coordinator's memory does not grow with the number of jobs it ran.
+inline constexpr int kDefaultFinishedJobsInMemory = 64;
 
 struct CoordinatorOptions {
   Duration lease = kDefaultLease;
@@ -88,6 +92,7 @@ struct CoordinatorOptions {
   // the job ended. Runs without the coordinator's lock; must not block.
   // Default: none (nothing is dropped).
   std::function<void(const std::string& prefix)> drop_store_prefix;
+  int finished_jobs_in_memory = kDefaultFinishedJobsInMemory;
 };
 
 class Coordinator {
@@ -103,10 +108,12 @@ class Coordinator {
   // write fails). A retry with the same non-empty request_id returns the job
   // created first.
   StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec, const std::string& request_id);
-  // NotFound naming the job.
+  // NotFound naming the job (a finished job that left memory is read from
+  // the store; its error if that read fails).
   StatusOr<v1::Job> GetJob(const JobId& id) const;
-  // All jobs, oldest first; `states` empty = all.
-  std::vector<v1::Job> ListJobs(const std::vector<v1::JobState>& states) const;
+  // All jobs, oldest first; `states` empty = all. Reads the store when it
+  // asks for finished jobs and some left memory (the store's error then).
+  StatusOr<std::vector<v1::Job>> ListJobs(const std::vector<v1::JobState>& states) const;
   // Moves a live job to CANCELLED (agents stop its workers on their next
   // heartbeat). NotFound; FailedPrecondition if it already finished; the
   // store's error if the write fails (the job is then unchanged).
@@ -180,6 +187,13 @@ class Coordinator {
   v1::RoundAssignment AssignmentFor(const v1::Job& job, int node_rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(Effects* effects) ABSL_LOCKS_EXCLUDED(mu_);
+  // A job in memory, or a finished one read back from the store, with its
+  // version (NotFound naming it).
+  StatusOr<std::pair<v1::Job, int64_t>> FindJob(const std::string& id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the oldest finished jobs from memory beyond
+  // options_.finished_jobs_in_memory (they stay in the store).
+  void EvictFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   Clock* const clock_;
@@ -192,6 +206,9 @@ class Coordinator {
   NodeTable nodes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);  // submit order
+  // Finished jobs that left memory: id -> last version; request id -> id.
+  std::map<std::string, int64_t> evicted_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> evicted_requests_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Watch> watches_ ABSL_GUARDED_BY(mu_);
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
   std::string store_address_ ABSL_GUARDED_BY(mu_);

@@ -115,7 +115,9 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerC
   if (!s.ok()) return Done(ctx, s);
   std::vector<v1::JobState> states;
   for (int st : req->states()) states.push_back(static_cast<v1::JobState>(st));
-  for (auto& job : core_->ListJobs(states)) *resp->add_jobs() = std::move(job);
+  auto jobs = core_->ListJobs(states);
+  if (!jobs.ok()) return Done(ctx, jobs.status());
+  for (auto& job : *jobs) *resp->add_jobs() = std::move(job);
   return Done(ctx, absl::OkStatus());
 }
 

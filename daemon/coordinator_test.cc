@@ -28,6 +28,7 @@ class CoordinatorTest : public ::testing::Test {
     options.max_restart_backoff = seconds(4);
     options.store_address = "127.0.0.1:7000";
     options.drop_store_prefix = [this](const std::string& prefix) { dropped_.push_back(prefix); };
+    options.finished_jobs_in_memory = finished_in_memory_;
     coord_.reset();
     coord_ = std::make_unique<Coordinator>(options, &clock_, &store_);
     ASSERT_TRUE(coord_->Recover().ok());
@@ -114,6 +115,7 @@ class CoordinatorTest : public ::testing::Test {
   FakeJobStore store_;
   std::vector<std::string> dropped_;  // store prefixes the coordinator dropped
   std::unique_ptr<Coordinator> coord_;
+  int finished_in_memory_ = kDefaultFinishedJobsInMemory;
 };
 
 TEST(JobSpecTest, RejectsBadSpecsNamingTheField) {
@@ -193,7 +195,7 @@ TEST(JobSpecTest, SafeIdsRejectPathTricks) {
 TEST_F(CoordinatorTest, SubmitRejectsInvalidSpecAndChangesNothing) {
   auto r = coord_->SubmitJob(TestSpec(3, 2, 1, 0), "");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(coord_->ListJobs({}).empty());
+  EXPECT_TRUE(coord_->ListJobs({})->empty());
   EXPECT_TRUE(store_.jobs.empty());
 }
 
@@ -209,7 +211,7 @@ TEST_F(CoordinatorTest, SubmitFailsWhenPersistenceFails) {
   store_.fail_writes = true;
   auto job = coord_->SubmitJob(TestSpec(1, 1, 2, 0), "");
   EXPECT_EQ(job.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(coord_->ListJobs({}).empty());
+  EXPECT_TRUE(coord_->ListJobs({})->empty());
 }
 
 TEST_F(CoordinatorTest, SubmitWithSameRequestIdReturnsSameJob) {
@@ -217,7 +219,63 @@ TEST_F(CoordinatorTest, SubmitWithSameRequestIdReturnsSameJob) {
   auto b = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "req-1");
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->job_id(), b->job_id());
-  EXPECT_EQ(coord_->ListJobs({}).size(), 1u);
+  EXPECT_EQ(coord_->ListJobs({})->size(), 1u);
+}
+
+// Finished jobs beyond the in-memory limit leave memory (the coordinator
+// does not grow with the jobs it ran) and stay readable from the store:
+// status, list in submit order, an idempotent resubmit, a watch.
+TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndAreReadFromTheStore) {
+  finished_in_memory_ = 2;
+  Reset();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    auto job = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "req-" + std::to_string(i));
+    ASSERT_TRUE(job.ok());
+    ids.push_back(job->job_id());
+    clock_.Advance(std::chrono::milliseconds(10));
+  }
+  auto live = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "req-live");
+  ASSERT_TRUE(live.ok());
+  for (const auto& id : ids) ASSERT_TRUE(coord_->CancelJob(JobId(id)).ok());
+  coord_->Tick();
+  EXPECT_EQ(store_.job_loads, 0);
+
+  // The three oldest finished jobs are read back from the store.
+  auto first = coord_->GetJob(JobId(ids[0]));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(store_.job_loads, 1);
+  ASSERT_TRUE(coord_->GetJob(JobId(ids[4])).ok());
+  EXPECT_EQ(store_.job_loads, 1) << "the two newest finished jobs are still in memory";
+  EXPECT_EQ(coord_->GetJob(JobId("j-nosuch")).status().code(), absl::StatusCode::kNotFound);
+
+  auto all = coord_->ListJobs({});
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 6u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ((*all)[i].job_id(), ids[i]);
+  EXPECT_EQ((*all)[5].job_id(), live->job_id());
+  auto pending = coord_->ListJobs({v1::JOB_STATE_PENDING});
+  ASSERT_TRUE(pending.ok());
+  ASSERT_EQ(pending->size(), 1u);
+
+  auto again = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "req-1");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->job_id(), ids[1]) << "a retried submit finds the job that left memory";
+
+  auto version = coord_->GetJobVersion(JobId(ids[0]));
+  ASSERT_TRUE(version.ok());
+  std::string seen;
+  auto handle = coord_->WatchOnce(JobId(ids[0]), version->second - 1,
+                                  [&](const v1::Job& job, int64_t) { seen = job.job_id(); });
+  ASSERT_TRUE(handle.ok());
+  EXPECT_EQ(seen, ids[0]);
+
+  // After a restart the same limit holds.
+  Reset();
+  store_.job_loads = 0;
+  ASSERT_TRUE(coord_->GetJob(JobId(ids[0])).ok());
+  EXPECT_EQ(store_.job_loads, 1);
 }
 
 TEST_F(CoordinatorTest, JobRunsThroughRendezvousToSucceeded) {

@@ -29,6 +29,12 @@ class FakeJobStore : public JobStore {
     for (const auto& [id, job] : jobs) out.push_back(job);
     return out;
   }
+  StatusOr<std::optional<v1::Job>> LoadJob(const std::string& job_id) override {
+    ++job_loads;
+    auto it = jobs.find(job_id);
+    if (it == jobs.end()) return std::optional<v1::Job>();
+    return std::optional<v1::Job>(it->second);
+  }
   StatusOr<std::vector<v1::NodeInfo>> LoadNodes() override {
     std::vector<v1::NodeInfo> out;
     for (const auto& [id, node] : nodes) out.push_back(node);
@@ -37,6 +43,7 @@ class FakeJobStore : public JobStore {
 
   bool fail_writes = false;
   int job_writes = 0;
+  int job_loads = 0;  // LoadJob calls
   std::map<std::string, v1::Job> jobs;
   std::map<std::string, v1::NodeInfo> nodes;
 };

@@ -12,6 +12,8 @@
 #ifndef LOCKSTEP_DAEMON_JOB_STORE_H_
 #define LOCKSTEP_DAEMON_JOB_STORE_H_
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -30,6 +32,8 @@ class JobStore {
   virtual Status PutNode(const v1::NodeInfo& node) = 0;
 
   virtual StatusOr<std::vector<v1::Job>> LoadJobs() = 0;
+  // The job with that id; nullopt if there is none.
+  virtual StatusOr<std::optional<v1::Job>> LoadJob(const std::string& job_id) = 0;
   virtual StatusOr<std::vector<v1::NodeInfo>> LoadNodes() = 0;
 };
 

@@ -1,9 +1,11 @@
 #include "daemon/process_launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -35,7 +37,44 @@ ExitStatus WaitExit(Process* p, std::chrono::seconds limit = std::chrono::second
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ADD_FAILURE() << "process " << p->pid() << " did not exit";
-  return ExitStatus{-1, -1};
+  ExitStatus lost;
+  lost.exit_code = lost.signal = -1;
+  return lost;
+}
+
+// Only the listed descriptors cross exec (the fence and status pages); the
+// exit callback fires on its own, before anyone polls.
+TEST(PosixProcessLauncherTest, InheritsOnlyListedDescriptorsAndReportsTheExitAtOnce) {
+  auto launcher = NewPosixProcessLauncher();
+  const int listed = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const int other = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(listed, 0);
+  ASSERT_GE(other, 0);
+  const std::string out = ::testing::TempDir() + "/inherit.out";
+  std::remove(out.c_str());
+  std::atomic<int> exits{0};
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c",
+               "test -e /proc/self/fd/" + std::to_string(listed) + " && echo listed; test -e "
+               "/proc/self/fd/" + std::to_string(other) + " && echo other; exit 0"};
+  spec.stdout_path = out;
+  spec.inherit_fds = {listed};
+  spec.on_exit = [&exits] { exits.fetch_add(1); };
+  auto proc = launcher->Launch(spec);
+  ASSERT_TRUE(proc.ok()) << proc.status();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (exits.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(exits.load(), 1) << "on_exit fired without a Poll";
+  EXPECT_EQ(WaitExit(proc->get()).exit_code, 0);
+  std::ifstream in(out);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "listed\n");
+  // The agent's own descriptors keep close-on-exec.
+  EXPECT_EQ(::fcntl(listed, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  ::close(listed);
+  ::close(other);
 }
 
 TEST(PosixProcessLauncherTest, RunsWithEnvWorkingDirAndCapturedOutput) {

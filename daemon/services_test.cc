@@ -102,7 +102,7 @@ TEST_F(ServicesTest, EveryCallNeedsTheToken) {
   v1::SubmitJobResponse sresp;
   EXPECT_EQ(coord_stub_->SubmitJob(Ctx("wrong").get(), submit, &sresp).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_TRUE(coordinator_->ListJobs({}).empty()) << "nothing changed";
+  EXPECT_TRUE(coordinator_->ListJobs({})->empty()) << "nothing changed";
   v1::ReadLogsResponse lresp;
   EXPECT_EQ(agent_stub_->ReadLogs(Ctx("").get(), {}, &lresp).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
@@ -187,7 +187,7 @@ TEST_F(ServicesTest, WatchEndsWhenTheClientGivesUp) {
     spec.set_nproc_per_node(1);
     return spec;
   }(), "").value();
-  std::string id = coordinator_->ListJobs({})[0].job_id();
+  std::string id = (*coordinator_->ListJobs({}))[0].job_id();
   v1::WatchJobRequest watch;
   watch.set_job_id(id);
   watch.set_after_version(1000);

@@ -19,6 +19,11 @@ StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string
   sqlite3_busy_timeout(db, 5000);
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
   RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL"));
+  // The table is read in full only at start; after that only jobs that left
+  // the coordinator's memory are read back. A small page cache (256 KiB,
+  // not SQLite's 2 MiB default) keeps the coordinator's memory flat as the
+  // table grows.
+  RETURN_IF_ERROR(store->Exec("PRAGMA cache_size=-256"));
   RETURN_IF_ERROR(store->Exec(
       "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, data BLOB NOT NULL)"));
   RETURN_IF_ERROR(store->Exec(
@@ -93,6 +98,32 @@ StatusOr<std::vector<v1::Job>> SqliteJobStore::LoadJobs() {
     }
   }
   return jobs;
+}
+
+StatusOr<std::optional<v1::Job>> SqliteJobStore::LoadJob(const std::string& job_id) {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT data FROM jobs WHERE id = ?", -1, &stmt, nullptr) !=
+      SQLITE_OK) {
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  sqlite3_bind_text(stmt, 1, job_id.data(), static_cast<int>(job_id.size()), SQLITE_TRANSIENT);
+  std::optional<v1::Job> job;
+  const int rc = sqlite3_step(stmt);
+  if (rc == SQLITE_ROW) {
+    job.emplace();
+    const bool parsed = job->ParseFromArray(sqlite3_column_blob(stmt, 0), sqlite3_column_bytes(stmt, 0));
+    sqlite3_finalize(stmt);
+    if (!parsed) {
+      return absl::DataLossError(absl::StrCat("job store ", path_, ": job ", job_id, " is corrupt"));
+    }
+    return job;
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": reading job ", job_id, ": ",
+                                               sqlite3_errmsg(db_)));
+  }
+  return job;
 }
 
 StatusOr<std::vector<v1::NodeInfo>> SqliteJobStore::LoadNodes() {

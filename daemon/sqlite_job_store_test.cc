@@ -38,6 +38,14 @@ TEST(SqliteJobStoreTest, JobsAndNodesSurviveReopen) {
   ASSERT_TRUE(jobs.ok());
   ASSERT_EQ(jobs->size(), 1u);
   EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_SUCCEEDED);
+  auto one = (*store)->LoadJob("j-1");
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(one->has_value());
+  EXPECT_EQ((*one)->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ((*one)->history(0).detail(), "submitted");
+  auto none = (*store)->LoadJob("j-2");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
   EXPECT_EQ((*jobs)[0].restart_count(), 2);
   EXPECT_EQ((*jobs)[0].history(0).detail(), "submitted");
   auto nodes = (*store)->LoadNodes();
