@@ -9,7 +9,15 @@
 //
 // Data: a global batch of world*batch samples from --seed; rank r trains on
 // its slice, so `--local --batch world*batch` is the single-process
-// reference on the concatenated batch.
+// reference on the concatenated batch. The batch is the same at every step:
+// what step s trains on is a pure function of (seed, world, rank), never of
+// how the run got to step s, so a run resumed from a checkpoint sees the
+// same data as an uninterrupted one.
+//
+// Checkpoints (--checkpoint-dir, --checkpoint-every; ddp/checkpoint.h): every
+// rank restores the newest checkpoint before DDP is created, logs "resumed
+// from step S (round R)" and continues at step S+1; rank 0 saves every N
+// steps. A job that lockstepd restarts thus loses at most N steps.
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -27,6 +35,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "ddp/checkpoint.h"
 #include "ddp/ddp.h"
 #include "ddp/init.h"
 #include "examples/models.h"
@@ -39,6 +48,7 @@ struct Config {
   int64_t steps = 20;
   int64_t batch = 32;
   double lr = 0.01;
+  double momentum = 0;
   double bucket_mb = 25;
   bool local = false;
   int64_t seed = 0;
@@ -52,6 +62,8 @@ struct Config {
   int64_t threads = 1;
   int64_t step_delay_ms = 0;
   std::string device = "cpu";
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
 };
 
 // CPU time of the whole process (every thread), in ms.
@@ -85,8 +97,15 @@ Status Run(const Config& cfg) {
         "--device cuda: this LibTorch sees no CUDA device (CPU-only build, or no GPU)");
   }
   torch::set_num_threads(static_cast<int>(cfg.threads));
+  if (cfg.checkpoint_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint-every must be >= 0, got ", cfg.checkpoint_every));
+  }
+  if (cfg.checkpoint_every > 0 && cfg.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError("--checkpoint-every needs --checkpoint-dir");
+  }
   std::unique_ptr<ddp::ProcessGroup> group;
-  int rank = 0, world = 1;
+  int rank = 0, world = 1, round = 0;
   // The same allocator settings InitFromEnv applies, so the --local baseline
   // differs from DDP only by communication.
   if (cfg.local) ddp::KeepFreedMemory();
@@ -99,6 +118,7 @@ Status Run(const Config& cfg) {
     ASSIGN_OR_RETURN(group, ddp::InitFromEnv(init));
     rank = group->env().rank;
     world = group->env().world_size;
+    round = group->env().round;
   }
   ASSIGN_OR_RETURN(examples::Workload w, examples::MakeWorkload(cfg.model, cfg.seed));
   auto [x_all, y_all] = examples::MakeBatch(w, world * cfg.batch, cfg.seed);
@@ -111,6 +131,29 @@ Status Run(const Config& cfg) {
     w.root->to(gpu);
     x = x.to(gpu);
     y = y.to(gpu);
+  }
+
+  auto params = UniqueParameters(*w.root);
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(cfg.lr).momentum(cfg.momentum));
+  // Every rank restores before DDP Create (ddp/checkpoint.h): rank 0 cannot
+  // train, and so write a newer checkpoint, until every rank has joined
+  // Create's broadcast, so all ranks read the same file.
+  int64_t first_step = 1;
+  if (!cfg.checkpoint_dir.empty()) {
+    ASSIGN_OR_RETURN(auto restored, ddp::RestoreCheckpoint(cfg.checkpoint_dir, *w.root, &opt));
+    if (restored) {
+      first_step = restored->info.step + 1;
+      Logger("train").Info("resumed from step {} (round {}) in round {}: {} (world size {})",
+                           restored->info.step, restored->info.round, round, restored->path,
+                           restored->info.world_size);
+      if (restored->info.world_size != world) {
+        Logger("train").Warn("checkpoint was written with world size {}, now {}: each step's "
+                             "global batch differs from the original run's",
+                             restored->info.world_size, world);
+      }
+    } else {
+      Logger("train").Info("no checkpoint in {}: starting at step 1", cfg.checkpoint_dir);
+    }
   }
 
   std::unique_ptr<ddp::DistributedDataParallel> model;
@@ -128,8 +171,6 @@ Status Run(const Config& cfg) {
     // Test hook: this rank never joins another collective.
     return group->store().Get("test/release", FromSeconds(cfg.timeout_s * 4)).status();
   }
-  auto params = UniqueParameters(*w.root);
-  torch::optim::SGD opt(params, torch::optim::SGDOptions(cfg.lr));
   w.root->train();
   const int64_t k = cfg.micro_batches;
   auto xs = x.chunk(k), ys = y.chunk(k);
@@ -137,9 +178,9 @@ Status Run(const Config& cfg) {
   // Progress to this node's agent (LOCKSTEP_AGENT): `lockstep status` and
   // `watch` show it. A no-op when started by hand.
   auto reporter = client::ProgressReporter::FromEnv();
-  for (int64_t step = 1; step <= cfg.steps; ++step) {
+  for (int64_t step = first_step; step <= cfg.steps; ++step) {
     // Stand-in for data loading between steps, outside the timed step.
-    if (cfg.step_delay_ms > 0 && step > 1) {
+    if (cfg.step_delay_ms > 0 && step > first_step) {
       std::this_thread::sleep_for(std::chrono::milliseconds(cfg.step_delay_ms));
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -202,6 +243,10 @@ Status Run(const Config& cfg) {
     reporter->Report(progress);
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
+    if (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) {
+      RETURN_IF_ERROR(ddp::SaveCheckpoint(cfg.checkpoint_dir, rank, {step, round, world}, *w.root,
+                                          &opt));
+    }
   }
   reporter->Flush(std::chrono::seconds(1));
   double sum = 0, abs_sum = 0;
@@ -236,6 +281,7 @@ int main(int argc, char** argv) {
   flags.Int("steps", &cfg.steps, "training steps");
   flags.Int("batch", &cfg.batch, "samples per rank per step");
   flags.Double("lr", &cfg.lr, "SGD learning rate");
+  flags.Double("momentum", &cfg.momentum, "SGD momentum (its buffers are checkpointed)");
   flags.Double("bucket-mb", &cfg.bucket_mb, "DDP bucket cap (MB)");
   flags.Bool("local", &cfg.local, "train without DDP or any communication");
   flags.Int("seed", &cfg.seed, "model and data seed");
@@ -253,6 +299,11 @@ int main(int argc, char** argv) {
   flags.String("device", &cfg.device, "cpu | cuda (DDP over NCCL, one GPU per local rank)");
   flags.Int("step-delay-ms", &cfg.step_delay_ms,
             "sleep this long before each step after the first (stands in for data loading)");
+  flags.String("checkpoint-dir", &cfg.checkpoint_dir,
+               "restore the newest checkpoint here at start (every rank), if any; save into it "
+               "with --checkpoint-every");
+  flags.Int("checkpoint-every", &cfg.checkpoint_every,
+            "rank 0 saves a checkpoint after every N-th step (0: never)");
   auto rest = flags.Parse(argc, argv);
   if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());
   lockstep::Status s = lockstep::InitLogging();  // Logs to stderr; stdout is JSON.

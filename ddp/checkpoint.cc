@@ -1,0 +1,316 @@
+#include "ddp/checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kPrefix[] = "ckpt-";
+constexpr char kSuffix[] = ".pt";
+constexpr char kTempMarker[] = ".pt.tmp-";
+
+// The message of a LibTorch exception without its C++ backtrace.
+std::string ExceptionMessage(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
+
+// "ckpt-000000000030.pt" -> 30; anything else (temp files included) -> -1.
+int64_t StepOfName(const std::string& name) {
+  const size_t p = sizeof(kPrefix) - 1, s = sizeof(kSuffix) - 1;
+  if (name.size() <= p + s || name.compare(0, p, kPrefix) != 0 ||
+      name.compare(name.size() - s, s, kSuffix) != 0) {
+    return -1;
+  }
+  const std::string digits = name.substr(p, name.size() - p - s);
+  if (digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return -1;
+  }
+  return std::stoll(digits);
+}
+
+bool IsTempName(const std::string& name) {
+  return name.compare(0, sizeof(kPrefix) - 1, kPrefix) == 0 &&
+         name.find(kTempMarker) != std::string::npos;
+}
+
+// (step, path) of every complete checkpoint in `dir`, highest step first.
+StatusOr<std::vector<std::pair<int64_t, std::string>>> ListSteps(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return out;
+  if (ec) return absl::InternalError(absl::StrCat("cannot list checkpoint dir ", dir, ": ", ec.message()));
+  for (const fs::directory_entry& entry : it) {
+    const int64_t step = StepOfName(entry.path().filename().string());
+    if (step >= 0) out.emplace_back(step, entry.path().string());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+Status Errno(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat("checkpoint: ", what, " ", path, ": ", std::strerror(errno)));
+}
+
+// Writes `archive` to `path` (created, must not exist) and fsyncs it.
+Status WriteSynced(torch::serialize::OutputArchive& archive, const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", path);
+  int write_errno = 0;
+  auto writer = [fd, &write_errno](const void* data, size_t n) -> size_t {
+    const char* p = static_cast<const char*>(data);
+    size_t left = n;
+    while (left > 0) {
+      const ssize_t w = ::write(fd, p, left);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        write_errno = errno;
+        return n - left;
+      }
+      p += w;
+      left -= static_cast<size_t>(w);
+    }
+    return n;
+  };
+  Status status;
+  try {
+    archive.save_to(writer);
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("checkpoint: cannot write ", path, ": ",
+                                              write_errno ? std::strerror(write_errno) : "",
+                                              write_errno ? " (" : "", ExceptionMessage(e),
+                                              write_errno ? ")" : ""));
+  }
+  if (status.ok() && write_errno != 0) {
+    errno = write_errno;
+    status = Errno("cannot write", path);
+  }
+  if (status.ok() && ::fsync(fd) != 0) status = Errno("cannot fsync", path);
+  if (::close(fd) != 0 && status.ok()) status = Errno("cannot close", path);
+  return status;
+}
+
+Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open dir", dir);
+  Status status;
+  if (::fsync(fd) != 0) status = Errno("cannot fsync dir", dir);
+  ::close(fd);
+  return status;
+}
+
+// A tensor read from the checkpoint and the module tensor it goes into.
+struct Pending {
+  torch::Tensor target;
+  torch::Tensor loaded;
+};
+
+// Reads every parameter and buffer of `m` (the layout Module::save writes:
+// its own tensors by name, each child in a nested archive) and checks that
+// it matches; applies nothing.
+Status Collect(const torch::nn::Module& m, torch::serialize::InputArchive& archive,
+               const std::string& prefix, const std::string& path, std::vector<Pending>* out) {
+  auto take = [&](const std::string& key, const torch::Tensor& target, bool is_buffer) -> Status {
+    torch::Tensor loaded;
+    if (!archive.try_read(key, loaded, is_buffer) || !loaded.defined()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", path, " does not match the model: it has no ",
+          is_buffer ? "buffer " : "parameter ", prefix, key));
+    }
+    if (loaded.sizes() != target.sizes() || loaded.scalar_type() != target.scalar_type()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "checkpoint %s does not match the model: %s%s is %s %s there, %s %s in the model", path,
+          prefix, key, c10::toString(loaded.scalar_type()), c10::str(loaded.sizes()),
+          c10::toString(target.scalar_type()), c10::str(target.sizes())));
+    }
+    out->push_back({target, loaded});
+    return absl::OkStatus();
+  };
+  for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+    RETURN_IF_ERROR(take(item.key(), item.value(), false));
+  }
+  for (const auto& item : m.named_buffers(/*recurse=*/false)) {
+    RETURN_IF_ERROR(take(item.key(), item.value(), true));
+  }
+  for (const auto& child : m.named_children()) {
+    if (!child.value()->is_serializable()) continue;
+    torch::serialize::InputArchive child_archive;
+    if (!archive.try_read(child.key(), child_archive)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", path, " does not match the model: it has no module ", prefix, child.key()));
+    }
+    RETURN_IF_ERROR(Collect(*child.value(), child_archive, absl::StrCat(prefix, child.key(), "."),
+                            path, out));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<int64_t> ReadInt(torch::serialize::InputArchive& meta, const std::string& key,
+                          const std::string& path) {
+  torch::Tensor t;
+  if (!meta.try_read(key, t) || !t.defined() || t.numel() != 1) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, " is not a Lockstep checkpoint: no meta/", key));
+  }
+  return t.item<int64_t>();
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir) {
+  ASSIGN_OR_RETURN(auto steps, ListSteps(dir));
+  std::vector<std::string> out;
+  for (auto& s : steps) out.push_back(std::move(s.second));
+  return out;
+}
+
+Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& info,
+                      const torch::nn::Module& module, const torch::optim::Optimizer* optimizer,
+                      const CheckpointOptions& options) {
+  if (rank != 0) return absl::OkStatus();
+  if (info.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint step must be >= 0, got ", info.step));
+  }
+  if (options.keep < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint keep must be >= 1, got ", options.keep));
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("checkpoint: cannot create dir ", dir, ": ", ec.message()));
+  }
+  const std::string final_path =
+      (fs::path(dir) / absl::StrFormat("%s%012d%s", kPrefix, info.step, kSuffix)).string();
+  const std::string temp_path = absl::StrCat(final_path, ".tmp-", ::getpid());
+
+  torch::serialize::OutputArchive archive;
+  try {
+    torch::serialize::OutputArchive meta;
+    meta.write("format", torch::tensor(kCheckpointFormat, torch::kInt64));
+    meta.write("step", torch::tensor(info.step, torch::kInt64));
+    meta.write("round", torch::tensor(static_cast<int64_t>(info.round), torch::kInt64));
+    meta.write("world_size", torch::tensor(static_cast<int64_t>(info.world_size), torch::kInt64));
+    archive.write("meta", meta);
+    torch::serialize::OutputArchive model;
+    module.save(model);
+    archive.write("model", model);
+    if (optimizer != nullptr) {
+      torch::serialize::OutputArchive opt;
+      optimizer->save(opt);
+      archive.write("optimizer", opt);
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint: cannot serialize step ", info.step, ": ", ExceptionMessage(e)));
+  }
+  fs::remove(temp_path, ec);  // A leftover of an earlier process with this pid.
+  Status status = WriteSynced(archive, temp_path);
+  if (status.ok() && ::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    status = Errno(absl::StrCat("cannot rename ", temp_path, " to"), final_path);
+  }
+  if (!status.ok()) {
+    fs::remove(temp_path, ec);
+    return status;
+  }
+  RETURN_IF_ERROR(SyncDir(dir));
+
+  // Retention: the newest `keep` checkpoints; temp files of writers that died.
+  ASSIGN_OR_RETURN(auto steps, ListSteps(dir));
+  for (size_t i = options.keep; i < steps.size(); ++i) fs::remove(steps[i].second, ec);
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    if (IsTempName(entry.path().filename().string())) fs::remove(entry.path(), ec);
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string& dir,
+                                                              torch::nn::Module& module,
+                                                              torch::optim::Optimizer* optimizer) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint dir ", dir, " exists and is not a directory"));
+  }
+  ASSIGN_OR_RETURN(auto steps, ListSteps(dir));
+  if (steps.empty()) return std::optional<RestoredCheckpoint>();
+  RestoredCheckpoint restored;
+  restored.path = steps.front().second;
+  const std::string& path = restored.path;
+
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path);
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path,
+                                            " is not a complete checkpoint (truncated or corrupt): ",
+                                            ExceptionMessage(e)));
+  }
+  std::vector<Pending> pending;
+  try {
+    torch::serialize::InputArchive meta;
+    if (!archive.try_read("meta", meta)) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", path, " is not a Lockstep checkpoint: no meta"));
+    }
+    ASSIGN_OR_RETURN(const int64_t format, ReadInt(meta, "format", path));
+    if (format != kCheckpointFormat) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", path, " has format ", format,
+                                              ", this build reads ", kCheckpointFormat));
+    }
+    ASSIGN_OR_RETURN(restored.info.step, ReadInt(meta, "step", path));
+    ASSIGN_OR_RETURN(const int64_t round, ReadInt(meta, "round", path));
+    ASSIGN_OR_RETURN(const int64_t world, ReadInt(meta, "world_size", path));
+    restored.info.round = static_cast<int>(round);
+    restored.info.world_size = static_cast<int>(world);
+
+    torch::serialize::InputArchive model;
+    if (!archive.try_read("model", model)) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", path, " has no model state"));
+    }
+    RETURN_IF_ERROR(Collect(module, model, "", path, &pending));
+
+    // The optimizer before the model: if its state does not fit, the model
+    // is still unchanged.
+    if (optimizer != nullptr) {
+      torch::serialize::InputArchive opt;
+      if (!archive.try_read("optimizer", opt)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint ", path, " has no optimizer state"));
+      }
+      try {
+        optimizer->load(opt);
+      } catch (const std::exception& e) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint ", path, ": its optimizer state does not match the optimizer: ",
+            ExceptionMessage(e)));
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, " cannot be read: ", ExceptionMessage(e)));
+  }
+  torch::NoGradGuard no_grad;
+  for (Pending& p : pending) p.target.copy_(p.loaded);
+  return std::optional<RestoredCheckpoint>(std::move(restored));
+}
+
+}  // namespace ddp
+}  // namespace lockstep

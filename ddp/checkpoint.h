@@ -1,0 +1,104 @@
+// Checkpoints of a training run: model parameters and buffers, optimizer
+// state and where the run was (step, round, world size), so a worker that
+// lockstepd restarts resumes from the last checkpoint instead of step 0.
+//
+//   // Every rank, after InitFromEnv and before DistributedDataParallel::Create:
+//   ASSIGN_OR_RETURN(auto restored, ddp::RestoreCheckpoint(dir, *model, &opt));
+//   int64_t first_step = restored ? restored->info.step + 1 : 1;
+//   ...
+//   // Every rank may call it; only rank 0 writes:
+//   RETURN_IF_ERROR(ddp::SaveCheckpoint(dir, rank, {step, round, world}, *model, &opt));
+//
+// On disk: one LibTorch archive per checkpoint, `<dir>/ckpt-<step, 12
+// digits>.pt`, holding "lockstep/format" (kCheckpointFormat), "meta/step",
+// "meta/round", "meta/world_size", "model/<parameter or buffer name>" and
+// "optimizer" (Optimizer::save's archive). A save writes
+// `<final name>.tmp-<pid>` in the same directory, fsyncs it, renames it over
+// the final name and fsyncs the directory, so a reader sees a complete file
+// or none; temp files left by a writer that died are never read and are
+// removed by the next save. The newest `keep` checkpoints are kept.
+//
+// DDP (cross-process invariant): every rank must resume from the same step,
+// with the same parameters and its own copy of the optimizer state. Each rank
+// reads the newest checkpoint itself. Call RestoreCheckpoint after
+// InitFromEnv and before DistributedDataParallel::Create: rank 0 cannot
+// train (and so cannot write a newer checkpoint) before every rank has
+// joined Create's broadcast, so all ranks of a round read the same file, and
+// Create then broadcasts rank 0's (identical) parameters anyway. The
+// optimizer is not touched by DDP: restore it on every rank.
+//
+// No gRPC, no logging: this file is in the CMake build (ddp/CMakeLists.txt).
+// Thread safety: none; call from the training thread while no backward runs.
+#ifndef LOCKSTEP_DDP_CHECKPOINT_H_
+#define LOCKSTEP_DDP_CHECKPOINT_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace lockstep {
+namespace ddp {
+
+// Written into every checkpoint; a file with another value is refused.
+inline constexpr int64_t kCheckpointFormat = 1;
+// How many checkpoints SaveCheckpoint keeps by default (the newest ones).
+inline constexpr int kDefaultCheckpointsKept = 2;
+
+// Where the run was when the checkpoint was taken.
+struct CheckpointInfo {
+  int64_t step = 0;    // Steps completed: training resumes at step + 1.
+  int round = 0;       // LOCKSTEP_ROUND of the writer.
+  int world_size = 0;  // World size of the writer's round.
+};
+
+struct CheckpointOptions {
+  // Checkpoints kept after a save, newest first. Default: 2. REQUIRES: >= 1.
+  int keep = kDefaultCheckpointsKept;
+};
+
+struct RestoredCheckpoint {
+  CheckpointInfo info;
+  std::string path;  // The file it was read from.
+};
+
+// Saves `module`'s parameters and buffers (every name of
+// module.named_parameters() / named_buffers(), recursively) and, if not
+// null, `optimizer`'s state as the checkpoint of `info.step` in `dir`
+// (created if missing), atomically (see file comment), then deletes all but
+// the newest `options.keep` checkpoints and any leftover temp files.
+// Only rank 0 writes: any other rank returns OK at once.
+// Blocks for the write and its fsyncs.
+// Errors: Internal naming the path for a failed write, fsync or rename (the
+// previous checkpoints are then untouched); InvalidArgument for a negative
+// step or keep < 1.
+Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& info,
+                      const torch::nn::Module& module, const torch::optim::Optimizer* optimizer,
+                      const CheckpointOptions& options = {});
+
+// Loads the newest checkpoint in `dir` into `module` (copied in place into
+// the existing parameters and buffers, which keep their storage) and, if not
+// null, into `optimizer`. Call on every rank (see file comment).
+// Returns nullopt when `dir` does not exist or holds no checkpoint (start
+// fresh); temp files are ignored.
+// Errors, each naming the file: DataLoss for a file that is not a complete
+// checkpoint (truncated, corrupt, wrong format); FailedPrecondition when it
+// does not match the model (a missing name, another shape or dtype) or the
+// optimizer (other parameter groups). On any error the module is unchanged;
+// the optimizer may be partly loaded, so treat the error as fatal.
+StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string& dir,
+                                                              torch::nn::Module& module,
+                                                              torch::optim::Optimizer* optimizer);
+
+// The complete checkpoints in `dir`, newest (highest step) first; empty if
+// `dir` does not exist. Errors: Internal if it cannot be listed.
+StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir);
+
+}  // namespace ddp
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DDP_CHECKPOINT_H_
