@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "common/worker_env.h"
 #include "lockstep/v1/agent.grpc.pb.h"
 
 namespace lockstep {
@@ -124,11 +125,11 @@ std::string Env(const char* name) {
 }  // namespace
 
 std::unique_ptr<ProgressReporter> ProgressReporter::FromEnv() {
-  std::string agent = Env("LOCKSTEP_AGENT");
+  std::string agent = Env(worker_env::kAgent);
   if (agent.empty()) return std::make_unique<DisabledReporter>();
-  return std::make_unique<GrpcReporter>(agent, Env("LOCKSTEP_AGENT_TOKEN"), Env("LOCKSTEP_JOB_ID"),
-                                        std::atoi(Env("LOCKSTEP_ROUND").c_str()),
-                                        std::atoi(Env("LOCKSTEP_RANK").c_str()));
+  const WorkerIdentity id = ReadWorkerIdentity([](const char* n) { return std::getenv(n); });
+  return std::make_unique<GrpcReporter>(agent, Env(worker_env::kAgentToken), id.job_id, id.round,
+                                        id.rank);
 }
 
 }  // namespace client

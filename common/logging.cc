@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/worker_env.h"
 
 namespace lockstep {
 namespace {
@@ -48,10 +49,11 @@ Status InitLogging(absl::string_view level) {
   return absl::OkStatus();
 }
 
-Logger::Logger(std::string component)
-    : component_(std::move(component)),
-      job_id_(EnvOr("LOCKSTEP_JOB_ID", "-")),
-      rank_(std::atoi(EnvOr("LOCKSTEP_RANK", "-1").c_str())) {
+Logger::Logger(std::string component) : component_(std::move(component)) {
+  // A worker's identity from the worker contract (torchrun's names too).
+  const WorkerIdentity id = ReadWorkerIdentity([](const char* n) { return std::getenv(n); });
+  job_id_ = id.job_id;
+  rank_ = id.rank;
   BuildPrefix();
 }
 

@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "common/address.h"
 #include "common/ids.h"
+#include "common/worker_env.h"
 #include "daemon/job_spec.h"
 #include "daemon/token.h"
 
@@ -209,34 +210,30 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
     Status launched = ok;
     if (launched.ok()) {
       std::map<std::string, std::string> env = base;
-      auto set = [&](const std::string& k, const std::string& v) { env[k] = v; };
-      set("LOCKSTEP_JOB_ID", job_id);
-      set("LOCKSTEP_RANK", std::to_string(w.rank));
-      set("LOCKSTEP_LOCAL_RANK", std::to_string(local));
-      set("LOCKSTEP_WORLD_SIZE", std::to_string(a.world_size()));
-      set("LOCKSTEP_LOCAL_WORLD_SIZE", std::to_string(nproc));
-      set("LOCKSTEP_NODE_RANK", std::to_string(a.node_rank()));
-      set("LOCKSTEP_NUM_NODES", std::to_string(a.num_nodes()));
-      set("LOCKSTEP_ROUND", std::to_string(cmd.round()));
-      set("LOCKSTEP_RESTART_COUNT", std::to_string(a.restart_count()));
-      set("LOCKSTEP_STORE", a.store_address());
+      // The worker contract: common/worker_env.h writes every name.
+      WorkerEnv contract;
+      contract.job_id = job_id;
+      contract.rank = w.rank;
+      contract.local_rank = local;
+      contract.world_size = a.world_size();
+      contract.local_world_size = nproc;
+      contract.node_rank = a.node_rank();
+      contract.num_nodes = a.num_nodes();
+      contract.round = cmd.round();
+      contract.restart_count = a.restart_count();
+      contract.store_address = a.store_address();
       if (!options_.admin_token.empty()) {
-        set("LOCKSTEP_STORE_TOKEN", JobStoreToken(options_.admin_token, job_id));
+        contract.store_token = JobStoreToken(options_.admin_token, job_id);
       }
-      set("LOCKSTEP_AGENT", agent_address_);
+      contract.agent_address = agent_address_;
+      contract.agent_token = run.progress_token;
       // The node's own address: the data plane binds it (ddp/data_plane.h).
-      set("LOCKSTEP_NODE_ADDR", HostOfAddress(agent_address_));
-      set("LOCKSTEP_AGENT_TOKEN", run.progress_token);
-      if (fence_.fd() >= 0) set(worker_link::kFenceFdEnv, std::to_string(fence_.fd()));
-      if (run.status_page) set(worker_link::kStatusFdEnv, std::to_string(run.status_page->fd()));
-      set("RANK", std::to_string(w.rank));
-      set("LOCAL_RANK", std::to_string(local));
-      set("WORLD_SIZE", std::to_string(a.world_size()));
-      set("LOCAL_WORLD_SIZE", std::to_string(nproc));
-      set("GROUP_RANK", std::to_string(a.node_rank()));
-      set("MASTER_ADDR", a.master_addr());
-      set("MASTER_PORT", std::to_string(run.assignment.master_port()));
-      set("TORCHELASTIC_RESTART_COUNT", std::to_string(a.restart_count()));
+      contract.node_addr = HostOfAddress(agent_address_);
+      contract.master_addr =
+          absl::StrCat(a.master_addr(), ":", run.assignment.master_port());
+      for (auto& [k, v] : WorkerEnvVars(contract)) env[k] = std::move(v);
+      if (fence_.fd() >= 0) env[worker_link::kFenceFdEnv] = std::to_string(fence_.fd());
+      if (run.status_page) env[worker_link::kStatusFdEnv] = std::to_string(run.status_page->fd());
       LaunchSpec spec;
       spec.argv.assign(cmd.spec().command().begin(), cmd.spec().command().end());
       for (const auto& [k, v] : env) spec.env.push_back(k + "=" + v);

@@ -36,69 +36,7 @@ MasterStoreFactory& MasterFactory() {
   return *factory;
 }
 
-// Reads the first variable of `names` that is set into *out.
-// Returns whether one was set.
-StatusOr<bool> ReadInt(const std::function<const char*(const char*)>& getenv,
-                       std::initializer_list<const char*> names, int* out) {
-  for (const char* name : names) {
-    const char* v = getenv(name);
-    if (v == nullptr || *v == '\0') continue;
-    if (!absl::SimpleAtoi(v, out)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("environment variable ", name, "='", v, "' is not an integer"));
-    }
-    return true;
-  }
-  return false;
-}
-
-std::string ReadString(const std::function<const char*(const char*)>& getenv,
-                       std::initializer_list<const char*> names) {
-  for (const char* name : names) {
-    const char* v = getenv(name);
-    if (v != nullptr && *v != '\0') return v;
-  }
-  return "";
-}
-
 }  // namespace
-
-StatusOr<WorkerEnv> ParseWorkerEnv(const std::function<const char*(const char*)>& getenv) {
-  WorkerEnv env;
-  ASSIGN_OR_RETURN(bool has_rank, ReadInt(getenv, {"LOCKSTEP_RANK", "RANK"}, &env.rank));
-  ASSIGN_OR_RETURN(bool has_world,
-                   ReadInt(getenv, {"LOCKSTEP_WORLD_SIZE", "WORLD_SIZE"}, &env.world_size));
-  if (!has_rank) return absl::InvalidArgumentError("LOCKSTEP_RANK (or RANK) is not set");
-  if (!has_world) {
-    return absl::InvalidArgumentError("LOCKSTEP_WORLD_SIZE (or WORLD_SIZE) is not set");
-  }
-  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", env.rank,
-                                                   " is outside the world of size ",
-                                                   env.world_size));
-  }
-  env.local_rank = env.rank;
-  env.local_world_size = env.world_size;
-  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_LOCAL_RANK", "LOCAL_RANK"}, &env.local_rank).status());
-  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"},
-                          &env.local_world_size)
-                      .status());
-  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_NODE_RANK", "GROUP_RANK"}, &env.node_rank).status());
-  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_NUM_NODES"}, &env.num_nodes).status());
-  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_ROUND"}, &env.round).status());
-  RETURN_IF_ERROR(ReadInt(getenv, {"LOCKSTEP_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"},
-                          &env.restart_count)
-                      .status());
-  std::string job = ReadString(getenv, {"LOCKSTEP_JOB_ID", "TORCHELASTIC_RUN_ID"});
-  if (!job.empty()) env.job_id = job;
-  env.store_address = ReadString(getenv, {"LOCKSTEP_STORE"});
-  env.agent_address = ReadString(getenv, {"LOCKSTEP_AGENT"});
-  env.node_addr = ReadString(getenv, {"LOCKSTEP_NODE_ADDR"});
-  const std::string master = ReadString(getenv, {"MASTER_ADDR"});
-  const std::string port = ReadString(getenv, {"MASTER_PORT"});
-  if (!master.empty() || !port.empty()) env.master_addr = master + ":" + port;
-  return env;
-}
 
 void RegisterStoreFactory(StoreFactory factory) {
   std::lock_guard<std::mutex> lock(FactoryMu());

@@ -32,32 +32,17 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/worker_env.h"
 #include "ddp/communicator.h"
 #include "rendezvous/store.h"
 
 namespace lockstep {
 namespace ddp {
 
-struct WorkerEnv {
-  std::string job_id = "local";
-  int rank = 0;
-  int local_rank = 0;
-  int world_size = 1;
-  int local_world_size = 1;
-  int node_rank = 0;
-  int num_nodes = 1;
-  int round = 0;
-  int restart_count = 0;
-  std::string store_address;  // LOCKSTEP_STORE; may be empty.
-  std::string agent_address;  // LOCKSTEP_AGENT; empty when not under lockstepd.
-  std::string node_addr;      // LOCKSTEP_NODE_ADDR: the agent's advertised host.
-  std::string master_addr;    // MASTER_ADDR:MASTER_PORT, when set.
-};
-
-// Parses the environment through `getenv` (tests inject a map).
-// Errors: InvalidArgument naming the variable (missing rank/world size,
-// non-integer, rank outside the world).
-StatusOr<WorkerEnv> ParseWorkerEnv(const std::function<const char*(const char*)>& getenv);
+// The parsed worker environment and its parser: the worker contract,
+// common/worker_env.h (one parser for every reader).
+using ::lockstep::ParseWorkerEnv;
+using ::lockstep::WorkerEnv;
 
 // Makes a Store bound to `ns` for a "host:port" address.
 using StoreFactory = std::function<StatusOr<std::unique_ptr<rendezvous::Store>>(

@@ -105,7 +105,7 @@ const bool kRegistered = [] {
     // workers as LOCKSTEP_STORE_TOKEN (unset: no token, for open stores).
     rendezvous::StoreClientOptions options;
     options.connect_timeout = timeout;
-    if (const char* token = std::getenv("LOCKSTEP_STORE_TOKEN")) options.token = token;
+    if (const char* token = std::getenv(worker_env::kStoreToken)) options.token = token;
     return rendezvous::ConnectStore(address, ns, options);
   });
   RegisterMasterStoreFactory(MasterStore);

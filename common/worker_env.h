@@ -1,0 +1,99 @@
+// The worker contract in one place (DESIGN.md, "Worker environment"): the
+// names of the variables a worker gets, their parsed form, the one parser
+// every reader uses and the one writer the agent uses.
+//
+// The agent sets every LOCKSTEP_* name and torchrun's names beside them
+// (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+// MASTER_PORT, TORCHELASTIC_RESTART_COUNT), so a program written for
+// torchrun runs unchanged. A reader takes the LOCKSTEP_* name first and
+// falls back to torchrun's where one exists, so a worker started by hand
+// the torchrun way (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) parses the
+// same. The fence and status page descriptors are common/worker_link.h's.
+//
+// Thread safety: everything here is a pure function of its arguments.
+#ifndef LOCKSTEP_COMMON_WORKER_ENV_H_
+#define LOCKSTEP_COMMON_WORKER_ENV_H_
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace lockstep {
+namespace worker_env {
+
+inline constexpr char kJobId[] = "LOCKSTEP_JOB_ID";
+inline constexpr char kRank[] = "LOCKSTEP_RANK";
+inline constexpr char kLocalRank[] = "LOCKSTEP_LOCAL_RANK";
+inline constexpr char kWorldSize[] = "LOCKSTEP_WORLD_SIZE";
+inline constexpr char kLocalWorldSize[] = "LOCKSTEP_LOCAL_WORLD_SIZE";
+inline constexpr char kNodeRank[] = "LOCKSTEP_NODE_RANK";
+inline constexpr char kNumNodes[] = "LOCKSTEP_NUM_NODES";
+inline constexpr char kRound[] = "LOCKSTEP_ROUND";
+inline constexpr char kRestartCount[] = "LOCKSTEP_RESTART_COUNT";
+inline constexpr char kStore[] = "LOCKSTEP_STORE";
+inline constexpr char kStoreToken[] = "LOCKSTEP_STORE_TOKEN";
+inline constexpr char kAgent[] = "LOCKSTEP_AGENT";
+inline constexpr char kAgentToken[] = "LOCKSTEP_AGENT_TOKEN";
+inline constexpr char kNodeAddr[] = "LOCKSTEP_NODE_ADDR";
+// torchrun's names.
+inline constexpr char kTorchRank[] = "RANK";
+inline constexpr char kTorchLocalRank[] = "LOCAL_RANK";
+inline constexpr char kTorchWorldSize[] = "WORLD_SIZE";
+inline constexpr char kTorchLocalWorldSize[] = "LOCAL_WORLD_SIZE";
+inline constexpr char kTorchGroupRank[] = "GROUP_RANK";
+inline constexpr char kTorchRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr char kTorchRunId[] = "TORCHELASTIC_RUN_ID";
+inline constexpr char kMasterAddr[] = "MASTER_ADDR";
+inline constexpr char kMasterPort[] = "MASTER_PORT";
+
+}  // namespace worker_env
+
+struct WorkerEnv {
+  std::string job_id = "local";
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  int node_rank = 0;
+  int num_nodes = 1;
+  int round = 0;
+  int restart_count = 0;
+  std::string store_address;  // LOCKSTEP_STORE; may be empty.
+  std::string store_token;    // LOCKSTEP_STORE_TOKEN: opens this job's namespaces only.
+  std::string agent_address;  // LOCKSTEP_AGENT; empty when not under lockstepd.
+  std::string agent_token;    // LOCKSTEP_AGENT_TOKEN: this run's progress token.
+  std::string node_addr;      // LOCKSTEP_NODE_ADDR: the agent's advertised host.
+  std::string master_addr;    // "MASTER_ADDR:MASTER_PORT", when either is set.
+
+  bool operator==(const WorkerEnv& o) const;
+};
+
+using Getenv = std::function<const char*(const char*)>;
+
+// Parses a worker's environment through `getenv` (tests inject a map).
+// Errors: InvalidArgument naming the variable (missing rank or world size,
+// a non-integer, a rank outside the world).
+StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv);
+
+// Who this process is, for log lines and progress reports: never fails.
+// job_id "-" and rank -1 when the environment does not say (a program that
+// is not a worker); a malformed number counts as unset.
+struct WorkerIdentity {
+  std::string job_id = "-";
+  int rank = -1;
+  int round = 0;
+};
+WorkerIdentity ReadWorkerIdentity(const Getenv& getenv);
+
+// The variables the agent hands a worker for `env`: every LOCKSTEP_* name
+// and torchrun's beside it, in a fixed order. Tokens and addresses that are
+// empty are left out (MASTER_ADDR/MASTER_PORT are always set, from
+// env.master_addr "host:port").
+std::vector<std::pair<std::string, std::string>> WorkerEnvVars(const WorkerEnv& env);
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_COMMON_WORKER_ENV_H_

@@ -1,0 +1,116 @@
+#include "common/worker_env.h"
+
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace lockstep {
+namespace {
+
+// A getenv over a map.
+Getenv From(const std::map<std::string, std::string>& vars) {
+  return [vars](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+WorkerEnv Full() {
+  WorkerEnv env;
+  env.job_id = "j-1";
+  env.rank = 5;
+  env.local_rank = 1;
+  env.world_size = 8;
+  env.local_world_size = 4;
+  env.node_rank = 1;
+  env.num_nodes = 2;
+  env.round = 3;
+  env.restart_count = 2;
+  env.store_address = "10.0.0.1:7070";
+  env.store_token = "st";
+  env.agent_address = "10.0.0.2:7071";
+  env.agent_token = "pt";
+  env.node_addr = "10.0.0.2";
+  env.master_addr = "10.0.0.1:29500";
+  return env;
+}
+
+// What the agent writes, a worker reads back, field for field.
+TEST(WorkerEnvTest, WhatTheAgentWritesAWorkerParsesBack) {
+  const WorkerEnv env = Full();
+  std::map<std::string, std::string> vars;
+  for (const auto& [k, v] : WorkerEnvVars(env)) {
+    EXPECT_TRUE(vars.emplace(k, v).second) << k << " written twice";
+  }
+  auto parsed = ParseWorkerEnv(From(vars));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(*parsed == env);
+  // torchrun's names agree with ours.
+  EXPECT_EQ(vars["RANK"], "5");
+  EXPECT_EQ(vars["LOCAL_RANK"], "1");
+  EXPECT_EQ(vars["WORLD_SIZE"], "8");
+  EXPECT_EQ(vars["LOCAL_WORLD_SIZE"], "4");
+  EXPECT_EQ(vars["GROUP_RANK"], "1");
+  EXPECT_EQ(vars["MASTER_ADDR"], "10.0.0.1");
+  EXPECT_EQ(vars["MASTER_PORT"], "29500");
+  EXPECT_EQ(vars["TORCHELASTIC_RESTART_COUNT"], "2");
+  // An IPv6 master survives the trip too.
+  WorkerEnv v6 = env;
+  v6.master_addr = "fd00::1:29500";
+  vars.clear();
+  for (const auto& [k, v] : WorkerEnvVars(v6)) vars[k] = v;
+  EXPECT_EQ(vars["MASTER_ADDR"], "fd00::1");
+  EXPECT_TRUE(*ParseWorkerEnv(From(vars)) == v6);
+}
+
+TEST(WorkerEnvTest, EmptyTokensAndAddressesAreNotWritten) {
+  WorkerEnv env;
+  env.master_addr = "127.0.0.1:1";
+  for (const auto& [k, v] : WorkerEnvVars(env)) {
+    EXPECT_NE(k, "LOCKSTEP_STORE_TOKEN");
+    EXPECT_NE(k, "LOCKSTEP_AGENT");
+    EXPECT_FALSE(v.empty()) << k;
+  }
+}
+
+TEST(WorkerEnvTest, AHandStartedTorchrunWorkerParsesTheSame) {
+  auto env = ParseWorkerEnv(From({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"},
+                                  {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
+                                  {"TORCHELASTIC_RUN_ID", "run7"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->rank, 1);
+  EXPECT_EQ(env->world_size, 2);
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->job_id, "run7");
+  EXPECT_EQ(env->master_addr, "h:29500");
+  // LOCKSTEP_* wins over torchrun's name.
+  env = ParseWorkerEnv(From({{"LOCKSTEP_RANK", "0"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}}));
+  ASSERT_TRUE(env.ok());
+  EXPECT_EQ(env->rank, 0);
+}
+
+TEST(WorkerEnvTest, BadEnvironmentsNameTheVariable) {
+  EXPECT_EQ(ParseWorkerEnv(From({{"WORLD_SIZE", "2"}})).status().message(),
+            "LOCKSTEP_RANK (or RANK) is not set");
+  EXPECT_EQ(ParseWorkerEnv(From({{"RANK", "0"}})).status().message(),
+            "LOCKSTEP_WORLD_SIZE (or WORLD_SIZE) is not set");
+  EXPECT_EQ(ParseWorkerEnv(From({{"RANK", "x"}, {"WORLD_SIZE", "2"}})).status().message(),
+            "environment variable RANK='x' is not an integer");
+  EXPECT_EQ(ParseWorkerEnv(From({{"RANK", "2"}, {"WORLD_SIZE", "2"}})).status().message(),
+            "rank 2 is outside the world of size 2");
+}
+
+// Log lines of a hand-started worker carry its rank (RANK), not -1.
+TEST(WorkerEnvTest, IdentityFallsBackToTorchrunNamesAndNeverFails) {
+  WorkerIdentity id = ReadWorkerIdentity(From({{"RANK", "3"}}));
+  EXPECT_EQ(id.rank, 3);
+  EXPECT_EQ(id.job_id, "-");
+  id = ReadWorkerIdentity(From({{"LOCKSTEP_JOB_ID", "j"}, {"LOCKSTEP_RANK", "x"}, {"LOCKSTEP_ROUND", "4"}}));
+  EXPECT_EQ(id.job_id, "j");
+  EXPECT_EQ(id.rank, -1);
+  EXPECT_EQ(id.round, 4);
+}
+
+}  // namespace
+}  // namespace lockstep
