@@ -76,7 +76,7 @@ wait_file() {
 }
 
 "$LOCKSTEPD" --coordinator --no-agent --state-dir "$T/coord" --listen 127.0.0.1:0 \
-  --address-file "$T/coord.addr" --node-id coord >"$T/coord.log" 2>&1 &
+  --address-file "$T/coord.addr" --node-id coord --allowed-env 'TRAINER_*' >"$T/coord.log" 2>&1 &
 COORD_PID=$!
 PIDS+=("$COORD_PID")
 wait_file 30 "$T/coord.addr" || die "the coordinator did not become ready"
@@ -84,7 +84,8 @@ COORD=$(cat "$T/coord.addr")
 TOKEN="$T/coord/token"
 
 "$LOCKSTEPD" --state-dir "$T/agent" --listen 127.0.0.1:0 --address-file "$T/agent.addr" \
-  --node-id agent --coordinator-address "$COORD" --token-file "$TOKEN" >"$T/agent.log" 2>&1 &
+  --node-id agent --coordinator-address "$COORD" --token-file "$TOKEN" --allowed-env 'TRAINER_*' \
+  >"$T/agent.log" 2>&1 &
 AGENT_PID=$!
 PIDS+=("$AGENT_PID")
 wait_file 30 "$T/agent.addr" || die "the agent did not become ready"

@@ -33,6 +33,7 @@
 #include "daemon/token.h"
 #include "lockstep/v1/agent.grpc.pb.h"
 #include "lockstep/v1/coordinator.grpc.pb.h"
+#include "rendezvous/grpc_limits.h"
 #include "rendezvous/grpc_status.h"
 
 namespace lockstep {
@@ -58,6 +59,23 @@ void AddCommon(FlagSet* flags, Common* c) {
   flags->String("token-file", &c->token_file,
                 "bearer token file (default $LOCKSTEP_TOKEN_FILE or /var/lib/lockstep/token)");
   flags->Bool("json", &c->json, "print JSON instead of text");
+}
+
+// `text` safe to print on a terminal: control characters (ESC sequences
+// from a worker's stderr, NUL, CR...) and DEL become \xNN; newline and tab
+// stay, and so does UTF-8. Everything the CLI prints from a job or a
+// daemon goes through it.
+std::string Printable(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  return out;
 }
 
 std::string EnvOr(const char* name, const std::string& fallback) {
@@ -111,7 +129,7 @@ class Cli {
     }
     ASSIGN_OR_RETURN(token_, daemon::LoadToken(common_.token_file, /*create=*/false));
     coord_ = v1::CoordinatorService::NewStub(
-        grpc::CreateChannel(common_.coordinator, grpc::InsecureChannelCredentials()));
+        rendezvous::CreateLockstepChannel(common_.coordinator));
     return absl::OkStatus();
   }
 
@@ -273,7 +291,7 @@ class Cli {
         std::string line = absl::StrCat(TimeOf(job.history_size() ? job.history().rbegin()->unix_ms() : 0),
                                         "  ", StateName(job.state()), "  round ", job.round(),
                                         "  restarts ", job.restart_count(), "/",
-                                        job.spec().max_restarts(), "  ", job.message());
+                                        job.spec().max_restarts(), "  ", Printable(job.message()));
         if (line != last_line) std::cout << line << std::endl;
         last_line = line;
       }
@@ -298,11 +316,11 @@ class Cli {
       return 0;
     }
     const auto& spec = job.spec();
-    std::cout << "job:        " << job.job_id() << (spec.name().empty() ? "" : "  (" + spec.name() + ")")
+    std::cout << "job:        " << job.job_id() << (spec.name().empty() ? "" : "  (" + Printable(spec.name()) + ")")
               << "\n"
               << "state:      " << StateName(job.state()) << "\n"
-              << "message:    " << job.message() << "\n"
-              << "command:    " << absl::StrJoin(spec.command(), " ") << "\n"
+              << "message:    " << Printable(job.message()) << "\n"
+              << "command:    " << Printable(absl::StrJoin(spec.command(), " ")) << "\n"
               << "nodes:      " << spec.min_nodes() << ":" << spec.max_nodes() << " x "
               << spec.nproc_per_node() << " workers; round " << job.round() << " on ["
               << absl::StrJoin(job.node_ids(), ", ") << "], world size " << job.world_size() << "\n"
@@ -322,10 +340,10 @@ class Cli {
                   << (f.exit().launch_error() ? " (launch error: not retried)" : "")
                   << "\n";
       } else {
-        std::cout << f.reason() << "\n";
+        std::cout << Printable(f.reason()) << "\n";
       }
-      if (!f.exit().message().empty()) std::cout << "            " << f.exit().message() << "\n";
-      for (const auto& l : f.exit().last_log_lines()) std::cout << "  | " << l << "\n";
+      if (!f.exit().message().empty()) std::cout << "            " << Printable(f.exit().message()) << "\n";
+      for (const auto& l : f.exit().last_log_lines()) std::cout << "  | " << Printable(l) << "\n";
       // What followed in the same round: consequences, not causes.
       for (const auto& c : job.consequences()) {
         std::cout << "then:       rank " << c.rank() << " on node " << c.node_id() << " "
@@ -352,7 +370,7 @@ class Cli {
     std::cout << "history:\n";
     for (const auto& e : job.history()) {
       std::cout << "  " << TimeOf(e.unix_ms()) << "  " << absl::StrFormat("%-11s", StateName(e.state()))
-                << " round " << e.round() << "  " << e.detail() << "\n";
+                << " round " << e.round() << "  " << Printable(e.detail()) << "\n";
     }
     return 0;
   }
@@ -382,7 +400,7 @@ class Cli {
                                  "ROUND", "RESTARTS", "WORLD", "SUBMITTED");
     for (const auto& j : resp.jobs()) {
       std::cout << absl::StrFormat("%-20s %-14s %-11s %-6d %-9s %-6d %s\n", j.job_id(),
-                                   j.spec().name().empty() ? "-" : j.spec().name(),
+                                   j.spec().name().empty() ? "-" : Printable(j.spec().name()),
                                    StateName(j.state()), j.round(),
                                    absl::StrCat(j.restart_count(), "/", j.spec().max_restarts()),
                                    j.world_size(), TimeOf(j.submitted_unix_ms()));
@@ -472,7 +490,7 @@ class Cli {
                                               " is not registered"));
     }
     auto agent = v1::AgentService::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+        rendezvous::CreateLockstepChannel(address));
     int64_t offset = 0;
     while (true) {
       v1::ReadLogsRequest req;
@@ -488,7 +506,9 @@ class Cli {
       if (common_.json) {
         PrintJson(resp);
       } else {
-        std::cout << resp.data() << std::flush;
+        // Raw into a pipe or file; escaped on a terminal, where a worker's
+        // escape sequences would act on the user's terminal.
+        std::cout << (::isatty(1) ? Printable(resp.data()) : resp.data()) << std::flush;
       }
       offset = resp.next_offset();
       if (!resp.data().empty()) continue;
@@ -514,7 +534,7 @@ class Cli {
                                    .count())
               << "] " << job.job_id() << "  " << StateName(job.state()) << "  round " << job.round()
               << "  restarts " << job.restart_count() << "/" << job.spec().max_restarts() << "  "
-              << job.message() << "\n";
+              << Printable(job.message()) << "\n";
     for (const auto& w : job.workers()) {
       const auto& p = w.progress();
       std::cout << absl::StrFormat(
@@ -552,7 +572,7 @@ class Cli {
       std::cout << s.message();
       return 0;
     }
-    std::cerr << "lockstep: " << s.message() << "\n";
+    std::cerr << "lockstep: " << Printable(s.message()) << "\n";
     return kExitUsage;
   }
 
@@ -616,7 +636,7 @@ int Main(int argc, char** argv) {
   }
   if (!result.ok()) {
     std::cerr << "lockstep: " << absl::StatusCodeToString(result.status().code()) << ": "
-              << result.status().message() << "\n";
+              << Printable(result.status().message()) << "\n";
     return kExitRpc;
   }
   return *result;

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/worker_env.h"
 #include "lockstep/v1/agent.grpc.pb.h"
+#include "rendezvous/grpc_limits.h"
 
 namespace lockstep {
 namespace client {
@@ -28,7 +29,7 @@ class GrpcReporter : public ProgressReporter {
   GrpcReporter(const std::string& address, std::string token, std::string job_id, int round,
                int rank)
       : stub_(v1::AgentService::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+            rendezvous::CreateLockstepChannel(address))),
         token_(std::move(token)),
         job_id_(std::move(job_id)),
         round_(round),

@@ -5,10 +5,13 @@
 #ifndef LOCKSTEP_COMMON_STATUS_H_
 #define LOCKSTEP_COMMON_STATUS_H_
 
+#include <cstddef>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace lockstep {
 
@@ -18,6 +21,16 @@ using absl::StatusOr;
 // Returns `status` with `context` prepended to its message ("context: msg"),
 // keeping the code. OK passes through unchanged.
 Status Annotate(const Status& status, absl::string_view context);
+
+// Default: how many bytes of untrusted input an error message quotes.
+inline constexpr size_t kMaxQuotedBytes = 64;
+
+// `value` in double quotes for an error message, safe to print and short:
+// at most `max_bytes` bytes of it, then "...(N bytes)" naming the full
+// size; backslash, '"', control characters (NUL, newline, ESC, ...) and
+// bytes >= 0x7f are escaped (\n, \t, \xNN). Every error that echoes a
+// request field goes through this, so a megabyte of input never comes back.
+std::string QuoteForError(absl::string_view value, size_t max_bytes = kMaxQuotedBytes);
 
 }  // namespace lockstep
 

@@ -39,5 +39,16 @@ TEST(StatusTest, AnnotateKeepsCodeAndPrependsContext) {
   EXPECT_TRUE(Annotate(absl::OkStatus(), "x").ok());
 }
 
+TEST(StatusTest, QuoteForErrorEscapesAndTruncates) {
+  EXPECT_EQ(QuoteForError("abc"), "\"abc\"");
+  EXPECT_EQ(QuoteForError(std::string("a\0b\n\x1b[31m\"\\", 11)), "\"a\\x00b\\n\\x1b[31m\\\"\\\\\"");
+  const std::string big(1 << 20, 'x');
+  const std::string quoted = QuoteForError(big);
+  EXPECT_LT(quoted.size(), 100u);
+  EXPECT_EQ(quoted, "\"" + std::string(kMaxQuotedBytes, 'x') + "\"...(1048576 bytes)");
+  EXPECT_EQ(QuoteForError("abcdef", 3), "\"abc\"...(6 bytes)");
+  EXPECT_EQ(QuoteForError(""), "\"\"");
+}
+
 }  // namespace
 }  // namespace lockstep

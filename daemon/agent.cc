@@ -22,6 +22,7 @@
 #include "common/address.h"
 #include "common/ids.h"
 #include "common/worker_env.h"
+#include "daemon/job_env.h"
 #include "daemon/job_spec.h"
 #include "daemon/token.h"
 
@@ -158,7 +159,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
   run = JobRun();
   run.spec = cmd.spec();
   run.assignment = cmd.assignment();
-  run.progress_token = NewRandomId("pt-");
+  run.progress_token = NewSecret("pt-");
   const v1::RoundAssignment& a = cmd.assignment();
   int nproc = std::max(1, a.nproc_per_node());
   run.status_page = std::make_unique<worker_link::StatusPage>();
@@ -170,6 +171,9 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
   Status ok = IsSafeId(job_id) ? ValidateJobSpec(cmd.spec(), options_.allowed_commands)
                                : absl::InvalidArgumentError(absl::StrCat(
                                      "job id \"", job_id, "\" is not a safe path component"));
+  if (ok.ok()) {
+    ok = CheckJobEnv(cmd.spec(), {options_.allowed_env, !options_.allowed_commands.empty()});
+  }
   std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
   if (ok.ok()) ok = MakeDirs(dir);
   std::string run_as = cmd.spec().run_as().empty() ? options_.run_as : cmd.spec().run_as();
@@ -577,18 +581,16 @@ void Agent::StopAllAndReap(Duration grace) {
 Status Agent::ReportProgress(const std::string& job_id, int round, const std::string& token,
                              const v1::RankProgress& progress) {
   MutexLock lock(&mu_);
+  // One answer for "no such job here" and "wrong token", so the call is no
+  // oracle for which jobs run on this node; compared in constant time.
   auto it = runs_.find(job_id);
-  if (it == runs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no workers on node ",
-                                            options_.node_id));
+  if (it == runs_.end() || !SecretsEqual(token, it->second.progress_token)) {
+    return absl::PermissionDeniedError(
+        "wrong progress token (LOCKSTEP_AGENT_TOKEN) for this job on this node");
   }
   JobRun& run = it->second;
-  if (token != run.progress_token) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("job ", job_id, ": wrong progress token (LOCKSTEP_AGENT_TOKEN)"));
-  }
   if (round != run.assignment.round()) {
-    return absl::AbortedError(absl::StrCat("job ", job_id, ": stale round ", round, " (current ",
+    return absl::AbortedError(absl::StrCat("job ", QuoteForError(job_id), ": stale round ", round, " (current ",
                                            run.assignment.round(), ")"));
   }
   for (auto& w : run.workers) {
@@ -598,7 +600,7 @@ Status Agent::ReportProgress(const std::string& job_id, int round, const std::st
     if (w.status.state() == v1::WORKER_STATE_STARTING) w.status.set_state(v1::WORKER_STATE_RUNNING);
     return absl::OkStatus();
   }
-  return absl::NotFoundError(absl::StrCat("job ", job_id, ": rank ", progress.rank(),
+  return absl::NotFoundError(absl::StrCat("job ", QuoteForError(job_id), ": rank ", progress.rank(),
                                           " does not run on node ", options_.node_id));
 }
 
@@ -606,7 +608,7 @@ StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool std
                                    int64_t offset, int64_t tail_bytes, int64_t max_bytes) const {
   if (!IsSafeId(job_id)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("job id \"", job_id, "\" is not a valid job id (no paths)"));
+        absl::StrCat("job id ", QuoteForError(job_id), " is not a valid job id (no paths)"));
   }
   if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is negative"));
   if (offset < 0) {

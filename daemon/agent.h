@@ -80,6 +80,8 @@ struct AgentOptions {
   std::string state_dir;      // logs under <state_dir>/jobs
   std::string run_as;         // default user for workers (never root)
   std::vector<std::string> allowed_commands;
+  // Names or PREFIX* a job's env may set beyond the engine's (job_env.h).
+  std::vector<std::string> allowed_env;
   // Environment every worker inherits before the job's and Lockstep's
   // variables ("K=V"); the daemon passes its own environment.
   std::vector<std::string> base_env;

@@ -38,6 +38,7 @@ class AgentTest : public ::testing::Test {
     options.hostname = "host1";
     options.agent_address = "127.0.0.1:5555";
     options.state_dir = state_dir_;
+    options.allowed_env = {"JOBVAR"};
     options.base_env = {"PATH=/usr/bin:/bin", "EXTRA=base"};
     agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
   }
@@ -211,6 +212,7 @@ TEST_F(AgentTest, CommandOutsideTheAllowedListIsALaunchError) {
   AgentOptions options;
   options.node_id = "n1";
   options.state_dir = state_dir_;
+  options.allowed_env = {"JOBVAR"};
   options.allowed_commands = {"/bin/true"};
   agent_->Shutdown(milliseconds(10));
   agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
@@ -234,6 +236,7 @@ TEST_F(AgentTest, TransientLaunchFailureIsNotALaunchError) {
   AgentOptions options;
   options.node_id = "n1";
   options.state_dir = state_dir_;
+  options.allowed_env = {"JOBVAR"};
   agent_->Shutdown(milliseconds(10));
   agent_.reset();
   launcher_ = std::make_unique<UnavailableLauncher>();
@@ -247,10 +250,25 @@ TEST_F(AgentTest, TransientLaunchFailureIsNotALaunchError) {
   EXPECT_NE(w.exit().message().find("fork: no memory"), std::string::npos);
 }
 
+// The agent checks the job environment too (with its own --allowed-env):
+// a variable it does not permit is a launch error, never run.
+TEST_F(AgentTest, JobEnvironmentOutsideTheAllowListIsALaunchError) {
+  v1::AgentCommand cmd = Start("j1", 1, "echo ran", 1);
+  (*cmd.mutable_spec()->mutable_env())["LD_PRELOAD"] = "/tmp/evil.so";
+  Command({cmd});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  v1::WorkerStatus w = Workers("j1")[0];
+  EXPECT_TRUE(w.exit().launch_error());
+  EXPECT_NE(w.exit().message().find("spec.env: LD_PRELOAD is refused"), std::string::npos)
+      << w.exit().message();
+  EXPECT_EQ(Output("j1", 1).find("ran"), std::string::npos);
+}
+
 TEST_F(AgentTest, SpecCannotPickAnotherUserThanTheDaemonsRunAs) {
   AgentOptions options;
   options.node_id = "n1";
   options.state_dir = state_dir_;
+  options.allowed_env = {"JOBVAR"};
   options.run_as = "nobody";
   agent_->Shutdown(milliseconds(10));
   agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
@@ -378,10 +396,16 @@ TEST_F(AgentTest, ProgressNeedsTheRunTokenAndCurrentRound) {
   p.set_rank(1);
   p.set_step(7);
   p.set_loss(0.5);
-  EXPECT_EQ(agent_->ReportProgress("j1", 1, "wrong", p).code(),
-            absl::StatusCode::kPermissionDenied);
+  // A CSPRNG secret: "pt-" and 64 hex digits.
+  EXPECT_EQ(token.size(), 3u + 64u) << token;
+  const Status wrong = agent_->ReportProgress("j1", 1, "wrong", p);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(agent_->ReportProgress("j1", 0, token, p).code(), absl::StatusCode::kAborted);
-  EXPECT_EQ(agent_->ReportProgress("jx", 1, token, p).code(), absl::StatusCode::kNotFound);
+  // An unknown job answers exactly like a wrong token: no oracle for which
+  // jobs run here.
+  const Status unknown = agent_->ReportProgress("jx", 1, token, p);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(unknown.message(), wrong.message());
   ASSERT_TRUE(agent_->ReportProgress("j1", 1, token, p).ok());
   auto w = Workers("j1")[0];
   EXPECT_EQ(w.state(), v1::WORKER_STATE_RUNNING);

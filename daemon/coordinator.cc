@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/address.h"
+#include "daemon/job_env.h"
 #include "daemon/job_spec.h"
 #include "rendezvous/store.h"
 
@@ -135,6 +136,7 @@ void Coordinator::Run(Effects* effects) {
 
 StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& spec, const std::string& request_id) {
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.allowed_commands));
+  RETURN_IF_ERROR(CheckJobEnv(spec, {options_.allowed_env, !options_.allowed_commands.empty()}));
   v1::JobSpec full = spec;
   ApplyJobSpecDefaults(&full);
   Effects effects;

@@ -83,6 +83,8 @@ struct CoordinatorOptions {
   Duration max_restart_backoff = kDefaultMaxRestartBackoff;
   // Non-empty: command[0] of every job must be one of these.
   std::vector<std::string> allowed_commands;
+  // Names or PREFIX* a job's env may set beyond the engine's (job_env.h).
+  std::vector<std::string> allowed_env;
   // host:port workers get as LOCKSTEP_STORE (the coordinator's server).
   std::string store_address;
   // Drops every store namespace whose name starts with `prefix`: called

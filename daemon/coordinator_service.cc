@@ -1,10 +1,14 @@
 #include "daemon/coordinator_service.h"
 
+#include <grpcpp/alarm.h>
+
 #include <atomic>
+#include <chrono>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/grpc_auth.h"
+#include "daemon/job_spec.h"
 #include "rendezvous/grpc_status.h"
 
 namespace lockstep {
@@ -19,15 +23,22 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const Status& s
 
 Status RequireJobId(const std::string& id) {
   if (id.empty()) return absl::InvalidArgumentError("job_id: empty");
+  if (!IsSafeId(id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id: ", QuoteForError(id), " is not a job id ([A-Za-z0-9._-]{1,128})"));
+  }
   return absl::OkStatus();
 }
 
-// Long poll for WatchJob: finished exactly once, by the core's callback or
-// by OnCancel (see the header).
+// Long poll for WatchJob: finished exactly once (FinishOnce), by the core's
+// callback, by the timeout alarm, or by OnCancel (see the header). The
+// reactor is deleted when both OnDone and the alarm's callback have run
+// (refs_): the alarm may fire, or report its cancel, after the call ended.
 class WatchReactor : public grpc::ServerUnaryReactor {
  public:
-  WatchReactor(Coordinator* core, const v1::WatchJobRequest* req, v1::WatchJobResponse* resp)
-      : core_(core), resp_(resp) {
+  WatchReactor(Coordinator* core, const v1::WatchJobRequest* req, v1::WatchJobResponse* resp,
+               std::chrono::milliseconds timeout)
+      : core_(core), resp_(resp), job_id_(req->job_id()), after_version_(req->after_version()) {
     auto handle = core_->WatchOnce(JobId(req->job_id()), req->after_version(),
                                    [this](const v1::Job& job, int64_t version) {
                                      *resp_->mutable_job() = job;
@@ -42,7 +53,15 @@ class WatchReactor : public grpc::ServerUnaryReactor {
     handle_ = *handle;
     if (cancelled_ && handle_ > 0 && core_->Unwatch(handle_)) {
       FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+      return;
     }
+    if (handle_ == 0 || finished_.load()) return;  // answered already
+    refs_.fetch_add(1);
+    alarm_.Set(std::chrono::system_clock::now() + timeout, [this, timeout](bool fired) {
+      if (fired) TimeOut(timeout);
+      Unref();
+    });
+    alarm_set_.store(true);
   }
   void OnCancel() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -51,21 +70,58 @@ class WatchReactor : public grpc::ServerUnaryReactor {
       FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
     }
   }
-  void OnDone() override { delete this; }
+  void OnDone() override { Unref(); }
 
  private:
+  void TimeOut(std::chrono::milliseconds timeout) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (handle_ > 0 && core_->Unwatch(handle_)) {
+      FinishOnce(grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat("job ", QuoteForError(job_id_), " did not change past version ",
+                       after_version_, " within timeout_ms=", timeout.count())));
+    }
+  }
+  // Finishes the call once; then cancels a pending alarm so the reactor does
+  // not outlive its call by the whole timeout. The extra reference keeps
+  // `this` alive when OnDone runs on another thread right after Finish.
   void FinishOnce(const grpc::Status& s) {
-    if (!finished_.exchange(true)) Finish(s);
+    if (finished_.exchange(true)) return;
+    refs_.fetch_add(1);
+    Finish(s);
+    // A cancelled alarm's callback only drops its reference (never takes
+    // mu_), so this is safe with or without mu_ held. An alarm set just
+    // after this check fires later and finds the watch gone: harmless.
+    if (alarm_set_.load()) alarm_.Cancel();
+    Unref();
+  }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
   }
   Coordinator* const core_;
   v1::WatchJobResponse* const resp_;
+  const std::string job_id_;
+  const int64_t after_version_;
   std::atomic<bool> finished_{false};
+  std::atomic<int> refs_{1};  // OnDone, plus the alarm's callback once set
+  grpc::Alarm alarm_;
   std::mutex mu_;
-  int64_t handle_ = 0;      // GUARDED_BY(mu_)
-  bool cancelled_ = false;  // GUARDED_BY(mu_)
+  int64_t handle_ = 0;       // GUARDED_BY(mu_)
+  bool cancelled_ = false;   // GUARDED_BY(mu_)
+  std::atomic<bool> alarm_set_{false};
 };
 
 }  // namespace
+
+StatusOr<std::chrono::milliseconds> WatchTimeout(int64_t timeout_ms) {
+  if (timeout_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout_ms: must be >= 0 (0 = the default ", kDefaultWatchTimeout.count(),
+                     "), got ", timeout_ms));
+  }
+  if (timeout_ms == 0) return kDefaultWatchTimeout;
+  return std::min(std::chrono::milliseconds(timeout_ms), kMaxWatchTimeout);
+}
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterNode(grpc::CallbackServerContext* ctx,
                                                                const v1::RegisterNodeRequest* req,
@@ -147,7 +203,9 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::WatchJob(grpc::CallbackServerC
   Status s = AuthorizeCall(*ctx, token_);
   if (s.ok()) s = RequireJobId(req->job_id());
   if (!s.ok()) return Done(ctx, s);
-  return new WatchReactor(core_, req, resp);
+  auto timeout = WatchTimeout(req->timeout_ms());
+  if (!timeout.ok()) return Done(ctx, timeout.status());
+  return new WatchReactor(core_, req, resp, *timeout);
 }
 
 }  // namespace daemon

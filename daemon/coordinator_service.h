@@ -5,14 +5,18 @@
 // Threading: gRPC's callback API. Every RPC but WatchJob completes inside
 // its handler (core calls are short critical sections plus one SQLite
 // write). WatchJob is a long poll that holds no thread while it waits: it
-// registers Coordinator::WatchOnce and returns; the reactor is finished
-// from the core's change callback (on the thread that made the change) or
-// from OnCancel when the client's deadline passes or it goes away.
+// registers Coordinator::WatchOnce and a gRPC callback alarm and returns;
+// the reactor is finished from the core's change callback (on the thread
+// that made the change), from the alarm when the request's timeout_ms
+// passes (DEADLINE_EXCEEDED naming the job and the timeout), or from
+// OnCancel when the client's deadline passes or it goes away.
 #ifndef LOCKSTEP_DAEMON_COORDINATOR_SERVICE_H_
 #define LOCKSTEP_DAEMON_COORDINATOR_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "daemon/coordinator.h"
@@ -20,6 +24,15 @@
 
 namespace lockstep {
 namespace daemon {
+
+// WatchJob's timeout_ms: 0 means kDefaultWatchTimeout, larger values are
+// clamped to kMaxWatchTimeout (as coordinator.proto documents).
+inline constexpr std::chrono::milliseconds kDefaultWatchTimeout{10000};
+inline constexpr std::chrono::milliseconds kMaxWatchTimeout{60000};
+
+// The wait of a WatchJob request: InvalidArgument naming timeout_ms when
+// negative; never more than kMaxWatchTimeout, so no value overflows.
+StatusOr<std::chrono::milliseconds> WatchTimeout(int64_t timeout_ms);
 
 class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
  public:

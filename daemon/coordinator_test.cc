@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <limits>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/fake_job_store.h"
 #include "daemon/job_spec.h"
 #include "daemon/test_spec.h"
@@ -182,6 +184,134 @@ TEST(JobSpecTest, RelativeCommandPathIsRefusedWithAHintUnlessWorkingDirIsAbsolut
   s.clear_working_dir();
   s.set_command(0, "python3");
   EXPECT_TRUE(ValidateJobSpec(s, {}).ok()) << "a bare name is a PATH lookup";
+}
+
+// Each bad field is refused naming the field, quoting at most a short
+// prefix of the value, whatever its size or bytes.
+TEST(JobSpecTest, ValidatesSizesCharactersNumbersAndRangesFieldByField) {
+  const v1::JobSpec ok = TestSpec(1, 1, 1, 0);
+  auto refused = [&](const v1::JobSpec& s, const std::string& field) {
+    Status st = ValidateJobSpec(s, {});
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << field << ": " << st;
+    EXPECT_EQ(st.message().rfind(field, 0), 0u) << "want the field first: " << st;
+    EXPECT_LT(st.message().size(), 300u) << "echoes too much input: " << field;
+    EXPECT_EQ(st.message().find('\n'), std::string::npos) << st;
+    EXPECT_EQ(st.message().find('\0'), std::string::npos) << field;
+  };
+
+  // Sizes: the whole spec (naming its size) and each field.
+  v1::JobSpec s = ok;
+  (*s.mutable_env())["BIG"] = std::string(5 << 20, 'x');
+  refused(s, "spec: ");
+  EXPECT_NE(ValidateJobSpec(s, {}).message().find(absl::StrCat(s.ByteSizeLong(), " bytes")),
+            std::string::npos);
+  EXPECT_NE(ValidateJobSpec(s, {}).message().find(absl::StrCat(kMaxJobSpecBytes)),
+            std::string::npos);
+  s = ok;
+  (*s.mutable_env())["BIG"] = std::string(kMaxArgBytes + 1, 'x');
+  refused(s, "spec.env[BIG]");
+  s = ok;
+  s.set_name(std::string(kMaxJobNameBytes + 1, 'n'));
+  refused(s, "spec.name");
+  s = ok;
+  s.add_command(std::string(kMaxArgBytes + 1, 'a'));
+  refused(s, "spec.command[1]");
+  s = ok;
+  s.set_command(0, "/" + std::string(kMaxPathBytes, 'p'));
+  refused(s, "spec.command[0]");
+  s = ok;
+  s.set_working_dir("/" + std::string(kMaxPathBytes, 'd'));
+  refused(s, "spec.working_dir");
+  s = ok;
+  s.set_run_as(std::string(kMaxRunAsBytes + 1, 'u'));
+  refused(s, "spec.run_as");
+  s = ok;
+  for (int i = 0; i <= kMaxArgs; ++i) s.add_command("a");
+  refused(s, "spec.command");
+
+  // Characters: NUL anywhere; control characters in single-line fields.
+  s = ok;
+  s.add_command(std::string("a\0b", 3));
+  refused(s, "spec.command[1]");
+  s = ok;
+  (*s.mutable_env())["X"] = std::string("a\0b", 3);
+  refused(s, "spec.env[X]");
+  s = ok;
+  s.set_name("two\nlines");
+  refused(s, "spec.name");
+  s = ok;
+  s.set_working_dir("/tmp/\x1b[31m");
+  refused(s, "spec.working_dir");
+  s = ok;
+  s.set_run_as("nobody\n");
+  refused(s, "spec.run_as");
+  s = ok;
+  s.set_command(0, "/bin/tr\nain");
+  refused(s, "spec.command[0]");
+  s = ok;
+  s.add_command("multi\nline args are fine");
+  (*s.mutable_env())["MULTI"] = "line\nvalue";
+  EXPECT_TRUE(ValidateJobSpec(s, {}).ok());
+  for (const std::string bad : {"", "1X", "A-B", "A B", "A=B", "\xc3\xa9"}) {
+    s = ok;
+    (*s.mutable_env())[bad] = "v";
+    refused(s, "spec.env");
+  }
+  s = ok;
+  (*s.mutable_env())["_Ok_9"] = "v";
+  EXPECT_TRUE(ValidateJobSpec(s, {}).ok());
+
+  // Numbers: finite, >= 0, at most the maximum.
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (double bad : {inf, -inf, nan, -1.0, kMaxJoinTimeoutSeconds * 2}) {
+    s = ok;
+    s.set_join_timeout_s(bad);
+    refused(s, "spec.join_timeout_s");
+    s = ok;
+    s.set_stop_grace_s(bad);
+    refused(s, "spec.stop_grace_s");
+    s = ok;
+    s.set_last_call_timeout_s(bad);
+    refused(s, "spec.last_call_timeout_s");
+  }
+  s = ok;
+  s.set_join_timeout_s(kMaxJoinTimeoutSeconds);
+  s.set_stop_grace_s(kMaxStopGraceSeconds);
+  s.set_last_call_timeout_s(kMaxLastCallSeconds);
+  EXPECT_TRUE(ValidateJobSpec(s, {}).ok());
+
+  // Resource limits: INT64_MAX-like values are refused naming the maximum.
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  s = ok;
+  s.mutable_limits()->set_max_open_files(huge);
+  refused(s, "spec.limits.max_open_files");
+  EXPECT_NE(ValidateJobSpec(s, {}).message().find(absl::StrCat(kMaxOpenFilesLimit)),
+            std::string::npos);
+  s = ok;
+  s.mutable_limits()->set_max_address_space(huge);
+  refused(s, "spec.limits.max_address_space");
+  s = ok;
+  s.mutable_limits()->set_max_cpu_seconds(huge);
+  refused(s, "spec.limits.max_cpu_seconds");
+  s = ok;
+  s.mutable_limits()->set_max_cpu_seconds(-1);
+  refused(s, "spec.limits.max_cpu_seconds");
+  s = ok;
+  s.mutable_limits()->set_max_open_files(kMaxOpenFilesLimit);
+  s.mutable_limits()->set_max_address_space(kMaxAddressSpaceLimit);
+  s.mutable_limits()->set_max_cpu_seconds(kMaxCpuSecondsLimit);
+  EXPECT_TRUE(ValidateJobSpec(s, {}).ok());
+}
+
+// A megabyte command that is not allowed comes back as a short prefix.
+TEST(JobSpecTest, ErrorsQuoteAShortEscapedPrefix) {
+  v1::JobSpec s = TestSpec(1, 1, 1, 0);
+  s.set_command(0, "/" + std::string(4000, 'c'));
+  Status st = ValidateJobSpec(s, {"/bin/train"});
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_LT(st.message().size(), 200u) << st;
+  EXPECT_NE(st.message().find("...(4001 bytes)"), std::string::npos) << st;
 }
 
 TEST(JobSpecTest, SafeIdsRejectPathTricks) {

@@ -3,6 +3,8 @@
 #ifndef LOCKSTEP_DAEMON_JOB_SPEC_H_
 #define LOCKSTEP_DAEMON_JOB_SPEC_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,8 +23,35 @@ inline constexpr int kMaxNodes = 1024;
 inline constexpr int kMaxProcPerNode = 256;
 inline constexpr int kMaxRestarts = 1000;
 
+// The whole spec, serialized (256 KiB). A spec rides in every heartbeat
+// response of each node that runs it and in every ListJobs/GetJob answer,
+// so it stays far below rendezvous::kMaxGrpcMessageBytes (64 MiB): 256
+// specs of the largest size still fit one message.
+inline constexpr size_t kMaxJobSpecBytes = 256 * 1024;
+// Per-field size limits, in bytes (the total above still applies).
+inline constexpr size_t kMaxJobNameBytes = 256;
+inline constexpr size_t kMaxPathBytes = 4096;    // command[0], working_dir (PATH_MAX)
+inline constexpr size_t kMaxRunAsBytes = 256;    // a user name or uid
+inline constexpr size_t kMaxArgBytes = 128 * 1024;  // one argv or env string (MAX_ARG_STRLEN)
+inline constexpr int kMaxArgs = 4096;            // command entries
+inline constexpr int kMaxEnvEntries = 1024;
+inline constexpr size_t kMaxEnvNameBytes = 256;
+// Durations, in seconds: finite, >= 0 and at most these.
+inline constexpr double kMaxStopGraceSeconds = 3600.0;              // an hour
+inline constexpr double kMaxLastCallSeconds = 86400.0;              // a day
+inline constexpr double kMaxJoinTimeoutSeconds = 365 * 86400.0;     // a year; 0 = no limit
+// Resource limits: 0 = inherit, else at most these.
+inline constexpr int64_t kMaxOpenFilesLimit = int64_t{1} << 20;      // Linux's default nr_open
+inline constexpr int64_t kMaxAddressSpaceLimit = int64_t{1} << 50;   // 1 PiB
+inline constexpr int64_t kMaxCpuSecondsLimit = int64_t{365} * 86400; // a year
+
 // Returns InvalidArgument naming the field ("spec.command", "spec.nodes",
-// "spec.nproc_per_node", ...) for a bad spec, including a relative
+// "spec.nproc_per_node", ...) and quoting at most a short prefix of the bad
+// value (QuoteForError) for a bad spec: over kMaxJobSpecBytes (naming its
+// size) or a field over its limit above; a NUL anywhere; a newline or other
+// control character in name, working_dir, run_as or command[0]; an env name
+// not [A-Za-z_][A-Za-z0-9_]*; a duration not finite, negative or over its
+// maximum; a resource limit negative or over its maximum; a relative
 // command[0] with a '/' ("./train") unless working_dir is absolute;
 // PermissionDenied when `allowed_commands` is non-empty and command[0] is
 // not in it, or when run_as names root.

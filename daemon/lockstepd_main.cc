@@ -28,12 +28,14 @@
 #include "daemon/agent.h"
 #include "daemon/agent_service.h"
 #include "daemon/coordinator.h"
+#include "daemon/job_env.h"
 #include "daemon/coordinator_service.h"
 #include "daemon/grpc_auth.h"
 #include "daemon/grpc_coordinator_client.h"
 #include "daemon/process_launcher.h"
 #include "daemon/sqlite_job_store.h"
 #include "daemon/token.h"
+#include "rendezvous/grpc_limits.h"
 #include "rendezvous/grpc_server.h"
 #include "rendezvous/store_core.h"
 #include "rendezvous/store_service.h"
@@ -56,6 +58,7 @@ struct Config {
   std::string address_file;
   std::string run_as;
   std::vector<std::string> allowed_commands;
+  std::vector<std::string> allowed_env;
   double lease_s = ToSeconds(kDefaultLease);
   double heartbeat_interval_s = ToSeconds(kDefaultHeartbeatInterval);
   double restart_backoff_s = ToSeconds(kDefaultRestartBackoff);
@@ -84,6 +87,9 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   flags.String("run-as", &c.run_as, "run workers as this user (never root)");
   flags.StringList("allowed-command", &c.allowed_commands,
                    "if given (repeatable), jobs may only run these programs (command[0])");
+  flags.StringList("allowed-env", &c.allowed_env,
+                   "repeatable: a variable NAME or PREFIX* a job's --env may set, beyond the "
+                   "engine's own (daemon/README.md, job environment)");
   flags.Double("lease-s", &c.lease_s,
                "a node is dead this long after its last heartbeat; its agent stops its "
                "workers this long after sending it (daemon/README.md, leases and fencing)");
@@ -109,6 +115,7 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   if (c.run_as == "root" || c.run_as == "0") {
     return absl::InvalidArgumentError("--run-as: workers never run as root");
   }
+  RETURN_IF_ERROR(daemon::ValidateEnvPatterns(c.allowed_env));
   if (c.token_file.empty()) c.token_file = c.state_dir + "/token";
   if (c.node_id.empty()) {
     char host[256] = {0};
@@ -124,7 +131,7 @@ class DeferredCoordinatorClient : public CoordinatorClient {
  public:
   void Connect(const std::string& address, const std::string& token) {
     client_ = std::make_unique<GrpcCoordinatorClient>(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), token, address);
+        rendezvous::CreateLockstepChannel(address), token, address);
   }
   StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& request,
                                                   Duration timeout) override {
@@ -217,6 +224,7 @@ int Run(int argc, char** argv) {
     options.restart_backoff = FromSeconds(config.restart_backoff_s);
     options.max_restart_backoff = FromSeconds(config.max_restart_backoff_s);
     options.allowed_commands = config.allowed_commands;
+    options.allowed_env = config.allowed_env;
     store_core = std::make_unique<rendezvous::StoreCore>();
     // Namespaces of superseded rounds and ended jobs (see CoordinatorOptions).
     options.drop_store_prefix = [store = store_core.get()](const std::string& prefix) {
@@ -257,6 +265,7 @@ int Run(int argc, char** argv) {
     options.state_dir = config.state_dir;
     options.run_as = config.run_as;
     options.allowed_commands = config.allowed_commands;
+    options.allowed_env = config.allowed_env;
     for (char** e = environ; *e; ++e) options.base_env.push_back(*e);
     options.heartbeat_interval = FromSeconds(config.heartbeat_interval_s);
     options.lease = FromSeconds(config.lease_s);

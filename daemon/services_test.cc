@@ -5,17 +5,21 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/agent.h"
 #include "daemon/agent_service.h"
 #include "daemon/coordinator.h"
 #include "daemon/coordinator_service.h"
 #include "daemon/fake_job_store.h"
 #include "daemon/grpc_coordinator_client.h"
+#include "daemon/job_spec.h"
 #include "daemon/process_launcher.h"
+#include "rendezvous/grpc_limits.h"
 
 namespace lockstep {
 namespace daemon {
@@ -41,13 +45,14 @@ class ServicesTest : public ::testing::Test {
     agent_service_ = std::make_unique<AgentGrpcService>(agent_.get(), kToken);
 
     grpc::ServerBuilder builder;
+    rendezvous::ApplyMessageLimits(&builder);  // as lockstepd's servers
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(coordinator_service_.get());
     builder.RegisterService(agent_service_.get());
     server_ = builder.BuildAndStart();
     address_ = "127.0.0.1:" + std::to_string(port);
-    auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    auto channel = rendezvous::CreateLockstepChannel(address_);
     coord_stub_ = v1::CoordinatorService::NewStub(channel);
     agent_stub_ = v1::AgentService::NewStub(channel);
     client_proxy_.client = std::make_unique<GrpcCoordinatorClient>(channel, kToken, address_);
@@ -196,6 +201,94 @@ TEST_F(ServicesTest, WatchEndsWhenTheClientGivesUp) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
   EXPECT_EQ(coord_stub_->WatchJob(ctx.get(), watch, &wresp).error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);
+}
+
+// timeout_ms bounds the long poll on the server (the client's own deadline
+// is far later): DEADLINE_EXCEEDED naming the job, not a hang.
+TEST_F(ServicesTest, WatchHonoursItsTimeout) {
+  coordinator_->SubmitJob([] {
+    v1::JobSpec spec;
+    spec.add_command("/bin/true");
+    spec.set_min_nodes(5);
+    spec.set_nproc_per_node(1);
+    return spec;
+  }(), "").value();
+  std::string id = (*coordinator_->ListJobs({}))[0].job_id();
+  v1::WatchJobRequest watch;
+  watch.set_job_id(id);
+  watch.set_after_version(1000);
+  watch.set_timeout_ms(300);
+  v1::WatchJobResponse wresp;
+  auto start = std::chrono::steady_clock::now();
+  grpc::Status s = coord_stub_->WatchJob(Ctx().get(), watch, &wresp);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_NE(s.error_message().find(id), std::string::npos) << s.error_message();
+  EXPECT_GE(took, std::chrono::milliseconds(250));
+  EXPECT_LT(took, std::chrono::seconds(3));
+
+  // A huge timeout is clamped, never overflowing into an instant deadline:
+  // the call waits until the client's own deadline.
+  watch.set_timeout_ms(std::numeric_limits<int64_t>::max());
+  auto ctx = Ctx();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(400));
+  start = std::chrono::steady_clock::now();
+  s = coord_stub_->WatchJob(ctx.get(), watch, &wresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(350));
+
+  watch.set_timeout_ms(-1);
+  s = coord_stub_->WatchJob(Ctx().get(), watch, &wresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("timeout_ms"), std::string::npos) << s.error_message();
+
+  // A change before the timeout still answers at once, with the job.
+  watch.set_after_version(0);
+  watch.set_timeout_ms(5000);
+  s = coord_stub_->WatchJob(Ctx().get(), watch, &wresp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(wresp.job().job_id(), id);
+}
+
+TEST(WatchTimeoutTest, DefaultsClampsAndRefuses) {
+  EXPECT_EQ(*WatchTimeout(0), kDefaultWatchTimeout);
+  EXPECT_EQ(*WatchTimeout(1500), std::chrono::milliseconds(1500));
+  EXPECT_EQ(*WatchTimeout(int64_t{1} << 62), kMaxWatchTimeout);
+  EXPECT_EQ(*WatchTimeout(std::numeric_limits<int64_t>::max()), kMaxWatchTimeout);
+  EXPECT_TRUE(absl::IsInvalidArgument(WatchTimeout(-1).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(WatchTimeout(std::numeric_limits<int64_t>::min()).status()));
+}
+
+// A 5 MiB spec crosses the channel (the limit is kMaxGrpcMessageBytes on
+// both sides) and is refused by validation, naming its size; nothing is
+// stored and the service goes on answering.
+TEST_F(ServicesTest, OversizedSpecIsRefusedAtSubmitNamingItsSize) {
+  v1::SubmitJobRequest req;
+  req.mutable_spec()->add_command("/bin/true");
+  req.mutable_spec()->set_min_nodes(1);
+  req.mutable_spec()->set_nproc_per_node(1);
+  (*req.mutable_spec()->mutable_env())["BIG"] = std::string(5 << 20, 'x');
+  v1::SubmitJobResponse resp;
+  grpc::Status s = coord_stub_->SubmitJob(Ctx().get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find(absl::StrCat(req.spec().ByteSizeLong(), " bytes")),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_LT(s.error_message().size(), 300u);
+  EXPECT_TRUE(coordinator_->ListJobs({})->empty());
+  v1::ListJobsResponse list;
+  EXPECT_TRUE(coord_stub_->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
+}
+
+// Errors that echo request fields quote a short, escaped prefix.
+TEST_F(ServicesTest, ErrorsQuoteAShortPrefixOfBadInput) {
+  v1::GetJobRequest req;
+  req.set_job_id(std::string(1 << 20, 'j') + "\n");
+  v1::GetJobResponse resp;
+  grpc::Status s = coord_stub_->GetJob(Ctx().get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LT(s.error_message().size(), 200u) << s.error_message().size();
+  EXPECT_NE(s.error_message().find("job_id"), std::string::npos);
 }
 
 }  // namespace

@@ -1,5 +1,12 @@
 #include "daemon/sqlite_job_store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <sqlite3.h>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +15,32 @@ namespace lockstep {
 namespace daemon {
 
 StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string& path) {
+  // The job table holds every spec: mode 0600, owned by this user, and not
+  // a symlink someone planted (SQLite gives its -wal and -shm files the
+  // same mode).
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == ELOOP) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("job store ", path, " is a symlink; refused"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("job store ", path, ": cannot open: ", std::strerror(errno)));
+  }
+  struct stat st;
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  const bool foreign = stat_ok && st.st_uid != ::geteuid();
+  const bool mode_ok = stat_ok && !foreign && ::fchmod(fd, 0600) == 0;
+  ::close(fd);
+  if (foreign) {
+    return absl::PermissionDeniedError(absl::StrCat("job store ", path, " belongs to uid ",
+                                                    st.st_uid, ", not this daemon's (uid ",
+                                                    ::geteuid(), "); refused"));
+  }
+  if (!mode_ok) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("job store ", path, ": cannot make it mode 0600: ", std::strerror(errno)));
+  }
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
   if (rc != SQLITE_OK) {

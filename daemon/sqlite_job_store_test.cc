@@ -1,6 +1,11 @@
 #include "daemon/sqlite_job_store.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 #include <gtest/gtest.h>
 
@@ -59,6 +64,27 @@ TEST(SqliteJobStoreTest, OpenFailsWithPathInMessage) {
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(store.status().message().find("/nonexistent-dir/x/jobs.db"), std::string::npos);
+}
+
+TEST(SqliteJobStoreTest, TheFileIsPrivateAndNeverASymlink) {
+  std::string path = TempPath("private.db");
+  std::remove(path.c_str());
+  {
+    std::ofstream(path) << "";
+    ::chmod(path.c_str(), 0644);  // as an older version left it
+    auto store = SqliteJobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+  }
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  std::string link = TempPath("link.db");
+  std::remove(link.c_str());
+  ASSERT_EQ(::symlink(path.c_str(), link.c_str()), 0);
+  auto refused = SqliteJobStore::Open(link);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(refused.status().message().find("symlink"), std::string::npos) << refused.status();
 }
 
 }  // namespace

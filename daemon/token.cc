@@ -5,13 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <random>
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -26,14 +28,7 @@ StatusOr<std::string> LoadToken(const std::string& path, bool create) {
     if (errno != ENOENT || !create) {
       return absl::NotFoundError(absl::StrCat("token file ", path, ": ", std::strerror(errno)));
     }
-    std::random_device rd;
-    std::string token;
-    static const char kHex[] = "0123456789abcdef";
-    for (int i = 0; i < 32; ++i) {
-      unsigned b = rd() & 0xff;
-      token += kHex[b >> 4];
-      token += kHex[b & 15];
-    }
+    const std::string token = NewSecret("");
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
       if (errno != EEXIST) {
@@ -68,15 +63,6 @@ StatusOr<std::string> LoadToken(const std::string& path, bool create) {
 namespace {
 
 // Compares in time that depends only on the lengths.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]);
-  }
-  return diff == 0;
-}
-
 }  // namespace
 
 std::string JobStoreToken(absl::string_view admin_token, absl::string_view job_id) {
@@ -101,18 +87,38 @@ Status AuthorizeStore(absl::string_view value, bool present, const std::string& 
   constexpr absl::string_view kPrefix = "Bearer ";
   if (!present || !absl::StartsWith(value, kPrefix)) {
     return absl::UnauthenticatedError(absl::StrCat(
-        "store namespace '", ns,
-        "': missing `authorization: Bearer <token>` metadata (workers get LOCKSTEP_STORE_TOKEN)"));
+        "store namespace ", QuoteForError(ns),
+        ": missing `authorization: Bearer <token>` metadata (workers get LOCKSTEP_STORE_TOKEN)"));
   }
   absl::string_view got = value.substr(kPrefix.size());
-  if (!admin_token.empty() && ConstantTimeEquals(got, admin_token)) return absl::OkStatus();
+  if (!admin_token.empty() && SecretsEqual(got, admin_token)) return absl::OkStatus();
   absl::string_view job = ns.substr(0, ns.find('/'));
   if (!admin_token.empty() && !job.empty() &&
-      ConstantTimeEquals(got, JobStoreToken(admin_token, job))) {
+      SecretsEqual(got, JobStoreToken(admin_token, job))) {
     return absl::OkStatus();
   }
   return absl::PermissionDeniedError(
-      absl::StrCat("store token does not open namespace '", ns, "' (job '", job, "')"));
+      absl::StrCat("store token does not open namespace ", QuoteForError(ns), " (job ",
+                   QuoteForError(job), ")"));
+}
+
+std::string NewSecret(absl::string_view prefix) {
+  unsigned char bytes[32];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    std::fprintf(stderr, "lockstep: OpenSSL's RAND_bytes failed: no secret can be made\n");
+    std::abort();
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string out(prefix);
+  for (unsigned char b : bytes) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+bool SecretsEqual(absl::string_view a, absl::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 Status CheckBearer(absl::string_view value, bool present, const std::string& token) {

@@ -23,6 +23,14 @@ inline constexpr char kAuthorizationHeader[] = "authorization";
 // cannot be read), InvalidArgument (empty file).
 StatusOr<std::string> LoadToken(const std::string& path, bool create);
 
+// A secret: `prefix` + 32 bytes from OpenSSL's CSPRNG (RAND_bytes) as
+// lowercase hex. Aborts the process if the CSPRNG fails (no weak fallback).
+std::string NewSecret(absl::string_view prefix);
+
+// Whether two secrets are equal, in time that depends only on their
+// lengths (CRYPTO_memcmp), so a wrong guess tells nothing about the secret.
+bool SecretsEqual(absl::string_view a, absl::string_view b);
+
 // Checks an `authorization` metadata value against `token` in constant
 // time. Unauthenticated (naming what is wrong) unless it is "Bearer <token>".
 Status CheckBearer(absl::string_view header_value, bool present, const std::string& token);

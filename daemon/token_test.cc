@@ -39,6 +39,19 @@ TEST(TokenTest, RefusesAWorldReadableFile) {
   EXPECT_EQ(LoadToken(path, false).status().code(), absl::StatusCode::kPermissionDenied);
 }
 
+TEST(TokenTest, SecretsAreCsprngHexAndCompareOnlyWhenEqual) {
+  const std::string a = NewSecret("pt-"), b = NewSecret("pt-");
+  EXPECT_EQ(a.size(), 3u + 64u);
+  EXPECT_EQ(a.rfind("pt-", 0), 0u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef", 3), std::string::npos) << a;
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(SecretsEqual(a, std::string(a)));
+  EXPECT_FALSE(SecretsEqual(a, b));
+  EXPECT_FALSE(SecretsEqual(a, a.substr(0, 10)));
+  EXPECT_FALSE(SecretsEqual("", a));
+  EXPECT_TRUE(SecretsEqual("", ""));
+}
+
 TEST(TokenTest, CheckBearer) {
   EXPECT_TRUE(CheckBearer("Bearer abc", true, "abc").ok());
   EXPECT_EQ(CheckBearer("", false, "abc").code(), absl::StatusCode::kUnauthenticated);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
+#include "rendezvous/grpc_limits.h"
 #include "rendezvous/store_service.h"
 
 namespace lockstep {
@@ -65,7 +66,7 @@ StatusOr<StartedGrpcServer> StartGrpcServer(const std::string& address,
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  ConfigureStoreServerBuilder(&builder);
+  ApplyMessageLimits(&builder);
   DisallowPortSharing(&builder);
   StartedGrpcServer started;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &started.port);

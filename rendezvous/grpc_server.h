@@ -35,7 +35,8 @@ void DisallowPortSharing(grpc::ServerBuilder* builder);
 
 // Starts a server on `address` ("host:port", port 0 picks one) hosting
 // `services` (not owned; must outlive the server), with health checking,
-// reflection, the store's message-size limits and no port sharing.
+// reflection, kMaxGrpcMessageBytes both ways (grpc_limits.h) and no port
+// sharing.
 // Unavailable, naming `what`, the address and why (WhyCannotListen), if it
 // cannot bind.
 StatusOr<StartedGrpcServer> StartGrpcServer(const std::string& address,

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 #include "lockstep/v1/store.grpc.pb.h"
+#include "rendezvous/grpc_limits.h"
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/store_core.h"
 
@@ -235,9 +236,7 @@ class GrpcStore : public Store {
  public:
   GrpcStore(std::string address, std::string ns, StoreClientOptions options)
       : address_(std::move(address)), ns_(std::move(ns)), options_(options) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kStoreMaxMessageBytes);
-    args.SetMaxSendMessageSize(kStoreMaxMessageBytes);
+    grpc::ChannelArguments args = LockstepChannelArguments();
     // Our own TCP connection, not one shared with other clients in-process.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     int backoff_ms = static_cast<int>(

@@ -167,7 +167,7 @@ TEST_F(RawStoreTest, UnaryRpcsWorkAndReportCanonicalCodes) {
   v1::StoreAddResponse add_response;
   grpc::Status wrong_type = stub_->Add(&add_ctx, add, &add_response);
   EXPECT_EQ(wrong_type.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(wrong_type.error_message().find("'k'"), std::string::npos);
+  EXPECT_NE(wrong_type.error_message().find("\"k\""), std::string::npos);
 
   grpc::ClientContext get_ctx;
   v1::StoreGetRequest get;

@@ -17,7 +17,9 @@ constexpr size_t kMaxKeysInMessage = 8;
 std::string KeyList(const std::vector<std::string>& keys) {
   std::vector<std::string> shown(keys.begin(),
                                  keys.begin() + std::min(keys.size(), kMaxKeysInMessage));
-  std::string out = absl::StrJoin(shown, ", ");
+  std::string out = absl::StrJoin(shown, ", ", [](std::string* out, const std::string& key) {
+    out->append(QuoteForError(key));
+  });
   if (keys.size() > kMaxKeysInMessage) {
     absl::StrAppend(&out, ", ... (", keys.size(), " keys)");
   }
@@ -38,7 +40,7 @@ Status ValidateNamespace(const std::string& ns) {
 Status ValidateKey(const std::string& key) {
   if (key.empty()) return absl::InvalidArgumentError("store key is empty");
   if (key.size() > kMaxKeyBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("store key '", key.substr(0, 64), "...' of ",
+    return absl::InvalidArgumentError(absl::StrCat("store key ", QuoteForError(key), " of ",
                                                    key.size(), " bytes exceeds kMaxKeyBytes=",
                                                    kMaxKeyBytes));
   }
@@ -47,7 +49,7 @@ Status ValidateKey(const std::string& key) {
 
 Status ValidateValue(const std::string& key, const std::string& value) {
   if (value.size() > kMaxValueBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("value for store key '", key, "' of ",
+    return absl::InvalidArgumentError(absl::StrCat("value for store key ", QuoteForError(key), " of ",
                                                    value.size(), " bytes exceeds kMaxValueBytes=",
                                                    kMaxValueBytes));
   }
@@ -94,7 +96,7 @@ Status StoreCore::CheckRoomLocked(const std::string& ns, const Namespace* space,
                                   size_t new_keys) const {
   size_t have = space == nullptr ? 0 : space->values.size();
   if (have + new_keys > options_.max_keys_per_namespace) {
-    return absl::ResourceExhaustedError(absl::StrCat("store namespace '", ns, "' holds ", have,
+    return absl::ResourceExhaustedError(absl::StrCat("store namespace ", QuoteForError(ns), " holds ", have,
                                                      " keys; adding ", new_keys,
                                                      " would exceed kMaxKeysPerNamespace=",
                                                      options_.max_keys_per_namespace));
@@ -197,8 +199,8 @@ StatusOr<std::string> StoreCore::TryGet(const std::string& ns, const std::string
     auto it = space->values.find(key);
     if (it != space->values.end()) return it->second;
   }
-  return absl::NotFoundError(absl::StrCat("store key '", key, "' not found in namespace '", ns,
-                                          "'"));
+  return absl::NotFoundError(absl::StrCat("store key ", QuoteForError(key),
+                                          " not found in namespace ", QuoteForError(ns)));
 }
 
 StatusOr<int64_t> StoreCore::Add(const std::string& ns, const std::string& key, int64_t delta) {
@@ -219,10 +221,10 @@ StatusOr<int64_t> StoreCore::Add(const std::string& ns, const std::string& key, 
       RETURN_IF_ERROR(CheckRoomLocked(ns, space, 1));
     } else if (!absl::SimpleAtoi(*old, &current)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Add on store key '", key, "': its value is not an integer (", old->size(), " bytes)"));
+          "Add on store key ", QuoteForError(key), ": its value is not an integer (", old->size(), " bytes)"));
     }
     if (__builtin_add_overflow(current, delta, &result)) {
-      return absl::OutOfRangeError(absl::StrCat("Add on store key '", key, "': ", current, " + ",
+      return absl::OutOfRangeError(absl::StrCat("Add on store key ", QuoteForError(key), ": ", current, " + ",
                                                 delta, " overflows int64"));
     }
     WriteLocked(namespaces_[ns], key, std::to_string(result), &ready);
@@ -346,8 +348,8 @@ StoreCore::WaitId StoreCore::WaitAsync(const std::string& ns, const std::vector<
         }
         ready.emplace_back(std::move(waiter.callback),
                            absl::DeadlineExceededError(absl::StrCat(
-                               "store keys not set in namespace '", ns,
-                               "' before the deadline: ", KeyList(missing))));
+                               "store keys not set in namespace ", QuoteForError(ns),
+                               " before the deadline: ", KeyList(missing))));
         EraseWaiterLocked(id);
         MaybeDropEmptyLocked(ns);
       } else if (deadline != MonoTime::max()) {
@@ -399,8 +401,8 @@ MonoTime StoreCore::ExpireWaiters() {
       }
       ready.emplace_back(std::move(waiter.callback),
                          absl::DeadlineExceededError(absl::StrCat(
-                             "store keys not set in namespace '", waiter.ns,
-                             "' before the deadline: ", KeyList(missing))));
+                             "store keys not set in namespace ", QuoteForError(waiter.ns),
+                             " before the deadline: ", KeyList(missing))));
       std::string ns = waiter.ns;
       EraseWaiterLocked(id);
       MaybeDropEmptyLocked(ns);
@@ -419,9 +421,9 @@ int StoreCore::DeleteNamespaceLocked(const std::string& ns, Ready* ready) {
       auto w = waiters_.find(id);
       if (w == waiters_.end()) continue;
       ready->emplace_back(std::move(w->second.callback),
-                          absl::AbortedError(absl::StrCat("store namespace '", ns,
-                                                          "' was deleted while waiting for '",
-                                                          key, "'")));
+                          absl::AbortedError(absl::StrCat("store namespace ", QuoteForError(ns),
+                                                          " was deleted while waiting for ",
+                                                          QuoteForError(key))));
       EraseWaiterLocked(id, /*unindex=*/false);  // the whole index goes below
     }
   }

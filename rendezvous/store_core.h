@@ -53,11 +53,6 @@ namespace rendezvous {
 // (InvalidArgument beyond).
 inline constexpr size_t kMaxKeysPerRequest = 65536;
 
-// The largest gRPC message the store's server and client accept (64 MiB):
-// room for a kMaxValueBytes value plus framing, or several values in one
-// MultiGet/MultiSet. Larger requests fail with ResourceExhausted from gRPC.
-inline constexpr int kStoreMaxMessageBytes = 64 * 1024 * 1024;
-
 // Validation shared by every layer (the gRPC shell rejects bad input before
 // it reaches the core, with the same messages). InvalidArgument naming the
 // key and the limit.

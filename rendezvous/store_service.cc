@@ -18,21 +18,35 @@ namespace {
 
 using WaitValues = StatusOr<std::vector<std::string>>;
 
-// The core deadline of a wait: now + timeout_ms, or the RPC's deadline if
-// earlier. InvalidArgument for a negative timeout.
-StatusOr<MonoTime> WaitDeadline(const StoreCore& core, int64_t timeout_ms,
-                                std::chrono::system_clock::time_point rpc_deadline) {
+}  // namespace
+
+StatusOr<Duration> StoreWaitTimeout(int64_t timeout_ms) {
   if (timeout_ms < 0) {
     return absl::InvalidArgumentError(absl::StrCat("store timeout_ms is negative: ", timeout_ms));
   }
-  MonoTime now = core.clock()->Now();
-  MonoTime deadline = now + std::chrono::milliseconds(timeout_ms);
-  if (rpc_deadline != std::chrono::system_clock::time_point::max()) {
-    MonoTime by_rpc = now + std::chrono::duration_cast<Duration>(
-                                rpc_deadline - std::chrono::system_clock::now());
-    deadline = std::min(deadline, by_rpc);
+  // Compared in milliseconds: converting 2^62 ms to nanoseconds first would
+  // overflow into the past (an instant DeadlineExceeded).
+  if (timeout_ms >= std::chrono::duration_cast<std::chrono::milliseconds>(kMaxStoreWait).count()) {
+    return kMaxStoreWait;
   }
-  return deadline;
+  return std::chrono::milliseconds(timeout_ms);
+}
+
+namespace {
+
+// The core deadline of a wait: now + timeout_ms (clamped by
+// StoreWaitTimeout), or the RPC's deadline if earlier. InvalidArgument for a
+// negative timeout.
+StatusOr<MonoTime> WaitDeadline(const StoreCore& core, int64_t timeout_ms,
+                                std::chrono::system_clock::time_point rpc_deadline) {
+  ASSIGN_OR_RETURN(Duration wait, StoreWaitTimeout(timeout_ms));
+  if (rpc_deadline != std::chrono::system_clock::time_point::max()) {
+    const auto by_rpc = rpc_deadline - std::chrono::system_clock::now();
+    if (by_rpc < std::chrono::duration_cast<std::chrono::system_clock::duration>(wait)) {
+      wait = std::max(Duration::zero(), std::chrono::duration_cast<Duration>(by_rpc));
+    }
+  }
+  return core.clock()->Now() + wait;
 }
 
 std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::string>& keys) {
@@ -55,8 +69,8 @@ Status DoAdd(StoreCore* core, const v1::StoreAddRequest& request, v1::StoreAddRe
 Status DoCompareSet(StoreCore* core, const v1::StoreCompareSetRequest& request,
                     v1::StoreCompareSetResponse* out) {
   if (request.expect_absent() && !request.expected().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("CompareSet on store key '", request.key(),
-                                                   "': expect_absent with a non-empty expected"));
+    return absl::InvalidArgumentError(absl::StrCat("CompareSet on store key ", QuoteForError(request.key()),
+                                                   ": expect_absent with a non-empty expected"));
   }
   ASSIGN_OR_RETURN(CompareSetResult result,
                    core->CompareSet(request.namespace_(), request.key(), request.expected(),
@@ -360,8 +374,7 @@ Status StoreGrpcService::Authorize(const grpc::CallbackServerContext& ctx,
   } while (0)
 
 void ConfigureStoreServerBuilder(grpc::ServerBuilder* builder) {
-  builder->SetMaxReceiveMessageSize(kStoreMaxMessageBytes);
-  builder->SetMaxSendMessageSize(kStoreMaxMessageBytes);
+  ApplyMessageLimits(builder);
 }
 
 grpc::ServerUnaryReactor* StoreGrpcService::Set(grpc::CallbackServerContext* ctx,

@@ -13,8 +13,10 @@
 // a failed read, which cancels its waiters in the core.
 //
 // Timeouts: a request's timeout_ms bounds the wait (0 = do not wait:
-// DeadlineExceeded at once if a key is missing; negative = InvalidArgument);
-// the RPC's own deadline, when earlier, bounds it too.
+// DeadlineExceeded at once if a key is missing; negative = InvalidArgument;
+// above kMaxStoreWait it is clamped to kMaxStoreWait, so no value overflows
+// into an instant deadline); the RPC's own deadline, when earlier, bounds it
+// too.
 //
 // Authorization: an optional StoreAuthorizer (Default: none, the service is
 // open, as in tests, benches and standalone servers). When set, every unary
@@ -47,12 +49,21 @@
 #include "common/status.h"
 
 #include "lockstep/v1/store.grpc.pb.h"
+#include "rendezvous/grpc_limits.h"
 #include "rendezvous/store_core.h"
 
 namespace lockstep {
 namespace rendezvous {
 
-// Raises the builder's message size limits to kStoreMaxMessageBytes.
+// The longest a store wait parks (a year): larger timeout_ms are clamped.
+inline constexpr Duration kMaxStoreWait = std::chrono::hours(24 * 365);
+
+// The wait of a store request's timeout_ms: InvalidArgument naming
+// timeout_ms when negative; clamped to kMaxStoreWait.
+StatusOr<Duration> StoreWaitTimeout(int64_t timeout_ms);
+
+// Raises the builder's message size limits to kMaxGrpcMessageBytes
+// (rendezvous/grpc_limits.h).
 void ConfigureStoreServerBuilder(grpc::ServerBuilder* builder);
 
 // Decides whether a caller may use namespace `ns`. Must be thread-safe and

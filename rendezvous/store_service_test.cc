@@ -4,8 +4,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
+#include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -145,6 +148,59 @@ TEST(StoreServiceOpenTest, NoAuthorizerAcceptsCallsWithoutToken) {
   EXPECT_TRUE((*store)->Set("k", "v").ok());
   store->reset();  // close the Session stream: Shutdown waits for open calls
   server->Shutdown();
+}
+
+TEST(StoreWaitTimeoutTest, ClampsHugeAndRefusesNegative) {
+  EXPECT_EQ(*StoreWaitTimeout(0), Duration::zero());
+  EXPECT_EQ(*StoreWaitTimeout(1500), std::chrono::milliseconds(1500));
+  EXPECT_EQ(*StoreWaitTimeout(int64_t{1} << 62), kMaxStoreWait);
+  EXPECT_EQ(*StoreWaitTimeout(std::numeric_limits<int64_t>::max()), kMaxStoreWait);
+  Status negative = StoreWaitTimeout(-5).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(negative));
+  EXPECT_NE(negative.message().find("timeout_ms"), std::string::npos) << negative;
+}
+
+// timeout_ms >= 2^62 used to overflow into an instant deadline: a Get with
+// such a timeout must still wait, and return the value once it is Set.
+TEST_F(StoreServiceAuthTest, HugeTimeoutWaitsInsteadOfExpiringAtOnce) {
+  for (int64_t huge : {int64_t{1} << 62, std::numeric_limits<int64_t>::max()}) {
+    const std::string key = absl::StrCat("late-", huge);
+    std::thread setter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      grpc::ClientContext ctx;
+      ctx.AddMetadata("authorization", "Bearer admin");
+      v1::StoreSetRequest set;
+      set.set_namespace_("job-a/0");
+      set.set_key(key);
+      set.set_value("v");
+      v1::StoreSetResponse response;
+      EXPECT_TRUE(stub_->Set(&ctx, set, &response).ok());
+    });
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer admin");
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    v1::StoreGetRequest get;
+    get.set_namespace_("job-a/0");
+    get.set_key(key);
+    get.set_timeout_ms(huge);
+    v1::StoreGetResponse response;
+    grpc::Status s = stub_->Get(&ctx, get, &response);
+    setter.join();
+    EXPECT_TRUE(s.ok()) << huge << ": " << s.error_message();
+    EXPECT_EQ(response.value(), "v");
+  }
+
+  // Negative: refused naming the field, on unary and Wait alike.
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer admin");
+  v1::StoreWaitRequest wait;
+  wait.set_namespace_("job-a/0");
+  wait.add_keys("never");
+  wait.set_timeout_ms(-1);
+  v1::StoreWaitResponse wait_response;
+  grpc::Status s = stub_->Wait(&ctx, wait, &wait_response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("timeout_ms"), std::string::npos) << s.error_message();
 }
 
 }  // namespace

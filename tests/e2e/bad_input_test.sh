@@ -72,7 +72,7 @@ job=$(submit --nodes 1 --nproc-per-node 2 --env TRAINER_STEPS=2)
 wait_state "$job" SUCCEEDED 30
 expect_error "job $job has no rank 7 .*world size 2" ls_cli logs "$job" --rank 7
 expect_error "job $job has no rank -1" ls_cli logs "$job" --rank -1
-expect_error "job ../../etc not found" ls_cli logs ../../etc --rank 0
+expect_error "job_id: \"../../etc\" is not a job id" ls_cli logs ../../etc --rank 0
 expect_error "not a valid job id" /usr/bin/python3 - "$ADDR_coord" "$(cat "$TOKEN")" <<'PY'
 import sys, grpc
 # ReadLogsRequest{job_id="../../etc", rank=0}: field 1 (string), hand-encoded.
@@ -91,10 +91,75 @@ PY
 [ "$(ls_cli list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["jobs"]))')" = 1 ] ||
   fail "expected exactly one job"
 
+# Sizes and numbers. A 5 MiB spec (over one argv string's limit, so sent
+# hand-encoded) crosses the 64 MiB message limit and is refused at submit
+# naming its size; it never reaches a node's heartbeat, and the node and
+# the coordinator keep working.
+expect_error "INVALID_ARGUMENT .*spec: 5242[0-9]* bytes serialized exceeds the limit of 262144 bytes" \
+  /usr/bin/python3 - "$COORD" "$(cat "$TOKEN")" <<'PY'
+import sys, grpc
+def varint(n):
+    out = b""
+    while True:
+        b = n & 0x7f; n >>= 7
+        if n: out += bytes([b | 0x80])
+        else: return out + bytes([b])
+def ld(field, data): return varint(field << 3 | 2) + varint(len(data)) + data
+def vi(field, value): return varint(field << 3) + varint(value)
+env = ld(1, b"BIG") + ld(2, b"x" * (5 << 20))
+spec = ld(2, b"/bin/true") + ld(3, env) + vi(4, 1) + vi(6, 1)
+req = ld(1, spec)  # SubmitJobRequest{spec}
+call = grpc.insecure_channel(sys.argv[1]).unary_unary(
+    "/lockstep.v1.CoordinatorService/SubmitJob",
+    request_serializer=lambda b: b, response_deserializer=lambda b: b)
+try:
+    call(req, timeout=20, metadata=[("authorization", "Bearer " + sys.argv[2])])
+except grpc.RpcError as e:
+    print(e.code(), e.details(), file=sys.stderr)
+    if len(e.details()) > 300: print("error message too long:", len(e.details()), file=sys.stderr)
+    sys.exit(1)
+PY
+grep -q "error message too long" "$T/err.txt" && fail "the size error echoes the input"
+expect_error "spec.join_timeout_s: must be a finite number of seconds" \
+  ls_cli submit --join-timeout-s inf -- /bin/true
+expect_error "spec.stop_grace_s: must be a finite number of seconds" \
+  ls_cli submit --stop-grace-s nan -- /bin/true
+expect_error "spec.name: contains a control character" ls_cli submit --name "$(printf 'a\nb')" -- /bin/true
+[ "$(ls_cli list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["jobs"]))')" = 1 ] ||
+  fail "a refused spec left a job behind, or list broke"
+job=$(submit --nodes 1 --nproc-per-node 1 --env TRAINER_STEPS=2)
+wait_state "$job" SUCCEEDED 30
+ls_cli list >/dev/null || fail "lockstep list broke after the oversized spec"
+log "ok: oversized and non-finite specs refused; the node still runs jobs"
+
+# A worker's terminal escapes reach `status` escaped, never raw.
+esc_job=$(ls_cli submit --json --max-restarts 0 -- /bin/sh -c 'printf "\033[31mred\033[0m\n" >&2; exit 3' |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
+wait_state "$esc_job" FAILED 30
+ls_cli status "$esc_job" >"$T/esc.txt"
+if grep -q $'\033' "$T/esc.txt"; then fail "status printed a raw ESC from the worker's stderr"; fi
+grep -qF '| \x1b[31mred\x1b[0m' "$T/esc.txt" || fail "status lacks the escaped line: $(cat "$T/esc.txt")"
+log "ok: a worker's escape sequences are printed escaped"
+
 # A coordinator with an allowed-command list rejects anything else.
-start_daemon strict --coordinator --no-agent --listen 127.0.0.1:0 --allowed-command "$TRAINER"
+ALLOWED_ENV="" start_daemon strict --coordinator --no-agent --listen 127.0.0.1:0 --allowed-command "$TRAINER"
 expect_error "PERMISSION_DENIED: .*not in the allowed list" \
   "$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit -- /bin/sh -c true
 "$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit -- "$TRAINER" "$MARKER" >/dev/null ||
   fail "the allowed command was rejected"
+# ... and the allowed command cannot be made to run other code through the
+# job environment (the loader, PATH), nor can a job set the agent's names.
+strict() { "$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" "$@"; }
+expect_error "PERMISSION_DENIED: .*spec.env: LD_PRELOAD is refused: it makes the dynamic loader" \
+  strict submit --env LD_PRELOAD=/tmp/evil.so -- "$TRAINER"
+expect_error "PERMISSION_DENIED: .*spec.env: PATH is refused on a node with --allowed-command" \
+  strict submit --env PATH=/tmp/evil -- "$TRAINER"
+expect_error "PERMISSION_DENIED: .*spec.env: RANK is refused: the agent sets it" \
+  strict submit --env RANK=0 -- "$TRAINER"
+# The job environment is an allow-list: TRAINER_* is permitted on the other
+# daemons of this test (lib.sh), not here.
+expect_error "PERMISSION_DENIED: .*spec.env: TRAINER_STEPS is not in the job environment allow-list" \
+  strict submit --env TRAINER_STEPS=2 -- "$TRAINER"
+[ "$(strict list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin).get("jobs", [])))')" = 1 ] ||
+  fail "a refused submit left a job behind"
 log "PASS"

@@ -23,6 +23,9 @@ DAEMON_PREFIX=()
 CLI_PREFIX=()
 LEASE_S="${LEASE_S:-6}"
 HB_S="${HB_S:-0.3}"
+# The job environment daemons permit beyond the engine's own (the test
+# trainer's knobs); empty: the engine's only.
+ALLOWED_ENV='TRAINER_*'
 
 log() { echo "[e2e $(date +%H:%M:%S.%N | cut -c1-12)] $*" >&2; }
 fail() {
@@ -50,7 +53,7 @@ start_daemon() {
   rm -f "$T/$name.addr"
   ${DAEMON_PREFIX[@]+"${DAEMON_PREFIX[@]}"} "$LOCKSTEPD" --state-dir "$T/$name" --address-file "$T/$name.addr" --node-id "$name" \
     --lease-s "$LEASE_S" --heartbeat-interval-s "$HB_S" --restart-backoff-s 0.2 \
-    --max-restart-backoff-s 1 --shutdown-grace-s 2 "$@" >>"$T/$name.log" 2>&1 &
+    --max-restart-backoff-s 1 --shutdown-grace-s 2 ${ALLOWED_ENV:+--allowed-env "$ALLOWED_ENV"} "$@" >>"$T/$name.log" 2>&1 &
   local pid=$!
   DAEMON_PIDS+=("$pid")
   eval "PID_$name=$pid"
