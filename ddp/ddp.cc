@@ -50,39 +50,49 @@ Status BroadcastCoalesced(Communicator& comm, const std::vector<torch::Tensor>& 
   return absl::OkStatus();
 }
 
-StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::CreateImpl(
-    torch::nn::AnyModule module, std::shared_ptr<Communicator> comm, DdpOptions options) {
-  if (comm == nullptr) return absl::InvalidArgumentError("DDP: communicator is null");
-  if (!(options.bucket_cap_mb > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DDP: bucket_cap_mb must be positive, got ", options.bucket_cap_mb));
+void CollectIValueTensors(const c10::IValue& value, std::vector<torch::Tensor>* out) {
+  if (value.isTensor()) {
+    const torch::Tensor& t = value.toTensor();
+    if (t.defined()) out->push_back(t);
+  } else if (value.isList()) {  // Tensor lists included.
+    for (const c10::IValue& e : value.toListRef()) CollectIValueTensors(e, out);
+  } else if (value.isTuple()) {
+    for (const c10::IValue& e : value.toTupleRef().elements()) CollectIValueTensors(e, out);
+  } else if (value.isGenericDict()) {
+    for (const auto& e : value.toGenericDict()) CollectIValueTensors(e.value(), out);
   }
-  std::unique_ptr<DistributedDataParallel> ddp(
-      new DistributedDataParallel(std::move(module), std::move(comm), std::move(options)));
-  auto root = ddp->module_.ptr();
+}
+
+Status DistributedDataParallel::Init() {
+  if (root_ == nullptr) return absl::InvalidArgumentError("DDP: the module is empty (null)");
+  if (comm_ == nullptr) return absl::InvalidArgumentError("DDP: communicator is null");
+  if (!(options_.bucket_cap_mb > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DDP: bucket_cap_mb must be positive, got ", options_.bucket_cap_mb));
+  }
 
   // Parameters requiring grad, each storage once (tied weights), in
   // registration order; `state` is every parameter and buffer, named.
   std::vector<Reducer::NamedParam> params;
   std::vector<Reducer::NamedParam> state;
   std::unordered_set<const void*> seen;
-  for (const auto& item : root->named_parameters(/*recurse=*/true)) {
+  for (const auto& item : root_->named_parameters(/*recurse=*/true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     state.push_back({item.key(), item.value()});
     if (item.value().requires_grad()) params.push_back({item.key(), item.value()});
   }
-  for (const auto& item : root->named_buffers(/*recurse=*/true)) {
+  for (const auto& item : root_->named_buffers(/*recurse=*/true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     state.push_back({item.key(), item.value()});
-    ddp->buffers_.push_back(item.value());
+    buffers_.push_back(item.value());
   }
   // Before any collective: a model split across devices (or on the wrong
   // one for this backend) gets an error naming the tensors.
-  RETURN_IF_ERROR(Reducer::CheckDevices(state, *ddp->comm_));
+  RETURN_IF_ERROR(Reducer::CheckDevices(state, *comm_));
   std::vector<torch::Tensor> state_tensors;
   for (const auto& s : state) state_tensors.push_back(s.tensor);
-  const DdpOptions& opts = ddp->options_;
-  RETURN_IF_ERROR(Annotate(BroadcastCoalesced(*ddp->comm_, state_tensors, 0, opts.timeout),
+  const DdpOptions& opts = options_;
+  RETURN_IF_ERROR(Annotate(BroadcastCoalesced(*comm_, state_tensors, 0, opts.timeout),
                            "DDP: broadcasting initial parameters and buffers from rank 0"));
   ReducerOptions reducer_options;
   reducer_options.bucket_cap_bytes = static_cast<size_t>(opts.bucket_cap_mb * 1024 * 1024);
@@ -91,11 +101,10 @@ StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::Crea
   reducer_options.find_unused_parameters = opts.find_unused_parameters;
   reducer_options.gradient_as_bucket_view = opts.gradient_as_bucket_view;
   reducer_options.timeout = opts.timeout;
-  DistributedDataParallel* self = ddp.get();
+  DistributedDataParallel* self = this;
   reducer_options.on_step = [self](const ReducerStepStats&) { self->OnReducerStep(); };
-  ASSIGN_OR_RETURN(ddp->reducer_,
-                   Reducer::Create(std::move(params), ddp->comm_.get(), reducer_options));
-  return ddp;
+  ASSIGN_OR_RETURN(reducer_, Reducer::Create(std::move(params), comm_.get(), reducer_options));
+  return absl::OkStatus();
 }
 
 Status DistributedDataParallel::PreForward() {

@@ -12,6 +12,28 @@
 //     opt.step();
 //   }
 //
+// Any module: Create takes a module holder (MyNet, torch::nn::Sequential,
+// torch::nn::Linear), a std::shared_ptr to a module or a
+// torch::nn::AnyModule, and returns a TypedDistributedDataParallel<M> whose
+// Forward takes whatever arguments the module's forward takes and returns
+// whatever it returns: a Tensor, std::tuple (e.g. logits and an auxiliary
+// output), std::vector, std::map or c10::Dict of tensors, c10::IValue...
+//
+//   ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::Create(two_head_net, comm));
+//   ASSIGN_OR_RETURN(auto outs, ddp->Forward(x, mask));   // std::tuple<Tensor, Tensor>
+//   auto [logits, aux] = outs;
+//
+//   torch::nn::Sequential seq(torch::nn::Linear(8, 16), torch::nn::ReLU(),
+//                             torch::nn::Linear(16, 2));
+//   ASSIGN_OR_RETURN(auto seq_ddp, DistributedDataParallel::Create(seq, comm));
+//   ASSIGN_OR_RETURN(torch::Tensor out, seq_ddp->Forward(x));
+//
+// The typed object converts to std::unique_ptr<DistributedDataParallel>;
+// through that base class Forward<ReturnType = Tensor>(args...) is
+// type-erased (modules with one plain forward, and Sequential), and
+// ForwardWith(fn) runs any callable as the forward. find_unused_parameters
+// walks the graph from every tensor in the result (OutputTensors below).
+//
 // Construction broadcasts parameters and buffers from rank 0 (every rank
 // starts from rank 0's model) and builds the Reducer (reducer.h) over the
 // parameters that require grad (a tensor shared by several modules, as with
@@ -33,11 +55,19 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "common/status.h"
 #include "ddp/communicator.h"
@@ -72,31 +102,277 @@ struct DdpOptions {
   std::function<void(const StepStats&)> on_step;
 };
 
+// ---------------------------------------------------------------------------
+// Forward outputs: where the tensors are.
+//
+// After forward, find_unused_parameters walks the autograd graph from every
+// tensor in the forward's result, so DDP must find them all; a tensor it
+// missed would have its parameters marked unused and their gradients
+// dropped. OutputTensors<T>::Collect appends the tensors inside a T:
+//   torch::Tensor (an undefined one is skipped); std::tuple, std::pair,
+//   std::vector, std::array, std::optional/c10::optional, std::map,
+//   std::unordered_map and c10::Dict (their values), c10::List, each
+//   recursively; c10::IValue (tensor, list, tuple, dict, recursively);
+//   arithmetic types, enums and std::string (no tensor).
+// Any other output type does not compile (static_assert) until the user
+// specialises OutputTensors for it, e.g. for `struct Out { Tensor a, b; }`:
+//   template <> struct lockstep::ddp::OutputTensors<Out> {
+//     static void Collect(const Out& o, std::vector<torch::Tensor>* out) {
+//       out->push_back(o.a);
+//       out->push_back(o.b);
+//     }
+//   };
+// ---------------------------------------------------------------------------
+template <typename T, typename Enable = void>
+struct OutputTensors {
+  static_assert(sizeof(T) == 0,
+                "DDP cannot find the tensors in this forward output type: return a Tensor, or "
+                "tuples, vectors, maps or c10::Dicts of them, or specialise "
+                "lockstep::ddp::OutputTensors<T> (see ddp.h)");
+};
+
+// Appends the tensors inside `value` to `out` (see OutputTensors).
+template <typename T>
+void CollectOutputTensors(const T& value, std::vector<torch::Tensor>* out) {
+  OutputTensors<T>::Collect(value, out);
+}
+
+void CollectIValueTensors(const c10::IValue& value, std::vector<torch::Tensor>* out);
+
+template <>
+struct OutputTensors<torch::Tensor> {
+  static void Collect(const torch::Tensor& t, std::vector<torch::Tensor>* out) {
+    if (t.defined()) out->push_back(t);
+  }
+};
+template <>
+struct OutputTensors<c10::IValue> {
+  static void Collect(const c10::IValue& v, std::vector<torch::Tensor>* out) {
+    CollectIValueTensors(v, out);
+  }
+};
+template <typename T>
+struct OutputTensors<T, std::enable_if_t<std::is_arithmetic<T>::value || std::is_enum<T>::value>> {
+  static void Collect(const T&, std::vector<torch::Tensor>*) {}
+};
+template <>
+struct OutputTensors<std::string> {
+  static void Collect(const std::string&, std::vector<torch::Tensor>*) {}
+};
+template <typename... Ts>
+struct OutputTensors<std::tuple<Ts...>> {
+  static void Collect(const std::tuple<Ts...>& t, std::vector<torch::Tensor>* out) {
+    std::apply([out](const auto&... e) { (CollectOutputTensors(e, out), ...); }, t);
+  }
+};
+template <typename A, typename B>
+struct OutputTensors<std::pair<A, B>> {
+  static void Collect(const std::pair<A, B>& p, std::vector<torch::Tensor>* out) {
+    CollectOutputTensors(p.first, out);
+    CollectOutputTensors(p.second, out);
+  }
+};
+template <typename T, typename Alloc>
+struct OutputTensors<std::vector<T, Alloc>> {
+  static void Collect(const std::vector<T, Alloc>& v, std::vector<torch::Tensor>* out) {
+    for (const auto& e : v) CollectOutputTensors(e, out);
+  }
+};
+template <typename T, size_t N>
+struct OutputTensors<std::array<T, N>> {
+  static void Collect(const std::array<T, N>& v, std::vector<torch::Tensor>* out) {
+    for (const auto& e : v) CollectOutputTensors(e, out);
+  }
+};
+template <typename T>
+struct OutputTensors<std::optional<T>> {
+  static void Collect(const std::optional<T>& v, std::vector<torch::Tensor>* out) {
+    if (v.has_value()) CollectOutputTensors(*v, out);
+  }
+};
+template <typename T>
+struct OutputTensors<c10::optional<T>,
+                     std::enable_if_t<!std::is_same<c10::optional<T>, std::optional<T>>::value>> {
+  static void Collect(const c10::optional<T>& v, std::vector<torch::Tensor>* out) {
+    if (v.has_value()) CollectOutputTensors(*v, out);
+  }
+};
+template <typename K, typename V, typename... Rest>
+struct OutputTensors<std::map<K, V, Rest...>> {
+  static void Collect(const std::map<K, V, Rest...>& m, std::vector<torch::Tensor>* out) {
+    for (const auto& kv : m) CollectOutputTensors(kv.second, out);
+  }
+};
+template <typename K, typename V, typename... Rest>
+struct OutputTensors<std::unordered_map<K, V, Rest...>> {
+  static void Collect(const std::unordered_map<K, V, Rest...>& m,
+                      std::vector<torch::Tensor>* out) {
+    for (const auto& kv : m) CollectOutputTensors(kv.second, out);
+  }
+};
+template <typename K, typename V>
+struct OutputTensors<c10::Dict<K, V>> {
+  static void Collect(const c10::Dict<K, V>& d, std::vector<torch::Tensor>* out) {
+    for (const auto& e : d) CollectOutputTensors(static_cast<V>(e.value()), out);
+  }
+};
+template <typename T>
+struct OutputTensors<c10::List<T>> {
+  static void Collect(const c10::List<T>& l, std::vector<torch::Tensor>* out) {
+    for (size_t i = 0; i < l.size(); ++i) CollectOutputTensors(static_cast<T>(l.get(i)), out);
+  }
+};
+
+template <typename ModuleType>
+class TypedDistributedDataParallel;
+
+namespace internal {
+
+// Forward(args) with the return type deduced from the module's forward.
+struct DeducedReturn {};
+
+// A forward that torch::nn::AnyModule can hold: one non-template,
+// non-overloaded, non-const member function.
+template <typename F>
+struct IsPlainForward : std::false_type {};
+template <typename R, typename C, typename... A>
+struct IsPlainForward<R (C::*)(A...)> : std::true_type {};
+template <typename Impl, typename = void>
+struct HasPlainForward : std::false_type {};
+template <typename Impl>
+struct HasPlainForward<Impl, std::void_t<decltype(&Impl::forward)>>
+    : IsPlainForward<decltype(&Impl::forward)> {};
+
+// The module types Create accepts: a module holder (MyNet, Sequential,
+// Linear), a shared_ptr to a module, or an AnyModule. `Impl` is the module
+// class (void for AnyModule).
+template <typename M, typename = void>
+struct ModuleTraits {
+  static constexpr bool kSupported = false;
+};
+template <typename M>
+struct ModuleTraits<M, std::enable_if_t<torch::detail::is_module_holder<M>::value>> {
+  static constexpr bool kSupported = true;
+  using Impl = typename M::ContainedType;
+  static std::shared_ptr<Impl> Ptr(const M& m) { return m.is_empty() ? nullptr : m.ptr(); }
+  static std::shared_ptr<torch::nn::Module> Root(const M& m) { return Ptr(m); }
+};
+template <typename I>
+struct ModuleTraits<std::shared_ptr<I>,
+                    std::enable_if_t<std::is_base_of<torch::nn::Module, I>::value>> {
+  static constexpr bool kSupported = true;
+  using Impl = I;
+  static std::shared_ptr<I> Ptr(const std::shared_ptr<I>& m) { return m; }
+  static std::shared_ptr<torch::nn::Module> Root(const std::shared_ptr<I>& m) { return m; }
+};
+template <>
+struct ModuleTraits<torch::nn::AnyModule> {
+  static constexpr bool kSupported = true;
+  using Impl = void;
+  static std::shared_ptr<torch::nn::Module> Root(const torch::nn::AnyModule& m) {
+    return m.is_empty() ? nullptr : m.ptr();
+  }
+};
+
+// The module's forward: m->forward(args...) (holders, shared_ptr) or
+// m.forward(args...) (AnyModule, returning a Tensor).
+template <typename M, typename... Args>
+auto CallForward(M& m, Args&&... args) -> decltype(m->forward(std::forward<Args>(args)...)) {
+  return m->forward(std::forward<Args>(args)...);
+}
+template <typename... Args>
+torch::Tensor CallForward(torch::nn::AnyModule& m, Args&&... args) {
+  return m.forward(std::forward<Args>(args)...);
+}
+// The module's templated forward with an explicit return type
+// (Sequential, AnyModule).
+template <typename R, typename M, typename... Args>
+R CallForwardAs(M& m, Args&&... args) {
+  return m->template forward<R>(std::forward<Args>(args)...);
+}
+template <typename R, typename... Args>
+R CallForwardAs(torch::nn::AnyModule& m, Args&&... args) {
+  return m.template forward<R>(std::forward<Args>(args)...);
+}
+
+template <typename R, typename M, typename... Args>
+struct ForwardReturn {
+  using type = R;
+};
+template <typename M, typename... Args>
+struct ForwardReturn<DeducedReturn, M, Args...> {
+  using type = std::decay_t<decltype(CallForward(std::declval<M&>(), std::declval<Args>()...))>;
+};
+
+}  // namespace internal
+
 class DistributedDataParallel {
  public:
-  // `module`: a module holder (MyNet, torch::nn::Sequential) or shared_ptr
-  // to a module with a forward method. Blocks on the initial broadcasts.
-  // Errors: InvalidArgument (options, no trainable parameter), the
-  // communicator's errors.
+  // `module`: a module holder (MyNet, torch::nn::Sequential, torch::nn::
+  // Linear), a std::shared_ptr to a torch::nn::Module subclass, or a
+  // torch::nn::AnyModule. The object returned is typed by the module, so
+  // Forward returns what the module's forward returns; it converts to
+  // std::unique_ptr<DistributedDataParallel> (whose Forward is type-erased,
+  // see below). Blocks on the initial broadcasts.
+  // Errors: InvalidArgument (options, no trainable parameter, empty
+  // module), the communicator's errors.
   template <typename ModuleType>
-  static StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
-      ModuleType module, std::shared_ptr<Communicator> comm, DdpOptions options = {}) {
-    torch::nn::AnyModule any(std::move(module));
-    return CreateImpl(std::move(any), std::move(comm), std::move(options));
+  static StatusOr<std::unique_ptr<TypedDistributedDataParallel<ModuleType>>> Create(
+      ModuleType module, std::shared_ptr<Communicator> comm, DdpOptions options = {});
+
+  virtual ~DistributedDataParallel() = default;
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Runs the module's forward through the base class, for code that holds a
+  // DistributedDataParallel* and not the typed object Create returns. The
+  // result is `ReturnType` (default Tensor; AnyModule and Sequential rules:
+  // a mismatch is an error naming both types). Works for modules with one
+  // plain forward (held as an AnyModule) and for torch::nn::Sequential;
+  // other modules (a templated or overloaded forward) get
+  // FailedPrecondition: use the typed object's Forward or ForwardWith.
+  // Errors: those of ForwardWith.
+  template <typename ReturnType = torch::Tensor, typename... Args>
+  StatusOr<ReturnType> Forward(Args&&... args) {
+    if (any_.is_empty() && sequential_.is_empty()) {
+      return absl::FailedPreconditionError(
+          "DDP: this module's forward is a template or overloaded, so it cannot be called "
+          "through DistributedDataParallel*: call Forward on the "
+          "TypedDistributedDataParallel that Create returned, or use ForwardWith");
+    }
+    return ForwardWith([&]() -> ReturnType {
+      if (!any_.is_empty()) return any_.template forward<ReturnType>(std::forward<Args>(args)...);
+      return sequential_->template forward<ReturnType>(std::forward<Args>(args)...);
+    });
   }
 
-  // Runs the module's forward with the given arguments (see class comment).
-  template <typename... Args>
-  StatusOr<torch::Tensor> Forward(Args&&... args) {
+  // One DDP forward around any callable: prepares the step (buffer
+  // broadcast, bucket rebuild), runs `fn()`, collects the tensors in its
+  // result (OutputTensors) for find_unused_parameters and prepares the
+  // Reducer for the following backward. Returns fn's result. For forwards
+  // Forward cannot express, e.g.
+  //   ddp->ForwardWith([&] { return model->forward_features(x, mask); });
+  // REQUIRES: fn runs the module whose parameters this object reduces.
+  // Errors: Internal when fn throws (the message included); a previous
+  // step's communication error; the buffer broadcast's errors.
+  template <typename Fn>
+  auto ForwardWith(Fn&& fn) -> StatusOr<std::decay_t<std::invoke_result_t<Fn&>>> {
+    using Result = std::decay_t<std::invoke_result_t<Fn&>>;
+    static_assert(!std::is_void<Result>::value, "DDP: forward must return its outputs");
     RETURN_IF_ERROR(PreForward());
-    torch::Tensor out;
+    std::optional<Result> result;
     try {
-      out = module_.forward(std::forward<Args>(args)...);
+      result.emplace(fn());
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("DDP: forward threw: ", e.what_without_backtrace()));
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("DDP: forward threw: ", e.what()));
     }
-    RETURN_IF_ERROR(PostForward({out}));
-    return out;
+    std::vector<torch::Tensor> outputs;
+    // Only the graph walk reads the outputs.
+    if (options_.find_unused_parameters) CollectOutputTensors(*result, &outputs);
+    RETURN_IF_ERROR(PostForward(outputs));
+    return std::move(*result);
   }
 
   // loss.backward(), with errors as Status (a missing gradient names the
@@ -118,26 +394,37 @@ class DistributedDataParallel {
   };
   NoSyncScope NoSync() { return NoSyncScope(this); }
 
-  std::shared_ptr<torch::nn::Module> module() const { return module_.ptr(); }
-  std::vector<torch::Tensor> parameters() const { return module_.ptr()->parameters(); }
+  std::shared_ptr<torch::nn::Module> module() const { return root_; }
+  std::vector<torch::Tensor> parameters() const { return root_->parameters(); }
   Communicator& communicator() const { return *comm_; }
   const Reducer& reducer() const { return *reducer_; }
   // The last synchronised step (all zero before the first), read from the
   // reducer each time: device collectives may finish after backward returns.
   StepStats last_stats() const;
 
- private:
-  DistributedDataParallel(torch::nn::AnyModule module, std::shared_ptr<Communicator> comm,
+ protected:
+  // `any`: the module as an AnyModule, or empty when it cannot be one;
+  // `sequential`: the module when it is a Sequential, else empty.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> root, torch::nn::AnyModule any,
+                          torch::nn::Sequential sequential, std::shared_ptr<Communicator> comm,
                           DdpOptions options)
-      : module_(std::move(module)), comm_(std::move(comm)), options_(std::move(options)) {}
-  static StatusOr<std::unique_ptr<DistributedDataParallel>> CreateImpl(
-      torch::nn::AnyModule module, std::shared_ptr<Communicator> comm, DdpOptions options);
+      : root_(std::move(root)),
+        any_(std::move(any)),
+        sequential_(std::move(sequential)),
+        comm_(std::move(comm)),
+        options_(std::move(options)) {}
+
+ private:
+  // Validates, broadcasts the initial state and builds the Reducer.
+  Status Init();
   Status PreForward();
   Status PostForward(const std::vector<torch::Tensor>& outputs);
   void OnReducerStep();
   StepStats MakeStats(const ReducerStepStats& r) const;
 
-  torch::nn::AnyModule module_;
+  std::shared_ptr<torch::nn::Module> root_;
+  torch::nn::AnyModule any_;
+  torch::nn::Sequential sequential_{nullptr};
   std::shared_ptr<Communicator> comm_;
   DdpOptions options_;
   std::unique_ptr<Reducer> reducer_;
@@ -149,6 +436,74 @@ class DistributedDataParallel {
   double synced_forward_ms_ = 0;  // forward_ms_ of the last synchronised step.
   int64_t steps_ = 0;             // Synchronised steps.
 };
+
+// What DistributedDataParallel::Create returns: the same object, typed by
+// the module so that Forward returns whatever the module's forward returns.
+// Thread safety and contracts: those of DistributedDataParallel.
+template <typename ModuleType>
+class TypedDistributedDataParallel final : public DistributedDataParallel {
+ public:
+  // Runs the module's forward with `args` (any number, any types the
+  // forward takes) and returns its result, whatever its type: a Tensor, a
+  // tuple, a vector, a dict... (see OutputTensors for the types whose
+  // tensors find_unused_parameters can see). For a module with a templated
+  // forward, `ReturnType` picks its return type as in
+  // torch::nn::Sequential::forward<ReturnType>:
+  //   ASSIGN_OR_RETURN(auto out, ddp->Forward(x, mask));   // any module
+  //   ASSIGN_OR_RETURN(auto pair, seq_ddp->Forward<std::tuple<Tensor, Tensor>>(x));
+  // Errors: those of ForwardWith.
+  template <typename ReturnType = internal::DeducedReturn, typename... Args>
+  StatusOr<typename internal::ForwardReturn<ReturnType, ModuleType, Args&&...>::type> Forward(
+      Args&&... args) {
+    using Result = typename internal::ForwardReturn<ReturnType, ModuleType, Args&&...>::type;
+    return ForwardWith([&]() -> Result {
+      if constexpr (std::is_same<ReturnType, internal::DeducedReturn>::value) {
+        return internal::CallForward(module_, std::forward<Args>(args)...);
+      } else {
+        return internal::CallForwardAs<ReturnType>(module_, std::forward<Args>(args)...);
+      }
+    });
+  }
+
+  // The module as given to Create.
+  const ModuleType& typed_module() const { return module_; }
+
+ private:
+  friend class DistributedDataParallel;
+  TypedDistributedDataParallel(ModuleType module, torch::nn::AnyModule any,
+                               torch::nn::Sequential sequential,
+                               std::shared_ptr<Communicator> comm, DdpOptions options)
+      : DistributedDataParallel(internal::ModuleTraits<ModuleType>::Root(module), std::move(any),
+                                std::move(sequential), std::move(comm), std::move(options)),
+        module_(std::move(module)) {}
+
+  ModuleType module_;
+};
+
+template <typename ModuleType>
+StatusOr<std::unique_ptr<TypedDistributedDataParallel<ModuleType>>>
+DistributedDataParallel::Create(ModuleType module, std::shared_ptr<Communicator> comm,
+                                DdpOptions options) {
+  using Traits = internal::ModuleTraits<ModuleType>;
+  static_assert(Traits::kSupported,
+                "DDP: Create takes a module holder (MyNet, torch::nn::Sequential), a "
+                "std::shared_ptr to a torch::nn::Module subclass, or a torch::nn::AnyModule");
+  torch::nn::AnyModule any;
+  torch::nn::Sequential sequential{nullptr};
+  if constexpr (std::is_same<ModuleType, torch::nn::AnyModule>::value) {
+    any = module;
+  } else if constexpr (std::is_same<typename Traits::Impl, torch::nn::SequentialImpl>::value) {
+    sequential = torch::nn::Sequential(Traits::Ptr(module));
+  } else if constexpr (internal::HasPlainForward<typename Traits::Impl>::value) {
+    if (auto ptr = Traits::Ptr(module)) any = torch::nn::AnyModule(std::move(ptr));
+  }
+  std::unique_ptr<TypedDistributedDataParallel<ModuleType>> ddp(
+      new TypedDistributedDataParallel<ModuleType>(std::move(module), std::move(any),
+                                                   std::move(sequential), std::move(comm),
+                                                   std::move(options)));
+  RETURN_IF_ERROR(ddp->Init());
+  return ddp;
+}
 
 // Broadcasts `tensors` from `root` in place, packed per dtype into flat
 // buffers of at most `chunk_bytes` (one collective per chunk). With a
