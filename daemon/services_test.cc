@@ -184,15 +184,17 @@ TEST_F(ServicesTest, JobRunsThroughGrpcAndWatchReportsEachChange) {
   EXPECT_TRUE(lresp.worker_done());
 }
 
+// A job that stays PENDING (it wants 5 nodes): its version never moves.
+std::string SubmitWaitingJob(Coordinator* coordinator) {
+  v1::JobSpec spec;
+  spec.add_command("/bin/true");
+  spec.set_min_nodes(5);
+  spec.set_nproc_per_node(1);
+  return coordinator->SubmitJob(spec, "").value().job_id();
+}
+
 TEST_F(ServicesTest, WatchEndsWhenTheClientGivesUp) {
-  coordinator_->SubmitJob([] {
-    v1::JobSpec spec;
-    spec.add_command("/bin/true");
-    spec.set_min_nodes(5);
-    spec.set_nproc_per_node(1);
-    return spec;
-  }(), "").value();
-  std::string id = (*coordinator_->ListJobs({}))[0].job_id();
+  const std::string id = SubmitWaitingJob(coordinator_.get());
   v1::WatchJobRequest watch;
   watch.set_job_id(id);
   watch.set_after_version(1000);
@@ -206,14 +208,7 @@ TEST_F(ServicesTest, WatchEndsWhenTheClientGivesUp) {
 // timeout_ms bounds the long poll on the server (the client's own deadline
 // is far later): DEADLINE_EXCEEDED naming the job, not a hang.
 TEST_F(ServicesTest, WatchHonoursItsTimeout) {
-  coordinator_->SubmitJob([] {
-    v1::JobSpec spec;
-    spec.add_command("/bin/true");
-    spec.set_min_nodes(5);
-    spec.set_nproc_per_node(1);
-    return spec;
-  }(), "").value();
-  std::string id = (*coordinator_->ListJobs({}))[0].job_id();
+  const std::string id = SubmitWaitingJob(coordinator_.get());
   v1::WatchJobRequest watch;
   watch.set_job_id(id);
   watch.set_after_version(1000);
