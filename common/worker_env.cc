@@ -94,6 +94,20 @@ WorkerIdentity ReadWorkerIdentity(const Getenv& getenv) {
   return id;
 }
 
+bool IsWorkerEnvName(const std::string& name) {
+  static const char* const kNames[] = {
+      we::kJobId,           we::kRank,           we::kLocalRank,          we::kWorldSize,
+      we::kLocalWorldSize,  we::kNodeRank,       we::kNumNodes,           we::kRound,
+      we::kRestartCount,    we::kStore,          we::kStoreToken,         we::kAgent,
+      we::kAgentToken,      we::kNodeAddr,       we::kTorchRank,          we::kTorchLocalRank,
+      we::kTorchWorldSize,  we::kTorchLocalWorldSize, we::kTorchGroupRank, we::kTorchRestartCount,
+      we::kTorchRunId,      we::kMasterAddr,     we::kMasterPort};
+  for (const char* n : kNames) {
+    if (name == n) return true;
+  }
+  return false;
+}
+
 std::vector<std::pair<std::string, std::string>> WorkerEnvVars(const WorkerEnv& env) {
   std::vector<std::pair<std::string, std::string>> vars;
   auto set = [&](const char* name, const std::string& value) { vars.emplace_back(name, value); };

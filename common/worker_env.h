@@ -94,6 +94,11 @@ WorkerIdentity ReadWorkerIdentity(const Getenv& getenv);
 // env.master_addr "host:port").
 std::vector<std::pair<std::string, std::string>> WorkerEnvVars(const WorkerEnv& env);
 
+// Whether `name` is one of the contract's variables (any WorkerEnvVars may
+// write, or a reader falls back to): they belong to the agent, so a job's
+// own environment may not set them.
+bool IsWorkerEnvName(const std::string& name);
+
 }  // namespace lockstep
 
 #endif  // LOCKSTEP_COMMON_WORKER_ENV_H_

@@ -42,7 +42,9 @@ TEST(WorkerEnvTest, WhatTheAgentWritesAWorkerParsesBack) {
   std::map<std::string, std::string> vars;
   for (const auto& [k, v] : WorkerEnvVars(env)) {
     EXPECT_TRUE(vars.emplace(k, v).second) << k << " written twice";
+    EXPECT_TRUE(IsWorkerEnvName(k)) << k << " is written but not a contract name";
   }
+  EXPECT_FALSE(IsWorkerEnvName("TRAINER_STEPS"));
   auto parsed = ParseWorkerEnv(From(vars));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_TRUE(*parsed == env);
@@ -76,9 +78,12 @@ TEST(WorkerEnvTest, EmptyTokensAndAddressesAreNotWritten) {
 
 TEST(WorkerEnvTest, AHandStartedTorchrunWorkerParsesTheSame) {
   auto env = ParseWorkerEnv(From({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"},
+                                  {"GROUP_RANK", "1"}, {"TORCHELASTIC_RESTART_COUNT", "4"},
                                   {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
                                   {"TORCHELASTIC_RUN_ID", "run7"}}));
   ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->node_rank, 1);
+  EXPECT_EQ(env->restart_count, 4);
   EXPECT_EQ(env->rank, 1);
   EXPECT_EQ(env->world_size, 2);
   EXPECT_EQ(env->local_rank, 1);

@@ -18,6 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/worker_env.h"
 
 namespace lockstep {
 namespace worker_link {
@@ -120,7 +121,7 @@ void MarkBootstrap(int32_t state) {
   static std::atomic<int32_t>* slot = [] () -> std::atomic<int32_t>* {
     const int fd = FdFromEnv(kStatusFdEnv);
     int local_rank = -1;
-    const char* lr = std::getenv("LOCKSTEP_LOCAL_RANK");
+    const char* lr = std::getenv(worker_env::kLocalRank);
     if (fd < 0 || lr == nullptr || !absl::SimpleAtoi(lr, &local_rank) || local_rank < 0) {
       return nullptr;
     }

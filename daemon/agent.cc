@@ -315,6 +315,7 @@ void Agent::Reap() {
       exit->set_exit_code(e->exit_code);
       exit->set_signal(e->signal);
       exit->set_exited_unix_ms(ExitedUnixMs(*e));
+      // steady_clock is CLOCK_MONOTONIC, the clock of sent_mono_ns.
       exit->set_exited_mono_ns(
           std::chrono::duration_cast<std::chrono::nanoseconds>(e->exited_at.time_since_epoch())
               .count());
@@ -352,16 +353,6 @@ std::vector<v1::AgentJobReport> Agent::Reports() const {
   return out;
 }
 
-namespace {
-
-int64_t SteadyNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 void Agent::Renewed(MonoTime sent) {
   last_renewed_ = sent;
   fenced_ = false;
@@ -383,7 +374,7 @@ void Agent::Register() {
     for (auto& r : Reports()) *req.add_jobs() = std::move(r);
   }
   MonoTime sent = clock_->Now();
-  req.set_sent_mono_ns(SteadyNowNs());
+  req.set_sent_mono_ns(worker_link::MonotonicNowNs());
   auto resp = coordinator_->RegisterNode(req, options_.rpc_timeout);
   if (!resp.ok()) {
     static RateLimiter limiter(std::chrono::seconds(5));
@@ -412,7 +403,7 @@ void Agent::Heartbeat() {
     }
   }
   MonoTime sent = clock_->Now();
-  req.set_sent_mono_ns(SteadyNowNs());
+  req.set_sent_mono_ns(worker_link::MonotonicNowNs());
   // Bounded by lease/4 so a hung coordinator cannot delay the self-fence.
   auto resp = coordinator_->Heartbeat(req, std::min<Duration>(options_.rpc_timeout, lease_ / 4));
   if (!resp.ok()) {

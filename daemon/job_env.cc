@@ -1,6 +1,7 @@
 #include "daemon/job_env.h"
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,37 +13,31 @@ namespace lockstep {
 namespace daemon {
 namespace {
 
+bool In(std::initializer_list<const char*> names, const std::string& name) {
+  for (const char* n : names) {
+    if (name == n) return true;
+  }
+  return false;
+}
+
 // Make any dynamically linked program (or its shell) run other code.
 bool IsLoaderVariable(const std::string& name) {
-  static const char* kNames[] = {"GCONV_PATH",       "GLIBC_TUNABLES", "LOCPATH",  "NLSPATH",
-                                 "HOSTALIASES",      "RESOLV_HOST_CONF", "BASH_ENV", "ENV",
-                                 "MALLOC_TRACE"};
-  if (absl::StartsWith(name, "LD_")) return true;
-  return std::find_if(std::begin(kNames), std::end(kNames),
-                      [&](const char* n) { return name == n; }) != std::end(kNames);
+  return absl::StartsWith(name, "LD_") ||
+         In({"GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "NLSPATH", "HOSTALIASES",
+             "RESOLV_HOST_CONF", "BASH_ENV", "ENV", "MALLOC_TRACE"},
+            name);
 }
 
 // Choose or change the program an allowed command runs.
 bool IsProgramSelectionVariable(const std::string& name) {
-  static const char* kNames[] = {"PATH",     "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME",
-                                 "PERL5LIB", "PERL5OPT",   "RUBYLIB",       "RUBYOPT",
-                                 "NODE_OPTIONS", "JAVA_TOOL_OPTIONS", "CLASSPATH"};
-  return std::find_if(std::begin(kNames), std::end(kNames),
-                      [&](const char* n) { return name == n; }) != std::end(kNames);
+  return In({"PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PERL5LIB", "PERL5OPT",
+             "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "JAVA_TOOL_OPTIONS", "CLASSPATH"},
+            name);
 }
 
+// The worker contract's names and the worker link's descriptors.
 bool IsContractVariable(const std::string& name) {
-  namespace we = worker_env;
-  static const char* kNames[] = {
-      we::kJobId,           we::kRank,          we::kLocalRank,     we::kWorldSize,
-      we::kLocalWorldSize,  we::kNodeRank,      we::kNumNodes,      we::kRound,
-      we::kRestartCount,    we::kStore,         we::kStoreToken,    we::kAgent,
-      we::kAgentToken,      we::kNodeAddr,      we::kTorchRank,     we::kTorchLocalRank,
-      we::kTorchWorldSize,  we::kTorchLocalWorldSize, we::kTorchGroupRank,
-      we::kTorchRestartCount, we::kMasterAddr,  we::kMasterPort,    worker_link::kFenceFdEnv,
-      worker_link::kStatusFdEnv};
-  return std::find_if(std::begin(kNames), std::end(kNames),
-                      [&](const char* n) { return name == n; }) != std::end(kNames);
+  return IsWorkerEnvName(name) || In({worker_link::kFenceFdEnv, worker_link::kStatusFdEnv}, name);
 }
 
 bool Matches(const std::string& pattern, const std::string& name) {

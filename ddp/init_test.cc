@@ -16,14 +16,6 @@ namespace lockstep {
 namespace ddp {
 namespace {
 
-std::function<const char*(const char*)> Env(std::map<std::string, std::string> vars) {
-  auto shared = std::make_shared<std::map<std::string, std::string>>(std::move(vars));
-  return [shared](const char* name) -> const char* {
-    auto it = shared->find(name);
-    return it == shared->end() ? nullptr : it->second.c_str();
-  };
-}
-
 TEST(KeepFreedMemoryTest, LargeBlocksComeFromTheHeapNotFreshMappings) {
   ::setenv("LOCKSTEP_KEEP_FREED_MEMORY", "0", 1);
   EXPECT_FALSE(KeepFreedMemory());
@@ -68,49 +60,6 @@ TEST(JoinStoreTest, EachRankJoinsOnceAndTheWorldSizeMustAgree) {
   EXPECT_NE(other.message().find("belongs to a world of 2 ranks; rank 3 of job second expects 4"),
             std::string::npos)
       << other;
-}
-
-TEST(ParseWorkerEnvTest, ReadsLockstepVariables) {
-  auto env = ParseWorkerEnv(Env({{"LOCKSTEP_JOB_ID", "j-1"}, {"LOCKSTEP_RANK", "3"},
-                                 {"LOCKSTEP_WORLD_SIZE", "4"}, {"LOCKSTEP_LOCAL_RANK", "1"},
-                                 {"LOCKSTEP_LOCAL_WORLD_SIZE", "2"}, {"LOCKSTEP_NODE_RANK", "1"},
-                                 {"LOCKSTEP_NUM_NODES", "2"}, {"LOCKSTEP_ROUND", "5"},
-                                 {"LOCKSTEP_RESTART_COUNT", "2"}, {"LOCKSTEP_STORE", "h:1"},
-                                 {"LOCKSTEP_AGENT", "a:2"}, {"RANK", "0"}}));
-  ASSERT_TRUE(env.ok()) << env.status();
-  EXPECT_EQ(env->job_id, "j-1");
-  EXPECT_EQ(env->rank, 3);
-  EXPECT_EQ(env->world_size, 4);
-  EXPECT_EQ(env->local_rank, 1);
-  EXPECT_EQ(env->local_world_size, 2);
-  EXPECT_EQ(env->node_rank, 1);
-  EXPECT_EQ(env->num_nodes, 2);
-  EXPECT_EQ(env->round, 5);
-  EXPECT_EQ(env->restart_count, 2);
-  EXPECT_EQ(env->store_address, "h:1");
-  EXPECT_EQ(env->agent_address, "a:2");
-}
-
-TEST(ParseWorkerEnvTest, FallsBackToTorchrunNames) {
-  auto env = ParseWorkerEnv(Env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},
-                                 {"LOCAL_RANK", "0"}, {"TORCHELASTIC_RESTART_COUNT", "4"},
-                                 {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}}));
-  ASSERT_TRUE(env.ok()) << env.status();
-  EXPECT_EQ(env->rank, 1);
-  EXPECT_EQ(env->node_rank, 1);
-  EXPECT_EQ(env->local_rank, 0);
-  EXPECT_EQ(env->restart_count, 4);
-  EXPECT_EQ(env->master_addr, "10.0.0.1:29500");
-}
-
-TEST(ParseWorkerEnvTest, MissingOrBadVariablesAreNamed) {
-  auto env = ParseWorkerEnv(Env({{"WORLD_SIZE", "2"}}));
-  EXPECT_TRUE(absl::IsInvalidArgument(env.status()));
-  EXPECT_NE(env.status().message().find("LOCKSTEP_RANK"), std::string::npos);
-  env = ParseWorkerEnv(Env({{"RANK", "x"}, {"WORLD_SIZE", "2"}}));
-  EXPECT_NE(env.status().message().find("RANK='x'"), std::string::npos) << env.status();
-  env = ParseWorkerEnv(Env({{"RANK", "2"}, {"WORLD_SIZE", "2"}}));
-  EXPECT_TRUE(absl::IsInvalidArgument(env.status()));
 }
 
 TEST(OpenStoreTest, FileAddressOpensNamespacedDirectory) {
