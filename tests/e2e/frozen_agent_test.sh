@@ -27,9 +27,13 @@ wait_for 60 field_is "$job" 'j["node_ids"]' "['nodea', 'nodeb']" ||
   fail "round 1 did not close on nodea and nodeb: $(job_field "$job" 'j["node_ids"]')"
 wait_for 60 grep -q '"rank":0,"step":5,' "$T/nodea/jobs/$job/rank-0.stdout" || fail "rank 0 never reached step 5"
 log "SIGSTOP nodea's lockstepd (pid $PID_nodea)"
+stopped_at=$(date +%s%N)
 kill -STOP "$PID_nodea"
 wait_for 60 field_is "$job" '(j["round"] >= 2, j["node_ids"], j["state"])' \
   "(True, ['nodeb'], 'JOB_STATE_RUNNING')" || fail "no round on nodeb alone: $(ls_cli status "$job")"
+# The recovery figure (bench/README.md): at least the fence deadline, about
+# 1.25 lease + 1 s after nodea's last heartbeat, plus the new round's start.
+log "nodea replaced: nodeb runs ranks 0 and 1 $(( ($(date +%s%N) - stopped_at) / 1000000 )) ms after the SIGSTOP (lease ${LEASE_S}s)"
 wait_for 60 grep -q "\"rank\":0,\"step\":5," "$T/nodeb/jobs/$job/rank-0.stdout" ||
   fail "nodeb's rank 0 never reached step 5"
 grep -q "lockstep: fenced" "$T/nodea/jobs/$job/rank-0.stderr" || fail "nodea's rank 0 did not fence itself"
