@@ -4,8 +4,8 @@
 # down: the cut-off agent stops its worker by itself a lease after its last
 # accepted heartbeat (SIGKILL within lease/4 more), the coordinator declares
 # that node dead a lease after it last heard from it and opens the next
-# round past the node's fence deadline, and the job finishes on the
-# survivor. Skips (with a message) where network namespaces are not
+# round past the node's fence deadline, within two leases of the cut, and
+# the job finishes on the survivor. Skips (with a message) where network namespaces are not
 # permitted; the loopback variants are agent_cutoff_test and agent_kill_test.
 source tests/e2e/lib.sh "$@"
 
@@ -26,9 +26,17 @@ victim=$(cat "$T/out/pid-rank-1")
 grep -q "master $NET.1:" "$T/hostb/jobs/$job/rank-1.stdout" || fail "MASTER_ADDR is not host A's address"
 
 log "link down on $NSB"
+cut_at=$(date +%s%N)
 ip -n "$NSB" link set "$VB" down
 wait_for $((LEASE_S + LEASE_S / 4 + 2)) bash -c "! kill -0 $victim" || fail "cut-off host kept its worker $victim"
 log "host b stopped its worker by itself"
+# Replaced within two leases: the new round (host a alone) runs past host
+# b's fence deadline, last heartbeat + 1.25 lease + 1 s, and before 2 leases.
+wait_for 60 field_is "$job" '(j["node_ids"], j["state"] in ("JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED"))' \
+  "(['coord'], True)" || fail "host b was never replaced: $(ls_cli status "$job")"
+replaced_ms=$(( ($(date +%s%N) - cut_at) / 1000000 ))
+log "host b replaced ${replaced_ms} ms after the cut (lease ${LEASE_S}s)"
+(( replaced_ms < 2 * LEASE_S * 1000 )) || fail "host b was replaced only after ${replaced_ms} ms: more than two leases"
 wait_state "$job" SUCCEEDED 60
 [ "$(job_field "$job" 'j["node_ids"]')" = "['coord']" ] || fail "the last round should run on host a alone"
 job_field "$job" 'j["history"]' | grep -q "hostb lost" || fail "history should record that hostb was lost"
