@@ -15,6 +15,17 @@
 
 namespace lockstep {
 namespace daemon {
+namespace {
+
+// Submit order (job_order_'s): oldest first, ties by job id.
+void SortBySubmitOrder(std::vector<v1::Job>* jobs) {
+  std::sort(jobs->begin(), jobs->end(), [](const v1::Job& a, const v1::Job& b) {
+    return std::make_pair(a.submitted_unix_ms(), a.job_id()) <
+           std::make_pair(b.submitted_unix_ms(), b.job_id());
+  });
+}
+
+}  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, JobStore* store)
     : options_(std::move(options)),
@@ -33,10 +44,7 @@ void Coordinator::SetStoreAddress(const std::string& address) {
 Status Coordinator::Recover() {
   ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->LoadJobs());
   ASSIGN_OR_RETURN(std::vector<v1::NodeInfo> nodes, store_->LoadNodes());
-  std::sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
-    return std::make_pair(a.submitted_unix_ms(), a.job_id()) <
-           std::make_pair(b.submitted_unix_ms(), b.job_id());
-  });
+  SortBySubmitOrder(&jobs);
   MutexLock lock(&mu_);
   const MonoTime now = clock_->Now();
   for (auto& job : jobs) {
@@ -157,8 +165,8 @@ StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& spec, const std::str
     do {
       id = NewRandomId("j-");
     } while (jobs_.count(id) || evicted_.count(id));
+    // No round yet, so no mirror fields to write (Commit writes them).
     JobDraft draft = machine_.NewJob(id, full, request_id);
-    JobMachine::MirrorRound(&draft.job);
     Status s = store_->PutJob(draft.job);
     if (!s.ok()) {
       log_.WithJob(id).Error("persisting the submitted job failed, not accepted: {}", s.ToString());
@@ -227,10 +235,7 @@ StatusOr<std::vector<v1::Job>> Coordinator::ListJobs(const std::vector<v1::JobSt
     // Some finished jobs live only in the store: list from it, in submit
     // order, with the in-memory (newer) copy of each job that has one.
     ASSIGN_OR_RETURN(std::vector<v1::Job> stored, store_->LoadJobs());
-    std::sort(stored.begin(), stored.end(), [](const v1::Job& a, const v1::Job& b) {
-      return std::make_pair(a.submitted_unix_ms(), a.job_id()) <
-             std::make_pair(b.submitted_unix_ms(), b.job_id());
-    });
+    SortBySubmitOrder(&stored);
     for (auto& job : stored) {
       auto it = jobs_.find(job.job_id());
       if (it != jobs_.end()) job = it->second.current.job;

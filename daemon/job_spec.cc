@@ -119,20 +119,19 @@ Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& 
   if (spec.command_size() == 0 || spec.command(0).empty()) {
     return absl::InvalidArgumentError("spec.command: empty; give the program after `--`");
   }
-  // A relative path would be taken from each node's own working dir (the
-  // job's log dir by default), not from where the user typed it. A bare
-  // name is a PATH lookup; an absolute working dir makes the path mean the
-  // same on every node.
   RETURN_IF_ERROR(ValidateFields(spec));
-  const std::string& program = spec.command(0);
   if (!spec.working_dir().empty() && spec.working_dir()[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.working_dir: ", QuoteForError(spec.working_dir()),
         " is a relative path, which each node's agent would take from its own directory; give "
         "an absolute path (the lockstep CLI makes --working-dir absolute for you)"));
   }
-  const bool absolute_working_dir = !spec.working_dir().empty() && spec.working_dir()[0] == '/';
-  if (program[0] != '/' && program.find('/') != std::string::npos && !absolute_working_dir) {
+  // A relative path would be taken from each node's own working dir (the
+  // job's log dir by default), not from where the user typed it. A bare
+  // name is a PATH lookup; a working dir (absolute, checked above) makes
+  // the path mean the same on every node.
+  const std::string& program = spec.command(0);
+  if (program[0] != '/' && program.find('/') != std::string::npos && spec.working_dir().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.command: ", QuoteForError(program),
         " is a relative path, and workers start in their own directory on each node; give an "

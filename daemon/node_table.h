@@ -109,8 +109,6 @@ class NodeTable {
   // Every node (sorted by id) with alive and last_heartbeat_age_s set.
   std::vector<v1::NodeInfo> List(MonoTime now) const;
 
-  Duration lease() const { return lease_; }
-
  private:
   struct Node {
     v1::NodeInfo info;
