@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/worker_env.h"
 #include "common/worker_link.h"
+#include "daemon/job_spec.h"
 
 namespace lockstep {
 namespace daemon {
@@ -58,9 +59,7 @@ Status ValidateEnvPatterns(const std::vector<std::string>& patterns) {
   for (const auto& p : patterns) {
     const std::string body = !p.empty() && p.back() == '*' ? p.substr(0, p.size() - 1) : p;
     // "*" alone permits every name (the refused ones stay refused).
-    const bool ok = (p == "*" || !body.empty()) && std::all_of(body.begin(), body.end(), [](char c) {
-      return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-    });
+    const bool ok = p == "*" || IsEnvName(body);
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--allowed-env \"", p.substr(0, 64), "\": expected a variable name, PREFIX* or *"));

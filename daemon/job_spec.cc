@@ -37,13 +37,6 @@ Status CheckString(const std::string& field, const std::string& value, size_t ma
   return absl::OkStatus();
 }
 
-bool IsEnvName(const std::string& name) {
-  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-  });
-}
-
 // Finite, >= 0 and <= max (0 keeps its meaning: default or no limit).
 Status CheckSeconds(const std::string& field, double value, double max) {
   if (!std::isfinite(value) || value < 0 || value > max) {
@@ -106,6 +99,13 @@ Status ValidateFields(const v1::JobSpec& spec) {
 }
 
 }  // namespace
+
+bool IsEnvName(const std::string& name) {
+  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
 
 bool IsSafeId(const std::string& id) {
   if (id.empty() || id.size() > 128 || id == "." || id == "..") return false;

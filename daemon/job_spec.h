@@ -61,6 +61,9 @@ Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& 
 // REQUIRES: ValidateJobSpec(spec) is OK.
 void ApplyJobSpecDefaults(v1::JobSpec* spec);
 
+// True if `name` is a variable name: [A-Za-z_][A-Za-z0-9_]*.
+bool IsEnvName(const std::string& name);
+
 // True if `id` is a safe path component for job ids ([A-Za-z0-9._-], not
 // "." or ".."), so ids can name directories under the state dir.
 bool IsSafeId(const std::string& id);
