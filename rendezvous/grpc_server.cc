@@ -12,10 +12,19 @@
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
 #include "rendezvous/grpc_limits.h"
-#include "rendezvous/store_service.h"
 
 namespace lockstep {
 namespace rendezvous {
+namespace {
+
+// Turns off SO_REUSEPORT for `builder`'s listening ports.
+void DisallowPortSharing(grpc::ServerBuilder* builder) {
+  // gRPC sets SO_REUSEPORT on Linux by default, so a second server on a
+  // used port binds "successfully" and steals half the connections.
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+}
+
+}  // namespace
 
 std::string WhyCannotListen(const std::string& address) {
   const std::string host = HostOfAddress(address);
@@ -52,12 +61,6 @@ std::string WhyCannotListen(const std::string& address) {
   }
   freeaddrinfo(found);
   return why;
-}
-
-void DisallowPortSharing(grpc::ServerBuilder* builder) {
-  // gRPC sets SO_REUSEPORT on Linux by default, so a second server on a
-  // used port binds "successfully" and steals half the connections.
-  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 }
 
 StatusOr<StartedGrpcServer> StartGrpcServer(const std::string& address,

@@ -30,9 +30,6 @@ struct StartedGrpcServer {
 // listens there)"); empty when that bind succeeds.
 std::string WhyCannotListen(const std::string& address);
 
-// Turns off SO_REUSEPORT for `builder`'s listening ports.
-void DisallowPortSharing(grpc::ServerBuilder* builder);
-
 // Starts a server on `address` ("host:port", port 0 picks one) hosting
 // `services` (not owned; must outlive the server), with health checking,
 // reflection, kMaxGrpcMessageBytes both ways (grpc_limits.h) and no port

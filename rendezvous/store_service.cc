@@ -373,10 +373,6 @@ Status StoreGrpcService::Authorize(const grpc::CallbackServerContext& ctx,
     if (!auth_status.ok()) return Refuse(ctx, auth_status); \
   } while (0)
 
-void ConfigureStoreServerBuilder(grpc::ServerBuilder* builder) {
-  ApplyMessageLimits(builder);
-}
-
 grpc::ServerUnaryReactor* StoreGrpcService::Set(grpc::CallbackServerContext* ctx,
                                                 const v1::StoreSetRequest* request,
                                                 v1::StoreSetResponse* response) {

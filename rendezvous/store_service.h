@@ -28,13 +28,14 @@
 // the stream and the client's other ops go on.
 //
 // Message size: values may be up to kMaxValueBytes, so servers hosting this
-// service must raise gRPC's 4 MiB default: call ConfigureStoreServerBuilder().
+// service must raise gRPC's 4 MiB default: call ApplyMessageLimits()
+// (rendezvous/grpc_limits.h).
 //
 // Usage, on a server of your own (the coordinator):
 //   auto core = std::make_shared<StoreCore>();
 //   StoreGrpcService store_service(core.get());
 //   grpc::ServerBuilder builder;
-//   ConfigureStoreServerBuilder(&builder);
+//   ApplyMessageLimits(&builder);
 //   builder.RegisterService(&store_service);
 #ifndef LOCKSTEP_RENDEZVOUS_STORE_SERVICE_H_
 #define LOCKSTEP_RENDEZVOUS_STORE_SERVICE_H_
@@ -61,10 +62,6 @@ inline constexpr Duration kMaxStoreWait = std::chrono::hours(24 * 365);
 // The wait of a store request's timeout_ms: InvalidArgument naming
 // timeout_ms when negative; clamped to kMaxStoreWait.
 StatusOr<Duration> StoreWaitTimeout(int64_t timeout_ms);
-
-// Raises the builder's message size limits to kMaxGrpcMessageBytes
-// (rendezvous/grpc_limits.h).
-void ConfigureStoreServerBuilder(grpc::ServerBuilder* builder);
 
 // Decides whether a caller may use namespace `ns`. Must be thread-safe and
 // must not block: it runs on gRPC's callback threads.

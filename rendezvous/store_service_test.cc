@@ -39,7 +39,7 @@ class StoreServiceAuthTest : public ::testing::Test {
   void SetUp() override {
     service_ = std::make_unique<StoreGrpcService>(&core_, TestAuthorizer);
     grpc::ServerBuilder builder;
-    ConfigureStoreServerBuilder(&builder);
+    ApplyMessageLimits(&builder);
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
