@@ -89,40 +89,54 @@ TEST(CondVarTest, WaitWithTimeoutReportsTheTimeoutWhenNobodySignals) {
   EXPECT_TRUE(cv.WaitWithDeadline(&mu, std::chrono::steady_clock::now() - milliseconds(1)));
 }
 
-TEST(CondVarTest, SignalWakesATimedWaiterBeforeItsTimeout) {
+// A waiter and the thread that wakes it: once the waiter has marked itself
+// `waiting` (under `mu`, which it then holds until its wait releases it),
+// the signaller sets `ready` and wakes it, with Signal or SignalAll. So the
+// wakeup always reaches a thread inside a wait, never one still on its way.
+struct WakeOnceWaiting {
+  explicit WakeOnceWaiting(bool signal_all)
+      : signaller([this, signal_all] {
+          while (true) {
+            {
+              MutexLock lock(&mu);
+              if (waiting) {
+                ready = true;
+                if (signal_all) {
+                  cv.SignalAll();
+                } else {
+                  cv.Signal();
+                }
+                return;
+              }
+            }
+            std::this_thread::yield();
+          }
+        }) {}
+  ~WakeOnceWaiting() { signaller.join(); }
+
   Mutex mu;
   CondVar cv;
-  bool ready = false;
-  std::thread signaller([&] {
-    MutexLock lock(&mu);
-    ready = true;
-    cv.Signal();
-  });
-  {
-    MutexLock lock(&mu);
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!ready && !cv.WaitWithDeadline(&mu, deadline)) {
-    }
-    EXPECT_TRUE(ready);
-    EXPECT_LT(std::chrono::steady_clock::now(), deadline);
+  bool waiting ABSL_GUARDED_BY(mu) = false;
+  bool ready ABSL_GUARDED_BY(mu) = false;
+  std::thread signaller;
+};
+
+TEST(CondVarTest, SignalWakesATimedWaiterBeforeItsTimeout) {
+  WakeOnceWaiting w(/*signal_all=*/false);
+  MutexLock lock(&w.mu);
+  w.waiting = true;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!w.ready && !w.cv.WaitWithDeadline(&w.mu, deadline)) {
   }
-  signaller.join();
+  EXPECT_TRUE(w.ready);
+  EXPECT_LT(std::chrono::steady_clock::now(), deadline);
 }
 
 TEST(CondVarTest, AnEndlessTimeoutWaitsForTheSignal) {
-  Mutex mu;
-  CondVar cv;
-  bool ready = false;
-  std::thread signaller([&] {
-    MutexLock lock(&mu);
-    ready = true;
-    cv.SignalAll();
-  });
-  {
-    MutexLock lock(&mu);
-    while (!ready) EXPECT_FALSE(cv.WaitWithTimeout(&mu, std::chrono::nanoseconds::max()));
-  }
-  signaller.join();
+  WakeOnceWaiting w(/*signal_all=*/true);
+  MutexLock lock(&w.mu);
+  w.waiting = true;
+  while (!w.ready) EXPECT_FALSE(w.cv.WaitWithTimeout(&w.mu, std::chrono::nanoseconds::max()));
 }
 
 }  // namespace

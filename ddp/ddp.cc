@@ -50,6 +50,15 @@ Status BroadcastCoalesced(Communicator& comm, const std::vector<torch::Tensor>& 
   return absl::OkStatus();
 }
 
+namespace internal {
+
+std::string ExceptionMessage(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error ? c10_error->what_without_backtrace() : e.what();
+}
+
+}  // namespace internal
+
 void CollectIValueTensors(const c10::IValue& value, std::vector<torch::Tensor>* out) {
   if (value.isTensor()) {
     const torch::Tensor& t = value.toTensor();
@@ -152,9 +161,8 @@ Status DistributedDataParallel::Backward(const torch::Tensor& loss) {
   } catch (const std::exception& e) {
     Status reducer_error = reducer_->last_error();
     if (!reducer_error.ok()) return reducer_error;
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    return absl::InternalError(absl::StrCat(
-        "DDP: backward threw: ", c10_error ? c10_error->what_without_backtrace() : e.what()));
+    return absl::InternalError(
+        absl::StrCat("DDP: backward threw: ", internal::ExceptionMessage(e)));
   }
   return reducer_->last_error();
 }

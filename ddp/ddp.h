@@ -56,6 +56,7 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -228,6 +229,9 @@ class TypedDistributedDataParallel;
 
 namespace internal {
 
+// The message of `e`, without the C++ backtrace when it is a c10::Error.
+std::string ExceptionMessage(const std::exception& e);
+
 // Forward(args) with the return type deduced from the module's forward.
 struct DeducedReturn {};
 
@@ -363,10 +367,9 @@ class DistributedDataParallel {
     std::optional<Result> result;
     try {
       result.emplace(fn());
-    } catch (const c10::Error& e) {
-      return absl::InternalError(absl::StrCat("DDP: forward threw: ", e.what_without_backtrace()));
     } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("DDP: forward threw: ", e.what()));
+      return absl::InternalError(
+          absl::StrCat("DDP: forward threw: ", internal::ExceptionMessage(e)));
     }
     std::vector<torch::Tensor> outputs;
     // Only the graph walk reads the outputs.
