@@ -289,7 +289,8 @@ Status Coordinator::NodeLost(const std::string& node_id, const std::string& reas
 Status Coordinator::ApplyReports(const std::string& node_id, const NodeTable::Reports& reports,
                                  int64_t sent_mono_ns, Effects* effects) {
   Status first_error;
-  const MonoTime receipt = clock_->Now();
+  // When the agent sent this, on our clock: its exits are placed from there.
+  const MonoTime receipt = nodes_.PlaceAgentInstant(node_id, clock_->Now(), sent_mono_ns);
   for (const auto& report : reports) {
     auto it = jobs_.find(report.job_id());
     if (it == jobs_.end()) continue;

@@ -912,6 +912,35 @@ TEST_F(CoordinatorTest, FirstFailureAcrossNodesUsesTheAgentsMonotonicTimes) {
   EXPECT_EQ(store_.jobs[id].consequences_size(), 1) << "persisted";
 }
 
+// A heartbeat that waited in a queue (a busy coordinator, a slow RPC) does
+// not make its exits look later than a peer's: each node's clock offset is
+// the smallest seen, so rank 0, killed first, stays the first failure
+// although rank 2's exit, 100 ms later, was handled 300 ms earlier.
+TEST_F(CoordinatorTest, AQueuedHeartbeatDoesNotMakeItsExitsLater) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/3);
+  const int64_t n1_clock = 3'000'000'000'000, n2_clock = 8'000'000'000'000;
+  const int64_t ms = 1'000'000;
+  // Both agents heartbeat promptly once: the offsets are learnt.
+  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)}, "", 0, n1_clock).ok());
+  ASSERT_TRUE(Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_RUNNING)}, "", 0, n2_clock).ok());
+  v1::WorkerStatus killed = Worker(0, v1::WORKER_STATE_EXITED, 0, 9);
+  killed.mutable_exit()->set_exited_mono_ns(n1_clock + 1000 * ms);
+  v1::WorkerStatus peer = Worker(2, v1::WORKER_STATE_EXITED, 1);
+  peer.mutable_exit()->set_exited_mono_ns(n2_clock + 1100 * ms);
+  clock_.Advance(milliseconds(1101));
+  ASSERT_TRUE(Beat("n2", id, 1, {peer}, "", 0, n2_clock + 1101 * ms).ok());
+  EXPECT_EQ(Job(id).first_failure().rank(), 2);
+  // n1's report was sent at +1001 ms and handled at +1400 ms.
+  clock_.Advance(milliseconds(299));
+  ASSERT_TRUE(Beat("n1", id, 1, {killed}, "", 0, n1_clock + 1001 * ms).ok());
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.first_failure().rank(), 0);
+  EXPECT_EQ(j.first_failure().exit().signal(), 9);
+  ASSERT_EQ(j.consequences_size(), 1);
+  EXPECT_EQ(j.consequences(0).rank(), 2);
+  EXPECT_EQ(j.restart_count(), 1) << "one failure, one restart";
+}
+
 // Every entry point from several threads at once, as gRPC and the ticker
 // call them (run under --config=tsan by tools/check_threads.sh's rules).
 TEST_F(CoordinatorTest, EntryPointsAreSafeToCallConcurrently) {

@@ -37,7 +37,9 @@
 //
 // First failure by time. Each failed exit is placed on the coordinator's
 // clock once, when first reported: exit instant = receipt - (sent_mono_ns -
-// exited_mono_ns), both on the agent's monotonic clock (ExitInstant). The
+// exited_mono_ns), both on the agent's monotonic clock (ExitInstant), where
+// the coordinator passes as `receipt` the send instant on its own clock
+// (NodeTable::PlaceAgentInstant), so queueing does not delay an exit. The
 // earliest failed exit of the round is first_failure; the round's other
 // failed exits are `consequences` ("after rank R failed"), also when their
 // reports arrive after the job left RUNNING: they are recorded, and may

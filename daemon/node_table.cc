@@ -38,6 +38,24 @@ void NodeTable::Register(const v1::NodeInfo& info, MonoTime now, const Reports& 
   node.alive = true;
   node.reported = true;
   node.live_jobs = LiveJobs(reports);
+  node.clock_offset.reset();  // perhaps another host under the same node id
+}
+
+MonoTime NodeTable::PlaceAgentInstant(const std::string& node_id, MonoTime receipt,
+                                      int64_t sent_mono_ns) {
+  if (sent_mono_ns <= 0) return receipt;
+  Node& node = nodes_.at(node_id);
+  const Duration bound = receipt.time_since_epoch() - std::chrono::nanoseconds(sent_mono_ns);
+  Duration offset = bound;
+  if (node.clock_offset) {
+    const auto aged = std::chrono::duration_cast<Duration>(
+        (receipt - node.clock_offset_at) * kClockDriftAllowance);
+    offset = std::min(bound, *node.clock_offset + std::max(Duration::zero(), aged));
+  }
+  node.clock_offset = offset;
+  node.clock_offset_at = receipt;
+  return MonoTime(std::chrono::duration_cast<MonoTime::duration>(
+      std::chrono::nanoseconds(sent_mono_ns) + offset));
 }
 
 Status NodeTable::CheckIncarnation(const std::string& node_id,

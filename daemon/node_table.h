@@ -46,6 +46,10 @@
 namespace lockstep {
 namespace daemon {
 
+// How fast PlaceAgentInstant lets its clock-offset estimate grow: 1 ms per
+// second, far above the rate difference of two hosts' clocks (tens of ppm).
+inline constexpr double kClockDriftAllowance = 1e-3;
+
 // Added to a dead node's fence deadline (see the file comment).
 inline constexpr Duration kFenceMargin = std::chrono::seconds(1);
 
@@ -75,6 +79,18 @@ class NodeTable {
   // REQUIRES: CheckIncarnation(node_id, ...) is OK.
   bool Renew(const std::string& node_id, MonoTime now,
              const Reports& reports);
+
+  // The instant on this coordinator's clock at which the node's agent sent a
+  // request stamped `sent_mono_ns` (its monotonic clock), handled at
+  // `receipt`. Each request bounds the clock offset from above (receipt -
+  // sent); queueing (gRPC, a busy coordinator, the lock) only ever adds to
+  // it, so the smallest bound seen is the estimate, allowed to grow by
+  // kClockDriftAllowance of the time since it was last set, as the two
+  // clocks' rates differ. Exits are placed with it, so a report that waited
+  // 200 ms in a queue does not make its exits look 200 ms later than a
+  // peer's. `receipt` when sent_mono_ns is 0 (no stamp).
+  // REQUIRES: the node is known.
+  MonoTime PlaceAgentInstant(const std::string& node_id, MonoTime receipt, int64_t sent_mono_ns);
 
   // See "Stall compensation" above. Returns the gap that was compensated, or
   // nullopt when the coordinator ran on time (also on the first call).
@@ -117,6 +133,10 @@ class NodeTable {
     std::string dead_reason;  // set when the lease expired
     bool reported = false;  // its agent reported its workers since the (re)load
     std::set<std::string> live_jobs;  // jobs with STARTING/RUNNING workers here
+    // PlaceAgentInstant: coordinator clock minus agent clock, as estimated,
+    // and when the estimate was last lowered or aged.
+    std::optional<Duration> clock_offset;
+    MonoTime clock_offset_at;
   };
   static std::set<std::string> LiveJobs(const Reports& reports);
 

@@ -157,6 +157,37 @@ TEST_F(NodeTableTest, ListReportsAliveAndHeartbeatAge) {
   EXPECT_FALSE(nodes[1].alive());
 }
 
+TEST(NodeTableClockTest, TheSmallestOffsetSeenPlacesAnAgentsInstantsAndAgesSlowly) {
+  FakeClock clock;
+  NodeTable table(std::chrono::seconds(10), std::chrono::seconds(1));
+  v1::NodeInfo info;
+  info.set_node_id("n1");
+  info.set_incarnation("i1");
+  table.Register(info, clock.Now(), {});
+  const int64_t agent = 5'000'000'000'000;  // the agent's clock
+  const auto ms = [](int64_t n) { return std::chrono::milliseconds(n); };
+  // Handled 2 ms after it was sent: the first bound.
+  clock.Advance(ms(2));
+  MonoTime placed = table.PlaceAgentInstant("n1", clock.Now(), agent);
+  EXPECT_EQ(placed, clock.Now());
+  // Sent 1 s later, handled 300 ms late: placed by the earlier offset, aged
+  // by at most 1.3 ms (1 ms per second).
+  clock.Advance(ms(1300));
+  placed = table.PlaceAgentInstant("n1", clock.Now(), agent + 1'000'000'000);
+  EXPECT_LE(placed, clock.Now() - ms(298));
+  EXPECT_GE(placed, clock.Now() - ms(300));
+  // A quicker request lowers the estimate at once.
+  clock.Advance(ms(1000));
+  placed = table.PlaceAgentInstant("n1", clock.Now(), agent + 2'300'000'000);
+  EXPECT_EQ(placed, clock.Now());
+  // No stamp: the receipt.
+  EXPECT_EQ(table.PlaceAgentInstant("n1", clock.Now(), 0), clock.Now());
+  // A new registration (maybe another host) forgets the offset.
+  table.Register(info, clock.Now(), {});
+  clock.Advance(ms(50));
+  EXPECT_EQ(table.PlaceAgentInstant("n1", clock.Now(), 1), clock.Now());
+}
+
 }  // namespace
 }  // namespace daemon
 }  // namespace lockstep
