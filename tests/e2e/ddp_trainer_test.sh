@@ -52,7 +52,7 @@ log "kill -9 DDP rank 1 (pid $victim)"
 kill -9 "$victim" || fail "rank 1 (pid $victim) was gone before the kill"
 wait_state "$job" SUCCEEDED 120
 [ "$(job_field "$job" 'j["restart_count"]')" = 1 ] || fail "expected one restart"
-[ "$(job_field "$job" 'j["first_failure"]["exit"]["signal"]')" = 9 ] || fail "first failure should be signal 9"
+[ "$(job_field "$job" 'j["first_failure"]["exit"]["signal"]')" = 9 ] || { ls_cli status --json "$job"; fail "first failure should be signal 9"; }
 grep -q '"rank":3,"step":100,' "$T/nodeb/jobs/$job/rank-3.stdout" || fail "rank 3 did not finish round 2"
 check_invariants "$job" 1
 shm_after=$(ls /dev/shm | grep -c '^lockstep-' || true)
