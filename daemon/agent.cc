@@ -287,6 +287,10 @@ void Agent::StopRun(const std::string& job_id, JobRun* run, Duration grace,
                     const std::string& why) {
   if (run->stopping) return;
   run->stopping = true;
+  // The first signal counts (a re-armed stop keeps it).
+  if (run->stop_signalled == std::chrono::steady_clock::time_point()) {
+    run->stop_signalled = std::chrono::steady_clock::now();
+  }
   run->kill_at = clock_->Now() + grace;
   bool any = false;
   for (auto& w : run->workers) {
@@ -320,8 +324,12 @@ void Agent::Reap() {
           std::chrono::duration_cast<std::chrono::nanoseconds>(e->exited_at.time_since_epoch())
               .count());
       bool failed = e->exit_code != 0 || e->signal != 0;
-      w.status.set_state(run.stopping ? v1::WORKER_STATE_STOPPED : v1::WORKER_STATE_EXITED);
-      if (failed && !run.stopping) {
+      // Stopped by us only if it exited after we signalled it: a rank that
+      // died first (the failure that made the job stop) stays a failure
+      // however late its exit is reaped.
+      const bool stopped = run.stopping && e->exited_at >= run.stop_signalled;
+      w.status.set_state(stopped ? v1::WORKER_STATE_STOPPED : v1::WORKER_STATE_EXITED);
+      if (failed && !stopped) {
         // Died inside the engine's bootstrap; a program that does not use
         // the engine never marks its slot and is never a startup failure.
         exit->set_startup_failure(run.status_page &&
@@ -334,7 +342,7 @@ void Agent::Reap() {
           "worker pid {} {} ({})", w.process->pid(),
           e->signal ? absl::StrCat("killed by signal ", e->signal)
                     : absl::StrCat("exited with code ", e->exit_code),
-          run.stopping ? "stopped" : "on its own");
+          stopped ? "stopped" : "on its own");
     }
     if (escalate) run.killed = true;
   }

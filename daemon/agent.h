@@ -173,6 +173,9 @@ class Agent {
     // Where each local rank's engine bootstrap is (startup failures).
     std::unique_ptr<worker_link::StatusPage> status_page;
     bool stopping = false;
+    // When StopRun signalled the workers (steady clock): a worker that
+    // exited before it died on its own, even if reaped after.
+    std::chrono::steady_clock::time_point stop_signalled;
     bool killed = false;
     MonoTime kill_at;
     bool final_reported = false;  // a heartbeat carried its terminal state

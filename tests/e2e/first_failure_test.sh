@@ -33,7 +33,7 @@ for trial in $(seq "$TRIALS"); do
     fail "trial $trial: status does not name rank 1, signal 9: $text"
   # Rank 0 may have failed on its own (a consequence) or been stopped.
   if echo "$text" | grep -q "^then: .*rank 0 .*after rank 1 failed"; then consequences=$((consequences + 1)); fi
-  if echo "$text" | grep -q "^then: .*rank 1 "; then fail "trial $trial: rank 1 listed as a consequence: $text"; fi
+  if echo "$text" | grep -q "^then: *rank 1 on "; then fail "trial $trial: rank 1 listed as a consequence: $text"; fi
   if echo "$text" | grep -q "startup failure"; then fail "trial $trial: a rank that trained was called a startup failure: $text"; fi
   wait_for 15 no_workers || fail "trial $trial: workers left: $(worker_pids)"
   log "trial $trial: rank 1, signal 9"
