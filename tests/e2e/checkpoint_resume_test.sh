@@ -14,7 +14,7 @@ source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
 
 start_coordinator
-train_args=(--model mlp_small --steps 60 --checkpoint-every 10 --step-delay-ms 50
+train_args=(--model mlp_small --steps 60 --checkpoint-every 10 --step-delay-ms 100
   --momentum 0.9 --lr 0.05 --timeout-s 60)
 
 # rank_section FILE: the lines a rank's log got in its last round (after the
@@ -48,9 +48,11 @@ job=$(ls_cli submit --json --nodes 1 --nproc-per-node 2 --max-restarts 1 -- \
   "$TRAIN" "${train_args[@]}" --checkpoint-dir "$T/ckpt" --dump-params "$T/resumed-params" |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_state "$job" RUNNING 60
+# The pid first, so the kill follows step 30 by one poll (0.1 s), well
+# inside the 10 steps (about 1 s) before the next checkpoint.
+victim=$(job_field "$job" '[w["pid"] for w in j["workers"] if w.get("rank", 0) == 1][0]')
 wait_for 60 grep -q '"rank":1,"step":30,' "$T/coord/jobs/$job/rank-1.stdout" ||
   fail "rank 1 never reached step 30"
-victim=$(job_field "$job" '[w["pid"] for w in j["workers"] if w.get("rank", 0) == 1][0]')
 log "kill -9 DDP rank 1 (pid $victim) after its step 30"
 kill -9 "$victim" || fail "rank 1 (pid $victim) was gone before the kill"
 wait_state "$job" SUCCEEDED 120
