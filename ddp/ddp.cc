@@ -113,6 +113,8 @@ Status DistributedDataParallel::Init() {
   DistributedDataParallel* self = this;
   reducer_options.on_step = [self](const ReducerStepStats&) { self->OnReducerStep(); };
   ASSIGN_OR_RETURN(reducer_, Reducer::Create(std::move(params), comm_.get(), reducer_options));
+  if (opts.report_progress) progress_ = AcquireProgressSink();
+  last_step_end_ = RealClock()->Now();
   return absl::OkStatus();
 }
 
@@ -148,6 +150,28 @@ StepStats DistributedDataParallel::MakeStats(const ReducerStepStats& r) const {
 void DistributedDataParallel::OnReducerStep() {
   ++steps_;
   synced_forward_ms_ = forward_ms_;
+  if (progress_ != nullptr) {
+    // Wall clock from the previous step's end: data loading, the optimizer
+    // and everything else the program does per step count.
+    const MonoTime now = RealClock()->Now();
+    const double wall_s = std::chrono::duration<double>(now - last_step_end_).count();
+    last_step_end_ = now;
+    const ReducerStepStats& r = reducer_->last_stats();
+    StepProgress p;
+    p.step = steps_;
+    p.samples = samples_pending_;
+    p.samples_per_s = wall_s > 0 ? samples_pending_ / wall_s : 0;
+    if (loss_known_) p.loss = loss_pending_;
+    p.forward_ms = synced_forward_ms_;
+    p.backward_ms = r.backward_ms;
+    p.exposed_comm_ms = r.comm_exposed_ms;
+    p.bytes_reduced = r.bytes_reduced;
+    p.buckets = r.buckets;
+    progress_->Report(p);
+  }
+  samples_pending_ = 0;
+  loss_pending_ = 0;
+  loss_known_ = true;
   if (options_.on_step) options_.on_step(MakeStats(reducer_->last_stats()));
 }
 
@@ -156,6 +180,15 @@ StepStats DistributedDataParallel::last_stats() const {
 }
 
 Status DistributedDataParallel::Backward(const torch::Tensor& loss) {
+  if (progress_ != nullptr) {
+    // A CPU scalar costs nothing to read; a device one would make the host
+    // wait for the GPU, so its value stays unknown.
+    if (loss.defined() && loss.numel() == 1 && loss.device().is_cpu()) {
+      loss_pending_ += loss.detach().item<double>();
+    } else {
+      loss_known_ = false;
+    }
+  }
   try {
     loss.backward();
   } catch (const std::exception& e) {

@@ -72,6 +72,7 @@
 
 #include "common/status.h"
 #include "ddp/communicator.h"
+#include "ddp/progress.h"
 #include "ddp/reducer.h"
 
 namespace lockstep {
@@ -101,6 +102,9 @@ struct DdpOptions {
   Duration timeout = kDefaultCollectiveTimeout;
   // Called on the autograd thread after each synchronised backward.
   std::function<void(const StepStats&)> on_step;
+  // Default true: each synchronised step goes to the process's progress
+  // sink (ddp/progress.h; under lockstepd, the agent: `lockstep status`).
+  bool report_progress = true;
 };
 
 // ---------------------------------------------------------------------------
@@ -299,6 +303,19 @@ R CallForwardAs(torch::nn::AnyModule& m, Args&&... args) {
   return m.template forward<R>(std::forward<Args>(args)...);
 }
 
+// The batch size a forward's arguments imply, for samples/s: the first
+// dimension of the first argument when it is a tensor, else 0 (unknown).
+inline int64_t LeadingBatch() { return 0; }
+template <typename First, typename... Rest>
+int64_t LeadingBatch(const First& first, const Rest&...) {
+  if constexpr (std::is_convertible<const First&, const torch::Tensor&>::value) {
+    const torch::Tensor& t = first;
+    return t.defined() && t.dim() > 0 ? t.size(0) : 0;
+  } else {
+    return 0;
+  }
+}
+
 template <typename R, typename M, typename... Args>
 struct ForwardReturn {
   using type = R;
@@ -344,6 +361,7 @@ class DistributedDataParallel {
           "through DistributedDataParallel*: call Forward on the "
           "TypedDistributedDataParallel that Create returned, or use ForwardWith");
     }
+    CountSamples(internal::LeadingBatch(args...));
     return ForwardWith([&]() -> ReturnType {
       if (!any_.is_empty()) return any_.template forward<ReturnType>(std::forward<Args>(args)...);
       return sequential_->template forward<ReturnType>(std::forward<Args>(args)...);
@@ -379,8 +397,19 @@ class DistributedDataParallel {
   }
 
   // loss.backward(), with errors as Status (a missing gradient names the
-  // parameter; a communication failure names the missing ranks).
+  // parameter; a communication failure names the missing ranks). A CPU
+  // loss's value goes into the step's progress report.
   Status Backward(const torch::Tensor& loss);
+
+  // Adds `n` samples to this step's count, for progress (samples/s).
+  // Forward counts the first dimension of its first tensor argument itself;
+  // code using ForwardWith, or whose batch is not the leading dimension,
+  // calls this instead.
+  void CountSamples(int64_t n) { samples_pending_ += n; }
+
+  // Continues the step count at `step` (steps already done, e.g. restored
+  // from a checkpoint): the next synchronised step is step + 1.
+  void ResumeAt(int64_t step) { steps_ = step; }
 
   // RAII: while alive, Forward does not prepare synchronisation, so the
   // following backward only accumulates local gradients; the next
@@ -438,6 +467,12 @@ class DistributedDataParallel {
   double forward_ms_ = 0;
   double synced_forward_ms_ = 0;  // forward_ms_ of the last synchronised step.
   int64_t steps_ = 0;             // Synchronised steps.
+  // Progress (null: not reported) and what the current step has seen.
+  std::shared_ptr<ProgressSink> progress_;
+  int64_t samples_pending_ = 0;
+  double loss_pending_ = 0;
+  bool loss_known_ = true;
+  MonoTime last_step_end_{};
 };
 
 // What DistributedDataParallel::Create returns: the same object, typed by
@@ -459,6 +494,7 @@ class TypedDistributedDataParallel final : public DistributedDataParallel {
   StatusOr<typename internal::ForwardReturn<ReturnType, ModuleType, Args&&...>::type> Forward(
       Args&&... args) {
     using Result = typename internal::ForwardReturn<ReturnType, ModuleType, Args&&...>::type;
+    this->CountSamples(internal::LeadingBatch(args...));
     return ForwardWith([&]() -> Result {
       if constexpr (std::is_same<ReturnType, internal::DeducedReturn>::value) {
         return internal::CallForward(module_, std::forward<Args>(args)...);

@@ -5,6 +5,9 @@
 // connect to it. The served store lives as long as rank 0's ProcessGroup.
 // The host:port client sends LOCKSTEP_STORE_TOKEN (set by lockstepd's agent:
 // the job's store token) as its bearer token when the variable is set.
+// It also registers the progress sink (ddp/progress.h) that sends each DDP
+// step to this node's agent (client/progress_reporter.h; none without
+// LOCKSTEP_AGENT).
 // Link //ddp:init_from_env_grpc (alwayslink) into the binary to enable it.
 #include <algorithm>
 #include <cstdlib>
@@ -12,9 +15,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/progress_reporter.h"
 #include "common/logging.h"
 #include "ddp/init.h"
 #include "ddp/missing_ranks.h"
+#include "ddp/progress.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 
@@ -99,7 +104,35 @@ StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
   }
 }
 
+// The engine's progress, sent to the agent by a ProgressReporter.
+class AgentProgressSink : public ProgressSink {
+ public:
+  explicit AgentProgressSink(std::unique_ptr<client::ProgressReporter> reporter)
+      : reporter_(std::move(reporter)) {}
+  void Report(const StepProgress& p) override {
+    client::Progress out;
+    out.step = p.step;
+    out.samples_per_s = p.samples_per_s;
+    out.loss = p.loss;
+    out.forward_ms = p.forward_ms;
+    out.backward_ms = p.backward_ms;
+    out.exposed_comm_ms = p.exposed_comm_ms;
+    out.bytes_reduced = p.bytes_reduced;
+    out.buckets = p.buckets;
+    reporter_->Report(out);
+  }
+  void Flush(std::chrono::milliseconds timeout) override { reporter_->Flush(timeout); }
+
+ private:
+  std::unique_ptr<client::ProgressReporter> reporter_;
+};
+
 const bool kRegistered = [] {
+  RegisterProgressSinkFactory([]() -> std::unique_ptr<ProgressSink> {
+    auto reporter = client::ProgressReporter::FromEnv();
+    if (!reporter->enabled()) return nullptr;
+    return std::make_unique<AgentProgressSink>(std::move(reporter));
+  });
   RegisterStoreFactory([](const std::string& address, const std::string& ns, Duration timeout) {
     // lockstepd's store wants the job's token, which the agent hands its
     // workers as LOCKSTEP_STORE_TOKEN (unset: no token, for open stores).

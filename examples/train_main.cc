@@ -31,7 +31,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/progress_reporter.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -166,6 +165,9 @@ Status Run(const Config& cfg) {
     options.timeout = FromSeconds(cfg.timeout_s);
     ASSIGN_OR_RETURN(model, ddp::DistributedDataParallel::Create(w.module, group->communicator(),
                                                                  options));
+    // The engine reports each step to this node's agent (`lockstep status`,
+    // `watch`); after a restore it counts on from the checkpoint's step.
+    model->ResumeAt(first_step - 1);
   }
   if (rank == cfg.stall_rank) {
     // Test hook: this rank never joins another collective.
@@ -175,9 +177,6 @@ Status Run(const Config& cfg) {
   const int64_t k = cfg.micro_batches;
   auto xs = x.chunk(k), ys = y.chunk(k);
 
-  // Progress to this node's agent (LOCKSTEP_AGENT): `lockstep status` and
-  // `watch` show it. A no-op when started by hand.
-  auto reporter = client::ProgressReporter::FromEnv();
   for (int64_t step = first_step; step <= cfg.steps; ++step) {
     // Stand-in for data loading between steps, outside the timed step.
     if (cfg.step_delay_ms > 0 && step > first_step) {
@@ -228,19 +227,6 @@ Status Run(const Config& cfg) {
           overlap_ms);
     }
     line += "}";
-    client::Progress progress;
-    progress.step = step;
-    progress.loss = loss_sum;
-    progress.samples_per_s = world * cfg.batch * 1000.0 / step_ms;
-    if (model) {
-      const ddp::StepStats s = model->last_stats();
-      progress.forward_ms = s.forward_ms;
-      progress.backward_ms = s.backward_ms;
-      progress.exposed_comm_ms = s.comm_exposed_ms;
-      progress.bytes_reduced = s.bytes_reduced;
-      progress.buckets = s.buckets;
-    }
-    reporter->Report(progress);
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
     if (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) {
@@ -248,7 +234,6 @@ Status Run(const Config& cfg) {
                                           &opt));
     }
   }
-  reporter->Flush(std::chrono::seconds(1));
   double sum = 0, abs_sum = 0;
   int64_t count = 0;
   for (const auto& p : params) {

@@ -22,6 +22,8 @@ PACKAGES=(
   libgmock-dev
   libsqlite3-dev
   libopenblas0-pthread
+  cmake               # the worker library as a CMake package (examples/cmake)
+  ninja-build
   python3-torch
   python3-grpcio
   iproute2

@@ -58,8 +58,12 @@ else()
 endif()
 message(STATUS "Abseil: ${LOCKSTEP_ABSL_FROM}")
 
-# ---- GoogleTest / gMock ----
+# ---- GoogleTest / gMock (only for the tests) ----
 add_library(lockstep_gtest_main INTERFACE)
+set(LOCKSTEP_GTEST_FROM "not needed (LOCKSTEP_BUILD_TESTS=OFF)")
+if(NOT LOCKSTEP_BUILD_TESTS)
+  return()
+endif()
 set(LOCKSTEP_GTEST_FROM "")
 if(LOCKSTEP_USE_SYSTEM_DEPS)
   find_package(GTest CONFIG QUIET)

@@ -1,0 +1,159 @@
+// The engine reports each synchronised step to the process's progress sink:
+// step numbers (also after ResumeAt), samples counted from Forward's first
+// argument, the CPU loss summed over no_sync micro-batches, nothing when
+// report_progress is off, and the sink lives exactly as long as its users.
+#include "ddp/progress.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ddp/ddp.h"
+#include "ddp/fake_communicator.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+struct Recorded {
+  std::mutex mu;
+  std::vector<StepProgress> reports;
+  int sinks_alive = 0;
+  int sinks_made = 0;
+  int flushes = 0;
+};
+
+class RecordingSink : public ProgressSink {
+ public:
+  explicit RecordingSink(Recorded* r) : r_(r) {
+    std::lock_guard<std::mutex> lock(r_->mu);
+    ++r_->sinks_alive;
+    ++r_->sinks_made;
+  }
+  ~RecordingSink() override {
+    std::lock_guard<std::mutex> lock(r_->mu);
+    --r_->sinks_alive;
+  }
+  void Report(const StepProgress& p) override {
+    std::lock_guard<std::mutex> lock(r_->mu);
+    r_->reports.push_back(p);
+  }
+  void Flush(std::chrono::milliseconds) override {
+    std::lock_guard<std::mutex> lock(r_->mu);
+    ++r_->flushes;
+  }
+
+ private:
+  Recorded* r_;
+};
+
+class ProgressTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(1);
+    RegisterProgressSinkFactory([this] { return std::make_unique<RecordingSink>(&recorded_); });
+  }
+  void TearDown() override { RegisterProgressSinkFactory(nullptr); }
+
+  // One step of `micro` micro-batches of `batch` samples; returns the sum
+  // of the losses.
+  double Step(DistributedDataParallel& ddp, int micro, int batch) {
+    double sum = 0;
+    for (int m = 0; m < micro; ++m) {
+      std::unique_ptr<DistributedDataParallel::NoSyncScope> no_sync;
+      if (m + 1 < micro) no_sync = std::make_unique<DistributedDataParallel::NoSyncScope>(&ddp);
+      auto out = ddp.Forward(torch::randn({batch, 4}));
+      EXPECT_TRUE(out.ok()) << out.status();
+      torch::Tensor loss = out->pow(2).mean();
+      sum += loss.item<double>();
+      EXPECT_TRUE(ddp.Backward(loss).ok());
+    }
+    return sum;
+  }
+
+  Recorded recorded_;
+};
+
+TEST_F(ProgressTest, EachSynchronisedStepIsReported) {
+  torch::nn::Linear model(4, 2);
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>());
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  std::vector<double> losses;
+  losses.push_back(Step(**ddp, 1, 8));
+  losses.push_back(Step(**ddp, 3, 5));  // Two no_sync micro-batches, then one synchronised.
+  (*ddp)->ResumeAt(40);
+  losses.push_back(Step(**ddp, 1, 8));
+
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  ASSERT_EQ(recorded_.reports.size(), 3u);
+  const int64_t want_steps[] = {1, 2, 41};
+  const int64_t want_samples[] = {8, 15, 8};
+  for (size_t i = 0; i < 3; ++i) {
+    const StepProgress& p = recorded_.reports[i];
+    SCOPED_TRACE(i);
+    EXPECT_EQ(p.step, want_steps[i]);
+    EXPECT_EQ(p.samples, want_samples[i]);
+    EXPECT_GT(p.samples_per_s, 0);
+    EXPECT_NEAR(p.loss, losses[i], 1e-9);
+    EXPECT_GE(p.backward_ms, 0);
+    EXPECT_EQ(p.buckets, 1);
+    EXPECT_EQ(p.bytes_reduced, (4 * 2 + 2) * 4);
+  }
+}
+
+TEST_F(ProgressTest, SamplesComeFromCountSamplesWithForwardWith) {
+  torch::nn::Linear model(4, 2);
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>());
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  auto out = (*ddp)->ForwardWith([&] { return model->forward(torch::randn({6, 4})); });
+  ASSERT_TRUE(out.ok());
+  (*ddp)->CountSamples(6);
+  ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  ASSERT_EQ(recorded_.reports.size(), 1u);
+  EXPECT_EQ(recorded_.reports[0].samples, 6);
+}
+
+TEST_F(ProgressTest, OffWhenDisabledOrWithoutAFactory) {
+  torch::nn::Linear model(4, 2);
+  DdpOptions options;
+  options.report_progress = false;
+  auto quiet = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>(), options);
+  ASSERT_TRUE(quiet.ok());
+  Step(**quiet, 1, 4);
+  RegisterProgressSinkFactory(nullptr);
+  EXPECT_EQ(AcquireProgressSink(), nullptr);
+  auto unregistered = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>());
+  ASSERT_TRUE(unregistered.ok());
+  Step(**unregistered, 1, 4);
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  EXPECT_TRUE(recorded_.reports.empty());
+  EXPECT_EQ(recorded_.sinks_made, 0);
+}
+
+TEST_F(ProgressTest, OneSinkSharedByItsUsersAndGoneWithTheLast) {
+  torch::nn::Linear a(4, 2), b(4, 2);
+  auto first = DistributedDataParallel::Create(a, std::make_shared<FakeCommunicator>());
+  auto second = DistributedDataParallel::Create(b, std::make_shared<FakeCommunicator>());
+  ASSERT_TRUE(first.ok() && second.ok());
+  {
+    std::lock_guard<std::mutex> lock(recorded_.mu);
+    EXPECT_EQ(recorded_.sinks_made, 1);
+    EXPECT_EQ(recorded_.sinks_alive, 1);
+  }
+  first->reset();
+  {
+    std::lock_guard<std::mutex> lock(recorded_.mu);
+    EXPECT_EQ(recorded_.sinks_alive, 1);
+  }
+  second->reset();
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  EXPECT_EQ(recorded_.sinks_alive, 0);
+}
+
+}  // namespace
+}  // namespace ddp
+}  // namespace lockstep
