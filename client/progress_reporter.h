@@ -21,22 +21,17 @@
 #include <cstdint>
 #include <memory>
 
+#include "ddp/progress.h"
+
 namespace lockstep {
 namespace client {
 
 // Deadline of one report RPC.
 inline constexpr std::chrono::milliseconds kReportDeadline{500};
 
-struct Progress {
-  int64_t step = 0;
-  double samples_per_s = 0;
-  double loss = 0;
-  double forward_ms = 0;
-  double backward_ms = 0;
-  double exposed_comm_ms = 0;
-  int64_t bytes_reduced = 0;
-  int32_t buckets = 0;
-};
+// One rank's progress: the engine's per-step report (ddp/progress.h), one
+// shape from DDP to the agent's RankProgress. `samples` is not sent.
+using Progress = ddp::StepProgress;
 
 class ProgressReporter {
  public:

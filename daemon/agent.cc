@@ -242,6 +242,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       spec.argv.assign(cmd.spec().command().begin(), cmd.spec().command().end());
       for (const auto& [k, v] : env) spec.env.push_back(k + "=" + v);
       spec.working_dir = cmd.spec().working_dir().empty() ? dir : cmd.spec().working_dir();
+      spec.own_working_dir = cmd.spec().working_dir().empty();
       spec.stdout_path = w.status.stdout_path();
       spec.stderr_path = w.status.stderr_path();
       spec.max_open_files = cmd.spec().limits().max_open_files();

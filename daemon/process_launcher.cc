@@ -319,13 +319,16 @@ class PosixProcessLauncher : public ProcessLauncher {
       return absl::UnavailableError(absl::StrCat(context, ": pipe: ", std::strerror(errno)));
     }
     if (user && user->uid != ::geteuid()) {
-      // The files belong to the worker's user so it can reopen them.
-      for (const std::string* path : {&spec.stdout_path, &spec.stderr_path}) {
+      // The files, and the job dir the agent made as the working dir, belong
+      // to the worker's user so it can reopen them and write its cwd.
+      const std::string no_dir;
+      const std::string* dir = spec.own_working_dir ? &spec.working_dir : &no_dir;
+      for (const std::string* path : {&spec.stdout_path, &spec.stderr_path, dir}) {
         if (path->empty() || ::chown(path->c_str(), user->uid, user->gid) == 0) continue;
         int err = errno;
         for (int fd : {out_fd, err_fd, null_fd, pipefd[0], pipefd[1]}) ::close(fd);
         // The node's log dir, not the job's program, is at fault.
-        return absl::UnavailableError(absl::StrCat(context, ": cannot give log file ", *path,
+        return absl::UnavailableError(absl::StrCat(context, ": cannot give ", *path,
                                                    " to uid ", user->uid, ": ",
                                                    std::strerror(err)));
       }

@@ -34,6 +34,10 @@ struct LaunchSpec {
   std::vector<std::string> argv;
   std::vector<std::string> env;   // the complete environment, "KEY=VALUE"
   std::string working_dir;        // empty: inherit
+  // The agent made working_dir for this job: with run_as, it is given to
+  // the worker's user so the worker can write its own working directory.
+  // Never set for a directory the job spec named.
+  bool own_working_dir = false;
   std::string stdout_path;        // opened O_APPEND|O_CREAT, mode 0640
   std::string stderr_path;
   int64_t max_open_files = 0;     // RLIMIT_NOFILE; 0 = inherit

@@ -305,6 +305,39 @@ TEST(PosixProcessLauncherTest, RunsAsAnotherUserWhenRoot) {
   EXPECT_EQ(Slurp(spec.stdout_path), "65534\n");
 }
 
+// The job dir the agent made is the worker's to write (its cwd); a working
+// dir the job spec named keeps its owner.
+TEST(PosixProcessLauncherTest, RunAsOwnsTheWorkingDirTheAgentMade) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  auto launcher = NewPosixProcessLauncher();
+  for (bool own : {true, false}) {
+    SCOPED_TRACE(own);
+    std::string dir = TmpDir() + (own ? "/own-dir" : "/spec-dir");
+    ::mkdir(dir.c_str(), 0750);
+    ASSERT_EQ(::chown(dir.c_str(), 0, 0), 0);
+    LaunchSpec spec;
+    spec.argv = {"/bin/sh", "-c", "echo written > out.txt"};
+    spec.env = {"PATH=/usr/bin:/bin"};
+    spec.working_dir = dir;
+    spec.own_working_dir = own;
+    spec.stdout_path = dir + ".stdout";
+    spec.stderr_path = dir + ".stderr";
+    spec.run_as = "nobody";
+    auto p = launcher->Launch(spec);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const int code = WaitExit(p->get()).exit_code;
+    if (own) {
+      EXPECT_EQ(code, 0);
+    } else {
+      EXPECT_NE(code, 0);  // The shell cannot create out.txt.
+    }
+    struct stat st;
+    ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, own ? 65534u : 0u);
+    EXPECT_EQ(Slurp(dir + "/out.txt"), own ? "written\n" : "");
+  }
+}
+
 TEST(PosixProcessLauncherTest, SignalGroupStopsHelpersToo) {
   auto launcher = NewPosixProcessLauncher();
   LaunchSpec spec;

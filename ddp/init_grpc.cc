@@ -109,18 +109,7 @@ class AgentProgressSink : public ProgressSink {
  public:
   explicit AgentProgressSink(std::unique_ptr<client::ProgressReporter> reporter)
       : reporter_(std::move(reporter)) {}
-  void Report(const StepProgress& p) override {
-    client::Progress out;
-    out.step = p.step;
-    out.samples_per_s = p.samples_per_s;
-    out.loss = p.loss;
-    out.forward_ms = p.forward_ms;
-    out.backward_ms = p.backward_ms;
-    out.exposed_comm_ms = p.exposed_comm_ms;
-    out.bytes_reduced = p.bytes_reduced;
-    out.buckets = p.buckets;
-    reporter_->Report(out);
-  }
+  void Report(const StepProgress& p) override { reporter_->Report(p); }
   void Flush(std::chrono::milliseconds timeout) override { reporter_->Flush(timeout); }
 
  private:

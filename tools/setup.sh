@@ -24,6 +24,10 @@ PACKAGES=(
   libopenblas0-pthread
   cmake               # the worker library as a CMake package (examples/cmake)
   ninja-build
+  dpkg-dev            # tools/package.sh: dpkg-shlibdeps
+  file
+  debootstrap         # deploy/package_install_test.sh: a fresh bookworm root
+  podman              # tools/container.sh: the image (podman import)
   python3-torch
   python3-grpcio
   iproute2

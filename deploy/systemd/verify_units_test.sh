@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The systemd units pass `systemd-analyze verify` (with ExecStart pointed at
-# the freshly built lockstepd, since /usr/local/bin/lockstepd may not exist).
+# the freshly built lockstepd: /usr/bin/lockstepd exists only where the
+# package is installed; //deploy:package_install_test verifies them there
+# exactly as shipped) and `systemd-analyze security` rates each at most 4.0.
 set -euo pipefail
 LOCKSTEPD="$PWD/$1"
 shift
@@ -11,7 +13,7 @@ fi
 dir="${TEST_TMPDIR:-$(mktemp -d)}/units"
 mkdir -p "$dir"
 for unit in "$@"; do
-  sed "s|/usr/local/bin/lockstepd|$LOCKSTEPD|" "$unit" >"$dir/$(basename "$unit")"
+  sed "s|/usr/bin/lockstepd|$LOCKSTEPD|" "$unit" >"$dir/$(basename "$unit")"
 done
 out=$(cd "$dir" && systemd-analyze verify --man=no ./*.service 2>&1) || {
   echo "$out"
@@ -24,4 +26,11 @@ if echo "$out" | grep -E "lockstepd-(agent|coordinator)\.service" | grep -v "Fai
   exit 1
 fi
 echo "$out"
+for unit in "$@"; do
+  rating=$(systemd-analyze security --offline=true "$unit" 2>&1 | sed -n 's/.*Overall exposure level for .*: \([0-9.]*\) .*/\1/p')
+  [ -n "$rating" ] || { echo "FAIL: no security rating for $unit"; exit 1; }
+  python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) <= 4.0 else 1)" "$rating" ||
+    { echo "FAIL: $unit is rated $rating by systemd-analyze security, above 4.0"; exit 1; }
+  echo "$(basename "$unit"): security $rating"
+done
 echo "PASS: $* verified"
