@@ -1,5 +1,7 @@
 #include "daemon/agent.h"
 
+#include <dirent.h>
+#include <ftw.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -16,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -139,6 +142,70 @@ Agent::~Agent() {
   if (thread_.joinable()) Shutdown(std::chrono::seconds(1));
 }
 
+StatusOr<uint32_t> Agent::JobUid(const std::string& job_id) {
+  auto it = job_uids_.find(job_id);
+  if (it != job_uids_.end()) return it->second;
+  std::set<uint32_t> used;
+  for (const auto& [job, uid] : job_uids_) used.insert(uid);
+  for (uint64_t uid = options_.job_uid_first; uid <= options_.job_uid_last; ++uid) {
+    if (used.count(static_cast<uint32_t>(uid))) continue;
+    job_uids_[job_id] = static_cast<uint32_t>(uid);
+    log_.WithJob(job_id).Info("workers run as uid {} (--job-uids)", uid);
+    return static_cast<uint32_t>(uid);
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "no free uid for this job: all ", job_uids_.size(), " of --job-uids ",
+      options_.job_uid_first, "-", options_.job_uid_last, " are held by jobs on this node"));
+}
+
+namespace {
+
+// Every process whose real uid is `uid`, read from /proc.
+std::vector<pid_t> ProcessesOfUid(uint32_t uid) {
+  std::vector<pid_t> pids;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (struct dirent* e = ::readdir(proc)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+    std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("Uid:", 0) != 0) continue;
+      std::vector<std::string> f = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+      uint32_t real = 0;
+      if (f.size() > 1 && absl::SimpleAtoi(f[1], &real) && real == uid) pids.push_back(pid);
+      break;
+    }
+  }
+  ::closedir(proc);
+  return pids;
+}
+
+int ChownToRoot(const char* path, const struct stat*, int, struct FTW*) {
+  (void)::lchown(path, 0, 0);
+  return 0;  // Keep walking whatever one entry did.
+}
+
+}  // namespace
+
+void Agent::ReleaseJobUid(const std::string& job_id) {
+  auto it = job_uids_.find(job_id);
+  if (it == job_uids_.end()) return;
+  const uint32_t uid = it->second;
+  Logger log = log_.WithJob(job_id);
+  // What escaped the workers' process groups (a daemonized helper) must not
+  // live on into the next job given this uid.
+  std::vector<pid_t> left = ProcessesOfUid(uid);
+  for (pid_t pid : left) ::kill(pid, SIGKILL);
+  if (!left.empty()) log.Warn("killed {} process(es) still running as uid {}", left.size(), uid);
+  // Its files stay readable to `lockstep logs` (root), not to the next job.
+  const std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
+  ::nftw(dir.c_str(), ChownToRoot, 16, FTW_PHYS);
+  job_uids_.erase(it);
+  log.Info("uid {} returned; {} given back to root", uid, dir);
+}
+
 std::string Agent::LogPath(const std::string& job_id, int rank, bool stderr_stream) const {
   return absl::StrCat(options_.state_dir, "/jobs/", job_id, "/rank-", rank,
                       stderr_stream ? ".stderr" : ".stdout");
@@ -177,7 +244,21 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
   std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
   if (ok.ok()) ok = MakeDirs(dir);
   std::string run_as = cmd.spec().run_as().empty() ? options_.run_as : cmd.spec().run_as();
-  if (ok.ok() && !options_.run_as.empty() && run_as != options_.run_as) {
+  uint32_t job_uid = 0;
+  if (ok.ok() && options_.job_uid_first != 0) {
+    if (!cmd.spec().run_as().empty()) {
+      ok = absl::PermissionDeniedError(absl::StrCat(
+          "run_as \"", cmd.spec().run_as(), "\": this node runs each job as a uid of its own "
+          "(--job-uids ", options_.job_uid_first, "-", options_.job_uid_last, ")"));
+    } else {
+      auto uid = JobUid(job_id);
+      if (uid.ok()) {
+        job_uid = *uid;
+      } else {
+        ok = uid.status();
+      }
+    }
+  } else if (ok.ok() && !options_.run_as.empty() && run_as != options_.run_as) {
     ok = absl::PermissionDeniedError(absl::StrCat("run_as \"", run_as, "\": this node runs workers only as \"",
                                                   options_.run_as, "\" (--run-as)"));
   }
@@ -249,6 +330,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       spec.max_address_space = cmd.spec().limits().max_address_space();
       spec.max_cpu_seconds = cmd.spec().limits().max_cpu_seconds();
       spec.run_as = run_as;
+      spec.run_as_uid = job_uid;
       if (fence_.fd() >= 0) spec.inherit_fds.push_back(fence_.fd());
       if (run.status_page) spec.inherit_fds.push_back(run.status_page->fd());
       spec.on_exit = [waker = waker_] { waker->Wake(); };
@@ -476,6 +558,7 @@ void Agent::ApplyCommands(const v1::HeartbeatResponse& resp) {
     StopRun(it->first, &it->second, FromSeconds(it->second.spec.stop_grace_s()),
             "no longer assigned to this node");
     if (RunDone(it->second) && it->second.final_reported) {
+      ReleaseJobUid(it->first);
       it = runs_.erase(it);
     } else {
       ++it;

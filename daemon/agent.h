@@ -79,6 +79,13 @@ struct AgentOptions {
   std::string agent_address;  // host:port of this node's AgentService
   std::string state_dir;      // logs under <state_dir>/jobs
   std::string run_as;         // default user for workers (never root)
+  // Nonzero: each job's workers on this node run as a uid of their own from
+  // [job_uid_first, job_uid_last] (gid the same number), allocated when its
+  // first worker starts and returned when the agent forgets the job, after
+  // every process of that uid is killed and the job dir is given back to
+  // root. run_as is then not used. Needs a root agent.
+  uint32_t job_uid_first = 0;
+  uint32_t job_uid_last = 0;
   std::vector<std::string> allowed_commands;
   // Names or PREFIX* a job's env may set beyond the engine's (job_env.h).
   std::vector<std::string> allowed_env;
@@ -195,6 +202,11 @@ class Agent {
   void Renewed(MonoTime sent);
   void StopAllAndReap(Duration grace);
   std::string LogPath(const std::string& job_id, int rank, bool stderr_stream) const;
+  // The job's uid (allocated if new), or ResourceExhausted naming the range.
+  StatusOr<uint32_t> JobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Kills what still runs as the job's uid, gives its dir back to root and
+  // frees the uid for another job.
+  void ReleaseJobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AgentOptions options_;
   Clock* const clock_;
@@ -219,6 +231,8 @@ class Agent {
   mutable Mutex mu_;
   std::map<std::string, JobRun> runs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::AgentCommand> pending_starts_ ABSL_GUARDED_BY(mu_);
+  // Job -> its uid on this node (options_.job_uid_first..last).
+  std::map<std::string, uint32_t> job_uids_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<bool> stop_{false};
   Duration shutdown_grace_ = std::chrono::seconds(10);  // written before stop_

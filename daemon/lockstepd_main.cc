@@ -21,10 +21,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "daemon/agent.h"
 #include "daemon/agent_service.h"
 #include "daemon/coordinator.h"
@@ -57,6 +59,9 @@ struct Config {
   std::string node_id;
   std::string address_file;
   std::string run_as;
+  std::string job_uids;
+  uint32_t job_uid_first = 0;
+  uint32_t job_uid_last = 0;
   std::vector<std::string> allowed_commands;
   std::vector<std::string> allowed_env;
   double lease_s = ToSeconds(kDefaultLease);
@@ -85,6 +90,9 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   flags.String("address-file", &c.address_file,
                "write the bound address here once serving (for scripts using port 0)");
   flags.String("run-as", &c.run_as, "run workers as this user (never root)");
+  flags.String("job-uids", &c.job_uids,
+               "FIRST-LAST: each job's workers run as a uid of their own from this range "
+               "(e.g. 61184-65519; needs root; replaces --run-as)");
   flags.StringList("allowed-command", &c.allowed_commands,
                    "if given (repeatable), jobs may only run these programs (command[0])");
   flags.StringList("allowed-env", &c.allowed_env,
@@ -114,6 +122,24 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   }
   if (c.run_as == "root" || c.run_as == "0") {
     return absl::InvalidArgumentError("--run-as: workers never run as root");
+  }
+  if (!c.job_uids.empty()) {
+    std::vector<std::string> range = absl::StrSplit(c.job_uids, '-');
+    if (range.size() != 2 || !absl::SimpleAtoi(range[0], &c.job_uid_first) ||
+        !absl::SimpleAtoi(range[1], &c.job_uid_last) || c.job_uid_first == 0 ||
+        c.job_uid_first > c.job_uid_last) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--job-uids: want FIRST-LAST with 0 < FIRST <= LAST, got ", QuoteForError(c.job_uids)));
+    }
+    if (!c.run_as.empty()) {
+      return absl::InvalidArgumentError("--job-uids and --run-as exclude each other: with "
+                                        "--job-uids every job has a uid of its own");
+    }
+    if (::geteuid() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--job-uids needs a root lockstepd to switch users (this one runs as uid ",
+          ::geteuid(), ")"));
+    }
   }
   RETURN_IF_ERROR(daemon::ValidateEnvPatterns(c.allowed_env));
   if (c.token_file.empty()) c.token_file = c.state_dir + "/token";
@@ -264,6 +290,22 @@ int Run(int argc, char** argv) {
     options.hostname = host;
     options.state_dir = config.state_dir;
     options.run_as = config.run_as;
+    options.job_uid_first = config.job_uid_first;
+    options.job_uid_last = config.job_uid_last;
+    // Say how isolated jobs are, once, where the operator looks.
+    if (config.job_uid_first != 0) {
+      log.Info("job isolation: each job runs as its own uid from {}-{}", config.job_uid_first,
+               config.job_uid_last);
+    } else if (::geteuid() != 0) {
+      log.Warn("jobs are not isolated: their workers run as this daemon's uid {} and can read "
+               "its token and each other's environment (run as root with --job-uids)",
+               ::geteuid());
+    } else if (config.run_as.empty()) {
+      log.Warn("jobs are not isolated: their workers run as root (use --job-uids, or --run-as)");
+    } else {
+      log.Warn("jobs are not isolated from each other: every job runs as {} (--job-uids gives "
+               "each its own uid)", config.run_as);
+    }
     options.allowed_commands = config.allowed_commands;
     options.allowed_env = config.allowed_env;
     for (char** e = environ; *e; ++e) options.base_env.push_back(*e);

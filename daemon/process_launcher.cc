@@ -255,7 +255,14 @@ class PosixProcessLauncher : public ProcessLauncher {
     }
     const std::string context = absl::StrCat("launch ", spec.argv[0]);
     std::optional<User> user;
-    if (!spec.run_as.empty()) {
+    if (spec.run_as_uid != 0) {
+      user = User{spec.run_as_uid, spec.run_as_uid, {}, absl::StrCat("uid ", spec.run_as_uid)};
+      if (::geteuid() != 0) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            context, ": run as uid ", spec.run_as_uid, ": the agent runs as uid ", ::geteuid(),
+            " and cannot switch users (run lockstepd as root)"));
+      }
+    } else if (!spec.run_as.empty()) {
       auto found = LookupUser(spec.run_as);
       if (!found.ok()) return Annotate(found.status(), context);
       user = *std::move(found);

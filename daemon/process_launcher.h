@@ -44,6 +44,10 @@ struct LaunchSpec {
   int64_t max_address_space = 0;  // RLIMIT_AS bytes; 0 = inherit
   int64_t max_cpu_seconds = 0;    // RLIMIT_CPU; 0 = inherit
   std::string run_as;             // user name or uid; empty = the agent's user
+  // Nonzero: run as this uid with gid the same number and no supplementary
+  // groups, with no passwd entry needed (a job's own uid, lockstepd
+  // --job-uids). Takes precedence over run_as.
+  uint32_t run_as_uid = 0;
   // Descriptors the worker inherits under the same numbers (the caller
   // opens them O_CLOEXEC; the child clears the flag on these only).
   std::vector<int> inherit_fds;

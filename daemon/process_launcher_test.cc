@@ -305,6 +305,23 @@ TEST(PosixProcessLauncherTest, RunsAsAnotherUserWhenRoot) {
   EXPECT_EQ(Slurp(spec.stdout_path), "65534\n");
 }
 
+// A job's own uid needs no passwd entry: gid the same number, no groups.
+TEST(PosixProcessLauncherTest, RunsAsABareUidWhenRoot) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  auto launcher = NewPosixProcessLauncher();
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", "echo $(id -u) $(id -g) $(id -G)"};
+  spec.env = {"PATH=/usr/bin:/bin"};
+  spec.stdout_path = TmpDir() + "/bare.out";
+  ::unlink(spec.stdout_path.c_str());
+  spec.run_as = "nobody";  // Ignored: run_as_uid wins.
+  spec.run_as_uid = 61999;
+  auto p = launcher->Launch(spec);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(WaitExit(p->get()).exit_code, 0);
+  EXPECT_EQ(Slurp(spec.stdout_path), "61999 61999 61999\n");
+}
+
 // The job dir the agent made is the worker's to write (its cwd); a working
 // dir the job spec named keeps its owner.
 TEST(PosixProcessLauncherTest, RunAsOwnsTheWorkingDirTheAgentMade) {
