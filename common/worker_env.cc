@@ -39,7 +39,8 @@ StatusOr<bool> ReadInt(const Getenv& getenv, std::initializer_list<const char*> 
 bool WorkerEnv::operator==(const WorkerEnv& o) const {
   auto tie = [](const WorkerEnv& e) {
     return std::tie(e.job_id, e.rank, e.local_rank, e.world_size, e.local_world_size, e.node_rank,
-                    e.num_nodes, e.round, e.restart_count, e.store_address, e.store_token,
+                    e.num_nodes, e.round, e.restart_count, e.max_restarts, e.store_address,
+                    e.store_token,
                     e.agent_address, e.agent_token, e.node_addr, e.master_addr);
   };
   return tie(*this) == tie(o);
@@ -69,6 +70,7 @@ StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv) {
   RETURN_IF_ERROR(ReadInt(getenv, {we::kRound}, &env.round).status());
   RETURN_IF_ERROR(
       ReadInt(getenv, {we::kRestartCount, we::kTorchRestartCount}, &env.restart_count).status());
+  RETURN_IF_ERROR(ReadInt(getenv, {we::kTorchMaxRestarts}, &env.max_restarts).status());
   const std::string job = Read(getenv, {we::kJobId, we::kTorchRunId});
   if (!job.empty()) env.job_id = job;
   env.store_address = Read(getenv, {we::kStore});
@@ -101,7 +103,8 @@ bool IsWorkerEnvName(const std::string& name) {
       we::kRestartCount,    we::kStore,          we::kStoreToken,         we::kAgent,
       we::kAgentToken,      we::kNodeAddr,       we::kTorchRank,          we::kTorchLocalRank,
       we::kTorchWorldSize,  we::kTorchLocalWorldSize, we::kTorchGroupRank, we::kTorchRestartCount,
-      we::kTorchRunId,      we::kMasterAddr,     we::kMasterPort};
+      we::kTorchRunId,      we::kMasterAddr,     we::kMasterPort,         we::kTorchGroupWorldSize,
+      we::kTorchRoleRank,   we::kTorchRoleWorldSize, we::kTorchRoleName,  we::kTorchMaxRestarts};
   for (const char* n : kNames) {
     if (name == n) return true;
   }
@@ -137,6 +140,12 @@ std::vector<std::pair<std::string, std::string>> WorkerEnvVars(const WorkerEnv& 
   set(we::kMasterAddr, colon == std::string::npos ? env.master_addr : env.master_addr.substr(0, colon));
   set(we::kMasterPort, colon == std::string::npos ? "" : env.master_addr.substr(colon + 1));
   set(we::kTorchRestartCount, std::to_string(env.restart_count));
+  set(we::kTorchMaxRestarts, std::to_string(env.max_restarts));
+  set(we::kTorchRunId, env.job_id);
+  set(we::kTorchGroupWorldSize, std::to_string(env.num_nodes));
+  set(we::kTorchRoleRank, std::to_string(env.rank));
+  set(we::kTorchRoleWorldSize, std::to_string(env.world_size));
+  set(we::kTorchRoleName, we::kRoleName);
   return vars;
 }
 

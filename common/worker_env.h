@@ -48,6 +48,15 @@ inline constexpr char kTorchRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
 inline constexpr char kTorchRunId[] = "TORCHELASTIC_RUN_ID";
 inline constexpr char kMasterAddr[] = "MASTER_ADDR";
 inline constexpr char kMasterPort[] = "MASTER_PORT";
+// torchrun's other names, written for programs that read them (the
+// parser reads only those above). The role is always "default", as
+// torchrun's single-role jobs; its rank and world are the job's.
+inline constexpr char kTorchGroupWorldSize[] = "GROUP_WORLD_SIZE";
+inline constexpr char kTorchRoleRank[] = "ROLE_RANK";
+inline constexpr char kTorchRoleWorldSize[] = "ROLE_WORLD_SIZE";
+inline constexpr char kTorchRoleName[] = "ROLE_NAME";
+inline constexpr char kTorchMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr char kRoleName[] = "default";
 
 }  // namespace worker_env
 
@@ -61,6 +70,7 @@ struct WorkerEnv {
   int num_nodes = 1;
   int round = 0;
   int restart_count = 0;
+  int max_restarts = 0;       // TORCHELASTIC_MAX_RESTARTS: the job's restart budget.
   std::string store_address;  // LOCKSTEP_STORE; may be empty.
   std::string store_token;    // LOCKSTEP_STORE_TOKEN: opens this job's namespaces only.
   std::string agent_address;  // LOCKSTEP_AGENT; empty when not under lockstepd.

@@ -27,6 +27,7 @@ WorkerEnv Full() {
   env.num_nodes = 2;
   env.round = 3;
   env.restart_count = 2;
+  env.max_restarts = 6;
   env.store_address = "10.0.0.1:7070";
   env.store_token = "st";
   env.agent_address = "10.0.0.2:7071";
@@ -57,6 +58,12 @@ TEST(WorkerEnvTest, WhatTheAgentWritesAWorkerParsesBack) {
   EXPECT_EQ(vars["MASTER_ADDR"], "10.0.0.1");
   EXPECT_EQ(vars["MASTER_PORT"], "29500");
   EXPECT_EQ(vars["TORCHELASTIC_RESTART_COUNT"], "2");
+  EXPECT_EQ(vars["TORCHELASTIC_MAX_RESTARTS"], "6");
+  EXPECT_EQ(vars["TORCHELASTIC_RUN_ID"], "j-1");
+  EXPECT_EQ(vars["GROUP_WORLD_SIZE"], "2");
+  EXPECT_EQ(vars["ROLE_RANK"], "5");
+  EXPECT_EQ(vars["ROLE_WORLD_SIZE"], "8");
+  EXPECT_EQ(vars["ROLE_NAME"], "default");
   // An IPv6 master survives the trip too.
   WorkerEnv v6 = env;
   v6.master_addr = "fd00::1:29500";

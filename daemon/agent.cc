@@ -281,6 +281,16 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
     if (eq != std::string::npos) base[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   for (const auto& [k, v] : cmd.spec().env()) base[k] = v;
+  // The daemon's shell leftovers describe its own session, not a worker's
+  // (each worker's PWD is set to its working dir below).
+  for (const char* stale : {"PWD", "OLDPWD", "SHLVL", "_"}) base.erase(stale);
+  // torchrun's habit: one OpenMP thread per worker unless the job or the
+  // daemon says otherwise, so N workers on a host do not start N x cores.
+  if (base.find("OMP_NUM_THREADS") == base.end()) {
+    base["OMP_NUM_THREADS"] = "1";
+    log.Info("OMP_NUM_THREADS=1 for its workers: neither the job nor the daemon set it "
+             "(submit --env OMP_NUM_THREADS=N to change it)");
+  }
 
   for (int local = 0; local < nproc; ++local) {
     Worker w;
@@ -306,6 +316,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       contract.num_nodes = a.num_nodes();
       contract.round = cmd.round();
       contract.restart_count = a.restart_count();
+      contract.max_restarts = cmd.spec().max_restarts();
       contract.store_address = a.store_address();
       if (!options_.admin_token.empty()) {
         contract.store_token = JobStoreToken(options_.admin_token, job_id);
@@ -317,6 +328,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       contract.master_addr =
           absl::StrCat(a.master_addr(), ":", run.assignment.master_port());
       for (auto& [k, v] : WorkerEnvVars(contract)) env[k] = std::move(v);
+      env["PWD"] = cmd.spec().working_dir().empty() ? dir : cmd.spec().working_dir();
       if (fence_.fd() >= 0) env[worker_link::kFenceFdEnv] = std::to_string(fence_.fd());
       if (run.status_page) env[worker_link::kStatusFdEnv] = std::to_string(run.status_page->fd());
       LaunchSpec spec;

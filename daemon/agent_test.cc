@@ -39,7 +39,8 @@ class AgentTest : public ::testing::Test {
     options.agent_address = "127.0.0.1:5555";
     options.state_dir = state_dir_;
     options.allowed_env = {"JOBVAR"};
-    options.base_env = {"PATH=/usr/bin:/bin", "EXTRA=base"};
+    // PWD and OLDPWD: the daemon's own shell leftovers, never a worker's.
+    options.base_env = {"PATH=/usr/bin:/bin", "EXTRA=base", "PWD=/stale", "OLDPWD=/old"};
     agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
   }
   ~AgentTest() override { agent_->Shutdown(milliseconds(200)); }
@@ -180,6 +181,29 @@ TEST_F(AgentTest, SpawnsWorkersWithTheWorkerEnvironment) {
     }
     return true;
   }));
+}
+
+// torchrun's other variables, one OpenMP thread unless set, and the
+// worker's own PWD (not the daemon's).
+TEST_F(AgentTest, WorkersGetTorchrunsVariablesOneOmpThreadAndTheirOwnPwd) {
+  v1::AgentCommand cmd = Start("j9", 1,
+                               "echo \"$GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE $ROLE_NAME "
+                               "$TORCHELASTIC_MAX_RESTARTS $TORCHELASTIC_RUN_ID $OMP_NUM_THREADS\"; "
+                               "echo \"pwd=$PWD cwd=$(pwd -P) oldpwd=${OLDPWD:-none}\"");
+  cmd.mutable_spec()->set_max_restarts(3);
+  Command({cmd});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j9", v1::WORKER_STATE_EXITED); }));
+  const std::string out = Output("j9", 3);
+  EXPECT_NE(out.find("2 3 4 default 3 j9 1\n"), std::string::npos) << out;
+  const std::string dir = state_dir_ + "/jobs/j9";
+  EXPECT_NE(out.find("pwd=" + dir + " cwd="), std::string::npos) << out;
+  EXPECT_NE(out.find("oldpwd=none"), std::string::npos) << out;
+  // A job that sets OMP_NUM_THREADS keeps its value.
+  v1::AgentCommand omp = Start("j10", 1, "echo \"omp=$OMP_NUM_THREADS\"");
+  (*omp.mutable_spec()->mutable_env())["OMP_NUM_THREADS"] = "4";
+  Command({omp});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j10", v1::WORKER_STATE_EXITED); }));
+  EXPECT_NE(Output("j10", 3).find("omp=4\n"), std::string::npos) << Output("j10", 3);
 }
 
 TEST_F(AgentTest, FailedWorkerReportsCodeStartupFailureAndLastLines) {
