@@ -14,8 +14,10 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/progress_reporter.h"
+#include "common/address.h"
 #include "common/logging.h"
 #include "ddp/init.h"
 #include "ddp/missing_ranks.h"
@@ -65,9 +67,23 @@ class ServingStore : public rendezvous::Store {
 StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
                                                          const std::string& ns,
                                                          Duration timeout) {
+  // Beyond loopback the served store takes only the job's token: without
+  // one, anyone who can reach MASTER_PORT could write the job's bootstrap
+  // keys (PyTorch's TCPStore has that hole, CVE-2024-5480).
+  const std::string host = HostOfAddress(env.master_addr);
+  const bool loopback = host == "localhost" || absl::StartsWith(host, "127.") || host == "::1" ||
+                        host == "[::1]";
+  if (!loopback && env.store_token.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MASTER_ADDR ", host, " is not a loopback address, so rank 0's store would be open to "
+        "the network: set LOCKSTEP_STORE_TOKEN to the same secret on every rank (or use "
+        "127.0.0.1 for a one-host job)"));
+  }
   std::unique_ptr<rendezvous::StoreServer> server;
   if (env.rank == 0) {
-    auto started = rendezvous::StoreServer::Start(env.master_addr);
+    auto started = rendezvous::StoreServer::Start(
+        env.master_addr, nullptr,
+        env.store_token.empty() ? nullptr : rendezvous::StoreServer::BearerToken(env.store_token));
     if (!started.ok()) {
       return absl::Status(started.status().code(),
                           absl::StrCat("rank 0 serves the job's store at MASTER_ADDR:MASTER_PORT: ",
@@ -83,7 +99,10 @@ StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
   while (true) {
     const Duration slice =
         std::min<Duration>(kBootstrapProgressInterval, std::max<Duration>(deadline - RealClock()->Now(), {}));
-    auto client = rendezvous::ConnectStore(env.master_addr, ns, slice);
+    rendezvous::StoreClientOptions options;
+    options.connect_timeout = slice;
+    options.token = env.store_token;
+    auto client = rendezvous::ConnectStore(env.master_addr, ns, options);
     if (client.ok()) {
       return std::unique_ptr<rendezvous::Store>(
           std::make_unique<ServingStore>(std::move(server), std::move(*client)));

@@ -2,6 +2,7 @@
 
 #include "ddp/init.h"
 #include "gtest/gtest.h"
+#include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 
 namespace lockstep {
@@ -49,6 +50,49 @@ TEST(InitFromEnvGrpcTest, MasterAddrMakesRankZeroServeTheStore) {
   auto v = (*s0)->Get("from1", std::chrono::seconds(5));
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(*v, "x");
+}
+
+// Beyond loopback (here the wildcard 0.0.0.0, reachable from other hosts),
+// rank 0's store needs the job's token: none is an error naming
+// LOCKSTEP_STORE_TOKEN; with one, the ranks that have it connect and a
+// client without it is refused.
+TEST(InitFromEnvGrpcTest, MasterStoreBeyondLoopbackNeedsAToken) {
+  int port = 0;
+  {
+    auto probe = rendezvous::StoreServer::Start("0.0.0.0:0");
+    ASSERT_TRUE(probe.ok());
+    port = (*probe)->port();
+  }
+  WorkerEnv env0, env1;
+  env0.master_addr = env1.master_addr = "0.0.0.0:" + std::to_string(port);
+  env0.world_size = env1.world_size = 2;
+  env1.rank = 1;
+  auto open = OpenStore(env0, std::chrono::seconds(5));
+  ASSERT_EQ(open.status().code(), absl::StatusCode::kFailedPrecondition) << open.status();
+  EXPECT_NE(open.status().message().find("set LOCKSTEP_STORE_TOKEN"), std::string::npos)
+      << open.status();
+
+  env0.store_token = env1.store_token = "s3cret";
+  StatusOr<std::unique_ptr<rendezvous::Store>> s0 = absl::UnknownError("");
+  StatusOr<std::unique_ptr<rendezvous::Store>> s1 = absl::UnknownError("");
+  std::thread t0([&] { s0 = OpenStore(env0, std::chrono::seconds(10)); });
+  std::thread t1([&] { s1 = OpenStore(env1, std::chrono::seconds(10)); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(s0.ok()) << s0.status();
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  ASSERT_TRUE((*s1)->Set("from1", "x").ok());
+
+  for (const std::string& token : {std::string(), std::string("s3cres")}) {
+    rendezvous::StoreClientOptions options;
+    options.connect_timeout = std::chrono::seconds(5);
+    options.token = token;
+    auto intruder = rendezvous::ConnectStore("127.0.0.1:" + std::to_string(port), "local/0", options);
+    Status got = intruder.ok() ? (*intruder)->Set("evil", "1") : intruder.status();
+    EXPECT_TRUE(absl::IsUnauthenticated(got)) << "token '" << token << "': " << got;
+  }
+  auto v = (*s0)->Get("evil", std::chrono::milliseconds(100));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(v.status())) << "an intruder wrote into the job's store";
 }
 
 }  // namespace

@@ -5,13 +5,35 @@
 namespace lockstep {
 namespace rendezvous {
 
-StoreServer::StoreServer(std::shared_ptr<StoreCore> core)
-    : core_(std::move(core)), service_(std::make_unique<StoreGrpcService>(core_.get())) {}
+StoreServer::StoreServer(std::shared_ptr<StoreCore> core, StoreAuthorizer authorizer)
+    : core_(std::move(core)),
+      service_(std::make_unique<StoreGrpcService>(core_.get(), std::move(authorizer))) {}
+
+StoreAuthorizer StoreServer::BearerToken(std::string token) {
+  return [want = "Bearer " + std::move(token)](
+             const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+             absl::string_view) -> Status {
+    auto it = metadata.find("authorization");
+    if (it != metadata.end()) {
+      const grpc::string_ref& got = it->second;
+      // Constant time over the expected length: how far a guess matched
+      // does not show in the time it takes.
+      unsigned char diff = got.size() == want.size() ? 0 : 1;
+      for (size_t i = 0; i < want.size(); ++i) {
+        diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got.data()[i] : 0));
+      }
+      if (diff == 0) return absl::OkStatus();
+    }
+    return absl::UnauthenticatedError(
+        "store: this store needs its token (LOCKSTEP_STORE_TOKEN, the same on every rank)");
+  };
+}
 
 StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& address,
-                                                          std::shared_ptr<StoreCore> core) {
+                                                          std::shared_ptr<StoreCore> core,
+                                                          StoreAuthorizer authorizer) {
   if (core == nullptr) core = std::make_shared<StoreCore>();
-  std::unique_ptr<StoreServer> server(new StoreServer(std::move(core)));
+  std::unique_ptr<StoreServer> server(new StoreServer(std::move(core), std::move(authorizer)));
   ASSIGN_OR_RETURN(StartedGrpcServer started,
                    StartGrpcServer(address, {server->service_.get()}, "store server"));
   {

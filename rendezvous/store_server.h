@@ -29,10 +29,17 @@ class StoreServer {
  public:
   // Binds `address` ("host:port"; port 0 picks a free one, read it back with
   // port()) and starts serving. `core` may be shared with in-process users;
-  // Default (nullptr): a new core on the real clock.
+  // Default (nullptr): a new core on the real clock. `authorizer`: see
+  // store_service.h; empty = open (tests, loopback), or BearerToken().
   // Errors: Unavailable if the address cannot be bound.
   static StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& address,
-                                                      std::shared_ptr<StoreCore> core = nullptr);
+                                                      std::shared_ptr<StoreCore> core = nullptr,
+                                                      StoreAuthorizer authorizer = nullptr);
+
+  // An authorizer that admits a call whose `authorization` metadata is
+  // "Bearer <token>" (compared in constant time), for every namespace;
+  // others get Unauthenticated naming the store. `token` must not be empty.
+  static StoreAuthorizer BearerToken(std::string token);
 
   // Shuts down (see Shutdown).
   ~StoreServer();
@@ -48,7 +55,7 @@ class StoreServer {
   StoreCore* core() const { return core_.get(); }
 
  private:
-  StoreServer(std::shared_ptr<StoreCore> core);
+  StoreServer(std::shared_ptr<StoreCore> core, StoreAuthorizer authorizer);
 
   std::shared_ptr<StoreCore> core_;
   std::unique_ptr<StoreGrpcService> service_;
