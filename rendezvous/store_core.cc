@@ -92,8 +92,15 @@ const StoreCore::Namespace* StoreCore::FindNamespace(const std::string& ns) cons
   return it == namespaces_.end() ? nullptr : &it->second;
 }
 
+namespace {
+
+// The job whose quota namespace `ns` counts against: "<job>" of "<job>/<round>".
+std::string QuotaOwner(const std::string& ns) { return ns.substr(0, ns.find('/')); }
+
+}  // namespace
+
 Status StoreCore::CheckRoomLocked(const std::string& ns, const Namespace* space,
-                                  size_t new_keys) const {
+                                  size_t new_keys, int64_t added_bytes) const {
   size_t have = space == nullptr ? 0 : space->values.size();
   if (have + new_keys > options_.max_keys_per_namespace) {
     return absl::ResourceExhaustedError(absl::StrCat("store namespace ", QuoteForError(ns), " holds ", have,
@@ -101,7 +108,41 @@ Status StoreCore::CheckRoomLocked(const std::string& ns, const Namespace* space,
                                                      " would exceed kMaxKeysPerNamespace=",
                                                      options_.max_keys_per_namespace));
   }
+  if (added_bytes <= 0) return absl::OkStatus();
+  const std::string owner = QuotaOwner(ns);
+  auto held = job_bytes_.find(owner);
+  const size_t job = held == job_bytes_.end() ? 0 : held->second;
+  const size_t add = static_cast<size_t>(added_bytes);
+  if (job + add > options_.max_bytes_per_job) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "store: the namespaces of ", QuoteForError(owner), " hold ", job, " bytes; this write adds ",
+        add, ", over the per-job quota of ", options_.max_bytes_per_job, " bytes"));
+  }
+  if (total_bytes_ + add > options_.max_bytes_total) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "store: all jobs' namespaces hold ", total_bytes_, " bytes; this write (", QuoteForError(ns),
+        ") adds ", add, ", over the store's budget of ", options_.max_bytes_total, " bytes"));
+  }
   return absl::OkStatus();
+}
+
+int64_t StoreCore::WriteDelta(const Namespace* space, const std::string& key, size_t value_size) {
+  int64_t delta = static_cast<int64_t>(key.size() + value_size);
+  if (space != nullptr) {
+    auto it = space->values.find(key);
+    if (it != space->values.end()) delta -= static_cast<int64_t>(key.size() + it->second.size());
+  }
+  return delta;
+}
+
+void StoreCore::AccountLocked(const std::string& ns, int64_t delta) {
+  if (delta == 0) return;
+  namespaces_[ns].bytes += delta;
+  const std::string owner = QuotaOwner(ns);
+  size_t& job = job_bytes_[owner];
+  job += delta;
+  if (job == 0) job_bytes_.erase(owner);
+  total_bytes_ += delta;
 }
 
 void StoreCore::WriteLocked(Namespace& space, const std::string& key, std::string value,
@@ -183,8 +224,10 @@ Status StoreCore::Set(const std::string& ns, const std::string& key, std::string
     MutexLock lock(&mu_);
     Namespace* space = FindNamespace(ns);
     bool exists = space != nullptr && space->values.count(key) > 0;
-    if (!exists) RETURN_IF_ERROR(CheckRoomLocked(ns, space, 1));
+    const int64_t delta = WriteDelta(space, key, value.size());
+    RETURN_IF_ERROR(CheckRoomLocked(ns, space, exists ? 0 : 1, delta));
     WriteLocked(namespaces_[ns], key, std::move(value), &ready);
+    AccountLocked(ns, delta);
   }
   RunReady(&ready);
   return absl::OkStatus();
@@ -217,9 +260,7 @@ StatusOr<int64_t> StoreCore::Add(const std::string& ns, const std::string& key, 
       auto it = space->values.find(key);
       if (it != space->values.end()) old = &it->second;
     }
-    if (old == nullptr) {
-      RETURN_IF_ERROR(CheckRoomLocked(ns, space, 1));
-    } else if (!absl::SimpleAtoi(*old, &current)) {
+    if (old != nullptr && !absl::SimpleAtoi(*old, &current)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Add on store key ", QuoteForError(key), ": its value is not an integer (", old->size(), " bytes)"));
     }
@@ -227,7 +268,11 @@ StatusOr<int64_t> StoreCore::Add(const std::string& ns, const std::string& key, 
       return absl::OutOfRangeError(absl::StrCat("Add on store key ", QuoteForError(key), ": ", current, " + ",
                                                 delta, " overflows int64"));
     }
-    WriteLocked(namespaces_[ns], key, std::to_string(result), &ready);
+    std::string value = std::to_string(result);
+    const int64_t delta = WriteDelta(space, key, value.size());
+    RETURN_IF_ERROR(CheckRoomLocked(ns, space, old == nullptr ? 1 : 0, delta));
+    WriteLocked(namespaces_[ns], key, std::move(value), &ready);
+    AccountLocked(ns, delta);
   }
   RunReady(&ready);
   return result;
@@ -254,10 +299,12 @@ StatusOr<CompareSetResult> StoreCore::CompareSet(const std::string& ns, const st
       result.current = old == nullptr ? std::string() : *old;
       return result;
     }
-    if (old == nullptr) RETURN_IF_ERROR(CheckRoomLocked(ns, space, 1));
+    const int64_t delta = WriteDelta(space, key, desired.size());
+    RETURN_IF_ERROR(CheckRoomLocked(ns, space, old == nullptr ? 1 : 0, delta));
     result.swapped = true;
     result.current = desired;
     WriteLocked(namespaces_[ns], key, std::move(desired), &ready);
+    AccountLocked(ns, delta);
   }
   RunReady(&ready);
   return result;
@@ -269,7 +316,10 @@ StatusOr<bool> StoreCore::Delete(const std::string& ns, const std::string& key) 
   MutexLock lock(&mu_);
   Namespace* space = FindNamespace(ns);
   if (space == nullptr) return false;
+  // Absent: 0 (nothing erased); present: minus its key and value.
+  const int64_t delta = WriteDelta(space, key, 0) - static_cast<int64_t>(key.size());
   bool erased = space->values.erase(key) > 0;
+  if (erased) AccountLocked(ns, delta);
   MaybeDropEmptyLocked(ns);
   return erased;
 }
@@ -299,12 +349,17 @@ Status StoreCore::MultiSet(const std::string& ns,
     MutexLock lock(&mu_);
     Namespace* space = FindNamespace(ns);
     size_t new_keys = 0;
-    for (const auto& entry : entries) {
-      if (space == nullptr || space->values.count(entry.first) == 0) ++new_keys;
+    int64_t delta = 0;
+    std::unordered_map<std::string, size_t> last;  // A key named twice: its last value wins.
+    for (const auto& entry : entries) last[entry.first] = entry.second.size();
+    for (const auto& [key, size] : last) {
+      if (space == nullptr || space->values.count(key) == 0) ++new_keys;
+      delta += WriteDelta(space, key, size);
     }
-    RETURN_IF_ERROR(CheckRoomLocked(ns, space, new_keys));
+    RETURN_IF_ERROR(CheckRoomLocked(ns, space, new_keys, delta));
     Namespace& target = namespaces_[ns];
     for (auto& [key, value] : entries) WriteLocked(target, key, std::move(value), &ready);
+    AccountLocked(ns, delta);
   }
   RunReady(&ready);
   return absl::OkStatus();
@@ -427,6 +482,7 @@ int StoreCore::DeleteNamespaceLocked(const std::string& ns, Ready* ready) {
       EraseWaiterLocked(id, /*unindex=*/false);  // the whole index goes below
     }
   }
+  AccountLocked(ns, -static_cast<int64_t>(it->second.bytes));
   namespaces_.erase(it);
   return 1;
 }

@@ -52,6 +52,9 @@ namespace rendezvous {
 // At most this many keys in one Wait / MultiGet / MultiSet request
 // (InvalidArgument beyond).
 inline constexpr size_t kMaxKeysPerRequest = 65536;
+// Store quotas (StoreCore::Options).
+inline constexpr size_t kMaxBytesPerJob = 64u << 20;
+inline constexpr size_t kMaxBytesTotal = 1u << 30;
 
 // Validation shared by every layer (the gRPC shell rejects bad input before
 // it reaches the core, with the same messages). InvalidArgument naming the
@@ -78,6 +81,13 @@ class StoreCore {
     // Keys one namespace may hold (ResourceExhausted beyond).
     // Default: kMaxKeysPerNamespace; tests lower it.
     size_t max_keys_per_namespace = kMaxKeysPerNamespace;
+    // Bytes (keys + values) the namespaces of one job ("<job>/...": the
+    // namespace up to its first '/') may hold together, and all namespaces
+    // together (ResourceExhausted beyond, naming the quota). A job's
+    // bootstrap needs kilobytes; these bound what a hostile or broken one
+    // can take. Defaults: kMaxBytesPerJob, kMaxBytesTotal; tests lower them.
+    size_t max_bytes_per_job = kMaxBytesPerJob;
+    size_t max_bytes_total = kMaxBytesTotal;
   };
 
   // Receives OK and, when asked for, the values in the order of the keys; or
@@ -169,6 +179,7 @@ class StoreCore {
   };
   struct Namespace {
     std::unordered_map<std::string, std::string> values;
+    size_t bytes = 0;  // Keys and values, counted against the quotas.
     // Waiters still missing a key, indexed by that key.
     std::unordered_map<std::string, std::vector<WaitId>> waiters_by_key;
   };
@@ -181,8 +192,14 @@ class StoreCore {
   // validated, room checked.
   void WriteLocked(Namespace& space, const std::string& key, std::string value, Ready* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Status CheckRoomLocked(const std::string& ns, const Namespace* space, size_t new_keys) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `new_keys` more keys and `added_bytes` more bytes fit in `ns`
+  // (keys per namespace, bytes per job, bytes in all).
+  Status CheckRoomLocked(const std::string& ns, const Namespace* space, size_t new_keys,
+                         int64_t added_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What writing `value_size` bytes at `key` changes the byte count by.
+  static int64_t WriteDelta(const Namespace* space, const std::string& key, size_t value_size);
+  // Adds `delta` bytes to `ns` (which exists), its job and the total.
+  void AccountLocked(const std::string& ns, int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-checks a waiter whose missing count reached zero (a key may have been
   // deleted since it was counted); queues it if all keys exist.
   void CompleteOrRearmLocked(Namespace& space, Waiter& waiter, Ready* ready)
@@ -201,6 +218,9 @@ class StoreCore {
 
   mutable Mutex mu_;
   std::map<std::string, Namespace> namespaces_ ABSL_GUARDED_BY(mu_);
+  // Bytes held per job ("<job>" of "<job>/..."), and in all.
+  std::unordered_map<std::string, size_t> job_bytes_ ABSL_GUARDED_BY(mu_);
+  size_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::unordered_map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   std::multimap<MonoTime, WaitId> deadlines_ ABSL_GUARDED_BY(mu_);
   WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -224,6 +224,45 @@ TEST(StoreCoreLimitTest, NamespaceKeyLimitIsResourceExhaustedButOverwritesStillW
   EXPECT_TRUE(core.Set("other", "c", "1").ok());
 }
 
+// Bytes are counted per job ("<job>/..." across its rounds) and in all:
+// a write past either quota is ResourceExhausted naming it and changes
+// nothing; overwrites, deletes and dropped namespaces give bytes back.
+TEST(StoreCoreLimitTest, ByteQuotasPerJobAndInAll) {
+  FakeClock clock;
+  StoreCore::Options options;
+  options.run_expiry_thread = false;
+  options.max_bytes_per_job = 100;
+  options.max_bytes_total = 150;
+  StoreCore core(&clock, options);
+  const std::string v40(39, 'x');  // key "k1" + 39 bytes = 41 bytes
+  ASSERT_TRUE(core.Set("a/1", "k1", v40).ok());
+  ASSERT_TRUE(core.Set("a/2", "k2", v40).ok());  // job a: 82 bytes over two rounds
+  Status over = core.Set("a/2", "k3", v40);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_NE(over.message().find("namespaces of \"a\" hold 82 bytes"), std::string::npos) << over;
+  EXPECT_NE(over.message().find("per-job quota of 100 bytes"), std::string::npos) << over;
+  EXPECT_EQ(core.TryGet("a/2", "k3").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(core.MultiSet("a/2", {{"k4", "1"}, {"k5", v40}}).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(core.TryGet("a/2", "k4").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(core.Set("a/2", "k2", "small").ok());  // overwriting shrinks: 41 + 7
+  EXPECT_TRUE(core.Set("a/2", "k3", v40).ok());      // 89
+  // Another job has its own quota, but the total binds: 89 + 41 + 41 > 150.
+  ASSERT_TRUE(core.Set("b/1", "k1", v40).ok());
+  Status full = core.Set("b/1", "k2", v40);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("budget of 150 bytes"), std::string::npos) << full;
+  // Deleting a key and dropping a job's namespaces give their bytes back.
+  ASSERT_TRUE(*core.Delete("a/2", "k3"));
+  EXPECT_TRUE(core.Set("b/1", "k2", v40).ok());
+  EXPECT_EQ(core.DeleteNamespacesWithPrefix("a/"), 2);
+  EXPECT_TRUE(core.Set("c/1", "k1", std::string(58, 'y')).ok());  // 60 + 82 <= 150
+  EXPECT_TRUE(core.CompareSet("c/1", "k2", "", "z").ok());
+  EXPECT_EQ(core.Add("c/1", "n", 1).status().code(), absl::StatusCode::kOk);
+  EXPECT_EQ(core.CompareSet("c/1", "k3", "", std::string(40, 'w')).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
 TEST(StoreCoreExpiryThreadTest, ExpiryThreadFiresDeadlineOnRealClock) {
   StoreCore core;
   std::mutex mu;
