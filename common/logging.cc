@@ -41,7 +41,9 @@ Status InitLogging(absl::string_view level) {
   static std::once_flag once;
   std::call_once(once, [] {
     auto logger = spdlog::stderr_logger_mt("lockstep");
-    logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %L %v");
+    // UTC with its zone, as the CLI prints times: lines from hosts in
+    // different zones sort and compare as they are.
+    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %L %v", spdlog::pattern_time_type::utc);
     spdlog::set_default_logger(logger);
   });
   spdlog::set_level(parsed);

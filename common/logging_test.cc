@@ -3,6 +3,12 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <ctime>
+#include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -33,6 +39,38 @@ TEST(LoggingTest, EveryLineCarriesComponentJobAndRank) {
   EXPECT_EQ(out.str(),
             "[agent] job=j-1 rank=3 worker exited code=7\n"
             "[store] job=j-2 rank=0 slow\n");
+}
+
+// The process's log lines (stderr) carry UTC with its zone: the same
+// instant reads the same on every host and beside the CLI's times.
+TEST(LoggingTest, LinesCarryUtcTimestampsWithTheZone) {
+  ASSERT_TRUE(InitLogging("info").ok());
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp ? tmp : "/tmp") + "/stderr.log";
+  fflush(stderr);
+  const int saved = ::dup(2);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ::dup2(fd, 2);
+  const std::time_t before = std::time(nullptr);
+  Logger("clock").Warn("what time is it");
+  spdlog::default_logger()->flush();
+  ::dup2(saved, 2);
+  ::close(fd);
+  ::close(saved);
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(
+      line, m,
+      std::regex(R"((\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):\d\d\.\d{3}Z W \[clock\] .*what time is it)")))
+      << line;
+  std::tm utc{};
+  gmtime_r(&before, &utc);
+  // The hour is UTC's (a line logged across an hour boundary may be one later).
+  const int hour = std::stoi(m[4]);
+  EXPECT_TRUE(hour == utc.tm_hour || hour == (utc.tm_hour + 1) % 24) << line;
 }
 
 TEST(LoggingTest, InitLoggingRejectsUnknownLevel) {
