@@ -1,4 +1,5 @@
 #include <thread>
+#include <utility>
 
 #include "ddp/init.h"
 #include "gtest/gtest.h"
@@ -8,6 +9,25 @@
 namespace lockstep {
 namespace ddp {
 namespace {
+
+// A port that was free a moment ago on `host` (a throwaway server picks it).
+int FreePort(const std::string& host) {
+  auto probe = rendezvous::StoreServer::Start(host + ":0");
+  EXPECT_TRUE(probe.ok()) << probe.status();
+  return probe.ok() ? (*probe)->port() : 0;
+}
+
+using StoreOr = StatusOr<std::unique_ptr<rendezvous::Store>>;
+
+// Opens both ranks' stores at once, as two workers would.
+std::pair<StoreOr, StoreOr> OpenBoth(const WorkerEnv& env0, const WorkerEnv& env1) {
+  StoreOr s0 = absl::UnknownError(""), s1 = absl::UnknownError("");
+  std::thread t0([&] { s0 = OpenStore(env0, std::chrono::seconds(10)); });
+  std::thread t1([&] { s1 = OpenStore(env1, std::chrono::seconds(10)); });
+  t0.join();
+  t1.join();
+  return {std::move(s0), std::move(s1)};
+}
 
 TEST(InitFromEnvGrpcTest, HostPortAddressConnectsTheStoreClientInTheRoundNamespace) {
   auto server = rendezvous::StoreServer::Start("127.0.0.1:0");
@@ -27,23 +47,12 @@ TEST(InitFromEnvGrpcTest, HostPortAddressConnectsTheStoreClientInTheRoundNamespa
 }
 
 TEST(InitFromEnvGrpcTest, MasterAddrMakesRankZeroServeTheStore) {
-  // Find a free port by letting a throwaway server pick one.
-  int port = 0;
-  {
-    auto probe = rendezvous::StoreServer::Start("127.0.0.1:0");
-    ASSERT_TRUE(probe.ok());
-    port = (*probe)->port();
-  }
+  const int port = FreePort("127.0.0.1");
   WorkerEnv env0, env1;
   env0.master_addr = env1.master_addr = "127.0.0.1:" + std::to_string(port);
   env0.world_size = env1.world_size = 2;
   env1.rank = 1;
-  StatusOr<std::unique_ptr<rendezvous::Store>> s0 = absl::UnknownError("");
-  StatusOr<std::unique_ptr<rendezvous::Store>> s1 = absl::UnknownError("");
-  std::thread t0([&] { s0 = OpenStore(env0, std::chrono::seconds(10)); });
-  std::thread t1([&] { s1 = OpenStore(env1, std::chrono::seconds(10)); });
-  t0.join();
-  t1.join();
+  auto [s0, s1] = OpenBoth(env0, env1);
   ASSERT_TRUE(s0.ok()) << s0.status();
   ASSERT_TRUE(s1.ok()) << s1.status();
   ASSERT_TRUE((*s1)->Set("from1", "x").ok());
@@ -57,12 +66,7 @@ TEST(InitFromEnvGrpcTest, MasterAddrMakesRankZeroServeTheStore) {
 // LOCKSTEP_STORE_TOKEN; with one, the ranks that have it connect and a
 // client without it is refused.
 TEST(InitFromEnvGrpcTest, MasterStoreBeyondLoopbackNeedsAToken) {
-  int port = 0;
-  {
-    auto probe = rendezvous::StoreServer::Start("0.0.0.0:0");
-    ASSERT_TRUE(probe.ok());
-    port = (*probe)->port();
-  }
+  const int port = FreePort("0.0.0.0");
   WorkerEnv env0, env1;
   env0.master_addr = env1.master_addr = "0.0.0.0:" + std::to_string(port);
   env0.world_size = env1.world_size = 2;
@@ -73,12 +77,7 @@ TEST(InitFromEnvGrpcTest, MasterStoreBeyondLoopbackNeedsAToken) {
       << open.status();
 
   env0.store_token = env1.store_token = "s3cret";
-  StatusOr<std::unique_ptr<rendezvous::Store>> s0 = absl::UnknownError("");
-  StatusOr<std::unique_ptr<rendezvous::Store>> s1 = absl::UnknownError("");
-  std::thread t0([&] { s0 = OpenStore(env0, std::chrono::seconds(10)); });
-  std::thread t1([&] { s1 = OpenStore(env1, std::chrono::seconds(10)); });
-  t0.join();
-  t1.join();
+  auto [s0, s1] = OpenBoth(env0, env1);
   ASSERT_TRUE(s0.ok()) << s0.status();
   ASSERT_TRUE(s1.ok()) << s1.status();
   ASSERT_TRUE((*s1)->Set("from1", "x").ok());

@@ -41,7 +41,10 @@ kill -0 "$pidA" || fail "job A's worker died"
 # stays readable to `lockstep logs`, not to the next job given the uid).
 ls_cli cancel "$jobA" >/dev/null
 wait_state "$jobA" CANCELLED 30
-wait_for 30 test "$(stat -c %u "$T/coord/jobs/$jobA")" = 0 ||
+# A function, so that wait_for stats the dir on every try (a $(stat) in
+# wait_for's arguments is read once, before the agent has given it back).
+owned_by_root() { [ "$(stat -c %u "$1")" = 0 ]; }
+wait_for 30 owned_by_root "$T/coord/jobs/$jobA" ||
   fail "job A's dir still owned by uid $(stat -c %u "$T/coord/jobs/$jobA") after it ended"
 [ "$(stat -c %u "$T/coord/jobs/$jobA/uid.txt")" = 0 ] || fail "job A's files not given back to root"
 [ -z "$(pgrep -u "$uidA")" ] || fail "processes of uid $uidA outlived job A: $(pgrep -u "$uidA")"
