@@ -9,6 +9,7 @@
 // SUCCEEDED.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
+#include "client/standalone.h"
 #include "common/ids.h"
 #include "daemon/token.h"
 #include "lockstep/v1/agent.grpc.pb.h"
@@ -81,6 +83,17 @@ std::string Printable(absl::string_view text) {
 std::string EnvOr(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v && *v ? v : fallback;
+}
+
+// The signal that asked `lockstep run` to stop (0: none yet).
+volatile sig_atomic_t g_stop_signal = 0;
+
+void InstallStopHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) { g_stop_signal = sig; };
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
 }
 
 struct UsageError {
@@ -167,9 +180,23 @@ class Cli {
   }
 
   // ---------------------------------------------------------------- submit
-  StatusOr<int> Submit(const std::vector<std::string>& args) {
-    FlagSet flags("lockstep submit", "Submit a job: lockstep submit [flags] -- CMD ARGS");
+  // `standalone`: `lockstep run` (or submit --standalone), see RunStandalone.
+  StatusOr<int> Submit(const std::vector<std::string>& args, bool standalone) {
+    FlagSet flags(standalone ? "lockstep run" : "lockstep submit",
+                  standalone ? "Run a job on this host alone: start a private coordinator and "
+                               "agent, run the job, print its output, exit with its state "
+                               "(torchrun --standalone): lockstep run [flags] -- CMD ARGS"
+                             : "Submit a job: lockstep submit [flags] -- CMD ARGS");
     AddCommon(&flags, &common_);
+    std::string lockstepd, state_dir;
+    flags.Bool("standalone", &standalone,
+               "one host, no cluster: what `lockstep run` does (implies --wait)");
+    flags.String("lockstepd", &lockstepd,
+                 "with --standalone: the daemon to start (default $LOCKSTEPD, beside this "
+                 "program, or on PATH)");
+    flags.String("state-dir", &state_dir,
+                 "with --standalone: the private daemon's state dir, kept afterwards with the "
+                 "job's logs (default $TMPDIR/lockstep-run-XXXXXX)");
     std::string nodes = "1";
     int32_t nproc = 1, max_restarts = 0;
     std::vector<std::string> env;
@@ -196,6 +223,23 @@ class Cli {
     flags.Bool("wait", &wait, "follow the job until it ends; exit 3 unless it SUCCEEDED");
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
+    if (standalone) {
+      for (const char* f : {"coordinator", "token-file"}) {
+        if (flags.WasSet(f)) {
+          return Usage(absl::InvalidArgumentError(absl::StrCat(
+              "--", f, " cannot be used with --standalone: it starts a coordinator of its own")));
+        }
+      }
+      if (nodes != "1" && nodes != "1:1") {
+        return Usage(absl::InvalidArgumentError(
+            "--standalone runs on this host only: --nodes must be 1, got \"" + nodes + "\""));
+      }
+    } else if (flags.WasSet("lockstepd") || flags.WasSet("state-dir")) {
+      return Usage(absl::InvalidArgumentError("--lockstepd and --state-dir need --standalone"));
+    }
+    if (rest->empty()) {
+      return Usage(absl::InvalidArgumentError("no command to run: expected -- CMD ARGS"));
+    }
     // Workers start in their own directory on each node, so a relative
     // --working-dir, or a program given as a relative path ("./train"),
     // means what it means here: from this directory, the program from
@@ -241,6 +285,7 @@ class Cli {
     spec->mutable_limits()->set_max_address_space(max_address_space);
     spec->mutable_limits()->set_max_cpu_seconds(max_cpu_seconds);
     req.set_request_id(request_id.empty() ? NewRandomId("req-") : request_id);
+    if (standalone) return RunStandalone(req, lockstepd, state_dir);
     RETURN_IF_ERROR(Connect());
     v1::SubmitJobResponse resp;
     RETURN_IF_ERROR(Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit"));
@@ -254,6 +299,83 @@ class Cli {
     }
     if (!common_.json) std::cout << "submitted job " << resp.job().job_id() << "\n";
     return Follow(resp.job().job_id(), /*progress=*/false);
+  }
+
+  // A private lockstepd for this one job: started, given the job, followed
+  // (state changes and every rank's output, prefixed "[R] ") until the job
+  // ends, then stopped. A SIGINT or SIGTERM cancels the job first, so the
+  // workers get their grace period, then exits 128+signal. Exit codes
+  // otherwise as for submit --wait.
+  StatusOr<int> RunStandalone(const v1::SubmitJobRequest& req, const std::string& lockstepd,
+                              const std::string& state_dir) {
+    StandaloneDaemon::Options options;
+    ASSIGN_OR_RETURN(options.lockstepd, FindLockstepd(lockstepd));
+    options.state_dir = state_dir;
+    ASSIGN_OR_RETURN(std::unique_ptr<StandaloneDaemon> daemon,
+                     StandaloneDaemon::Start(std::move(options)));
+    InstallStopHandlers();
+    common_.coordinator = daemon->address();
+    common_.token_file = daemon->token_file();
+    RETURN_IF_ERROR(Connect());
+    if (!common_.json) {
+      std::cout << "standalone: lockstepd at " << daemon->address() << ", state dir "
+                << daemon->state_dir() << std::endl;
+    }
+    v1::SubmitJobResponse resp;
+    RETURN_IF_ERROR(Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit"));
+    const std::string id = resp.job().job_id();
+    if (!common_.json) std::cout << "submitted job " << id << std::endl;
+    const bool tty_out = ::isatty(1), tty_err = ::isatty(2);
+    RankLogTail tail(daemon->job_dir(id), [&](int rank, bool is_stderr, const std::string& line) {
+      if (common_.json) return;  // stdout carries the job's JSON only
+      std::ostream& os = is_stderr ? std::cerr : std::cout;
+      os << "[" << rank << "] " << ((is_stderr ? tty_err : tty_out) ? Printable(line) : line) << "\n";
+    });
+    int64_t version = 0;
+    std::string last_line;
+    bool cancelled = false;
+    v1::Job job = resp.job();
+    while (true) {
+      if (g_stop_signal != 0 && !cancelled) {
+        std::cerr << "lockstep: signal " << g_stop_signal << ": cancelling job " << id << "\n";
+        v1::CancelJobRequest cancel;
+        cancel.set_job_id(id);
+        v1::CancelJobResponse cancel_resp;
+        RETURN_IF_ERROR(Check(coord_->CancelJob(Ctx().get(), cancel, &cancel_resp), "cancel " + id));
+        cancelled = true;
+      }
+      v1::WatchJobRequest watch;
+      watch.set_job_id(id);
+      watch.set_after_version(version);
+      v1::WatchJobResponse wresp;
+      grpc::Status s = coord_->WatchJob(Ctx(std::chrono::milliseconds(250)).get(), watch, &wresp);
+      if (s.ok()) {
+        version = wresp.version();
+        job = wresp.job();
+        if (!common_.json) {
+          std::string line = absl::StrCat(StateName(job.state()), "  round ", job.round(),
+                                          "  restarts ", job.restart_count(), "/",
+                                          job.spec().max_restarts(), "  ", Printable(job.message()));
+          if (line != last_line) std::cout << "lockstep: " << line << std::endl;
+          last_line = line;
+        }
+      } else if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        RETURN_IF_ERROR(Check(s, "watch job " + id));
+      }
+      tail.Poll(IsTerminal(job.state()));
+      std::cout << std::flush;
+      if (IsTerminal(job.state())) break;
+    }
+    if (common_.json) {
+      PrintJson(job);
+    } else {
+      std::cout << "logs:       " << daemon->job_dir(id) << "/rank-R.{stdout,stderr}; daemon log "
+                << daemon->log_path() << "\n";
+    }
+    Status stopped = daemon->Stop();
+    if (!stopped.ok()) std::cerr << "lockstep: " << Printable(stopped.message()) << "\n";
+    if (cancelled) return 128 + g_stop_signal;
+    return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitJobNotSucceeded;
   }
 
   // Long-polls WatchJob until the job ends. Prints each state change (and
@@ -586,7 +708,9 @@ constexpr char kUsage[] =
     "usage: lockstep [--coordinator H:P] [--token-file F] [--json] COMMAND ...\n"
     "commands:\n"
     "  submit [--nodes N|MIN:MAX] [--nproc-per-node K] [--max-restarts R] [--env K=V]...\n"
-    "         [--name N] [--wait] -- CMD ARGS\n"
+    "         [--name N] [--wait] [--standalone] -- CMD ARGS\n"
+    "  run [--nproc-per-node K] [--max-restarts R] ... -- CMD ARGS   (this host alone: a\n"
+    "         private coordinator and agent, the job's output, its state as exit code)\n"
     "  status JOB\n"
     "  list\n"
     "  logs JOB [--rank R] [--follow] [--stderr]\n"
@@ -617,7 +741,9 @@ int Main(int argc, char** argv) {
   Cli cli(common);
   StatusOr<int> result = absl::InvalidArgumentError("");
   if (cmd == "submit") {
-    result = cli.Submit(args);
+    result = cli.Submit(args, /*standalone=*/false);
+  } else if (cmd == "run") {
+    result = cli.Submit(args, /*standalone=*/true);
   } else if (cmd == "status") {
     result = cli.Status_(args);
   } else if (cmd == "list") {

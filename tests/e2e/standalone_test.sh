@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# `lockstep run` (and `submit --standalone`): one command starts a private
+# coordinator and agent, runs the job, streams every rank's output with a
+# "[R] " prefix, stops the daemon and exits with the job's state:
+#   - real DDP, 2 ranks: exit 0, both ranks' lines, identical parameters;
+#   - a failing program with one restart: exit 3, its output from both
+#     rounds, FAILED;
+#   - SIGINT mid-job: the job is cancelled, exit 130;
+#   - the CLI killed with SIGKILL: its daemon and the workers still go
+#     (the daemon's parent-death signal);
+#   - usage errors name the flag.
+# In every case nothing is left running and nothing is left in /dev/shm.
+source tests/e2e/lib.sh "$1" "$2" "$3"
+TRAIN="$PWD/$4"
+shm_before=$(ls /dev/shm | grep -c '^lockstep-' || true)
+
+# The daemons a run started: lockstepd processes whose state dir is under $T.
+run_daemons() { pgrep -f -- "--state-dir=$T/" || true; }
+nothing_left() { [ -z "$(run_daemons)" ] && no_workers; }
+assert_nothing_left() {
+  wait_for 20 nothing_left ||
+    fail "left running after $1: daemons [$(run_daemons)] workers [$(worker_pids)]"
+}
+
+# 1. Real DDP over Gloo, lockstepd found beside the CLI (the Bazel tree).
+rc=0
+"$LOCKSTEP" run --state-dir "$T/run1" --nproc-per-node 2 -- \
+  "$TRAIN" --model mlp_small --steps 20 --timeout-s 60 >"$T/run1.out" 2>"$T/run1.err" || rc=$?
+cat "$T/run1.out"
+[ "$rc" = 0 ] || fail "lockstep run of a 2-rank DDP job exited $rc: $(tail -n 20 "$T/run1.err")"
+grep -q '^lockstep: SUCCEEDED' "$T/run1.out" || fail "run did not print SUCCEEDED"
+for r in 0 1; do
+  grep -q "^\[$r\] .*\"rank\":$r,\"step\":20," "$T/run1.out" || fail "no step-20 line of rank $r"
+done
+sums=$(sed -n 's/^\[[01]\] .*"checksum":\([^,]*\),"abs_checksum":\([^,]*\),.*/\1 \2/p' "$T/run1.out")
+[ "$(echo "$sums" | wc -l)" = 2 ] || fail "expected 2 checksum lines, got: $sums"
+[ "$(echo "$sums" | sort -u | wc -l)" = 1 ] || fail "ranks ended with different parameters: $sums"
+grep -q '^\[0\] .*connected gloo communicator of 2 ranks' "$T/run1.err" ||
+  fail "rank 0's stderr was not streamed with its prefix: $(head -n 5 "$T/run1.err")"
+[ -s "$T/run1/coordinator.db" ] || fail "the state dir was not kept"
+assert_nothing_left "a run that succeeded"
+
+# 2. A program that fails, with one restart: both rounds' output, exit 3.
+rc=0
+"$LOCKSTEP" run --lockstepd "$LOCKSTEPD" --state-dir "$T/run2" --max-restarts 1 -- \
+  /bin/sh -c 'echo "boom in round $LOCKSTEP_ROUND" >&2; exit 7' >"$T/run2.out" 2>"$T/run2.err" || rc=$?
+[ "$rc" = 3 ] || fail "a failing job's run exited $rc, not 3"
+grep -q '^lockstep: FAILED' "$T/run2.out" || fail "run did not print FAILED: $(cat "$T/run2.out")"
+grep -qx '\[0\] boom in round 1' "$T/run2.err" || fail "round 1's stderr missing: $(cat "$T/run2.err")"
+grep -qx '\[0\] boom in round 2' "$T/run2.err" || fail "round 2's stderr missing: $(cat "$T/run2.err")"
+assert_nothing_left "a failed run"
+
+# 3. SIGINT while the job runs (submit --standalone): cancelled, exit 130.
+"$LOCKSTEP" submit --standalone --state-dir "$T/run3" --nproc-per-node 2 -- \
+  "$TRAIN" --model mlp_small --steps 100000 --step-delay-ms 50 --timeout-s 60 \
+  >"$T/run3.out" 2>"$T/run3.err" &
+cli=$!
+wait_for 60 grep -q '^\[1\] .*"step":3,' "$T/run3.out" || fail "run 3 never reached step 3 on rank 1"
+kill -INT "$cli"
+rc=0
+wait "$cli" || rc=$?
+[ "$rc" = 130 ] || fail "SIGINT: run exited $rc, not 130: $(tail -n 5 "$T/run3.err")"
+grep -q '^lockstep: CANCELLED' "$T/run3.out" || fail "run 3 did not end CANCELLED: $(tail -n 3 "$T/run3.out")"
+grep -q 'signal 2: cancelling job' "$T/run3.err" || fail "run 3 did not say why it cancelled"
+assert_nothing_left "SIGINT"
+
+# 4. The CLI killed outright: the daemon's parent-death signal stops it,
+# and it stops the workers.
+"$LOCKSTEP" run --state-dir "$T/run4" --nproc-per-node 2 -- \
+  "$TRAIN" --model mlp_small --steps 100000 --step-delay-ms 50 --timeout-s 60 \
+  >"$T/run4.out" 2>"$T/run4.err" &
+cli=$!
+wait_for 60 grep -q '^\[1\] .*"step":3,' "$T/run4.out" || fail "run 4 never reached step 3 on rank 1"
+kill -KILL "$cli"
+wait "$cli" 2>/dev/null || true
+assert_nothing_left "SIGKILL of the CLI"
+grep -q 'stopping' "$T/run4/lockstepd.log" || fail "the daemon did not log stopping its workers"
+
+# 5. Usage errors name what was wrong and start nothing.
+expect_usage() {
+  local want=$1; shift
+  local rc=0 err
+  err=$("$LOCKSTEP" "$@" 2>&1 >/dev/null) || rc=$?
+  [ "$rc" = 2 ] || fail "lockstep $* exited $rc, not 2"
+  echo "$err" | grep -q -- "$want" || fail "lockstep $*: error does not name $want: $err"
+}
+expect_usage "--nodes must be 1" run --nodes 2 -- /bin/true
+expect_usage "--coordinator cannot be used with --standalone" run --coordinator 127.0.0.1:1 -- /bin/true
+expect_usage "need --standalone" submit --state-dir "$T/x" -- /bin/true
+expect_usage "no command to run" run
+rc=0
+out=$(LOCKSTEPD=/nonexistent PATH=/usr/bin:/bin "$LOCKSTEP" run --lockstepd /nonexistent -- /bin/true 2>&1) || rc=$?
+[ "$rc" = 1 ] && echo "$out" | grep -q "not an executable file" || fail "a missing lockstepd: rc $rc: $out"
+[ ! -e "$T/x" ] || fail "a refused run made its state dir"
+assert_nothing_left "usage errors"
+
+shm_after=$(ls /dev/shm | grep -c '^lockstep-' || true)
+[ "$shm_after" -le "$shm_before" ] || fail "segments left in /dev/shm: $(ls /dev/shm | grep '^lockstep-')"
+log "PASS"
