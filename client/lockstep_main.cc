@@ -7,7 +7,6 @@
 // Exit codes: 0 ok; 1 an RPC failed (the message names the code and what);
 // 2 bad usage; 3 `submit --wait` / `watch` saw the job end other than
 // SUCCEEDED.
-#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -30,8 +29,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
+#include "client/json.h"
 #include "client/standalone.h"
 #include "common/ids.h"
+#include "common/version.h"
 #include "daemon/token.h"
 #include "lockstep/v1/agent.grpc.pb.h"
 #include "lockstep/v1/coordinator.grpc.pb.h"
@@ -140,7 +141,15 @@ class Cli {
     if (common_.token_file.empty()) {
       common_.token_file = EnvOr("LOCKSTEP_TOKEN_FILE", kDefaultTokenFile);
     }
-    ASSIGN_OR_RETURN(token_, daemon::LoadToken(common_.token_file, /*create=*/false));
+    auto token = daemon::LoadToken(common_.token_file, /*create=*/false);
+    if (absl::IsNotFound(token.status())) {
+      return absl::NotFoundError(absl::StrCat(
+          token.status().message(),
+          "; name the coordinator's token with --token-file or $LOCKSTEP_TOKEN_FILE (lockstepd "
+          "writes it to <state-dir>/token)"));
+    }
+    RETURN_IF_ERROR(token.status());
+    token_ = *std::move(token);
     coord_ = v1::CoordinatorService::NewStub(
         rendezvous::CreateLockstepChannel(common_.coordinator));
     return absl::OkStatus();
@@ -157,13 +166,8 @@ class Cli {
     return FromGrpcStatus(s, absl::StrCat(what, " (coordinator ", common_.coordinator, ")"));
   }
 
-  void PrintJson(const google::protobuf::Message& m) {
-    std::string out;
-    google::protobuf::util::JsonPrintOptions opts;
-    opts.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
-    std::cout << out << "\n";
-  }
+  // client/json.h: every field, numbers as numbers, enums without prefixes.
+  void PrintJson(const google::protobuf::Message& m) { std::cout << ToJson(m) << "\n"; }
 
   StatusOr<v1::Job> GetJob(const std::string& id) {
     v1::GetJobRequest req;
@@ -221,6 +225,10 @@ class Cli {
     flags.Int("max-address-space", &max_address_space, "workers' RLIMIT_AS in bytes (0 = inherit)");
     flags.Int("max-cpu-seconds", &max_cpu_seconds, "workers' RLIMIT_CPU (0 = inherit)");
     flags.Bool("wait", &wait, "follow the job until it ends; exit 3 unless it SUCCEEDED");
+    // torchrun's spellings (its underscores, --nproc_per_node, are accepted
+    // for every flag).
+    flags.Alias("nnodes", "nodes");
+    flags.Short('e', "env");
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
     if (standalone) {
@@ -237,7 +245,7 @@ class Cli {
     } else if (flags.WasSet("lockstepd") || flags.WasSet("state-dir")) {
       return Usage(absl::InvalidArgumentError("--lockstepd and --state-dir need --standalone"));
     }
-    if (rest->empty()) {
+    if (standalone && rest->empty()) {  // before starting a daemon for nothing
       return Usage(absl::InvalidArgumentError("no command to run: expected -- CMD ARGS"));
     }
     // Workers start in their own directory on each node, so a relative
@@ -511,6 +519,10 @@ class Cli {
     AddCommon(&flags, &common_);
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
+    if (!rest->empty()) {
+      return Usage(absl::InvalidArgumentError(
+          absl::StrCat("list takes no arguments, got \"", Printable((*rest)[0]), "\"")));
+    }
     RETURN_IF_ERROR(Connect());
     v1::ListJobsResponse resp;
     RETURN_IF_ERROR(Check(coord_->ListJobs(Ctx().get(), {}, &resp), "list jobs"));
@@ -558,6 +570,10 @@ class Cli {
     AddCommon(&flags, &common_);
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
+    if (!rest->empty()) {
+      return Usage(absl::InvalidArgumentError(
+          absl::StrCat("nodes takes no arguments, got \"", Printable((*rest)[0]), "\"")));
+    }
     RETURN_IF_ERROR(Connect());
     v1::ListNodesResponse resp;
     RETURN_IF_ERROR(Check(coord_->ListNodes(Ctx().get(), {}, &resp), "list nodes"));
@@ -587,6 +603,8 @@ class Cli {
     flags.Bool("follow", &follow, "keep printing until the worker exits");
     flags.Bool("stderr", &stderr_stream, "print stderr instead of stdout");
     flags.Int("tail-bytes", &tail, "start this many bytes before the end");
+    flags.Short('f', "follow");
+    flags.Short('r', "rank");
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
     if (rest->size() != 1) return Usage(absl::InvalidArgumentError("logs: expected one JOB id"));
@@ -723,10 +741,12 @@ int Main(int argc, char** argv) {
   Common common;
   FlagSet flags("lockstep", "Lockstep command-line client");
   AddCommon(&flags, &common);
+  flags.Version("lockstep " LOCKSTEP_VERSION);
   auto rest = flags.Parse(argc, argv, /*stop_at_first_positional=*/true);
   if (!rest.ok()) {
     if (rest.status().code() == absl::StatusCode::kNotFound) {
-      std::cout << kUsage;
+      const bool version = argc > 1 && std::string(argv[1]) == "--version";
+      std::cout << (version ? std::string(rest.status().message()) : kUsage);
       return 0;
     }
     std::cerr << "lockstep: " << rest.status().message() << "\n" << kUsage;
@@ -757,7 +777,11 @@ int Main(int argc, char** argv) {
   } else if (cmd == "watch") {
     result = cli.Watch(args);
   } else {
-    std::cerr << "lockstep: unknown command \"" << cmd << "\"\n" << kUsage;
+    const std::string near = NearestMatch(
+        cmd, {"submit", "run", "status", "list", "logs", "cancel", "nodes", "watch"});
+    std::cerr << "lockstep: unknown command \"" << Printable(cmd) << "\""
+              << (near.empty() ? "" : " (did you mean \"" + near + "\"?)") << "\n"
+              << kUsage;
     return kExitUsage;
   }
   if (!result.ok()) {

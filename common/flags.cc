@@ -1,8 +1,8 @@
 #include "common/flags.h"
 
-#include <cstdio>
-
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <utility>
 
@@ -87,6 +87,70 @@ void FlagSet::StringList(const std::string& name, std::vector<std::string>* targ
                  }});
 }
 
+void FlagSet::Alias(const std::string& alias, const std::string& name) {
+  if (flags_.count(name) == 0 || flags_.count(alias) || aliases_.count(alias)) {
+    std::fprintf(stderr, "FATAL: alias --%s for --%s\n", alias.c_str(), name.c_str());
+    std::abort();
+  }
+  aliases_[alias] = name;
+}
+
+void FlagSet::Short(char letter, const std::string& name) {
+  if (flags_.count(name) == 0 || shorts_.count(letter) || letter == 'h') {
+    std::fprintf(stderr, "FATAL: short flag -%c for --%s\n", letter, name.c_str());
+    std::abort();
+  }
+  shorts_[letter] = name;
+}
+
+void FlagSet::Version(std::string text) { version_ = std::move(text); }
+
+std::map<std::string, FlagSet::Flag>::iterator FlagSet::Find(const std::string& given) {
+  std::string name = given;
+  std::replace(name.begin(), name.end(), '_', '-');
+  if (auto a = aliases_.find(name); a != aliases_.end()) name = a->second;
+  return flags_.find(name);
+}
+
+Status FlagSet::Unknown(const std::string& given) {
+  std::vector<std::string> known;
+  for (const auto& [name, flag] : flags_) known.push_back(name);
+  for (const auto& [alias, name] : aliases_) known.push_back(alias);
+  std::string bare = given.substr(given.find_first_not_of('-'));
+  std::replace(bare.begin(), bare.end(), '_', '-');
+  const std::string near = NearestMatch(bare, known);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown flag ", given, near.empty() ? "" : absl::StrCat(" (did you mean --", near, "?)"),
+      " (see ", program_, " --help)"));
+}
+
+std::string NearestMatch(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = std::string::npos;
+  for (const std::string& c : candidates) {
+    // Levenshtein distance, one row at a time.
+    std::vector<size_t> row(c.size() + 1);
+    for (size_t j = 0; j <= c.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= word.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= c.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (word[i - 1] != c[j - 1])});
+        diagonal = up;
+      }
+    }
+    size_t d = row[c.size()];
+    if (word.size() >= 3 && c.compare(0, word.size(), word) == 0) d = std::min<size_t>(d, 1);
+    if (d < best_distance) {
+      best_distance = d;
+      best = c;
+    }
+  }
+  const size_t allowed = std::max<size_t>(2, word.size() / 3);
+  return best_distance <= allowed && best_distance < word.size() ? best : "";
+}
+
 StatusOr<std::vector<std::string>> FlagSet::Parse(int argc, const char* const* argv,
                                                   bool stop_at_first_positional) {
   std::vector<std::string> args;
@@ -113,6 +177,12 @@ StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::string>
     }
     std::string body = arg.substr(arg[1] == '-' ? 2 : 1);
     if (body == "help" || body == "h") return absl::NotFoundError(Usage());
+    if (body == "version" && !version_.empty()) return absl::NotFoundError(version_ + "\n");
+    if (arg[1] != '-' && body.size() == 1) {  // -x
+      auto s = shorts_.find(body[0]);
+      if (s == shorts_.end()) return Unknown(arg);
+      body = s->second;
+    }
     std::string name = body;
     std::string value;
     bool has_value = false;
@@ -121,30 +191,27 @@ StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::string>
       value = body.substr(eq + 1);
       has_value = true;
     }
-    auto it = flags_.find(name);
+    auto it = Find(name);
     if (it == flags_.end() && !has_value && name.rfind("no-", 0) == 0) {
-      auto neg = flags_.find(name.substr(3));
+      auto neg = Find(name.substr(3));
       if (neg != flags_.end() && neg->second.is_bool) {
         RETURN_IF_ERROR(neg->second.set("false"));
         set_[neg->first] = true;
         continue;
       }
     }
-    if (it == flags_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag --", name, " (see ", program_, " --help)"));
-    }
+    if (it == flags_.end()) return Unknown(arg[1] == '-' ? "--" + name : arg);
     if (!has_value) {
       if (it->second.is_bool) {
         value = "true";
       } else if (i + 1 < args.size()) {
         value = args[++i];
       } else {
-        return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+        return absl::InvalidArgumentError(absl::StrCat("flag --", it->first, " needs a value"));
       }
     }
     RETURN_IF_ERROR(it->second.set(value));
-    set_[name] = true;
+    set_[it->first] = true;
   }
   return positional;
 }
@@ -154,10 +221,22 @@ bool FlagSet::WasSet(const std::string& name) const { return set_.count(name) > 
 std::string FlagSet::Usage() const {
   std::string out = absl::StrCat("usage: ", program_, " [flags]\n", summary_, "\n\nflags:\n");
   for (const auto& [name, flag] : flags_) {
-    absl::StrAppendFormat(&out, "  --%-24s %s", name, flag.help);
-    if (!flag.default_text.empty()) absl::StrAppend(&out, " (default: ", flag.default_text, ")");
+    std::string spelled = "--" + name;
+    for (const auto& [letter, target] : shorts_) {
+      if (target == name) spelled = absl::StrCat("-", std::string(1, letter), ", ", spelled);
+    }
+    for (const auto& [alias, target] : aliases_) {
+      if (target == name) absl::StrAppend(&spelled, ", --", alias);
+    }
+    absl::StrAppendFormat(&out, "  %-26s %s", spelled, flag.help);
+    // A help text that states its own default (a 0 that means "the
+    // daemon's default") is not contradicted by the variable's value.
+    if (!flag.default_text.empty() && flag.help.find("default") == std::string::npos) {
+      absl::StrAppend(&out, " (default: ", flag.default_text, ")");
+    }
     absl::StrAppend(&out, "\n");
   }
+  if (!version_.empty()) absl::StrAppendFormat(&out, "  %-26s %s\n", "--version", "print the version");
   return out;
 }
 

@@ -8,7 +8,11 @@
 //   ASSIGN_OR_RETURN(std::vector<std::string> rest, flags.Parse(argc, argv));
 //
 // Accepted forms: --name=value, --name value, --bool-flag, --no-bool-flag,
-// and "--" to end flags (everything after is returned as positional).
+// -x value for a registered one-letter form (Short), and "--" to end flags
+// (everything after is returned as positional). Underscores count as
+// dashes (--max_restarts is --max-restarts), and Alias adds other
+// spellings (torchrun's --nnodes). An unknown flag's error suggests the
+// nearest known one.
 // Thread safety: not thread-safe; use from main only.
 #ifndef LOCKSTEP_COMMON_FLAGS_H_
 #define LOCKSTEP_COMMON_FLAGS_H_
@@ -37,6 +41,14 @@ class FlagSet {
   // Repeatable flag: each occurrence appends.
   void StringList(const std::string& name, std::vector<std::string>* target,
                   std::string help);
+
+  // Another spelling of the registered flag `name`, shown in Usage().
+  void Alias(const std::string& alias, const std::string& name);
+  // `-letter` for the registered flag `name`.
+  void Short(char letter, const std::string& name);
+  // Makes --version return NotFound with `text` as the message (as --help
+  // does with Usage()), so ReportParseError prints it and returns 0.
+  void Version(std::string text);
 
   // Parses argv[1..]. Returns the positional arguments in order (flags may
   // be interleaved with them until "--"; with `stop_at_first_positional`,
@@ -70,11 +82,23 @@ class FlagSet {
   };
   void Add(const std::string& name, Flag flag);
 
+  // The flag `name` (a registered name, alias or underscore spelling) is
+  // known as, or flags_.end().
+  std::map<std::string, Flag>::iterator Find(const std::string& name);
+  Status Unknown(const std::string& given);
+
   std::string program_;
   std::string summary_;
+  std::string version_;
   std::map<std::string, Flag> flags_;
+  std::map<std::string, std::string> aliases_;  // alias -> name
+  std::map<char, std::string> shorts_;          // letter -> name
   std::map<std::string, bool> set_;
 };
+
+// The candidate nearest to `word` (edit distance, or `word` a prefix of
+// it) when near enough to be what was meant, else "". For "did you mean".
+std::string NearestMatch(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace lockstep
 

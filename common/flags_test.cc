@@ -83,3 +83,73 @@ TEST(FlagsTest, ReportParseErrorExitsZeroForHelpAndTwoForErrors) {
 
 }  // namespace
 }  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+TEST(FlagsTest, TorchrunSpellingsAliasesAndShortForms) {
+  std::string nodes = "1";
+  int32_t nproc = 1, restarts = 0;
+  bool follow = false;
+  FlagSet flags("t", "test");
+  flags.String("nodes", &nodes, "");
+  flags.Int32("nproc-per-node", &nproc, "");
+  flags.Int32("max-restarts", &restarts, "");
+  flags.Bool("follow", &follow, "");
+  flags.Alias("nnodes", "nodes");
+  flags.Short('f', "follow");
+  flags.Short('n', "nproc-per-node");
+  auto rest = flags.Parse({"--nnodes", "1:2", "--nproc_per_node=4", "--max_restarts", "3", "-f"});
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(nodes, "1:2");
+  EXPECT_EQ(nproc, 4);
+  EXPECT_EQ(restarts, 3);
+  EXPECT_TRUE(follow);
+  EXPECT_TRUE(flags.WasSet("nproc-per-node"));  // by its registered name
+  ASSERT_TRUE(flags.Parse({"-n", "2"}).ok());
+  EXPECT_EQ(nproc, 2);
+  auto unknown_short = flags.Parse({"-x", "2"});
+  EXPECT_NE(unknown_short.status().message().find("unknown flag -x"), std::string::npos)
+      << unknown_short.status();
+  const std::string usage = flags.Usage();
+  EXPECT_NE(usage.find("--nodes, --nnodes"), std::string::npos) << usage;
+  EXPECT_NE(usage.find("-f, --follow"), std::string::npos) << usage;
+}
+
+TEST(FlagsTest, UnknownFlagSuggestsTheNearest) {
+  int32_t nproc = 1;
+  bool wait = false;
+  FlagSet flags("lockstep submit", "test");
+  flags.Int32("nproc-per-node", &nproc, "");
+  flags.Bool("wait", &wait, "");
+  auto typo = flags.Parse({"--nproc-per-nod=2"});
+  EXPECT_NE(typo.status().message().find("did you mean --nproc-per-node?"), std::string::npos)
+      << typo.status();
+  auto prefix = flags.Parse({"--nproc", "2"});
+  EXPECT_NE(prefix.status().message().find("did you mean --nproc-per-node?"), std::string::npos)
+      << prefix.status();
+  auto far = flags.Parse({"--coordinator=x"});
+  EXPECT_EQ(far.status().message().find("did you mean"), std::string::npos) << far.status();
+  EXPECT_EQ(NearestMatch("stauts", {"submit", "status", "list", "logs"}), "status");
+  EXPECT_EQ(NearestMatch("lsit", {"submit", "status", "list", "logs"}), "list");
+  EXPECT_EQ(NearestMatch("frobnicate", {"submit", "status", "list", "logs"}), "");
+}
+
+TEST(FlagsTest, VersionAndHelpWithoutContradictions) {
+  double grace = 0;
+  int32_t nproc = 1;
+  FlagSet flags("t", "test");
+  flags.Double("stop-grace-s", &grace, "SIGTERM to SIGKILL grace (default 10)");
+  flags.Int32("nproc-per-node", &nproc, "workers per node");
+  flags.Version("t 1.2.3");
+  auto version = flags.Parse({"--version"});
+  ASSERT_TRUE(absl::IsNotFound(version.status()));
+  EXPECT_EQ(version.status().message(), "t 1.2.3\n");
+  const std::string usage = flags.Usage();
+  EXPECT_NE(usage.find("(default 10)"), std::string::npos) << usage;
+  EXPECT_EQ(usage.find("(default: 0)"), std::string::npos) << usage;
+  EXPECT_NE(usage.find("workers per node (default: 1)"), std::string::npos) << usage;
+}
+
+}  // namespace
+}  // namespace lockstep

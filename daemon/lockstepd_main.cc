@@ -26,6 +26,7 @@
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/version.h"
 #include "common/status.h"
 #include "daemon/agent.h"
 #include "daemon/agent_service.h"
@@ -107,6 +108,7 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   flags.Double("shutdown-grace-s", &c.shutdown_grace_s,
                "on SIGTERM: workers get this long after SIGTERM before SIGKILL");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error (default LOCKSTEP_LOG_LEVEL or info)");
+  flags.Version("lockstepd " LOCKSTEP_VERSION);
   ASSIGN_OR_RETURN(std::vector<std::string> rest, flags.Parse(argc, argv));
   if (!rest.empty()) return absl::InvalidArgumentError("unexpected argument: " + rest[0]);
   if (!c.coordinator && !c.agent) {

@@ -18,6 +18,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace lockstep {
 namespace daemon {
@@ -47,7 +48,7 @@ StatusOr<std::string> LoadToken(const std::string& path, bool create) {
   if (st.st_mode & 077) {
     return absl::PermissionDeniedError(absl::StrCat(
         "token file ", path, " is readable by group or others (mode ",
-        absl::StrCat(absl::Hex(st.st_mode & 0777)), "); chmod 600 it"));
+        absl::StrFormat("%04o", st.st_mode & 07777), "); chmod 600 it"));
   }
   std::ifstream in(path);
   if (!in) {

@@ -36,7 +36,10 @@ TEST(TokenTest, RefusesAWorldReadableFile) {
   ::unlink(path.c_str());
   ASSERT_TRUE(LoadToken(path, true).ok());
   ::chmod(path.c_str(), 0644);
-  EXPECT_EQ(LoadToken(path, false).status().code(), absl::StatusCode::kPermissionDenied);
+  auto refused = LoadToken(path, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  // The mode as chmod takes it (it was printed in hex: "mode 1a4").
+  EXPECT_NE(refused.status().message().find("(mode 0644)"), std::string::npos) << refused.status();
 }
 
 TEST(TokenTest, SecretsAreCsprngHexAndCompareOnlyWhenEqual) {

@@ -16,7 +16,7 @@ wait_for 5 no_workers || fail "workers still alive after the grace period: $(wor
 log "all workers gone after $(( ($(date +%s%N) - start) / 1000000 )) ms"
 ls_cli cancel "$job" 2>"$T/again.txt" && fail "a second cancel should fail"
 grep -q "already finished" "$T/again.txt" || fail "second cancel: $(cat "$T/again.txt")"
-wait_for 10 field_is "$job" 'sum(w["state"]=="WORKER_STATE_STOPPED" for w in j["workers"])' 4 ||
+wait_for 10 field_is "$job" 'sum(w["state"]=="STOPPED" for w in j["workers"])' 4 ||
   fail "workers not reported STOPPED"
 check_invariants "$job" 0
 log "PASS"

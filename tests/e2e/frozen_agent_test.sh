@@ -30,7 +30,7 @@ log "SIGSTOP nodea's lockstepd (pid $PID_nodea)"
 stopped_at=$(date +%s%N)
 kill -STOP "$PID_nodea"
 wait_for 60 field_is "$job" '(j["round"] >= 2, j["node_ids"], j["state"])' \
-  "(True, ['nodeb'], 'JOB_STATE_RUNNING')" || fail "no round on nodeb alone: $(ls_cli status "$job")"
+  "(True, ['nodeb'], 'RUNNING')" || fail "no round on nodeb alone: $(ls_cli status "$job")"
 # The recovery figure (bench/README.md): at least the fence deadline, about
 # 1.25 lease + 1 s after nodea's last heartbeat, plus the new round's start.
 log "nodea replaced: nodeb runs ranks 0 and 1 $(( ($(date +%s%N) - stopped_at) / 1000000 )) ms after the SIGSTOP (lease ${LEASE_S}s)"

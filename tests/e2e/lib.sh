@@ -90,7 +90,7 @@ job_field() {
 # field_is JOB EXPR VALUE: the job's EXPR (see job_field) prints VALUE now.
 # Use it inside wait_for (a $(...) argument would be evaluated only once).
 field_is() { [ "$(job_field "$1" "$2")" = "$3" ]; }
-job_state() { job_field "$1" 'j["state"].replace("JOB_STATE_", "")'; }
+job_state() { job_field "$1" 'j["state"]'; }
 state_is() { [ "$(job_state "$1")" = "$2" ]; }
 
 # wait_state JOB STATE SECONDS

@@ -32,7 +32,7 @@ wait_for $((LEASE_S + LEASE_S / 4 + 2)) bash -c "! kill -0 $victim" || fail "cut
 log "host b stopped its worker by itself"
 # Replaced within two leases: the new round (host a alone) runs past host
 # b's fence deadline, last heartbeat + 1.25 lease + 1 s, and before 2 leases.
-wait_for 60 field_is "$job" '(j["node_ids"], j["state"] in ("JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED"))' \
+wait_for 60 field_is "$job" '(j["node_ids"], j["state"] in ("RUNNING", "SUCCEEDED"))' \
   "(['coord'], True)" || fail "host b was never replaced: $(ls_cli status "$job")"
 replaced_ms=$(( ($(date +%s%N) - cut_at) / 1000000 ))
 log "host b replaced ${replaced_ms} ms after the cut (lease ${LEASE_S}s)"

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The CLI as scripts and torchrun users meet it:
+#   - `--json` of a finished 2-rank job: every field present, rank 0, exit
+#     code 0 and restart count 0 as numbers, pids as numbers, states
+#     without enum prefixes; `logs --json` carries the log as text;
+#   - torchrun's spellings (--nnodes, --nproc_per_node, --max_restarts) and
+#     short flags are accepted;
+#   - typos get "did you mean", extra arguments are refused, --version on
+#     both binaries, help does not contradict itself, a missing token file
+#     names --token-file, a token file's bad mode is printed in octal.
+source tests/e2e/lib.sh "$@"
+
+start_coordinator
+
+# torchrun spellings, -e for --env.
+out=$(ls_cli submit --nnodes 1 --nproc_per_node 2 --max_restarts 0 -e TRAINER_STEPS=3 \
+  --env TRAINER_OUT_DIR="$T/out" --wait -- "$TRAINER" "$MARKER") ||
+  fail "submit with torchrun's spellings did not succeed: $out"
+job=$(echo "$out" | sed -n 's/^submitted job //p')
+[ -n "$job" ] || fail "no job id in: $out"
+
+ls_cli status --json "$job" >"$T/job.json"
+python3 - "$T/job.json" <<'EOF' || fail "status --json is not what scripts need: $(cat "$T/job.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+def check(cond, what):
+    if not cond:
+        sys.exit("status --json: " + what)
+check(j["state"] == "SUCCEEDED", "state %r" % j["state"])
+check(j["restart_count"] == 0 and type(j["restart_count"]) is int, "restart_count %r" % j.get("restart_count"))
+check(j["spec"]["nproc_per_node"] == 2 and j["spec"]["max_nodes"] == 1, "spec %r" % j["spec"])
+check(j["first_failure"] is None, "first_failure should be null, is %r" % j["first_failure"])
+check(j["consequences"] == [], "consequences %r" % j["consequences"])
+ranks = sorted(w["rank"] for w in j["workers"])
+check(ranks == [0, 1], "ranks %r (rank 0 must be present)" % ranks)
+for w in j["workers"]:
+    check(type(w["rank"]) is int and type(w["pid"]) is int and w["pid"] > 0, "worker %r" % w)
+    check(w["state"] == "EXITED", "worker state %r" % w["state"])
+    check(w["exit"]["exit_code"] == 0 and w["exit"]["signal"] == 0, "exit %r" % w["exit"])
+    check(w["progress"]["step"] == 3, "progress %r" % w["progress"])
+for h in j["history"]:
+    check(not h["state"].startswith("JOB_STATE_"), "history state %r" % h["state"])
+EOF
+ls_cli list --json | python3 -c '
+import json, sys
+jobs = json.load(sys.stdin)["jobs"]
+assert [j["state"] for j in jobs] == ["SUCCEEDED"], jobs' || fail "list --json"
+ls_cli nodes --json | python3 -c '
+import json, sys
+n = json.load(sys.stdin)["nodes"][0]
+assert n["alive"] is True and type(n["registered_unix_ms"]) is int, n' || fail "nodes --json"
+# One JSON object per chunk read (JSON lines).
+ls_cli logs --json -r 1 "$job" | python3 -c '
+import json, sys
+d = "".join(json.loads(line)["data"] for line in sys.stdin)
+assert "rank 1 step 3" in d, d' || fail "logs --json does not carry rank 1's log as text"
+
+# expect_usage WANT ARGS...: exit 2 and WANT in the error.
+expect_usage() {
+  local want=$1; shift
+  local rc=0 err
+  err=$(ls_cli "$@" 2>&1 >/dev/null) || rc=$?
+  [ "$rc" = 2 ] || fail "lockstep $* exited $rc, not 2: $err"
+  echo "$err" | grep -qF -- "$want" || fail "lockstep $*: error does not say '$want': $err"
+}
+expect_usage 'did you mean "status"?' stauts "$job"
+expect_usage 'did you mean --nproc-per-node?' submit --nproc-per-nod 2 -- /bin/true
+expect_usage 'list takes no arguments, got "extra"' list extra
+expect_usage 'nodes takes no arguments' nodes extra
+expect_usage 'unknown flag -q' logs -q "$job"
+
+"$LOCKSTEP" --version | grep -qx "lockstep [0-9.]*" || fail "lockstep --version: $("$LOCKSTEP" --version)"
+"$LOCKSTEPD" --version | grep -qx "lockstepd [0-9.]*" || fail "lockstepd --version: $("$LOCKSTEPD" --version)"
+help=$(ls_cli submit --help)
+echo "$help" | grep -q -- "--nodes, --nnodes" || fail "submit --help does not show --nnodes"
+if echo "$help" | grep -q "(default [^:].*(default: "; then
+  fail "submit --help contradicts itself: $(echo "$help" | grep "(default [^:].*(default: ")"
+fi
+
+rc=0
+err=$("$LOCKSTEP" --coordinator "$COORD" --token-file "$T/no-such-token" list 2>&1) || rc=$?
+[ "$rc" = 1 ] && echo "$err" | grep -q -- "--token-file or \$LOCKSTEP_TOKEN_FILE" ||
+  fail "a missing token file: rc $rc, no hint: $err"
+cp "$TOKEN" "$T/open-token" && chmod 0644 "$T/open-token"
+err=$("$LOCKSTEP" --coordinator "$COORD" --token-file "$T/open-token" list 2>&1) && fail "an open token file was used"
+echo "$err" | grep -q "(mode 0644)" || fail "the token file's mode is not printed in octal: $err"
+check_invariants "$job" 0
+log "PASS"
