@@ -593,67 +593,142 @@ class Cli {
   }
 
   // ---------------------------------------------------------------- logs
+  // One rank's log on one node, as far as this CLI has printed it.
+  struct LogCursor {
+    int64_t offset = 0;
+    bool started = false;
+    std::string partial;  // an unfinished line, for the prefixed view
+  };
+
   StatusOr<int> Logs(const std::vector<std::string>& args) {
-    FlagSet flags("lockstep logs", "Print a rank's output: lockstep logs JOB [--rank R] [--follow]");
+    FlagSet flags("lockstep logs",
+                  "Print a rank's output: lockstep logs JOB [--rank R | --all-ranks] [--follow]");
     AddCommon(&flags, &common_);
     int32_t rank = 0;
-    bool follow = false, stderr_stream = false;
-    int64_t tail = 0;
+    bool follow = false, stderr_stream = false, all_ranks = false;
+    int64_t tail = 0, tail_lines = 0;
     flags.Int32("rank", &rank, "global rank");
-    flags.Bool("follow", &follow, "keep printing until the worker exits");
+    flags.Bool("all-ranks", &all_ranks, "every rank, each line prefixed \"[R] \"");
+    flags.Bool("follow", &follow,
+               "keep printing, through restarts and while workers have not started yet, until "
+               "the job ends; then print its final state and exit 0 if it SUCCEEDED, else 3");
     flags.Bool("stderr", &stderr_stream, "print stderr instead of stdout");
     flags.Int("tail-bytes", &tail, "start this many bytes before the end");
+    flags.Int("tail", &tail_lines, "start with the last N lines (of the last 1 MiB)");
     flags.Short('f', "follow");
     flags.Short('r', "rank");
+    flags.Short('a', "all-ranks");
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
     if (rest->size() != 1) return Usage(absl::InvalidArgumentError("logs: expected one JOB id"));
+    if (all_ranks && common_.json) {
+      return Usage(absl::InvalidArgumentError("--all-ranks prints text: drop --json"));
+    }
+    if (all_ranks && flags.WasSet("rank")) {
+      return Usage(absl::InvalidArgumentError("--rank and --all-ranks exclude each other"));
+    }
     const std::string& id = (*rest)[0];
     RETURN_IF_ERROR(Connect());
-    ASSIGN_OR_RETURN(v1::Job job, GetJob(id));
-    const v1::WorkerStatus* worker = nullptr;
-    for (const auto& w : job.workers()) {
-      if (w.rank() == rank) worker = &w;
+    if (tail_lines > 0) tail = std::min<int64_t>(int64_t{1} << 20, std::max(tail, tail_lines * 1024));
+    std::map<std::pair<int, std::string>, LogCursor> cursors;  // (rank, node) -> cursor
+    std::map<std::string, std::string> addresses;                // node -> agent
+    std::map<std::string, std::unique_ptr<v1::AgentService::Stub>> agents;
+    bool said_waiting = false;
+    while (true) {
+      ASSIGN_OR_RETURN(v1::Job job, GetJob(id));
+      const bool ended = IsTerminal(job.state());  // read before the logs: all is written
+      std::vector<const v1::WorkerStatus*> workers;
+      for (const auto& w : job.workers()) {
+        if (all_ranks || w.rank() == rank) workers.push_back(&w);
+      }
+      if (workers.empty() && !follow) {
+        return absl::NotFoundError(absl::StrCat(
+            "job ", id, " has no rank ", rank, " in round ", job.round(), " (world size ",
+            job.world_size(), job.workers_size() == 0 ? ", no workers started yet" : "",
+            "; --follow waits for them)"));
+      }
+      if (workers.empty() && !ended && !said_waiting) {
+        std::cerr << "lockstep: job " << id << " is " << StateName(job.state())
+                  << ": waiting for its workers to start\n";
+        said_waiting = true;
+      }
+      for (const v1::WorkerStatus* w : workers) {
+        if (addresses.count(w->node_id()) == 0) {
+          ASSIGN_OR_RETURN(std::vector<v1::NodeInfo> nodes, Nodes());
+          for (const auto& n : nodes) addresses[n.node_id()] = n.agent_address();
+        }
+        const std::string& address = addresses[w->node_id()];
+        if (address.empty()) {
+          return absl::NotFoundError(absl::StrCat("node ", w->node_id(), " of rank ", w->rank(),
+                                                  " is not registered"));
+        }
+        auto& agent = agents[address];
+        if (!agent) agent = v1::AgentService::NewStub(rendezvous::CreateLockstepChannel(address));
+        LogCursor& cursor = cursors[{w->rank(), w->node_id()}];
+        Status read = DrainLog(agent.get(), address, id, w->rank(), stderr_stream, tail, tail_lines,
+                               all_ranks, &cursor);
+        if (!read.ok()) {
+          // A node's agent that is down (restarting) does not end a follow.
+          if (!follow || ended) return read;
+          std::cerr << "lockstep: " << Printable(read.message()) << " (retrying)\n";
+        }
+      }
+      if (!follow) return 0;
+      if (ended) {
+        std::cout << std::flush;
+        std::cerr << "lockstep: job " << id << " " << StateName(job.state()) << " (round "
+                  << job.round() << ", restarts " << job.restart_count() << ")\n";
+        return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitJobNotSucceeded;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
     }
-    if (worker == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          "job ", id, " has no rank ", rank, " in round ", job.round(), " (world size ",
-          job.world_size(), job.workers_size() == 0 ? ", no workers started yet" : "", ")"));
-    }
-    ASSIGN_OR_RETURN(std::vector<v1::NodeInfo> nodes, Nodes());
-    std::string address;
-    for (const auto& n : nodes) {
-      if (n.node_id() == worker->node_id()) address = n.agent_address();
-    }
-    if (address.empty()) {
-      return absl::NotFoundError(absl::StrCat("node ", worker->node_id(), " of rank ", rank,
-                                              " is not registered"));
-    }
-    auto agent = v1::AgentService::NewStub(
-        rendezvous::CreateLockstepChannel(address));
-    int64_t offset = 0;
+  }
+
+  // Prints what one rank's log on one agent holds past `cursor`.
+  Status DrainLog(v1::AgentService::Stub* agent, const std::string& address, const std::string& id,
+                  int rank, bool stderr_stream, int64_t tail_bytes, int64_t tail_lines,
+                  bool prefixed, LogCursor* cursor) {
     while (true) {
       v1::ReadLogsRequest req;
       req.set_job_id(id);
       req.set_rank(rank);
       req.set_stream(stderr_stream ? v1::ReadLogsRequest::STREAM_STDERR
                                    : v1::ReadLogsRequest::STREAM_STDOUT);
-      req.set_offset(offset);
-      if (offset == 0) req.set_tail_bytes(tail);
+      req.set_offset(cursor->offset);
+      if (!cursor->started) req.set_tail_bytes(tail_bytes);
       v1::ReadLogsResponse resp;
       RETURN_IF_ERROR(FromGrpcStatus(agent->ReadLogs(Ctx().get(), req, &resp),
                                      absl::StrCat("read logs of rank ", rank, " from agent ", address)));
+      std::string data = resp.data();
+      if (!cursor->started && tail_lines > 0) {
+        // Start after the newline before the last tail_lines lines (the
+        // final newline ends the last line rather than starting one).
+        size_t pos = data.size();
+        if (pos > 0 && data[pos - 1] == '\n') --pos;
+        for (int64_t n = 0; n < tail_lines && pos != std::string::npos; ++n) {
+          pos = pos == 0 ? std::string::npos : data.rfind('\n', pos - 1);
+        }
+        if (pos != std::string::npos) data.erase(0, pos + 1);
+      }
+      cursor->started = true;
+      cursor->offset = resp.next_offset();
       if (common_.json) {
+        resp.set_data(data);
         PrintJson(resp);
+      } else if (prefixed) {
+        cursor->partial += data;
+        size_t start = 0;
+        for (size_t nl; (nl = cursor->partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+          const std::string line = cursor->partial.substr(start, nl - start);
+          std::cout << "[" << rank << "] " << (::isatty(1) ? Printable(line) : line) << "\n";
+        }
+        cursor->partial.erase(0, start);
       } else {
         // Raw into a pipe or file; escaped on a terminal, where a worker's
         // escape sequences would act on the user's terminal.
-        std::cout << (::isatty(1) ? Printable(resp.data()) : resp.data()) << std::flush;
+        std::cout << (::isatty(1) ? Printable(data) : data) << std::flush;
       }
-      offset = resp.next_offset();
-      if (!resp.data().empty()) continue;
-      if (!follow || resp.worker_done()) return 0;
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      if (resp.data().empty()) return absl::OkStatus();
     }
   }
 
