@@ -304,6 +304,43 @@ TEST(JobSpecTest, ValidatesSizesCharactersNumbersAndRangesFieldByField) {
   EXPECT_TRUE(ValidateJobSpec(s, {}).ok());
 }
 
+// Agents validate the spec the coordinator hands them, which has its
+// defaults filled in (about 20 bytes more): a spec at the cap without them
+// is refused on submit instead of by every agent. Found by
+// //tests/fuzz:job_spec_fuzzer.
+TEST(JobSpecTest, SizeCapCountsTheDefaultsAgentsValidate) {
+  v1::JobSpec s;
+  s.add_command("/bin/train");
+  s.set_min_nodes(1);
+  s.set_nproc_per_node(1);
+  // Fillers of 16 KiB..128 KiB (3-byte length prefix) to exactly the cap.
+  while (s.ByteSizeLong() + (kMaxArgBytes + 4) + (16 * 1024 + 4) <= kMaxJobSpecBytes) {
+    s.add_command(std::string(kMaxArgBytes, 'x'));
+  }
+  s.add_command(std::string(kMaxJobSpecBytes - s.ByteSizeLong() - 4, 'x'));
+  ASSERT_EQ(s.ByteSizeLong(), kMaxJobSpecBytes);
+  Status st = ValidateJobSpec(s, {});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(st.message().rfind("spec: 262144 bytes serialized, 262155 with its defaults", 0), 0u)
+      << st;
+
+  // Trimmed so that with its defaults it is exactly at the cap, it is
+  // accepted, and so is the spec agents then get.
+  v1::JobSpec full = s;
+  ApplyJobSpecDefaults(&full);
+  std::string* last = full.mutable_command(full.command_size() - 1);
+  last->resize(last->size() - (full.ByteSizeLong() - kMaxJobSpecBytes));
+  ASSERT_EQ(full.ByteSizeLong(), kMaxJobSpecBytes);
+  v1::JobSpec submitted = full;
+  submitted.clear_max_nodes();
+  submitted.clear_stop_grace_s();
+  EXPECT_TRUE(ValidateJobSpec(submitted, {}).ok()) << ValidateJobSpec(submitted, {});
+  v1::JobSpec handed = submitted;
+  ApplyJobSpecDefaults(&handed);
+  EXPECT_EQ(handed.ByteSizeLong(), kMaxJobSpecBytes);
+  EXPECT_TRUE(ValidateJobSpec(handed, {}).ok()) << ValidateJobSpec(handed, {});
+}
+
 // A megabyte command that is not allowed comes back as a short prefix.
 TEST(JobSpecTest, ErrorsQuoteAShortEscapedPrefix) {
   v1::JobSpec s = TestSpec(1, 1, 1, 0);

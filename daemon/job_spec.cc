@@ -61,6 +61,25 @@ Status ValidateFields(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("spec: ", bytes, " bytes serialized exceeds the limit of ",
                                                    kMaxJobSpecBytes, " bytes (kMaxJobSpecBytes)"));
   }
+  // The coordinator stores, and hands every agent, the spec with its
+  // defaults filled in, and each agent validates that again: a spec a few
+  // bytes under the cap would pass here and fail on every node. The defaults
+  // read and write only these four fields, so their size change is measured
+  // on a copy of them alone.
+  v1::JobSpec scalars;
+  scalars.set_min_nodes(spec.min_nodes());
+  scalars.set_max_nodes(spec.max_nodes());
+  scalars.set_stop_grace_s(spec.stop_grace_s());
+  scalars.set_last_call_timeout_s(spec.last_call_timeout_s());
+  const size_t before = scalars.ByteSizeLong();
+  ApplyJobSpecDefaults(&scalars);
+  const size_t with_defaults = bytes + scalars.ByteSizeLong() - before;
+  if (with_defaults > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec: ", bytes, " bytes serialized, ", with_defaults,
+        " with its defaults filled in (max_nodes, stop_grace_s, last_call_timeout_s), exceeds the "
+        "limit of ", kMaxJobSpecBytes, " bytes (kMaxJobSpecBytes)"));
+  }
   RETURN_IF_ERROR(CheckString("spec.name", spec.name(), kMaxJobNameBytes, true));
   if (spec.command_size() > kMaxArgs) {
     return absl::InvalidArgumentError(absl::StrCat("spec.command: ", spec.command_size(),

@@ -48,7 +48,8 @@ inline constexpr int64_t kMaxCpuSecondsLimit = int64_t{365} * 86400; // a year
 // Returns InvalidArgument naming the field ("spec.command", "spec.nodes",
 // "spec.nproc_per_node", ...) and quoting at most a short prefix of the bad
 // value (QuoteForError) for a bad spec: over kMaxJobSpecBytes (naming its
-// size) or a field over its limit above; a NUL anywhere; a newline or other
+// size; measured with ApplyJobSpecDefaults' fields filled in, as agents get
+// it) or a field over its limit above; a NUL anywhere; a newline or other
 // control character in name, working_dir, run_as or command[0]; an env name
 // not [A-Za-z_][A-Za-z0-9_]*; a duration not finite, negative or over its
 // maximum; a resource limit negative or over its maximum; a relative
