@@ -31,9 +31,18 @@ PACKAGES=(
   python3-torch
   python3-grpcio
   iproute2
+  iptables            # deploy:k8s_netns_test: NetworkPolicies as iptables rules
   procps
   systemd
+  python3-yaml        # deploy/k8s/test/pods.py reads the rendered manifests
 )
+# deploy:k8s_*_test: kubectl (its kustomize renders deploy/k8s) and node with
+# npm (tools/k8s_validate). Any kubectl or node already on PATH will do:
+# Debian's kubernetes-client would collide with another package's
+# /usr/bin/kubectl, and Debian's npm with a nodejs that bundles npm.
+command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
+command -v node >/dev/null || PACKAGES+=(nodejs)
+command -v npm >/dev/null || PACKAGES+=(npm)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -43,13 +52,23 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "setup: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+# tools/k8s_validate's npm packages, exactly as package-lock.json pins them;
+# again only when node_modules is missing or was installed from another lock
+# file (its hash is kept in node_modules/.lock-sha256). Tests never install.
+validator="$(dirname "$0")/k8s_validate"
+want=$(sha256sum "$validator/package-lock.json" | cut -d' ' -f1)
+if [[ "$(cat "$validator/node_modules/.lock-sha256" 2>/dev/null)" != "$want" ]]; then
+  echo "setup: npm ci in $validator"
+  (cd "$validator" && npm ci --ignore-scripts --no-audit --no-fund)
+  echo "$want" >"$validator/node_modules/.lock-sha256"
+fi
 echo "setup: done"
