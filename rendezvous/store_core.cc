@@ -350,15 +350,20 @@ Status StoreCore::MultiSet(const std::string& ns,
     Namespace* space = FindNamespace(ns);
     size_t new_keys = 0;
     int64_t delta = 0;
-    std::unordered_map<std::string, size_t> last;  // A key named twice: its last value wins.
-    for (const auto& entry : entries) last[entry.first] = entry.second.size();
-    for (const auto& [key, size] : last) {
+    // A key named twice: its last value wins and is the only one written, so
+    // no waiter completes on a value this MultiSet then overwrites.
+    std::unordered_map<std::string, size_t> last;  // key -> index of its last entry
+    for (size_t i = 0; i < entries.size(); ++i) last[entries[i].first] = i;
+    for (const auto& [key, i] : last) {
       if (space == nullptr || space->values.count(key) == 0) ++new_keys;
-      delta += WriteDelta(space, key, size);
+      delta += WriteDelta(space, key, entries[i].second.size());
     }
     RETURN_IF_ERROR(CheckRoomLocked(ns, space, new_keys, delta));
     Namespace& target = namespaces_[ns];
-    for (auto& [key, value] : entries) WriteLocked(target, key, std::move(value), &ready);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      auto& [key, value] = entries[i];
+      if (last[key] == i) WriteLocked(target, key, std::move(value), &ready);
+    }
     AccountLocked(ns, delta);
   }
   RunReady(&ready);

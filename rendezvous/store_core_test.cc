@@ -84,6 +84,20 @@ TEST_F(StoreCoreTest, AddAndCompareSetAndMultiSetAlsoWakeWaiters) {
   EXPECT_EQ(multi.result->value(), (std::vector<std::string>{"a", "b"}));
 }
 
+// MultiSet is all-or-nothing for waiters too: a key named twice completes
+// its waiters with the value that stays, never the one overwritten within
+// the call. Found by //tests/fuzz:store_fuzzer.
+TEST_F(StoreCoreTest, MultiSetNamingAKeyTwiceWakesWaitersWithTheLastValue) {
+  Recorder rec;
+  core_.WaitAsync("ns", {"k"}, clock_.Now() + std::chrono::seconds(1), true, rec.Callback());
+  ASSERT_TRUE(core_.MultiSet("ns", {{"k", "first"}, {"j", "x"}, {"k", "last"}}).ok());
+  ASSERT_EQ(rec.calls, 1);
+  ASSERT_TRUE(rec.result->ok());
+  EXPECT_EQ(**rec.result, (std::vector<std::string>{"last"}));
+  EXPECT_EQ(*core_.TryGet("ns", "k"), "last");
+  EXPECT_EQ(*core_.NumKeys("ns"), 2);
+}
+
 TEST_F(StoreCoreTest, ExpireWaitersFiresDeadlineExceededNamingMissingKeysOnlyAfterDeadline) {
   Recorder rec;
   core_.WaitAsync("ns", {"present", "missing"}, clock_.Now() + std::chrono::seconds(2), false,
