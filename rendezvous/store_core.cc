@@ -280,7 +280,7 @@ StatusOr<int64_t> StoreCore::Add(const std::string& ns, const std::string& key, 
 
 StatusOr<CompareSetResult> StoreCore::CompareSet(const std::string& ns, const std::string& key,
                                                  const std::string& expected,
-                                                 std::string desired) {
+                                                 std::string desired, bool only_if_absent) {
   RETURN_IF_ERROR(ValidateNamespace(ns));
   RETURN_IF_ERROR(ValidateKey(key));
   RETURN_IF_ERROR(ValidateValue(key, desired));
@@ -294,7 +294,7 @@ StatusOr<CompareSetResult> StoreCore::CompareSet(const std::string& ns, const st
       auto it = space->values.find(key);
       if (it != space->values.end()) old = &it->second;
     }
-    bool swap = old == nullptr ? expected.empty() : *old == expected;
+    bool swap = old == nullptr ? expected.empty() : !only_if_absent && *old == expected;
     if (!swap) {
       result.current = old == nullptr ? std::string() : *old;
       return result;

@@ -118,9 +118,12 @@ class StoreCore {
   StatusOr<int64_t> Add(const std::string& ns, const std::string& key, int64_t delta);
 
   // Swaps `key` to `desired` if its value equals `expected`; when the key is
-  // absent it swaps only if `expected` is empty.
+  // absent it swaps only if `expected` is empty. With `only_if_absent`
+  // (store.proto's expect_absent) it swaps only when the key is absent,
+  // whatever its value, even "". REQUIRES: `expected` is empty then.
   StatusOr<CompareSetResult> CompareSet(const std::string& ns, const std::string& key,
-                                        const std::string& expected, std::string desired);
+                                        const std::string& expected, std::string desired,
+                                        bool only_if_absent = false);
 
   // Returns whether the key existed.
   StatusOr<bool> Delete(const std::string& ns, const std::string& key);

@@ -98,6 +98,23 @@ TEST_F(StoreCoreTest, MultiSetNamingAKeyTwiceWakesWaitersWithTheLastValue) {
   EXPECT_EQ(*core_.NumKeys("ns"), 2);
 }
 
+// store.proto's expect_absent: set only if missing, also when the key
+// holds "" (which an empty `expected` alone would match). Found by
+// //tests/fuzz:store_fuzzer.
+TEST_F(StoreCoreTest, CompareSetOnlyIfAbsentNeverSwapsAnExistingKey) {
+  auto first = core_.CompareSet("ns", "leader", "", "", /*only_if_absent=*/true);
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->swapped);
+  auto second = core_.CompareSet("ns", "leader", "", "rank1", /*only_if_absent=*/true);
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->swapped);
+  EXPECT_EQ(second->current, "");
+  EXPECT_EQ(*core_.TryGet("ns", "leader"), "");
+  auto plain = core_.CompareSet("ns", "leader", "", "rank2");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->swapped) << "without it, \"\" matches an empty expected";
+}
+
 TEST_F(StoreCoreTest, ExpireWaitersFiresDeadlineExceededNamingMissingKeysOnlyAfterDeadline) {
   Recorder rec;
   core_.WaitAsync("ns", {"present", "missing"}, clock_.Now() + std::chrono::seconds(2), false,

@@ -74,7 +74,7 @@ Status DoCompareSet(StoreCore* core, const v1::StoreCompareSetRequest& request,
   }
   ASSIGN_OR_RETURN(CompareSetResult result,
                    core->CompareSet(request.namespace_(), request.key(), request.expected(),
-                                    request.desired()));
+                                    request.desired(), request.expect_absent()));
   out->set_swapped(result.swapped);
   out->set_current(std::move(result.current));
   return absl::OkStatus();

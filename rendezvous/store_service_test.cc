@@ -150,6 +150,31 @@ TEST(StoreServiceOpenTest, NoAuthorizerAcceptsCallsWithoutToken) {
   server->Shutdown();
 }
 
+// store.proto: "empty + expect_absent: set only if missing". The shell used
+// to drop the flag, so a key holding "" was swapped. Found by
+// //tests/fuzz:store_fuzzer.
+TEST_F(StoreServiceAuthTest, CompareSetExpectAbsentNeverSwapsAnExistingKey) {
+  auto compare_set = [&](const std::string& desired, bool expect_absent,
+                         v1::StoreCompareSetResponse* response) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer admin");
+    v1::StoreCompareSetRequest request;
+    request.set_namespace_("job-a/0");
+    request.set_key("leader");
+    request.set_expect_absent(expect_absent);
+    request.set_desired(desired);
+    return stub_->CompareSet(&ctx, request, response);
+  };
+  v1::StoreCompareSetResponse response;
+  ASSERT_TRUE(compare_set("", true, &response).ok());
+  EXPECT_TRUE(response.swapped());
+  ASSERT_TRUE(compare_set("rank1", true, &response).ok());
+  EXPECT_FALSE(response.swapped());
+  EXPECT_EQ(response.current(), "");
+  ASSERT_TRUE(compare_set("rank2", false, &response).ok());
+  EXPECT_TRUE(response.swapped());
+}
+
 TEST(StoreWaitTimeoutTest, ClampsHugeAndRefusesNegative) {
   EXPECT_EQ(*StoreWaitTimeout(0), Duration::zero());
   EXPECT_EQ(*StoreWaitTimeout(1500), std::chrono::milliseconds(1500));
