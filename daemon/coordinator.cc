@@ -305,7 +305,7 @@ Status Coordinator::ApplyReports(const std::string& node_id, const NodeTable::Re
 StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::RegisterNodeRequest& req) {
   if (!IsSafeId(req.node_id())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("node_id \"", req.node_id(), "\": must be [A-Za-z0-9._-]{1,128}"));
+        absl::StrCat("node_id ", QuoteForError(req.node_id()), ": must be [A-Za-z0-9._-]{1,128}"));
   }
   if (req.incarnation().empty()) {
     return absl::InvalidArgumentError(absl::StrCat("node ", req.node_id(), ": empty incarnation"));

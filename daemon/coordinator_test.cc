@@ -713,6 +713,19 @@ TEST_F(CoordinatorTest, StaleIncarnationAndUnknownNodeAreRejected) {
   EXPECT_EQ(coord_->RegisterNode(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A bad node id comes back quoted, short and escaped, whatever its size and
+// bytes. Found by //tests/fuzz:coordinator_fuzzer.
+TEST_F(CoordinatorTest, RegisterQuotesABadNodeIdShortAndEscaped) {
+  v1::RegisterNodeRequest req;
+  req.set_node_id("n1\n2026-01-01 I [coordinator] node n9 registered" + std::string(4000, 'x'));
+  req.set_incarnation("i");
+  auto r = coord_->RegisterNode(req);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_LT(r.status().message().size(), 200u) << r.status();
+  EXPECT_EQ(r.status().message().find('\n'), std::string::npos) << r.status();
+  EXPECT_EQ(r.status().message().rfind("node_id \"n1\\n2026", 0), 0u) << r.status();
+}
+
 TEST_F(CoordinatorTest, AgentRestartWithNewIncarnationFailsItsRound) {
   std::string id = RunningTwoByTwo(/*max_restarts=*/1);
   Register("n2", "inc-n2-second");

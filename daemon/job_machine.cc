@@ -135,18 +135,27 @@ Duration JobMachine::BackoffFor(int restart_count) const {
 
 MonoTime JobMachine::ExitInstant(const v1::ExitInfo& exit, MonoTime receipt,
                                  int64_t sent_mono_ns) const {
+  // How long before `receipt` the worker exited, at most kMaxAgentClockSpan
+  // either way (the readings are the agent's; node_table.h).
+  auto placed = [receipt](std::chrono::nanoseconds ago) {
+    return receipt - std::clamp<Duration>(ago, -kMaxAgentClockSpan, kMaxAgentClockSpan);
+  };
   if (exit.exited_mono_ns() > 0 && sent_mono_ns > 0) {
     // Both on the agent's steady clock: how long before sending it exited.
     // The request's network delay is not known and counts as zero, so
     // exits of different nodes are ordered to within the difference of
-    // their delays.
-    return receipt - std::chrono::nanoseconds(sent_mono_ns - exit.exited_mono_ns());
+    // their delays. (Both positive: the difference cannot overflow.)
+    return placed(std::chrono::nanoseconds(sent_mono_ns - exit.exited_mono_ns()));
   }
   if (exit.exited_unix_ms() > 0) {
     // Wall clocks of different hosts agree only as well as they are synced;
     // a time ahead of ours is kept as is, so the order among one node's
-    // exits survives.
-    return receipt - std::chrono::milliseconds(clock_->UnixMillis() - exit.exited_unix_ms());
+    // exits survives. Clamped in milliseconds, before the conversion to
+    // nanoseconds could overflow.
+    const int64_t span_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(kMaxAgentClockSpan).count();
+    const int64_t ago_ms = std::clamp<int64_t>(clock_->UnixMillis() - exit.exited_unix_ms(), -span_ms, span_ms);
+    return placed(std::chrono::milliseconds(ago_ms));
   }
   return receipt;
 }

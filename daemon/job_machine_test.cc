@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "daemon/test_spec.h"
 
 namespace lockstep {
@@ -381,6 +383,25 @@ TEST_F(JobMachineTest, WithoutMonotonicTimesExitsFallBackToWallClock) {
   EXPECT_EQ(d_.job.consequences(0).rank(), 0);
   EXPECT_NE(d_.job.message().find("rank 1 on node n2 killed by signal 9"), std::string::npos)
       << "the FAILED message follows: " << d_.job.message();
+}
+
+// Exit times at int64's ends are placed at most kMaxAgentClockSpan from the
+// receipt: converting them used to overflow (signed, undefined). Found by
+// //tests/fuzz:coordinator_fuzzer (UBSan).
+TEST_F(JobMachineTest, ExtremeExitTimesArePlacedWithinADayOfTheReceipt) {
+  const MonoTime now = clock_.Now();
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  v1::ExitInfo exit;
+  exit.set_exited_unix_ms(max);  // far ahead of our wall clock
+  EXPECT_EQ(machine_.ExitInstant(exit, now, 0), now + kMaxAgentClockSpan);
+  exit.set_exited_unix_ms(1);  // 1970
+  EXPECT_EQ(machine_.ExitInstant(exit, now, 0), now - kMaxAgentClockSpan);
+  exit.set_exited_mono_ns(1);
+  EXPECT_EQ(machine_.ExitInstant(exit, now, max), now - kMaxAgentClockSpan);
+  exit.set_exited_mono_ns(max);
+  EXPECT_EQ(machine_.ExitInstant(exit, now, 1), now + kMaxAgentClockSpan);
+  exit.set_exited_mono_ns(900);
+  EXPECT_EQ(machine_.ExitInstant(exit, now, 1000), now - std::chrono::nanoseconds(100));
 }
 
 TEST_F(JobMachineTest, FirstReportOfAnExitWins) {

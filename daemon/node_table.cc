@@ -54,19 +54,24 @@ MonoTime NodeTable::PlaceAgentInstant(const std::string& node_id, MonoTime recei
   }
   node.clock_offset = offset;
   node.clock_offset_at = receipt;
-  return MonoTime(std::chrono::duration_cast<MonoTime::duration>(
-      std::chrono::nanoseconds(sent_mono_ns) + offset));
+  // offset <= bound, so the sum is at most `receipt`, and no overflow.
+  return std::max(MonoTime(std::chrono::duration_cast<MonoTime::duration>(
+                      std::chrono::nanoseconds(sent_mono_ns) + offset)),
+                  receipt - kMaxAgentClockSpan);
 }
 
 Status NodeTable::CheckIncarnation(const std::string& node_id,
                                    const std::string& incarnation) const {
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) {
-    return absl::NotFoundError(absl::StrCat("node ", node_id, " is not registered"));
+    return absl::NotFoundError(absl::StrCat("node ", QuoteForError(node_id), " is not registered"));
   }
+  // A registered node's id is a safe id (Coordinator::RegisterNode);
+  // incarnations are any bytes.
   if (it->second.info.incarnation() != incarnation) {
-    return absl::AbortedError(absl::StrCat("node ", node_id, ": stale incarnation ", incarnation,
-                                           " (current ", it->second.info.incarnation(), ")"));
+    return absl::AbortedError(absl::StrCat("node ", node_id, ": stale incarnation ",
+                                           QuoteForError(incarnation), " (current ",
+                                           QuoteForError(it->second.info.incarnation()), ")"));
   }
   return absl::OkStatus();
 }

@@ -50,6 +50,13 @@ namespace daemon {
 // second, far above the rate difference of two hosts' clocks (tens of ppm).
 inline constexpr double kClockDriftAllowance = 1e-3;
 
+// Agents' clock readings (sent_mono_ns, an exit's exited_mono_ns and
+// exited_unix_ms) are numbers from the network: the coordinator places no
+// request or exit further than this (a day) from the instant it derives it
+// from, so no stamp overflows MonoTime; a garbage one costs at most the
+// order of a failure.
+inline constexpr Duration kMaxAgentClockSpan = std::chrono::hours(24);
+
 // Added to a dead node's fence deadline (see the file comment).
 inline constexpr Duration kFenceMargin = std::chrono::seconds(1);
 
@@ -88,7 +95,8 @@ class NodeTable {
   // kClockDriftAllowance of the time since it was last set, as the two
   // clocks' rates differ. Exits are placed with it, so a report that waited
   // 200 ms in a queue does not make its exits look 200 ms later than a
-  // peer's. `receipt` when sent_mono_ns is 0 (no stamp).
+  // peer's. `receipt` when sent_mono_ns is 0 (no stamp); never earlier
+  // than receipt - kMaxAgentClockSpan.
   // REQUIRES: the node is known.
   MonoTime PlaceAgentInstant(const std::string& node_id, MonoTime receipt, int64_t sent_mono_ns);
 

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <string>
+
 namespace lockstep {
 namespace daemon {
 namespace {
@@ -186,6 +189,42 @@ TEST(NodeTableClockTest, TheSmallestOffsetSeenPlacesAnAgentsInstantsAndAgesSlowl
   table.Register(info, clock.Now(), {});
   clock.Advance(ms(50));
   EXPECT_EQ(table.PlaceAgentInstant("n1", clock.Now(), 1), clock.Now());
+}
+
+// Stamps at int64's ends place nothing further than kMaxAgentClockSpan
+// from the receipt, so later arithmetic on the instant cannot overflow.
+// Found by //tests/fuzz:coordinator_fuzzer (UBSan).
+TEST(NodeTableClockTest, ExtremeStampsArePlacedWithinADayOfTheReceipt) {
+  FakeClock clock;
+  NodeTable table(std::chrono::seconds(10), std::chrono::seconds(1));
+  v1::NodeInfo info;
+  info.set_node_id("n1");
+  info.set_incarnation("i1");
+  table.Register(info, clock.Now(), {});
+  clock.Advance(std::chrono::seconds(5));
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(table.PlaceAgentInstant("n1", clock.Now(), max), clock.Now());
+  // The offset learnt from `max` would place a small stamp 292 years back.
+  EXPECT_EQ(table.PlaceAgentInstant("n1", clock.Now(), 1), clock.Now() - kMaxAgentClockSpan);
+}
+
+// Ids and incarnations in errors are quoted, short and escaped: a
+// heartbeat may carry any bytes. Found by //tests/fuzz:coordinator_fuzzer.
+TEST(NodeTableIncarnationTest, ErrorsQuoteUnknownIdsAndIncarnationsShortAndEscaped) {
+  NodeTable table(std::chrono::seconds(10), std::chrono::seconds(1));
+  v1::NodeInfo info;
+  info.set_node_id("n1");
+  info.set_incarnation(std::string(3000, 'i'));
+  table.Register(info, MonoTime(), {});
+  Status unknown = table.CheckIncarnation("\x1b[2J" + std::string(2000, 'n'), "x");
+  EXPECT_TRUE(absl::IsNotFound(unknown)) << unknown;
+  EXPECT_LT(unknown.message().size(), 200u) << unknown;
+  EXPECT_EQ(unknown.message().find('\x1b'), std::string::npos) << unknown;
+  Status stale = table.CheckIncarnation("n1", "new\n" + std::string(3000, 'j'));
+  EXPECT_TRUE(absl::IsAborted(stale)) << stale;
+  EXPECT_LT(stale.message().size(), 400u) << stale;
+  EXPECT_EQ(stale.message().find('\n'), std::string::npos) << stale;
+  EXPECT_EQ(stale.message().rfind("node n1: stale incarnation \"new\\n", 0), 0u) << stale;
 }
 
 }  // namespace
