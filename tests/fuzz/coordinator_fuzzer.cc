@@ -19,6 +19,7 @@
 // changes; memory and the job store agree (persist, then apply).
 #include <google/protobuf/util/message_differencer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>

@@ -76,7 +76,7 @@ struct Wait {
 
 class Session {
  public:
-  Session() : core_(&clock_, SmallQuotas()) {}
+  Session() : core_(&clock_, limits_) {}
 
   void Step(const fuzz::Field& field) {
     const bool advance = field.number == 2 && !field.is_bytes;
@@ -140,7 +140,6 @@ class Session {
   // Whether writing `values` (last one per key wins) into `ns` fits the
   // quotas (StoreCore::Options; ResourceExhausted otherwise).
   bool Fits(const std::string& ns, const std::map<std::string, size_t>& values) const {
-    const SmallQuotaLimits limits;
     size_t keys = model_.count(ns) ? model_.at(ns).size() : 0;
     int64_t delta = 0;
     for (const auto& [key, size] : values) {
@@ -149,15 +148,11 @@ class Session {
       delta += static_cast<int64_t>(key.size() + size) -
                (old == nullptr ? 0 : static_cast<int64_t>(key.size() + old->size()));
     }
-    if (keys > limits.keys) return false;
+    if (keys > limits_.max_keys_per_namespace) return false;
     if (delta <= 0) return true;
-    return OwnerBytes(Owner(ns)) + delta <= limits.job_bytes && TotalBytes() + delta <= limits.total_bytes;
+    return OwnerBytes(Owner(ns)) + delta <= limits_.max_bytes_per_job &&
+           TotalBytes() + delta <= limits_.max_bytes_total;
   }
-  struct SmallQuotaLimits {
-    size_t keys = SmallQuotas().max_keys_per_namespace;
-    size_t job_bytes = SmallQuotas().max_bytes_per_job;
-    size_t total_bytes = SmallQuotas().max_bytes_total;
-  };
 
   // The store agrees with the model on `ns`, and the quotas hold.
   void CheckNamespace(const std::string& ns) {
@@ -173,10 +168,9 @@ class Session {
         FUZZ_CHECK(got.ok() && *got == value, "store and model differ at " + QuoteForError(key));
       }
     }
-    const SmallQuotaLimits limits;
-    FUZZ_CHECK(want <= limits.keys, "over the key limit");
-    FUZZ_CHECK(OwnerBytes(Owner(ns)) <= limits.job_bytes, "over the per-job quota");
-    FUZZ_CHECK(TotalBytes() <= limits.total_bytes, "over the total quota");
+    FUZZ_CHECK(want <= limits_.max_keys_per_namespace, "over the key limit");
+    FUZZ_CHECK(OwnerBytes(Owner(ns)) <= limits_.max_bytes_per_job, "over the per-job quota");
+    FUZZ_CHECK(TotalBytes() <= limits_.max_bytes_total, "over the total quota");
   }
 
   // ------------------------------------------------------------- the ops
@@ -433,6 +427,7 @@ class Session {
     }
   }
 
+  const StoreCore::Options limits_ = SmallQuotas();
   FakeClock clock_;
   StoreCore core_;
   std::map<std::string, std::map<std::string, std::string>> model_;
