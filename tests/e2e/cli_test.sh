@@ -55,19 +55,11 @@ import json, sys
 d = "".join(json.loads(line)["data"] for line in sys.stdin)
 assert "rank 1 step 3" in d, d' || fail "logs --json does not carry rank 1's log as text"
 
-# expect_usage WANT ARGS...: exit 2 and WANT in the error.
-expect_usage() {
-  local want=$1; shift
-  local rc=0 err
-  err=$(ls_cli "$@" 2>&1 >/dev/null) || rc=$?
-  [ "$rc" = 2 ] || fail "lockstep $* exited $rc, not 2: $err"
-  echo "$err" | grep -qF -- "$want" || fail "lockstep $*: error does not say '$want': $err"
-}
-expect_usage 'did you mean "status"?' stauts "$job"
-expect_usage 'did you mean --nproc-per-node?' submit --nproc-per-nod 2 -- /bin/true
-expect_usage 'list takes no arguments, got "extra"' list extra
-expect_usage 'nodes takes no arguments' nodes extra
-expect_usage 'unknown flag -q' logs -q "$job"
+expect_usage 'did you mean "status"?' ls_cli stauts "$job"
+expect_usage 'did you mean --nproc-per-node?' ls_cli submit --nproc-per-nod 2 -- /bin/true
+expect_usage 'list takes no arguments, got "extra"' ls_cli list extra
+expect_usage 'nodes takes no arguments' ls_cli nodes extra
+expect_usage 'unknown flag -q' ls_cli logs -q "$job"
 
 "$LOCKSTEP" --version | grep -qx "lockstep [0-9.]*" || fail "lockstep --version: $("$LOCKSTEP" --version)"
 "$LOCKSTEPD" --version | grep -qx "lockstepd [0-9.]*" || fail "lockstepd --version: $("$LOCKSTEPD" --version)"

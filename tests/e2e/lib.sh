@@ -27,22 +27,16 @@ HB_S="${HB_S:-0.3}"
 # trainer's knobs); empty: the engine's only.
 ALLOWED_ENV='TRAINER_*'
 
-log() { echo "[e2e $(date +%H:%M:%S.%N | cut -c1-12)] $*" >&2; }
-fail() {
-  log "FAIL: $*"
-  for f in "$T"/*.log; do [ -f "$f" ] && { echo "---- $f (tail)"; tail -n 40 "$f"; }; done >&2
-  exit 1
-}
+LOG_TAG=e2e
+source "$(dirname "${BASH_SOURCE[0]}")/waits.sh"
 
-# wait_for SECONDS CMD...: polls CMD every 0.1 s until it succeeds.
-wait_for() {
-  local limit=$1; shift
-  local deadline=$(( $(date +%s%N) + limit * 1000000000 ))
-  while (( $(date +%s%N) < deadline )); do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    sleep 0.1
-  done
-  return 1
+# expect_usage WANT CMD...: CMD exits 2 (bad usage) and its stderr says WANT.
+expect_usage() {
+  local want=$1; shift
+  local rc=0 err
+  err=$("$@" 2>&1 >/dev/null) || rc=$?
+  [ "$rc" = 2 ] || fail "$* exited $rc, not 2: $err"
+  echo "$err" | grep -qF -- "$want" || fail "$*: error does not say '$want': $err"
 }
 
 # start_daemon NAME [lockstepd flags...]: starts a daemon with state dir

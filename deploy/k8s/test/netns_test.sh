@@ -33,23 +33,8 @@ T="${TEST_TMPDIR:-$(mktemp -d)}/k8s_netns"
 rm -rf "$T" && mkdir -p "$T"
 NET=10.233.5
 
-log() { echo "[k8s_netns $(date +%H:%M:%S.%N | cut -c1-12)] $*" >&2; }
-fail() {
-  log "FAIL: $*"
-  for f in "$T"/*.log; do [ -f "$f" ] && { echo "---- $f (tail)"; tail -n 30 "$f"; }; done >&2
-  exit 1
-}
-# wait_for SECONDS CMD...: runs CMD every 0.1 s until it succeeds. CMD is
-# run anew each time: poll through a function, not a $(...) argument.
-wait_for() {
-  local limit=$1; shift
-  local deadline=$(( $(date +%s%N) + limit * 1000000000 ))
-  while (( $(date +%s%N) < deadline )); do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    sleep 0.1
-  done
-  return 1
-}
+LOG_TAG=k8s_netns
+source tests/e2e/waits.sh
 
 if [ "$(id -u)" != 0 ]; then echo "SKIP: needs root (network, mount and PID namespaces)"; exit 0; fi
 command -v "$KUBECTL" >/dev/null || { echo "SKIP: no kubectl (tools/setup.sh installs kubernetes-client)"; exit 0; }
