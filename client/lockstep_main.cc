@@ -333,11 +333,9 @@ class Cli {
     RETURN_IF_ERROR(Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit"));
     const std::string id = resp.job().job_id();
     if (!common_.json) std::cout << "submitted job " << id << std::endl;
-    const bool tty_out = ::isatty(1), tty_err = ::isatty(2);
     RankLogTail tail(daemon->job_dir(id), [&](int rank, bool is_stderr, const std::string& line) {
       if (common_.json) return;  // stdout carries the job's JSON only
-      std::ostream& os = is_stderr ? std::cerr : std::cout;
-      os << "[" << rank << "] " << ((is_stderr ? tty_err : tty_out) ? Printable(line) : line) << "\n";
+      PrintRankLine(is_stderr ? std::cerr : std::cout, rank, line);
     });
     int64_t version = 0;
     std::string last_line;
@@ -361,9 +359,7 @@ class Cli {
         version = wresp.version();
         job = wresp.job();
         if (!common_.json) {
-          std::string line = absl::StrCat(StateName(job.state()), "  round ", job.round(),
-                                          "  restarts ", job.restart_count(), "/",
-                                          job.spec().max_restarts(), "  ", Printable(job.message()));
+          const std::string line = StateLine(job);
           if (line != last_line) std::cout << "lockstep: " << line << std::endl;
           last_line = line;
         }
@@ -418,10 +414,8 @@ class Cli {
       } else if (progress) {
         PrintWatch(job);
       } else {
-        std::string line = absl::StrCat(TimeOf(job.history_size() ? job.history().rbegin()->unix_ms() : 0),
-                                        "  ", StateName(job.state()), "  round ", job.round(),
-                                        "  restarts ", job.restart_count(), "/",
-                                        job.spec().max_restarts(), "  ", Printable(job.message()));
+        const std::string line = absl::StrCat(
+            TimeOf(job.history_size() ? job.history().rbegin()->unix_ms() : 0), "  ", StateLine(job));
         if (line != last_line) std::cout << line << std::endl;
         last_line = line;
       }
@@ -716,13 +710,8 @@ class Cli {
         resp.set_data(data);
         PrintJson(resp);
       } else if (prefixed) {
-        cursor->partial += data;
-        size_t start = 0;
-        for (size_t nl; (nl = cursor->partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-          const std::string line = cursor->partial.substr(start, nl - start);
-          std::cout << "[" << rank << "] " << (::isatty(1) ? Printable(line) : line) << "\n";
-        }
-        cursor->partial.erase(0, start);
+        TakeLines(&cursor->partial, data,
+                  [&](const std::string& line) { PrintRankLine(std::cout, rank, line); });
       } else {
         // Raw into a pipe or file; escaped on a terminal, where a worker's
         // escape sequences would act on the user's terminal.
@@ -759,6 +748,20 @@ class Cli {
           p.forward_ms(), p.backward_ms(), p.exposed_comm_ms());
     }
     std::cout << std::flush;
+  }
+
+  // "RUNNING  round 2  restarts 1/3  <message>": one line per state change.
+  static std::string StateLine(const v1::Job& job) {
+    return absl::StrCat(StateName(job.state()), "  round ", job.round(), "  restarts ",
+                        job.restart_count(), "/", job.spec().max_restarts(), "  ",
+                        Printable(job.message()));
+  }
+
+  // One line of rank `rank`'s output, prefixed "[R] "; escaped when `os`
+  // is a terminal.
+  static void PrintRankLine(std::ostream& os, int rank, const std::string& line) {
+    const bool tty = ::isatty(&os == &std::cerr ? 2 : 1);
+    os << "[" << rank << "] " << (tty ? Printable(line) : line) << "\n";
   }
 
   static bool IsTerminal(v1::JobState s) {

@@ -186,6 +186,16 @@ Status StandaloneDaemon::Stop(std::chrono::milliseconds grace) {
       absl::StrCat("lockstepd ", ExitText(wstatus), " on stop; its log: ", log_path()));
 }
 
+void TakeLines(std::string* partial, const std::string& data,
+               const std::function<void(const std::string& line)>& each) {
+  *partial += data;
+  size_t start = 0;
+  for (size_t nl; (nl = partial->find('\n', start)) != std::string::npos; start = nl + 1) {
+    each(partial->substr(start, nl - start));
+  }
+  partial->erase(0, start);
+}
+
 void RankLogTail::Poll(bool final_poll) {
   DIR* d = ::opendir(dir_.c_str());
   if (d == nullptr) return;  // no worker started yet
@@ -212,12 +222,7 @@ void RankLogTail::Poll(bool final_poll) {
     in.seekg(f.offset);
     std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     f.offset += static_cast<int64_t>(chunk.size());
-    f.partial += chunk;
-    size_t start = 0;
-    for (size_t nl; (nl = f.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-      sink_(rank, is_stderr, f.partial.substr(start, nl - start));
-    }
-    f.partial.erase(0, start);
+    TakeLines(&f.partial, chunk, [&](const std::string& line) { sink_(rank, is_stderr, line); });
     if (final_poll && !f.partial.empty()) {
       sink_(rank, is_stderr, f.partial);
       f.partial.clear();

@@ -76,6 +76,11 @@ class StandaloneDaemon {
   std::string address_;
 };
 
+// Appends `data` to `*partial` and hands each complete line (without its
+// newline) to `each`; what follows the last newline stays in `*partial`.
+void TakeLines(std::string* partial, const std::string& data,
+               const std::function<void(const std::string& line)>& each);
+
 // Follows the rank-R.stdout / rank-R.stderr files of a job dir (the agent
 // appends to them across restarts) and hands each new complete line to
 // `sink` with its rank and stream. Poll(true) also hands over a last line

@@ -116,7 +116,8 @@ Status FlagSet::Unknown(const std::string& given) {
   std::vector<std::string> known;
   for (const auto& [name, flag] : flags_) known.push_back(name);
   for (const auto& [alias, name] : aliases_) known.push_back(alias);
-  std::string bare = given.substr(given.find_first_not_of('-'));
+  const size_t first = given.find_first_not_of('-');
+  std::string bare = first == std::string::npos ? "" : given.substr(first);
   std::replace(bare.begin(), bare.end(), '_', '-');
   const std::string near = NearestMatch(bare, known);
   return absl::InvalidArgumentError(absl::StrCat(

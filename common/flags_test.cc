@@ -130,6 +130,9 @@ TEST(FlagsTest, UnknownFlagSuggestsTheNearest) {
       << prefix.status();
   auto far = flags.Parse({"--coordinator=x"});
   EXPECT_EQ(far.status().message().find("did you mean"), std::string::npos) << far.status();
+  auto dashes = flags.Parse({"---"});  // no name at all: an error, not a crash
+  EXPECT_NE(dashes.status().message().find("unknown flag ---"), std::string::npos)
+      << dashes.status();
   EXPECT_EQ(NearestMatch("stauts", {"submit", "status", "list", "logs"}), "status");
   EXPECT_EQ(NearestMatch("lsit", {"submit", "status", "list", "logs"}), "list");
   EXPECT_EQ(NearestMatch("frobnicate", {"submit", "status", "list", "logs"}), "");
