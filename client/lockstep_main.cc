@@ -5,8 +5,8 @@
 //   lockstep [--coordinator H:P] [--token-file F] [--json] SUBCOMMAND ...
 //
 // Exit codes: 0 ok; 1 an RPC failed (the message names the code and what);
-// 2 bad usage; 3 `submit --wait` / `watch` saw the job end other than
-// SUCCEEDED.
+// 2 bad usage; 3 `submit` (unless --detach), `run`, `logs --follow` or
+// `watch` saw the job end other than SUCCEEDED; 128+N stopped by signal N.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -21,6 +21,9 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
+#include <set>
+#include <tuple>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -31,6 +34,9 @@
 #include "common/flags.h"
 #include "client/json.h"
 #include "client/standalone.h"
+#include "client/text.h"
+#include "client/health_format.h"
+#include "client/watch.h"
 #include "common/ids.h"
 #include "common/version.h"
 #include "daemon/token.h"
@@ -62,23 +68,6 @@ void AddCommon(FlagSet* flags, Common* c) {
   flags->String("token-file", &c->token_file,
                 "bearer token file (default $LOCKSTEP_TOKEN_FILE or /var/lib/lockstep/token)");
   flags->Bool("json", &c->json, "print JSON instead of text");
-}
-
-// `text` safe to print on a terminal: control characters (ESC sequences
-// from a worker's stderr, NUL, CR...) and DEL become \xNN; newline and tab
-// stay, and so does UTF-8. Everything the CLI prints from a job or a
-// daemon goes through it.
-std::string Printable(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (unsigned char c : text) {
-    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
-      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  return out;
 }
 
 std::string EnvOr(const char* name, const std::string& fallback) {
@@ -194,7 +183,7 @@ class Cli {
     AddCommon(&flags, &common_);
     std::string lockstepd, state_dir;
     flags.Bool("standalone", &standalone,
-               "one host, no cluster: what `lockstep run` does (implies --wait)");
+               "one host, no cluster: what `lockstep run` does");
     flags.String("lockstepd", &lockstepd,
                  "with --standalone: the daemon to start (default $LOCKSTEPD, beside this "
                  "program, or on PATH)");
@@ -224,7 +213,12 @@ class Cli {
     flags.Int("max-open-files", &max_open_files, "workers' RLIMIT_NOFILE (0 = inherit)");
     flags.Int("max-address-space", &max_address_space, "workers' RLIMIT_AS in bytes (0 = inherit)");
     flags.Int("max-cpu-seconds", &max_cpu_seconds, "workers' RLIMIT_CPU (0 = inherit)");
-    flags.Bool("wait", &wait, "follow the job until it ends; exit 3 unless it SUCCEEDED");
+    bool detach = false;
+    flags.Bool("detach", &detach,
+               "print the job id (with --json: the job) once it is accepted and return, instead "
+               "of streaming its output until it ends");
+    flags.Bool("wait", &wait, "stream until the job ends (the default; kept for scripts)");
+    flags.Short('d', "detach");
     // torchrun's spellings (its underscores, --nproc_per_node, are accepted
     // for every flag).
     flags.Alias("nnodes", "nodes");
@@ -244,6 +238,10 @@ class Cli {
       }
     } else if (flags.WasSet("lockstepd") || flags.WasSet("state-dir")) {
       return Usage(absl::InvalidArgumentError("--lockstepd and --state-dir need --standalone"));
+    }
+    if (detach && (wait || standalone)) {
+      return Usage(absl::InvalidArgumentError(absl::StrCat(
+          "--detach returns at once: it cannot be used with ", wait ? "--wait" : "--standalone")));
     }
     if (standalone && rest->empty()) {  // before starting a daemon for nothing
       return Usage(absl::InvalidArgumentError("no command to run: expected -- CMD ARGS"));
@@ -297,16 +295,33 @@ class Cli {
     RETURN_IF_ERROR(Connect());
     v1::SubmitJobResponse resp;
     RETURN_IF_ERROR(Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit"));
-    if (!wait) {
+    const std::string id = resp.job().job_id();
+    if (detach) {
       if (common_.json) {
         PrintJson(resp.job());
       } else {
-        std::cout << "submitted job " << resp.job().job_id() << "\n";
+        std::cout << "submitted job " << id << "\n";
       }
       return 0;
     }
-    if (!common_.json) std::cout << "submitted job " << resp.job().job_id() << "\n";
-    return Follow(resp.job().job_id(), /*progress=*/false);
+    // JSON: one job object per state change (JSON lines), no job output.
+    if (common_.json) return Follow(id);
+    // Like `ray job submit`: the job's output, every rank prefixed, and
+    // its state changes, until it ends. Ctrl-C stops following, not the job.
+    std::cout << "submitted job " << id << std::endl;
+    InstallStopHandlers();
+    LogView view;
+    view.all_ranks = true;
+    view.stderr_stream = true;
+    view.prefixed = true;
+    view.follow = true;
+    view.state_lines = true;
+    ASSIGN_OR_RETURN(int code, FollowLogs(id, view));
+    if (g_stop_signal != 0) {
+      std::cerr << "lockstep: stopped following; job " << id << " keeps running (lockstep cancel "
+                << id << " stops it, lockstep logs -f -a " << id << " follows it again)\n";
+    }
+    return code;
   }
 
   // A private lockstepd for this one job: started, given the job, followed
@@ -382,9 +397,9 @@ class Cli {
     return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitJobNotSucceeded;
   }
 
-  // Long-polls WatchJob until the job ends. Prints each state change (and
-  // with `progress`, a line per rank). Returns the exit code.
-  StatusOr<int> Follow(const std::string& id, bool progress) {
+  // Long-polls WatchJob until the job ends. Prints each state change (with
+  // --json, the job as a JSON line). Returns the exit code.
+  StatusOr<int> Follow(const std::string& id) {
     int64_t version = 0;
     std::string last_line;
     while (true) {
@@ -392,16 +407,9 @@ class Cli {
       req.set_job_id(id);
       req.set_after_version(version);
       v1::WatchJobResponse resp;
-      auto ctx = Ctx(std::chrono::seconds(progress ? 2 : 10));
+      auto ctx = Ctx(std::chrono::seconds(10));
       grpc::Status s = coord_->WatchJob(ctx.get(), req, &resp);
-      if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-        if (progress && version > 0) {
-          // Progress arrives without a state change only via GetJob.
-          ASSIGN_OR_RETURN(v1::Job job, GetJob(id));
-          PrintWatch(job);
-        }
-        continue;
-      }
+      if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) continue;
       if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
         std::this_thread::sleep_for(std::chrono::milliseconds(500));  // coordinator restarting
         continue;
@@ -411,8 +419,6 @@ class Cli {
       const v1::Job& job = resp.job();
       if (common_.json) {
         PrintJson(job);
-      } else if (progress) {
-        PrintWatch(job);
       } else {
         const std::string line = absl::StrCat(
             TimeOf(job.history_size() ? job.history().rbegin()->unix_ms() : 0), "  ", StateLine(job));
@@ -420,7 +426,7 @@ class Cli {
         last_line = line;
       }
       if (IsTerminal(job.state())) {
-        if (!common_.json && !progress) PrintLogHint(job);
+        if (!common_.json) PrintLogHint(job);
         return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitJobNotSucceeded;
       }
     }
@@ -489,7 +495,9 @@ class Cli {
                                      : absl::StrCat("code ", w.exit().exit_code()))
                 : "-");
       }
+      std::cout << StepSplitTable(job);
     }
+    for (const auto& line : HealthLines(job)) std::cout << line << "\n";
     PrintLogHint(job);
     std::cout << "history:\n";
     for (const auto& e : job.history()) {
@@ -558,6 +566,38 @@ class Cli {
     return 0;
   }
 
+  // ---------------------------------------------------------------- delete
+  StatusOr<int> Delete(const std::vector<std::string>& args) {
+    FlagSet flags("lockstep delete",
+                  "Delete finished jobs, their records and their logs on every node: lockstep "
+                  "delete JOB...");
+    AddCommon(&flags, &common_);
+    auto rest = flags.Parse(args);
+    if (!rest.ok()) return Usage(rest.status());
+    if (rest->empty()) return Usage(absl::InvalidArgumentError("delete: expected one or more JOB ids"));
+    RETURN_IF_ERROR(Connect());
+    Status first_error;
+    for (const auto& id : *rest) {
+      v1::DeleteJobRequest req;
+      req.set_job_id(id);
+      v1::DeleteJobResponse resp;
+      Status s = Check(coord_->DeleteJob(Ctx().get(), req, &resp), "delete " + id);
+      if (!s.ok()) {
+        std::cerr << "lockstep: " << absl::StatusCodeToString(s.code()) << ": "
+                  << Printable(s.message()) << "\n";
+        if (first_error.ok()) first_error = s;
+        continue;
+      }
+      if (common_.json) {
+        PrintJson(resp.job());
+      } else {
+        std::cout << "deleted job " << id << " (" << StateName(resp.job().state())
+                  << "; its logs go from each node at its next heartbeat)\n";
+      }
+    }
+    return first_error.ok() ? 0 : kExitRpc;
+  }
+
   // ---------------------------------------------------------------- nodes
   StatusOr<int> NodesCmd(const std::vector<std::string>& args) {
     FlagSet flags("lockstep nodes", "List nodes");
@@ -587,11 +627,24 @@ class Cli {
   }
 
   // ---------------------------------------------------------------- logs
-  // One rank's log on one node, as far as this CLI has printed it.
+  // One rank's stream on one node, as far as this CLI has printed it.
   struct LogCursor {
     int64_t offset = 0;
     bool started = false;
     std::string partial;  // an unfinished line, for the prefixed view
+  };
+
+  // What FollowLogs prints: one rank or all, which streams, from where.
+  struct LogView {
+    bool all_ranks = false;
+    int rank = 0;
+    bool stdout_stream = true;
+    bool stderr_stream = false;
+    bool prefixed = false;   // "[R] line"; stderr lines go to stderr
+    bool follow = false;     // until the job ends, through restarts
+    bool state_lines = false;  // also "lockstep: <state>" on each change (submit)
+    int64_t tail_bytes = 0;
+    int64_t tail_lines = 0;
   };
 
   StatusOr<int> Logs(const std::vector<std::string>& args) {
@@ -621,27 +674,63 @@ class Cli {
     if (all_ranks && flags.WasSet("rank")) {
       return Usage(absl::InvalidArgumentError("--rank and --all-ranks exclude each other"));
     }
-    const std::string& id = (*rest)[0];
     RETURN_IF_ERROR(Connect());
-    if (tail_lines > 0) tail = std::min<int64_t>(int64_t{1} << 20, std::max(tail, tail_lines * 1024));
-    std::map<std::pair<int, std::string>, LogCursor> cursors;  // (rank, node) -> cursor
-    std::map<std::string, std::string> addresses;                // node -> agent
+    LogView view;
+    view.all_ranks = all_ranks;
+    view.rank = rank;
+    view.stdout_stream = !stderr_stream;
+    view.stderr_stream = stderr_stream;
+    view.prefixed = all_ranks;
+    view.follow = follow;
+    view.tail_lines = tail_lines;
+    view.tail_bytes = tail;
+    if (tail_lines > 0) {
+      view.tail_bytes = std::min<int64_t>(int64_t{1} << 20, std::max(tail, tail_lines * 1024));
+    }
+    return FollowLogs((*rest)[0], view);
+  }
+
+  // Prints a job's logs as `view` says. Without view.follow: what is there
+  // now, then 0. With it: until the job ends (waiting for workers to
+  // start, across restarts and an agent that is down for a while), then
+  // the final state on stderr; 0 if it SUCCEEDED, else 3. A SIGINT or
+  // SIGTERM (InstallStopHandlers) ends it with 128+N, the job left alone.
+  StatusOr<int> FollowLogs(const std::string& id, const LogView& view) {
+    // (rank, node, is_stderr) -> cursor
+    std::map<std::tuple<int, std::string, bool>, LogCursor> cursors;
+    std::map<std::string, std::string> addresses;  // node -> agent
     std::map<std::string, std::unique_ptr<v1::AgentService::Stub>> agents;
     bool said_waiting = false;
+    std::string last_state;
+    std::set<std::string> unreachable;  // agents whose last read failed (said once)
     while (true) {
-      ASSIGN_OR_RETURN(v1::Job job, GetJob(id));
+      if (g_stop_signal != 0) return 128 + g_stop_signal;
+      StatusOr<v1::Job> got = GetJob(id);
+      if (absl::IsUnavailable(got.status()) && view.follow) {
+        // The coordinator restarting does not end a follow.
+        std::cerr << "lockstep: " << Printable(got.status().message()) << " (retrying)\n";
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        continue;
+      }
+      RETURN_IF_ERROR(got.status());
+      const v1::Job& job = *got;
       const bool ended = IsTerminal(job.state());  // read before the logs: all is written
+      if (view.state_lines) {
+        const std::string line = StateLine(job);
+        if (line != last_state) std::cout << "lockstep: " << line << std::endl;
+        last_state = line;
+      }
       std::vector<const v1::WorkerStatus*> workers;
       for (const auto& w : job.workers()) {
-        if (all_ranks || w.rank() == rank) workers.push_back(&w);
+        if (view.all_ranks || w.rank() == view.rank) workers.push_back(&w);
       }
-      if (workers.empty() && !follow) {
+      if (workers.empty() && !view.follow) {
         return absl::NotFoundError(absl::StrCat(
-            "job ", id, " has no rank ", rank, " in round ", job.round(), " (world size ",
+            "job ", id, " has no rank ", view.rank, " in round ", job.round(), " (world size ",
             job.world_size(), job.workers_size() == 0 ? ", no workers started yet" : "",
             "; --follow waits for them)"));
       }
-      if (workers.empty() && !ended && !said_waiting) {
+      if (workers.empty() && !ended && !said_waiting && !view.state_lines) {
         std::cerr << "lockstep: job " << id << " is " << StateName(job.state())
                   << ": waiting for its workers to start\n";
         said_waiting = true;
@@ -658,16 +747,35 @@ class Cli {
         }
         auto& agent = agents[address];
         if (!agent) agent = v1::AgentService::NewStub(rendezvous::CreateLockstepChannel(address));
-        LogCursor& cursor = cursors[{w->rank(), w->node_id()}];
-        Status read = DrainLog(agent.get(), address, id, w->rank(), stderr_stream, tail, tail_lines,
-                               all_ranks, &cursor);
-        if (!read.ok()) {
+        for (bool is_stderr : {false, true}) {
+          if (!(is_stderr ? view.stderr_stream : view.stdout_stream)) continue;
+          LogCursor& cursor = cursors[{w->rank(), w->node_id(), is_stderr}];
+          Status read = DrainLog(agent.get(), address, id, w->rank(), is_stderr, view, &cursor);
+          if (read.ok()) {
+            unreachable.erase(address);
+            continue;
+          }
+          const std::string where = absl::StrCat("; the file is ",
+                                                 is_stderr ? w->stderr_path() : w->stdout_path(),
+                                                 " on node ", w->node_id());
+          // submit follows the job even where its output cannot be read
+          // (an agent this host cannot reach, behind NAT or in a cluster
+          // network): said once per agent, the job's state still decides.
+          if (view.state_lines) {
+            if (unreachable.insert(address).second) {
+              std::cerr << "lockstep: " << Printable(read.message()) << Printable(where)
+                        << " (following the job's state; its output from there is not shown)\n";
+            }
+            continue;
+          }
+          if (!view.follow || ended) return Status(read.code(), absl::StrCat(read.message(), where));
           // A node's agent that is down (restarting) does not end a follow.
-          if (!follow || ended) return read;
-          std::cerr << "lockstep: " << Printable(read.message()) << " (retrying)\n";
+          if (unreachable.insert(address).second) {
+            std::cerr << "lockstep: " << Printable(read.message()) << " (retrying)\n";
+          }
         }
       }
-      if (!follow) return 0;
+      if (!view.follow) return 0;
       if (ended) {
         std::cout << std::flush;
         std::cerr << "lockstep: job " << id << " " << StateName(job.state()) << " (round "
@@ -678,28 +786,28 @@ class Cli {
     }
   }
 
-  // Prints what one rank's log on one agent holds past `cursor`.
+  // Prints what one rank's stream on one agent holds past `cursor`.
   Status DrainLog(v1::AgentService::Stub* agent, const std::string& address, const std::string& id,
-                  int rank, bool stderr_stream, int64_t tail_bytes, int64_t tail_lines,
-                  bool prefixed, LogCursor* cursor) {
+                  int rank, bool is_stderr, const LogView& view, LogCursor* cursor) {
+    std::ostream& out = view.prefixed && is_stderr ? std::cerr : std::cout;
     while (true) {
       v1::ReadLogsRequest req;
       req.set_job_id(id);
       req.set_rank(rank);
-      req.set_stream(stderr_stream ? v1::ReadLogsRequest::STREAM_STDERR
-                                   : v1::ReadLogsRequest::STREAM_STDOUT);
+      req.set_stream(is_stderr ? v1::ReadLogsRequest::STREAM_STDERR
+                               : v1::ReadLogsRequest::STREAM_STDOUT);
       req.set_offset(cursor->offset);
-      if (!cursor->started) req.set_tail_bytes(tail_bytes);
+      if (!cursor->started) req.set_tail_bytes(view.tail_bytes);
       v1::ReadLogsResponse resp;
       RETURN_IF_ERROR(FromGrpcStatus(agent->ReadLogs(Ctx().get(), req, &resp),
                                      absl::StrCat("read logs of rank ", rank, " from agent ", address)));
       std::string data = resp.data();
-      if (!cursor->started && tail_lines > 0) {
+      if (!cursor->started && view.tail_lines > 0) {
         // Start after the newline before the last tail_lines lines (the
         // final newline ends the last line rather than starting one).
         size_t pos = data.size();
         if (pos > 0 && data[pos - 1] == '\n') --pos;
-        for (int64_t n = 0; n < tail_lines && pos != std::string::npos; ++n) {
+        for (int64_t n = 0; n < view.tail_lines && pos != std::string::npos; ++n) {
           pos = pos == 0 ? std::string::npos : data.rfind('\n', pos - 1);
         }
         if (pos != std::string::npos) data.erase(0, pos + 1);
@@ -709,9 +817,10 @@ class Cli {
       if (common_.json) {
         resp.set_data(data);
         PrintJson(resp);
-      } else if (prefixed) {
+      } else if (view.prefixed) {
         TakeLines(&cursor->partial, data,
-                  [&](const std::string& line) { PrintRankLine(std::cout, rank, line); });
+                  [&](const std::string& line) { PrintRankLine(out, rank, line); });
+        out << std::flush;
       } else {
         // Raw into a pipe or file; escaped on a terminal, where a worker's
         // escape sequences would act on the user's terminal.
@@ -722,32 +831,91 @@ class Cli {
   }
 
   // ---------------------------------------------------------------- watch
+  // Fetches the job every --interval-s and draws it (client/watch.h): in
+  // place on a terminal, a block per change when piped. While the
+  // coordinator does not answer, the last view stays up marked STALE.
+  // Ends with the job: 0 if it SUCCEEDED, else 3; 128+N on signal N.
   StatusOr<int> Watch(const std::vector<std::string>& args) {
     FlagSet flags("lockstep watch", "Live view of a job: lockstep watch JOB");
     AddCommon(&flags, &common_);
+    double interval_s = 1;
+    flags.Double("interval-s", &interval_s, "seconds between refreshes (default 1)");
+    flags.Short('n', "interval-s");
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
     if (rest->size() != 1) return Usage(absl::InvalidArgumentError("watch: expected one JOB id"));
+    if (!(interval_s >= 0.1 && interval_s <= 3600)) {
+      return Usage(absl::InvalidArgumentError("--interval-s: expected 0.1 to 3600 seconds"));
+    }
+    const std::string& id = (*rest)[0];
     RETURN_IF_ERROR(Connect());
-    return Follow((*rest)[0], /*progress=*/true);
+    if (common_.json) return Follow(id);
+    const auto interval = std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000));
+    const bool tty = ::isatty(1);
+    InstallStopHandlers();
+    if (tty) std::cout << "\x1b[?25l";  // no cursor blinking over the table
+    WatchContext ctx;
+    ctx.coordinator = common_.coordinator;
+    std::optional<v1::Job> job;
+    std::string last_block;
+    int code = -1;
+    while (code < 0) {
+      const auto started = std::chrono::steady_clock::now();
+      auto fetch_timeout = std::max<std::chrono::milliseconds>(interval, std::chrono::seconds(2));
+      v1::GetJobRequest req;
+      req.set_job_id(id);
+      v1::GetJobResponse resp;
+      grpc::Status s = coord_->GetJob(Ctx(fetch_timeout).get(), req, &resp);
+      ctx.now_unix_ms = NowUnixMs();
+      if (s.ok()) {
+        job = resp.job();
+        ctx.fetched_unix_ms = ctx.now_unix_ms;
+        ctx.unreachable_since_unix_ms = 0;
+        ctx.last_error.clear();
+      } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                 s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        if (ctx.unreachable_since_unix_ms == 0) ctx.unreachable_since_unix_ms = ctx.now_unix_ms;
+        ctx.last_error = absl::StrCat(grpc::StatusCode(s.error_code()) ==
+                                              grpc::StatusCode::UNAVAILABLE
+                                          ? "UNAVAILABLE"
+                                          : "DEADLINE_EXCEEDED");
+        if (!job) ctx.fetched_unix_ms = 0;
+      } else {
+        if (tty) std::cout << "\x1b[?25h" << std::flush;
+        return Check(s, "get job " + id);
+      }
+      if (job && IsTerminal(job->state()) && ctx.unreachable_since_unix_ms == 0) {
+        code = job->state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitJobNotSucceeded;
+      }
+      if (g_stop_signal != 0) code = 128 + g_stop_signal;
+      v1::Job shown = job ? *job : v1::Job();
+      if (!job) shown.set_job_id(id);
+      auto [cols, rows] = TerminalSize(1);
+      ctx.width = cols;
+      ctx.max_lines = tty ? rows : 1000;
+      std::vector<std::string> lines = RenderWatch(shown, ctx);
+      if (tty) {
+        std::cout << RedrawInPlace(lines) << std::flush;
+      } else {
+        // Piped: a block when something other than the clock changed.
+        std::vector<std::string> rest_lines(lines.begin() + 1, lines.end());
+        const std::string block = absl::StrJoin(rest_lines, "\n");
+        if (block != last_block || code >= 0) {
+          std::cout << absl::StrJoin(lines, "\n") << "\n\n" << std::flush;
+          last_block = block;
+        }
+      }
+      if (code >= 0) break;
+      std::this_thread::sleep_until(started + interval);
+    }
+    if (tty) std::cout << "\n\x1b[?25h" << std::flush;
+    return code;
   }
 
-  void PrintWatch(const v1::Job& job) {
-    std::cout << "[" << TimeOf(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count())
-              << "] " << job.job_id() << "  " << StateName(job.state()) << "  round " << job.round()
-              << "  restarts " << job.restart_count() << "/" << job.spec().max_restarts() << "  "
-              << Printable(job.message()) << "\n";
-    for (const auto& w : job.workers()) {
-      const auto& p = w.progress();
-      std::cout << absl::StrFormat(
-          "  rank %-3d %-10s %-8s step %-7d loss %-9.4f %8.1f samples/s  fwd %.1fms bwd %.1fms "
-          "comm %.1fms\n",
-          w.rank(), w.node_id(), WorkerStateName(w.state()), p.step(), p.loss(), p.samples_per_s(),
-          p.forward_ms(), p.backward_ms(), p.exposed_comm_ms());
-    }
-    std::cout << std::flush;
+  static int64_t NowUnixMs() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
   }
 
   // "RUNNING  round 2  restarts 1/3  <message>": one line per state change.
@@ -762,27 +930,6 @@ class Cli {
   static void PrintRankLine(std::ostream& os, int rank, const std::string& line) {
     const bool tty = ::isatty(&os == &std::cerr ? 2 : 1);
     os << "[" << rank << "] " << (tty ? Printable(line) : line) << "\n";
-  }
-
-  static bool IsTerminal(v1::JobState s) {
-    return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-  }
-  static std::string StateName(v1::JobState s) {
-    std::string n = v1::JobState_Name(s);
-    return n.substr(std::string("JOB_STATE_").size());
-  }
-  static std::string WorkerStateName(v1::WorkerState s) {
-    std::string n = v1::WorkerState_Name(s);
-    return n.substr(std::string("WORKER_STATE_").size());
-  }
-  static std::string TimeOf(int64_t unix_ms) {
-    if (unix_ms == 0) return "-";
-    time_t t = unix_ms / 1000;
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    char buf[32];
-    strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
-    return absl::StrFormat("%s.%03dZ", buf, static_cast<int>(unix_ms % 1000));
   }
 
   StatusOr<int> Usage(const Status& s) {
@@ -804,15 +951,17 @@ constexpr char kUsage[] =
     "usage: lockstep [--coordinator H:P] [--token-file F] [--json] COMMAND ...\n"
     "commands:\n"
     "  submit [--nodes N|MIN:MAX] [--nproc-per-node K] [--max-restarts R] [--env K=V]...\n"
-    "         [--name N] [--wait] [--standalone] -- CMD ARGS\n"
+    "         [--name N] [--detach] [--standalone] -- CMD ARGS   (streams every rank's output\n"
+    "         until the job ends, exit 0 if it SUCCEEDED; --detach returns at once)\n"
     "  run [--nproc-per-node K] [--max-restarts R] ... -- CMD ARGS   (this host alone: a\n"
     "         private coordinator and agent, the job's output, its state as exit code)\n"
     "  status JOB\n"
     "  list\n"
-    "  logs JOB [--rank R] [--follow] [--stderr]\n"
+    "  logs JOB [--rank R | --all-ranks] [--follow] [--stderr] [--tail N]\n"
     "  cancel JOB\n"
+    "  delete JOB...   (finished jobs: their records and logs)\n"
     "  nodes\n"
-    "  watch JOB\n"
+    "  watch JOB [--interval-s S]\n"
     "Each command takes --help.\n";
 
 int Main(int argc, char** argv) {
@@ -850,13 +999,15 @@ int Main(int argc, char** argv) {
     result = cli.Logs(args);
   } else if (cmd == "cancel") {
     result = cli.Cancel(args);
+  } else if (cmd == "delete") {
+    result = cli.Delete(args);
   } else if (cmd == "nodes") {
     result = cli.NodesCmd(args);
   } else if (cmd == "watch") {
     result = cli.Watch(args);
   } else {
     const std::string near = NearestMatch(
-        cmd, {"submit", "run", "status", "list", "logs", "cancel", "nodes", "watch"});
+        cmd, {"submit", "run", "status", "list", "logs", "cancel", "delete", "nodes", "watch"});
     std::cerr << "lockstep: unknown command \"" << Printable(cmd) << "\""
               << (near.empty() ? "" : " (did you mean \"" + near + "\"?)") << "\n"
               << kUsage;

@@ -21,6 +21,7 @@ class DisabledReporter : public ProgressReporter {
  public:
   bool enabled() const override { return false; }
   void Report(const Progress&) override {}
+  void SetCollective(const ddp::CollectiveState&) override {}
   void Flush(std::chrono::milliseconds) override {}
 };
 
@@ -57,6 +58,12 @@ class GrpcReporter : public ProgressReporter {
     cv_.notify_all();
   }
 
+  void SetCollective(const ddp::CollectiveState& c) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    collective_ = c;
+    if (c.active) have_beat_ = true;
+  }
+
   void Flush(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(mu_);
     int64_t target = reported_;
@@ -69,10 +76,18 @@ class GrpcReporter : public ProgressReporter {
     RateLimiter limiter(std::chrono::seconds(10));
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stop_ || pending_.has_value(); });
+      const bool woken = cv_.wait_for(lock, kBeatInterval,
+                                      [&] { return stop_ || pending_.has_value(); });
       if (stop_ && !pending_) return;
-      Progress p = *pending_;
+      // No new report within a beat: resend the latest (a liveness beat).
+      if (!woken && !have_beat_) continue;
+      if (pending_) {
+        latest_ = *pending_;
+        have_beat_ = true;
+      }
+      Progress p = latest_;
       pending_.reset();
+      const ddp::CollectiveState c = collective_;
       int64_t seq = reported_;
       lock.unlock();
       v1::ReportProgressRequest req;
@@ -89,6 +104,20 @@ class GrpcReporter : public ProgressReporter {
       out->set_exposed_comm_ms(p.exposed_comm_ms);
       out->set_bytes_reduced(p.bytes_reduced);
       out->set_buckets(p.buckets);
+      out->set_step_ms(p.step_ms);
+      out->set_data_ms(p.data_ms);
+      out->set_optimizer_ms(p.optimizer_ms);
+      for (double w : p.bucket_wait_ms) out->add_bucket_wait_ms(w);
+      out->set_wait_steps(p.wait_steps);
+      if (c.active) {
+        out->set_in_collective(true);
+        out->set_collective_step(c.step);
+        out->set_collective_bucket(c.bucket);
+        out->set_collective_op(c.op);
+        out->set_collective_wait_ms(std::chrono::duration<double, std::milli>(
+                                        std::chrono::steady_clock::now() - c.since)
+                                        .count());
+      }
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + kReportDeadline);
       v1::ReportProgressResponse resp;
@@ -112,6 +141,9 @@ class GrpcReporter : public ProgressReporter {
   std::condition_variable cv_;
   std::condition_variable done_cv_;
   std::optional<Progress> pending_;  // GUARDED_BY(mu_)
+  Progress latest_;                  // GUARDED_BY(mu_); the last one sent.
+  bool have_beat_ = false;           // GUARDED_BY(mu_); something to beat with.
+  ddp::CollectiveState collective_;  // GUARDED_BY(mu_)
   int64_t reported_ = 0;             // GUARDED_BY(mu_)
   int64_t sent_ = 0;                 // GUARDED_BY(mu_)
   bool stop_ = false;                // GUARDED_BY(mu_)

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include <mutex>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -58,6 +59,44 @@ TEST(ProgressReporterTest, SendsTheLatestReportWithRunIdentity) {
   EXPECT_EQ(agent.last.round(), 3);
   EXPECT_EQ(agent.last.job_id(), "j-1");
   EXPECT_EQ(agent.last.token(), "pt-1");
+  server->Shutdown();
+}
+
+TEST(ProgressReporterTest, BeatsResendTheLatestReportWithTheCollectiveWait) {
+  RecordingAgent agent;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&agent);
+  auto server = builder.BuildAndStart();
+  ::setenv("LOCKSTEP_AGENT", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
+  auto r = ProgressReporter::FromEnv();
+  r->Report({.step = 7});
+  ddp::CollectiveState c;
+  c.active = true;
+  c.step = 8;
+  c.bucket = 1;
+  c.op = "allreduce";
+  c.since = std::chrono::steady_clock::now() - std::chrono::seconds(2);
+  r->SetCollective(c);
+  // No new step: only a beat can carry the collective (within ~1 s).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  v1::RankProgress got;
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(agent.mu);
+      got = agent.last.progress();
+    }
+    if (got.in_collective()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(got.in_collective());
+  EXPECT_EQ(got.step(), 7);
+  EXPECT_EQ(got.collective_step(), 8);
+  EXPECT_EQ(got.collective_bucket(), 1);
+  EXPECT_EQ(got.collective_op(), "allreduce");
+  EXPECT_GE(got.collective_wait_ms(), 2000);
+  r.reset();
   server->Shutdown();
 }
 

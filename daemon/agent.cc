@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
@@ -204,6 +205,30 @@ void Agent::ReleaseJobUid(const std::string& job_id) {
   ::nftw(dir.c_str(), ChownToRoot, 16, FTW_PHYS);
   job_uids_.erase(it);
   log.Info("uid {} returned; {} given back to root", uid, dir);
+}
+
+void Agent::RemoveJobDir(const std::string& job_id) {
+  Logger log = log_.WithJob(job_id);
+  if (!IsSafeId(job_id)) {
+    log.Warn("the coordinator deleted job {}: not a job id, no directory removed",
+             QuoteForError(job_id));
+    return;
+  }
+  if (runs_.count(job_id) || pending_starts_.count(job_id)) {
+    log.Warn("the coordinator deleted the job but this node still runs it: directory kept");
+    return;
+  }
+  const std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) return;
+  // remove_all does not follow symlinks: a link a worker left in its
+  // directory goes, not what it points to.
+  const auto removed = std::filesystem::remove_all(dir, ec);
+  if (ec) {
+    log.Error("job deleted; removing {} failed: {}", dir, ec.message());
+  } else {
+    log.Info("job deleted: removed {} ({} files, logs included)", dir, removed);
+  }
 }
 
 std::string Agent::LogPath(const std::string& job_id, int rank, bool stderr_stream) const {
@@ -438,6 +463,7 @@ void Agent::Reap() {
           e->signal ? absl::StrCat("killed by signal ", e->signal)
                     : absl::StrCat("exited with code ", e->exit_code),
           stopped ? "stopped" : "on its own");
+      if (options_.on_worker_exit) options_.on_worker_exit(job_id, w.status);
     }
     if (escalate) run.killed = true;
   }
@@ -562,6 +588,7 @@ void Agent::ApplyCommands(const v1::HeartbeatResponse& resp) {
   for (auto it = pending_starts_.begin(); it != pending_starts_.end();) {
     it = desired.count(it->first) ? std::next(it) : pending_starts_.erase(it);
   }
+  for (const auto& id : resp.deleted_job_ids()) RemoveJobDir(id);
   for (auto it = runs_.begin(); it != runs_.end();) {
     if (desired.count(it->first)) {
       ++it;
@@ -692,6 +719,8 @@ Status Agent::ReportProgress(const std::string& job_id, int round, const std::st
     if (w.rank != progress.rank()) continue;
     *w.status.mutable_progress() = progress;
     w.status.mutable_progress()->set_reported_unix_ms(clock_->UnixMillis());
+    // The clock of the heartbeat's sent_mono_ns (hang reports: daemon/straggler.h).
+    w.status.mutable_progress()->set_reported_mono_ns(worker_link::MonotonicNowNs());
     if (w.status.state() == v1::WORKER_STATE_STARTING) w.status.set_state(v1::WORKER_STATE_RUNNING);
     return absl::OkStatus();
   }

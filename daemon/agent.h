@@ -44,6 +44,7 @@
 #define LOCKSTEP_DAEMON_AGENT_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -100,6 +101,11 @@ struct AgentOptions {
   // Used until the coordinator's RegisterNode response says otherwise.
   Duration heartbeat_interval = std::chrono::seconds(1);
   Duration lease = std::chrono::seconds(10);
+  // Called once per worker exit the agent reaps, with the job id and the
+  // worker's final status (state EXITED or STOPPED, exit filled in); on the
+  // agent's loop thread under its lock, so it must not block or call the
+  // agent. Default: none. lockstepd counts exits for /metrics with it.
+  std::function<void(const std::string& job_id, const v1::WorkerStatus& worker)> on_worker_exit;
 };
 
 struct LogChunk {
@@ -202,6 +208,9 @@ class Agent {
   void Renewed(MonoTime sent);
   void StopAllAndReap(Duration grace);
   std::string LogPath(const std::string& job_id, int rank, bool stderr_stream) const;
+  // The coordinator deleted the job: removes <state-dir>/jobs/<id> unless
+  // this node still runs it.
+  void RemoveJobDir(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's uid (allocated if new), or ResourceExhausted naming the range.
   StatusOr<uint32_t> JobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Kills what still runs as the job's uid, gives its dir back to root and

@@ -50,6 +50,7 @@ Status Coordinator::Recover() {
   for (auto& job : jobs) {
     std::string id = job.job_id();
     job_order_.push_back(id);
+    if (JobMachine::IsTerminal(job.state())) finished_by_time_.emplace(job.finished_unix_ms(), id);
     jobs_[id].current = machine_.Recovered(std::move(job));
   }
   for (const auto& info : nodes) nodes_.Restore(info, now);  // a full lease from now
@@ -117,6 +118,7 @@ Status Coordinator::Commit(const std::string& id, JobDraft next, Effects* effect
     }
     if (JobMachine::IsTerminal(next.job.state()) && !JobMachine::IsTerminal(before.state())) {
       effects->drop_prefixes.push_back(id + "/");
+      finished_by_time_.emplace(next.job.finished_unix_ms(), id);
     }
   }
   entry.current = std::move(next);
@@ -272,6 +274,79 @@ StatusOr<v1::Job> Coordinator::CancelJob(const JobId& id) {
   return result;
 }
 
+StatusOr<v1::Job> Coordinator::DeleteJob(const JobId& id) {
+  MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(auto found, FindJob(id.value()));
+  const v1::Job& job = found.first;
+  if (!JobMachine::IsTerminal(job.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id.value(), " is ", v1::JobState_Name(job.state()),
+        ": only a finished job can be deleted (cancel it first)"));
+  }
+  RETURN_IF_ERROR(DeleteLocked(job, "on request"));
+  return job;
+}
+
+Status Coordinator::DeleteLocked(const v1::Job& job, absl::string_view why) {
+  const std::string id = job.job_id();
+  Status s = store_->DeleteJob(id);
+  if (!s.ok()) {
+    log_.WithJob(id).Error("deleting the job from the job store failed, job kept: {}", s.ToString());
+    return s;
+  }
+  jobs_.erase(id);
+  job_order_.erase(std::remove(job_order_.begin(), job_order_.end(), id), job_order_.end());
+  evicted_.erase(id);
+  if (!job.request_id().empty()) evicted_requests_.erase(job.request_id());
+  for (auto it = finished_by_time_.lower_bound(job.finished_unix_ms());
+       it != finished_by_time_.end() && it->first == job.finished_unix_ms(); ++it) {
+    if (it->second == id) {
+      finished_by_time_.erase(it);
+      break;
+    }
+  }
+  // Every node may hold the job's directory from some round: tell them all.
+  int nodes = 0;
+  for (const auto& node : nodes_.List(clock_->Now())) {
+    auto& pending = deleted_for_node_[node.node_id()];
+    if (pending.size() < kMaxPendingDeletesPerNode) {
+      pending.insert(id);
+      ++nodes;
+    }
+  }
+  log_.WithJob(id).Info("job deleted {} (it had {}); its directory goes from {} node(s)", std::string(why),
+                        v1::JobState_Name(job.state()), nodes);
+  return absl::OkStatus();
+}
+
+void Coordinator::SweepRetention() {
+  if (options_.finished_job_retention <= Duration::zero()) return;
+  const int64_t cutoff =
+      clock_->UnixMillis() -
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.finished_job_retention).count();
+  std::vector<std::string> expired;
+  for (auto it = finished_by_time_.begin(); it != finished_by_time_.end() && it->first <= cutoff;
+       ++it) {
+    expired.push_back(it->second);
+  }
+  for (const auto& id : expired) {
+    auto found = FindJob(id);
+    if (!found.ok()) {
+      // Gone already (or unreadable): forget it rather than retry forever.
+      log_.WithJob(id).Warn("retention: cannot read the job, not deleted: {}",
+                            found.status().ToString());
+      for (auto it = finished_by_time_.begin(); it != finished_by_time_.end(); ++it) {
+        if (it->second == id) {
+          finished_by_time_.erase(it);
+          break;
+        }
+      }
+      continue;
+    }
+    if (!DeleteLocked(found->first, "by retention").ok()) return;  // retried on the next sweep
+  }
+}
+
 Status Coordinator::NodeLost(const std::string& node_id, const std::string& reason,
                              Effects* effects) {
   Status first_error;
@@ -296,6 +371,7 @@ Status Coordinator::ApplyReports(const std::string& node_id, const NodeTable::Re
     if (it == jobs_.end()) continue;
     JobDraft draft = it->second.current;
     machine_.ApplyReport(&draft, node_id, report, receipt, sent_mono_ns);
+    health_.Update(&draft.job, report, receipt, sent_mono_ns, clock_->Now());
     Status s = Commit(report.job_id(), std::move(draft), effects);
     if (first_error.ok()) first_error = s;
   }
@@ -380,6 +456,11 @@ StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatReques
       if (job != jobs_.end()) *stop->mutable_spec() = job->second.current.job.spec();
     }
     resp.set_lease_s(ToSeconds(options_.lease));
+    auto deleted = deleted_for_node_.find(req.node_id());
+    if (deleted != deleted_for_node_.end()) {
+      for (const auto& id : deleted->second) resp.add_deleted_job_ids(id);
+      deleted_for_node_.erase(deleted);
+    }
   }
   Run(&effects);
   RETURN_IF_ERROR(error);
@@ -464,6 +545,10 @@ void Coordinator::Tick() {
       (void)Commit(id, std::move(draft), &effects, /*retried_by_tick=*/true);
     }
     EvictFinished();
+    if (now >= next_retention_sweep_) {
+      SweepRetention();
+      next_retention_sweep_ = now + kRetentionSweepInterval;
+    }
   }
   Run(&effects);
 }

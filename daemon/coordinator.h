@@ -42,11 +42,13 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "common/clock.h"
 #include "common/ids.h"
 #include "common/logging.h"
@@ -55,6 +57,7 @@
 #include "daemon/job_machine.h"
 #include "daemon/job_store.h"
 #include "daemon/node_table.h"
+#include "daemon/straggler.h"
 #include "lockstep/v1/common.pb.h"
 
 namespace lockstep {
@@ -75,12 +78,19 @@ inline constexpr Duration kDefaultMaxRestartBackoff = std::chrono::seconds(30);
 // ones live only in the JobStore and are read from it on request, so the
 // coordinator's memory does not grow with the number of jobs it ran.
 inline constexpr int kDefaultFinishedJobsInMemory = 64;
+// Default of lockstepd --retain-finished-s: a finished job (its record, and
+// its directory with the logs on every node) is deleted 7 days after it
+// ended.
+inline constexpr Duration kDefaultFinishedJobRetention = std::chrono::hours(7 * 24);
 
 struct CoordinatorOptions {
   Duration lease = kDefaultLease;
   Duration heartbeat_interval = kDefaultHeartbeatInterval;
   Duration restart_backoff = kDefaultRestartBackoff;
   Duration max_restart_backoff = kDefaultMaxRestartBackoff;
+  // A rank blocked in a collective this long is reported in Job.health
+  // (daemon/straggler.h).
+  Duration hang_threshold = kDefaultHangThreshold;
   // Non-empty: command[0] of every job must be one of these.
   std::vector<std::string> allowed_commands;
   // Names or PREFIX* a job's env may set beyond the engine's (job_env.h).
@@ -95,7 +105,17 @@ struct CoordinatorOptions {
   // Default: none (nothing is dropped).
   std::function<void(const std::string& prefix)> drop_store_prefix;
   int finished_jobs_in_memory = kDefaultFinishedJobsInMemory;
+  // > 0: Tick deletes (as DeleteJob does) every job that finished longer
+  // ago than this. 0: finished jobs are kept until deleted.
+  Duration finished_job_retention = Duration::zero();
 };
+
+// Retention is checked this often.
+inline constexpr Duration kRetentionSweepInterval = std::chrono::seconds(1);
+// Deleted jobs waiting for one node's next heartbeat, at most (a node that
+// never comes back does not grow the coordinator without bound; past this
+// its directories stay).
+inline constexpr size_t kMaxPendingDeletesPerNode = 10000;
 
 class Coordinator {
  public:
@@ -120,6 +140,13 @@ class Coordinator {
   // heartbeat). NotFound; FailedPrecondition if it already finished; the
   // store's error if the write fails (the job is then unchanged).
   StatusOr<v1::Job> CancelJob(const JobId& id);
+
+  // Removes a finished job from memory and the store (GetJob then answers
+  // NotFound) and tells every known node, on its next heartbeat, to remove
+  // the job's directory (HeartbeatResponse.deleted_job_ids). Returns the job
+  // as it was. NotFound; FailedPrecondition (naming the state) for a job
+  // that has not finished; the store's error (nothing changed).
+  StatusOr<v1::Job> DeleteJob(const JobId& id);
 
   // Registers (or re-registers) an agent. A new incarnation of a known node
   // means its old workers are gone: every job whose current round used the
@@ -193,6 +220,11 @@ class Coordinator {
   // version (NotFound naming it).
   StatusOr<std::pair<v1::Job, int64_t>> FindJob(const std::string& id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DeleteJob's work for a finished `job`; `why` goes into the log line.
+  Status DeleteLocked(const v1::Job& job, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes the jobs that finished before options_.finished_job_retention;
+  // stops at the first failed delete (retried on the next sweep).
+  void SweepRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the oldest finished jobs from memory beyond
   // options_.finished_jobs_in_memory (they stay in the store).
   void EvictFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -211,9 +243,16 @@ class Coordinator {
   // Finished jobs that left memory: id -> last version; request id -> id.
   std::map<std::string, int64_t> evicted_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> evicted_requests_ ABSL_GUARDED_BY(mu_);
+  // Every finished job (in memory or not) by finished_unix_ms, for retention.
+  std::multimap<int64_t, std::string> finished_by_time_ ABSL_GUARDED_BY(mu_);
+  MonoTime next_retention_sweep_ ABSL_GUARDED_BY(mu_){};
+  // node -> deleted job ids for its next heartbeat.
+  std::map<std::string, std::set<std::string>> deleted_for_node_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Watch> watches_ ABSL_GUARDED_BY(mu_);
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
   std::string store_address_ ABSL_GUARDED_BY(mu_);
+  // Job.health from the workers' reports (not persisted: rebuilt from them).
+  HealthTracker health_ ABSL_GUARDED_BY(mu_){options_.hang_threshold};
 };
 
 }  // namespace daemon

@@ -188,6 +188,17 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServer
   return Done(ctx, r.status());
 }
 
+grpc::ServerUnaryReactor* CoordinatorGrpcService::DeleteJob(grpc::CallbackServerContext* ctx,
+                                                            const v1::DeleteJobRequest* req,
+                                                            v1::DeleteJobResponse* resp) {
+  Status s = AuthorizeCall(*ctx, token_);
+  if (s.ok()) s = RequireJobId(req->job_id());
+  if (!s.ok()) return Done(ctx, s);
+  auto r = core_->DeleteJob(JobId(req->job_id()));
+  if (r.ok()) *resp->mutable_job() = std::move(*r);
+  return Done(ctx, r.status());
+}
+
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListNodes(grpc::CallbackServerContext* ctx,
                                                             const v1::ListNodesRequest* req,
                                                             v1::ListNodesResponse* resp) {

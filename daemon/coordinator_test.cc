@@ -31,6 +31,7 @@ class CoordinatorTest : public ::testing::Test {
     options.store_address = "127.0.0.1:7000";
     options.drop_store_prefix = [this](const std::string& prefix) { dropped_.push_back(prefix); };
     options.finished_jobs_in_memory = finished_in_memory_;
+    options.finished_job_retention = retention_;
     coord_.reset();
     coord_ = std::make_unique<Coordinator>(options, &clock_, &store_);
     ASSERT_TRUE(coord_->Recover().ok());
@@ -118,6 +119,7 @@ class CoordinatorTest : public ::testing::Test {
   std::vector<std::string> dropped_;  // store prefixes the coordinator dropped
   std::unique_ptr<Coordinator> coord_;
   int finished_in_memory_ = kDefaultFinishedJobsInMemory;
+  Duration retention_ = Duration::zero();
 };
 
 TEST(JobSpecTest, RejectsBadSpecsNamingTheField) {
@@ -387,6 +389,96 @@ TEST_F(CoordinatorTest, SubmitWithSameRequestIdReturnsSameJob) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->job_id(), b->job_id());
   EXPECT_EQ(coord_->ListJobs({})->size(), 1u);
+}
+
+static bool Lists(const v1::HeartbeatResponse& resp, const std::string& id) {
+  const auto& ids = resp.deleted_job_ids();
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// A deleted job is gone from memory, the store and the list, and every
+// node is told once (on its next heartbeat) to remove its directory.
+TEST_F(CoordinatorTest, DeleteRemovesAFinishedJobAndTellsEveryNodeOnce) {
+  finished_in_memory_ = 1;  // the older job is read back from the store
+  Reset();
+  Register("n1");
+  Register("n2");
+  auto old_job = Submit(TestSpec(1, 1, 1, 0), "req-old");
+  auto job = Submit(TestSpec(1, 1, 1, 0), "req-new");
+  ASSERT_TRUE(old_job.ok() && job.ok());
+  ASSERT_TRUE(coord_->CancelJob(JobId(old_job->job_id())).ok());
+  ASSERT_TRUE(coord_->CancelJob(JobId(job->job_id())).ok());
+  coord_->Tick();
+  for (const std::string& id : {old_job->job_id(), job->job_id()}) {
+    auto deleted = coord_->DeleteJob(JobId(id));
+    ASSERT_TRUE(deleted.ok()) << deleted.status();
+    EXPECT_EQ(deleted->state(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(coord_->GetJob(JobId(id)).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(store_.jobs.count(id), 0u);
+    EXPECT_EQ(coord_->DeleteJob(JobId(id)).status().code(), absl::StatusCode::kNotFound);
+  }
+  EXPECT_TRUE(coord_->ListJobs({})->empty());
+  for (const std::string node : {"n1", "n2"}) {
+    auto first = Beat(node);
+    ASSERT_TRUE(first.ok());
+    EXPECT_TRUE(Lists(*first, old_job->job_id()) && Lists(*first, job->job_id())) << node;
+    auto second = Beat(node);
+    ASSERT_TRUE(second.ok());
+    EXPECT_EQ(second->deleted_job_ids_size(), 0) << node;
+  }
+  // A retried submit of a deleted job's request makes a new job.
+  auto again = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "req-old");
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->job_id(), old_job->job_id());
+}
+
+TEST_F(CoordinatorTest, DeleteRefusesALiveJobAndKeepsTheJobWhenTheStoreFails) {
+  std::string id = RunningTwoByTwo(0);
+  auto live = coord_->DeleteJob(JobId(id));
+  EXPECT_EQ(live.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(live.status().message().find("cancel it first"), std::string::npos) << live.status();
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+
+  ASSERT_TRUE(coord_->CancelJob(JobId(id)).ok());
+  store_.fail_writes = true;
+  EXPECT_EQ(coord_->DeleteJob(JobId(id)).status().code(), absl::StatusCode::kUnavailable);
+  store_.fail_writes = false;
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(store_.jobs.count(id), 1u);
+  auto beat = Beat("n1");
+  ASSERT_TRUE(beat.ok());
+  EXPECT_FALSE(Lists(*beat, id)) << "a failed delete tells no node";
+}
+
+// Retention deletes each finished job once it ended longer ago than the
+// setting, also after a restart (the store's finish times count).
+TEST_F(CoordinatorTest, RetentionDeletesJobsThatEndedLongerAgo) {
+  retention_ = seconds(60);
+  Reset();
+  Register("n1");
+  // All wait for 3 nodes: they end only when cancelled.
+  auto a = Submit(TestSpec(3, 3, 1, 0));
+  auto b = Submit(TestSpec(3, 3, 1, 0));
+  auto live = Submit(TestSpec(3, 3, 1, 0));
+  ASSERT_TRUE(a.ok() && b.ok() && live.ok());
+  ASSERT_TRUE(coord_->CancelJob(JobId(a->job_id())).ok());
+  AdvanceTicking(seconds(30));
+  ASSERT_TRUE(coord_->CancelJob(JobId(b->job_id())).ok());
+  ASSERT_TRUE(Beat("n1").ok());  // keeps n1 alive; nothing deleted yet
+  AdvanceTicking(seconds(29));
+  EXPECT_TRUE(coord_->GetJob(JobId(a->job_id())).ok()) << "59 s after it ended";
+  AdvanceTicking(seconds(2));
+  EXPECT_EQ(coord_->GetJob(JobId(a->job_id())).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(coord_->GetJob(JobId(b->job_id())).ok());
+  auto beat = Beat("n1");
+  ASSERT_TRUE(beat.ok());
+  EXPECT_TRUE(Lists(*beat, a->job_id()));
+
+  Reset();  // a restarted coordinator keeps counting from the recorded end
+  AdvanceTicking(seconds(30));
+  EXPECT_EQ(coord_->GetJob(JobId(b->job_id())).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_.jobs.count(b->job_id()), 0u);
+  EXPECT_FALSE(JobMachine::IsTerminal(Job(live->job_id()).state())) << "live jobs are never deleted";
 }
 
 // Finished jobs beyond the in-memory limit leave memory (the coordinator

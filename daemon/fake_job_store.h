@@ -24,6 +24,11 @@ class FakeJobStore : public JobStore {
     nodes[node.node_id()] = node;
     return absl::OkStatus();
   }
+  Status DeleteJob(const std::string& job_id) override {
+    if (fail_writes) return absl::UnavailableError("fake job store: writes disabled");
+    jobs.erase(job_id);
+    return absl::OkStatus();
+  }
   StatusOr<std::vector<v1::Job>> LoadJobs() override {
     std::vector<v1::Job> out;
     for (const auto& [id, job] : jobs) out.push_back(job);

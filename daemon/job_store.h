@@ -31,6 +31,10 @@ class JobStore {
   // Inserts or replaces the node with node.node_id(). Durable on return.
   virtual Status PutNode(const v1::NodeInfo& node) = 0;
 
+  // Removes the job with that id (no error if there is none). Durable on
+  // return.
+  virtual Status DeleteJob(const std::string& job_id) = 0;
+
   virtual StatusOr<std::vector<v1::Job>> LoadJobs() = 0;
   // The job with that id; nullopt if there is none.
   virtual StatusOr<std::optional<v1::Job>> LoadJob(const std::string& job_id) = 0;

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/address.h"
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -33,6 +34,10 @@
 #include "daemon/coordinator.h"
 #include "daemon/job_env.h"
 #include "daemon/coordinator_service.h"
+#include "daemon/daemon_metrics.h"
+#include "daemon/http_server.h"
+#include "daemon/metrics.h"
+#include "daemon/rpc_metrics.h"
 #include "daemon/grpc_auth.h"
 #include "daemon/grpc_coordinator_client.h"
 #include "daemon/process_launcher.h"
@@ -70,7 +75,9 @@ struct Config {
   double restart_backoff_s = ToSeconds(kDefaultRestartBackoff);
   double max_restart_backoff_s = ToSeconds(kDefaultMaxRestartBackoff);
   double shutdown_grace_s = 10;
+  double retain_finished_s = ToSeconds(kDefaultFinishedJobRetention);
   std::string log_level;
+  std::string metrics_listen;  // empty: no /metrics endpoint
 };
 
 StatusOr<Config> ParseFlags(int argc, char** argv) {
@@ -105,9 +112,15 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   flags.Double("heartbeat-interval-s", &c.heartbeat_interval_s, "coordinator: agents heartbeat this often");
   flags.Double("restart-backoff-s", &c.restart_backoff_s, "coordinator: first restart backoff (doubles)");
   flags.Double("max-restart-backoff-s", &c.max_restart_backoff_s, "coordinator: backoff cap");
+  flags.Double("retain-finished-s", &c.retain_finished_s,
+               "coordinator: a finished job, its record and its logs on every node, is deleted "
+               "this long after it ended (0 = kept until `lockstep delete`; default 7 days)");
   flags.Double("shutdown-grace-s", &c.shutdown_grace_s,
                "on SIGTERM: workers get this long after SIGTERM before SIGKILL");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error (default LOCKSTEP_LOG_LEVEL or info)");
+  flags.String("metrics-listen", &c.metrics_listen,
+               "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 = pick one, logged; "
+               "default: off; daemon/README.md, Metrics)");
   flags.Version("lockstepd " LOCKSTEP_VERSION);
   ASSIGN_OR_RETURN(std::vector<std::string> rest, flags.Parse(argc, argv));
   if (!rest.empty()) return absl::InvalidArgumentError("unexpected argument: " + rest[0]);
@@ -121,6 +134,10 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--lease-s must be at least 3x --heartbeat-interval-s (got ", c.lease_s, " and ",
         c.heartbeat_interval_s, ")"));
+  }
+  if (!(c.retain_finished_s >= 0 && c.retain_finished_s <= 100.0 * 365 * 86400)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--retain-finished-s: want 0 (keep) to 100 years in seconds, got ", c.retain_finished_s));
   }
   if (c.run_as == "root" || c.run_as == "0") {
     return absl::InvalidArgumentError("--run-as: workers never run as root");
@@ -253,6 +270,7 @@ int Run(int argc, char** argv) {
     options.max_restart_backoff = FromSeconds(config.max_restart_backoff_s);
     options.allowed_commands = config.allowed_commands;
     options.allowed_env = config.allowed_env;
+    options.finished_job_retention = FromSeconds(config.retain_finished_s);
     store_core = std::make_unique<rendezvous::StoreCore>();
     // Namespaces of superseded rounds and ended jobs (see CoordinatorOptions).
     options.drop_store_prefix = [store = store_core.get()](const std::string& prefix) {
@@ -282,6 +300,7 @@ int Run(int argc, char** argv) {
   // coordinator's) is known only after bind; it starts after that.
   std::unique_ptr<ProcessLauncher> launcher = NewPosixProcessLauncher();
   DeferredCoordinatorClient coordinator_client;
+  WorkerExitCounter worker_exits;  // outlives the agent that feeds it
   std::unique_ptr<Agent> agent;
   std::unique_ptr<AgentGrpcService> agent_service;
   if (config.agent) {
@@ -314,15 +333,47 @@ int Run(int argc, char** argv) {
     options.heartbeat_interval = FromSeconds(config.heartbeat_interval_s);
     options.lease = FromSeconds(config.lease_s);
     options.admin_token = *token;
+    options.on_worker_exit = [&worker_exits](const std::string&, const v1::WorkerStatus& w) {
+      worker_exits.Count(w);
+    };
     agent = std::make_unique<Agent>(options, RealClock(), launcher.get(), &coordinator_client);
     agent_service = std::make_unique<AgentGrpcService>(agent.get(), *token);
   }
+
+  // Metrics: bound before the gRPC port, so a busy metrics port stops the
+  // daemon before it serves anything.
+  RpcStats rpc_stats;
+  MetricsRegistry metrics;
+  std::unique_ptr<HttpServer> metrics_server;
+  if (!config.metrics_listen.empty()) {
+    metrics.AddCollector(ProcessCollector(LOCKSTEP_VERSION));
+    if (coordinator) metrics.AddCollector(CoordinatorCollector(coordinator.get()));
+    if (agent) metrics.AddCollector(AgentCollector(agent.get(), &worker_exits));
+    metrics.AddCollector([&rpc_stats](std::vector<MetricFamily>* out) { rpc_stats.AppendTo(out); });
+    auto served = HttpServer::Start(
+        config.metrics_listen,
+        [&metrics](const std::string& path) {
+          if (path != "/metrics") return HttpResponse{404, "text/plain; charset=utf-8", "try /metrics\n"};
+          return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", metrics.Render()};
+        },
+        "lockstepd metrics");
+    if (!served.ok()) {
+      log.Error("{}", std::string(served.status().message()));
+      return 1;
+    }
+    metrics_server = std::move(*served);
+    log.Info("metrics: serving http://{}:{}/metrics", HostOfAddress(config.metrics_listen),
+             metrics_server->port());
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  if (metrics_server) interceptors.push_back(NewRpcMetricsInterceptor(&rpc_stats));
 
   std::vector<grpc::Service*> services;
   if (coordinator_service) services.push_back(coordinator_service.get());
   if (store_service) services.push_back(store_service.get());
   if (agent_service) services.push_back(agent_service.get());
-  auto started = rendezvous::StartGrpcServer(config.listen, services, "lockstepd");
+  auto started =
+      rendezvous::StartGrpcServer(config.listen, services, "lockstepd", std::move(interceptors));
   if (!started.ok()) {
     log.Error("{}", std::string(started.status().message()));
     return 1;
@@ -386,6 +437,7 @@ int Run(int argc, char** argv) {
   sigwait(&sigs, &sig);
   log.Info("signal {}: shutting down", sig);
   stop = true;
+  if (metrics_server) metrics_server->Stop();
   readiness.join();
   health->SetServingStatus(false);
   if (agent) agent->Shutdown(FromSeconds(config.shutdown_grace_s));

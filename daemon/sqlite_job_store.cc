@@ -118,6 +118,21 @@ Status SqliteJobStore::PutJob(const v1::Job& job) {
   return Put("jobs", job.job_id(), job.SerializeAsString());
 }
 
+Status SqliteJobStore::DeleteJob(const std::string& job_id) {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "DELETE FROM jobs WHERE id = ?", -1, &stmt, nullptr) != SQLITE_OK) {
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  sqlite3_bind_text(stmt, 1, job_id.data(), job_id.size(), SQLITE_TRANSIENT);
+  int rc = sqlite3_step(stmt);
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": deleting job ", job_id, ": ",
+                                               sqlite3_errmsg(db_)));
+  }
+  return absl::OkStatus();
+}
+
 Status SqliteJobStore::PutNode(const v1::NodeInfo& node) {
   return Put("nodes", node.node_id(), node.SerializeAsString());
 }

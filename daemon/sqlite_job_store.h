@@ -26,6 +26,7 @@ class SqliteJobStore : public JobStore {
 
   Status PutJob(const v1::Job& job) override;
   Status PutNode(const v1::NodeInfo& node) override;
+  Status DeleteJob(const std::string& job_id) override;
   StatusOr<std::vector<v1::Job>> LoadJobs() override;
   StatusOr<std::optional<v1::Job>> LoadJob(const std::string& job_id) override;
   StatusOr<std::vector<v1::NodeInfo>> LoadNodes() override;

@@ -13,6 +13,10 @@ double MillisSince(MonoTime start) {
   return std::chrono::duration<double, std::milli>(RealClock()->Now() - start).count();
 }
 
+double MillisBetween(MonoTime a, MonoTime b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
 }  // namespace
 
 Status BroadcastCoalesced(Communicator& comm, const std::vector<torch::Tensor>& tensors, int root,
@@ -112,6 +116,7 @@ Status DistributedDataParallel::Init() {
   reducer_options.timeout = opts.timeout;
   DistributedDataParallel* self = this;
   reducer_options.on_step = [self](const ReducerStepStats&) { self->OnReducerStep(); };
+  reducer_options.on_wait = [self](int bucket) { self->OnBucketWait(bucket); };
   ASSIGN_OR_RETURN(reducer_, Reducer::Create(std::move(params), comm_.get(), reducer_options));
   if (opts.report_progress) progress_ = AcquireProgressSink();
   last_step_end_ = RealClock()->Now();
@@ -120,13 +125,63 @@ Status DistributedDataParallel::Init() {
 
 Status DistributedDataParallel::PreForward() {
   forward_start_ = RealClock()->Now();
-  RETURN_IF_ERROR(reducer_->last_error());
-  RETURN_IF_ERROR(reducer_->RebuildBucketsIfNeeded());
-  if (options_.broadcast_buffers && !buffers_.empty()) {
-    RETURN_IF_ERROR(Annotate(BroadcastCoalesced(*comm_, buffers_, 0, options_.timeout),
-                             "DDP: broadcasting buffers from rank 0"));
+  if (!forward_seen_) {
+    forward_seen_ = true;
+    first_forward_start_ = forward_start_;
   }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(reducer_->last_error());
+  // The rebuild's and the buffers' broadcasts block on every peer.
+  SetCollective(true, -1, "broadcast");
+  Status s = reducer_->RebuildBucketsIfNeeded();
+  if (s.ok() && options_.broadcast_buffers && !buffers_.empty()) {
+    s = Annotate(BroadcastCoalesced(*comm_, buffers_, 0, options_.timeout),
+                 "DDP: broadcasting buffers from rank 0");
+  }
+  SetCollective(false, -1, "");
+  return s;
+}
+
+void DistributedDataParallel::SetCollective(bool active, int bucket, const char* op) {
+  if (progress_ == nullptr) return;
+  CollectiveState c;
+  if (active) {
+    c.active = true;
+    c.step = steps_ + 1;
+    c.bucket = bucket;
+    c.op = op;
+    c.since = std::chrono::steady_clock::now();
+    if (bucket >= 0) {
+      // One wait from its first bucket on: `since` stays at its start.
+      if (!waiting_) wait_since_ = c.since;
+      waiting_ = true;
+      c.since = wait_since_;
+    }
+  } else {
+    waiting_ = false;
+  }
+  progress_->SetCollective(c);
+}
+
+void DistributedDataParallel::OnBucketWait(int bucket) {
+  if (bucket >= 0) {
+    SetCollective(true, bucket, "allreduce");
+  } else if (waiting_) {
+    SetCollective(false, -1, "");
+  }
+}
+
+void DistributedDataParallel::RecordBucketWaits(const ReducerStepStats& r) {
+  // Launch to completion per bucket; a bucket whose completion is not known
+  // yet (a device collective still running) counts as 0.
+  std::vector<double> waits(r.bucket_launched.size(), 0.0);
+  for (size_t b = 0; b < waits.size() && b < r.bucket_comm_end.size(); ++b) {
+    if (r.bucket_comm_end[b].time_since_epoch().count() == 0) continue;
+    waits[b] = std::max(0.0, MillisBetween(r.bucket_launched[b], r.bucket_comm_end[b]));
+  }
+  if (bucket_waits_.size() == static_cast<size_t>(kWaitWindowSteps)) {
+    bucket_waits_.erase(bucket_waits_.begin());
+  }
+  bucket_waits_.push_back(std::move(waits));
 }
 
 Status DistributedDataParallel::PostForward(const std::vector<torch::Tensor>& outputs) {
@@ -151,28 +206,72 @@ void DistributedDataParallel::OnReducerStep() {
   ++steps_;
   synced_forward_ms_ = forward_ms_;
   if (progress_ != nullptr) {
-    // Wall clock from the previous step's end: data loading, the optimizer
-    // and everything else the program does per step count.
     const MonoTime now = RealClock()->Now();
-    const double wall_s = std::chrono::duration<double>(now - last_step_end_).count();
-    last_step_end_ = now;
-    const ReducerStepStats& r = reducer_->last_stats();
+    const ReducerStepStats r = reducer_->last_stats();
+    RecordBucketWaits(r);
     StepProgress p;
     p.step = steps_;
     p.samples = samples_pending_;
-    p.samples_per_s = wall_s > 0 ? samples_pending_ / wall_s : 0;
     if (loss_known_) p.loss = loss_pending_;
     p.forward_ms = synced_forward_ms_;
     p.backward_ms = r.backward_ms;
     p.exposed_comm_ms = r.comm_exposed_ms;
     p.bytes_reduced = r.bytes_reduced;
     p.buckets = r.buckets;
-    progress_->Report(p);
+    p.data_ms =
+        forward_seen_ ? std::max(0.0, MillisBetween(last_step_end_, first_forward_start_)) : 0;
+    size_t buckets = 0;
+    for (const auto& w : bucket_waits_) buckets = std::max(buckets, w.size());
+    p.bucket_wait_ms.assign(buckets, 0.0);
+    for (size_t b = 0; b < buckets; ++b) {
+      int n = 0;
+      for (const auto& w : bucket_waits_) {
+        if (b < w.size()) {
+          p.bucket_wait_ms[b] += w[b];
+          ++n;
+        }
+      }
+      if (n > 0) p.bucket_wait_ms[b] /= n;
+    }
+    p.wait_steps = static_cast<int>(bucket_waits_.size());
+    if (optimizer_marked_) {
+      pending_ = std::move(p);
+      step_pending_ = true;
+    } else {
+      FinishStep(std::move(p), now);
+    }
   }
   samples_pending_ = 0;
   loss_pending_ = 0;
   loss_known_ = true;
   if (options_.on_step) options_.on_step(MakeStats(reducer_->last_stats()));
+}
+
+void DistributedDataParallel::FinishStep(StepProgress p, MonoTime end) {
+  // Wall clock from the previous step's end: data loading, the optimizer
+  // and everything else the program does per step count.
+  p.step_ms = std::max(0.0, MillisBetween(last_step_end_, end));
+  p.samples_per_s = p.step_ms > 0 ? p.samples * 1000.0 / p.step_ms : 0;
+  last_step_end_ = end;
+  forward_seen_ = false;
+  progress_->Report(p);
+}
+
+void DistributedDataParallel::EndOptimizerStep(MonoTime start) {
+  if (progress_ == nullptr) return;
+  const MonoTime end = RealClock()->Now();
+  if (step_pending_) {
+    step_pending_ = false;
+    pending_.optimizer_ms = MillisBetween(start, end);
+    FinishStep(std::move(pending_), end);
+  } else {
+    // The first call (that step went out at the end of backward), or a
+    // second optimizer step without a synchronised backward: the step now
+    // ends here.
+    optimizer_marked_ = true;
+    last_step_end_ = end;
+    forward_seen_ = false;
+  }
 }
 
 StepStats DistributedDataParallel::last_stats() const {

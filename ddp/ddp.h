@@ -9,7 +9,7 @@
 //     opt.zero_grad();
 //     ASSIGN_OR_RETURN(torch::Tensor out, ddp->Forward(x));
 //     RETURN_IF_ERROR(ddp->Backward(loss_fn(out, y)));  // Gradients are averaged.
-//     opt.step();
+//     ddp->OptimizerStep(opt);  // opt.step(), timed for the step split (progress.h).
 //   }
 //
 // Any module: Create takes a module holder (MyNet, torch::nn::Sequential,
@@ -411,6 +411,28 @@ class DistributedDataParallel {
   // from a checkpoint): the next synchronised step is step + 1.
   void ResumeAt(int64_t step) { steps_ = step; }
 
+  // Runs optimizer.step() as the step's optimizer phase, so progress reports
+  // split the step into data, forward, backward, communication and optimizer
+  // (ddp/progress.h): its time is the step's optimizer_ms, its return the
+  // step's end, and the time from there to the next forward the next step's
+  // data_ms. Call it once per step, after the synchronised backward:
+  //   RETURN_IF_ERROR(ddp->Backward(loss));
+  //   ddp->OptimizerStep(opt);
+  // Once a program calls it, each step is reported when it returns (rather
+  // than at the end of backward). Returns what optimizer.step() returns.
+  template <typename Optimizer>
+  auto OptimizerStep(Optimizer& optimizer) -> decltype(optimizer.step()) {
+    const MonoTime start = RealClock()->Now();
+    if constexpr (std::is_void<decltype(optimizer.step())>::value) {
+      optimizer.step();
+      EndOptimizerStep(start);
+    } else {
+      auto result = optimizer.step();
+      EndOptimizerStep(start);
+      return result;
+    }
+  }
+
   // RAII: while alive, Forward does not prepare synchronisation, so the
   // following backward only accumulates local gradients; the next
   // synchronised backward reduces the accumulated sum.
@@ -453,6 +475,12 @@ class DistributedDataParallel {
   Status PostForward(const std::vector<torch::Tensor>& outputs);
   void OnReducerStep();
   StepStats MakeStats(const ReducerStepStats& r) const;
+  // Step timing (see progress.h for the split).
+  void EndOptimizerStep(MonoTime start);
+  void FinishStep(StepProgress p, MonoTime end);
+  void RecordBucketWaits(const ReducerStepStats& r);
+  void OnBucketWait(int bucket);
+  void SetCollective(bool active, int bucket, const char* op);
 
   std::shared_ptr<torch::nn::Module> root_;
   torch::nn::AnyModule any_;
@@ -473,6 +501,15 @@ class DistributedDataParallel {
   double loss_pending_ = 0;
   bool loss_known_ = true;
   MonoTime last_step_end_{};
+  MonoTime first_forward_start_{};   // First forward since last_step_end_.
+  bool forward_seen_ = false;        // first_forward_start_ is set.
+  bool optimizer_marked_ = false;    // OptimizerStep ends steps.
+  bool step_pending_ = false;        // pending_ waits for OptimizerStep.
+  StepProgress pending_;
+  // Per step, per bucket: launch to completion (kWaitWindowSteps newest).
+  std::vector<std::vector<double>> bucket_waits_;
+  bool waiting_ = false;             // In the end-of-backward bucket wait.
+  std::chrono::steady_clock::time_point wait_since_{};
 };
 
 // What DistributedDataParallel::Create returns: the same object, typed by

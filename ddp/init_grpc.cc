@@ -129,6 +129,7 @@ class AgentProgressSink : public ProgressSink {
   explicit AgentProgressSink(std::unique_ptr<client::ProgressReporter> reporter)
       : reporter_(std::move(reporter)) {}
   void Report(const StepProgress& p) override { reporter_->Report(p); }
+  void SetCollective(const CollectiveState& c) override { reporter_->SetCollective(c); }
   void Flush(std::chrono::milliseconds timeout) override { reporter_->Flush(timeout); }
 
  private:

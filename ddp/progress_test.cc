@@ -21,6 +21,7 @@ namespace {
 struct Recorded {
   std::mutex mu;
   std::vector<StepProgress> reports;
+  std::vector<CollectiveState> collectives;
   int sinks_alive = 0;
   int sinks_made = 0;
   int flushes = 0;
@@ -40,6 +41,10 @@ class RecordingSink : public ProgressSink {
   void Report(const StepProgress& p) override {
     std::lock_guard<std::mutex> lock(r_->mu);
     r_->reports.push_back(p);
+  }
+  void SetCollective(const CollectiveState& c) override {
+    std::lock_guard<std::mutex> lock(r_->mu);
+    r_->collectives.push_back(c);
   }
   void Flush(std::chrono::milliseconds) override {
     std::lock_guard<std::mutex> lock(r_->mu);
@@ -102,6 +107,100 @@ TEST_F(ProgressTest, EachSynchronisedStepIsReported) {
     EXPECT_EQ(p.buckets, 1);
     EXPECT_EQ(p.bytes_reduced, (4 * 2 + 2) * 4);
   }
+}
+
+// Stands in for a torch optimizer: counts its steps.
+struct CountingOptimizer {
+  int steps = 0;
+  torch::Tensor step() {
+    ++steps;
+    return {};
+  }
+};
+
+TEST_F(ProgressTest, OptimizerStepEndsTheStepAndSplitsItsTime) {
+  torch::nn::Linear model(4, 2);
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>());
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  CountingOptimizer opt;
+  for (int i = 0; i < 3; ++i) {
+    Step(**ddp, 1, 8);
+    {
+      std::lock_guard<std::mutex> lock(recorded_.mu);
+      // Step 1 goes out at the end of backward (OptimizerStep was not seen
+      // yet); later steps wait for the optimizer.
+      EXPECT_EQ(recorded_.reports.size(), i == 0 ? 1u : static_cast<size_t>(i));
+    }
+    (*ddp)->OptimizerStep(opt);
+  }
+  EXPECT_EQ(opt.steps, 3);
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  ASSERT_EQ(recorded_.reports.size(), 3u);
+  EXPECT_EQ(recorded_.reports[0].optimizer_ms, 0);
+  for (size_t i = 1; i < 3; ++i) {
+    const StepProgress& p = recorded_.reports[i];
+    SCOPED_TRACE(i);
+    EXPECT_EQ(p.step, static_cast<int64_t>(i + 1));
+    EXPECT_GT(p.step_ms, 0);
+    EXPECT_GT(p.optimizer_ms, 0);
+    EXPECT_GE(p.data_ms, 0);
+    // Disjoint intervals of one step on one clock.
+    EXPECT_LE(p.data_ms + p.forward_ms + p.backward_ms + p.optimizer_ms, p.step_ms + 1e-6);
+    EXPECT_LE(p.exposed_comm_ms, p.backward_ms);
+    EXPECT_NEAR(p.samples_per_s, p.samples * 1000.0 / p.step_ms, 1e-6);
+  }
+}
+
+TEST_F(ProgressTest, WithoutOptimizerStepEachStepEndsAtGradientSync) {
+  torch::nn::Linear model(4, 2);
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>());
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  Step(**ddp, 1, 8);
+  Step(**ddp, 1, 8);
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  ASSERT_EQ(recorded_.reports.size(), 2u);
+  const StepProgress& p = recorded_.reports[1];
+  EXPECT_EQ(p.optimizer_ms, 0);
+  EXPECT_GT(p.step_ms, 0);
+  EXPECT_LE(p.data_ms + p.forward_ms + p.backward_ms, p.step_ms + 1e-6);
+}
+
+TEST_F(ProgressTest, BucketWaitsAreAveragedOverAWindowOfSteps) {
+  torch::nn::Linear model(4, 2);
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>());
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  for (int i = 0; i < kWaitWindowSteps + 2; ++i) Step(**ddp, 1, 4);
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  ASSERT_EQ(recorded_.reports.size(), static_cast<size_t>(kWaitWindowSteps + 2));
+  for (size_t i = 0; i < recorded_.reports.size(); ++i) {
+    const StepProgress& p = recorded_.reports[i];
+    SCOPED_TRACE(i);
+    EXPECT_EQ(p.wait_steps, std::min<int>(static_cast<int>(i) + 1, kWaitWindowSteps));
+    ASSERT_EQ(p.bucket_wait_ms.size(), 1u);
+    EXPECT_GE(p.bucket_wait_ms[0], 0);
+  }
+}
+
+TEST_F(ProgressTest, CollectiveWaitsAreMarkedAndClearedWithTheirStep) {
+  torch::nn::BatchNorm1d model(4);  // A buffer: every forward broadcasts it.
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>());
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  auto out = (*ddp)->Forward(torch::randn({8, 4}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE((*ddp)->Backward(out->pow(2).mean()).ok());
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  ASSERT_GE(recorded_.collectives.size(), 2u);
+  const CollectiveState& first = recorded_.collectives.front();
+  EXPECT_TRUE(first.active);
+  EXPECT_EQ(first.op, "broadcast");
+  EXPECT_EQ(first.step, 1);
+  EXPECT_EQ(first.bucket, -1);
+  for (const auto& c : recorded_.collectives) {
+    if (c.active && c.op == "allreduce") {
+      EXPECT_EQ(c.step, 1);
+    }
+  }
+  EXPECT_FALSE(recorded_.collectives.back().active);
 }
 
 TEST_F(ProgressTest, SamplesComeFromCountSamplesWithForwardWith) {

@@ -310,10 +310,12 @@ void Reducer::Finalize() {
   // PrepareForBackward. Host-side communicators block here.
   const MonoTime wait_start = RealClock()->Now();
   Status comm_status;
-  for (const auto& w : works) {
-    Status s = w->WaitStream(options_.timeout + kWorkWaitSlack);
+  for (size_t b = 0; b < works.size(); ++b) {
+    if (options_.on_wait && !works[b]->IsCompleted()) options_.on_wait(static_cast<int>(b));
+    Status s = works[b]->WaitStream(options_.timeout + kWorkWaitSlack);
     if (comm_status.ok() && !s.ok()) comm_status = s;
   }
+  if (options_.on_wait) options_.on_wait(-1);
   const MonoTime wait_end = RealClock()->Now();
   if (!missing_message.empty()) Fail(absl::FailedPreconditionError(missing_message));
   if (!comm_status.ok()) {

@@ -87,6 +87,10 @@ struct ReducerOptions {
   // Called at the end of each successful finalisation, on the autograd
   // thread, with no Reducer lock held.
   std::function<void(const struct ReducerStepStats&)> on_step;
+  // Called on the autograd thread, with no Reducer lock held, when
+  // finalisation starts waiting on bucket `b` (b >= 0) and with -1 when the
+  // waits are over (for hang reports: where a rank is blocked). Must not block.
+  std::function<void(int bucket)> on_wait;
 };
 
 // What one synchronised backward did, with timestamps for overlap analysis.

@@ -60,6 +60,8 @@ struct Config {
   int64_t stall_rank = -1;
   int64_t threads = 1;
   int64_t step_delay_ms = 0;
+  int64_t slow_rank = -1;
+  int64_t slow_ms = 0;
   std::string device = "cpu";
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
@@ -182,6 +184,9 @@ Status Run(const Config& cfg) {
     if (cfg.step_delay_ms > 0 && step > first_step) {
       std::this_thread::sleep_for(std::chrono::milliseconds(cfg.step_delay_ms));
     }
+    if (rank == cfg.slow_rank && cfg.slow_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(cfg.slow_ms));
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = ProcessCpuMs();
     opt.zero_grad();
@@ -204,7 +209,11 @@ Status Run(const Config& cfg) {
         loss.backward();
       }
     }
-    opt.step();
+    if (model) {
+      model->OptimizerStep(opt);  // Times the optimizer and ends the step for progress.
+    } else {
+      opt.step();
+    }
     const double step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const double cpu_ms = ProcessCpuMs() - cpu0;
@@ -284,6 +293,9 @@ int main(int argc, char** argv) {
   flags.String("device", &cfg.device, "cpu | cuda (DDP over NCCL, one GPU per local rank)");
   flags.Int("step-delay-ms", &cfg.step_delay_ms,
             "sleep this long before each step after the first (stands in for data loading)");
+  flags.Int("slow-rank", &cfg.slow_rank,
+            "test hook: this rank also sleeps --slow-ms in each step's data loading (a straggler)");
+  flags.Int("slow-ms", &cfg.slow_ms, "see --slow-rank");
   flags.String("checkpoint-dir", &cfg.checkpoint_dir,
                "restore the newest checkpoint here at start (every rank), if any; save into it "
                "with --checkpoint-every");

@@ -63,9 +63,11 @@ std::string WhyCannotListen(const std::string& address) {
   return why;
 }
 
-StatusOr<StartedGrpcServer> StartGrpcServer(const std::string& address,
-                                            const std::vector<grpc::Service*>& services,
-                                            const std::string& what) {
+StatusOr<StartedGrpcServer> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    const std::string& what,
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -74,6 +76,7 @@ StatusOr<StartedGrpcServer> StartGrpcServer(const std::string& address,
   StartedGrpcServer started;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &started.port);
   for (grpc::Service* service : services) builder.RegisterService(service);
+  if (!interceptors.empty()) builder.experimental().SetInterceptorCreators(std::move(interceptors));
   started.server = builder.BuildAndStart();
   if (started.server == nullptr || started.port == 0) {
     started.server.reset();

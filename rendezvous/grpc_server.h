@@ -8,6 +8,7 @@
 #define LOCKSTEP_RENDEZVOUS_GRPC_SERVER_H_
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include <memory>
 #include <string>
@@ -33,12 +34,15 @@ std::string WhyCannotListen(const std::string& address);
 // Starts a server on `address` ("host:port", port 0 picks one) hosting
 // `services` (not owned; must outlive the server), with health checking,
 // reflection, kMaxGrpcMessageBytes both ways (grpc_limits.h) and no port
-// sharing.
+// sharing; `interceptors` (Default: none) wrap every call, lockstepd's RPC
+// metrics among them.
 // Unavailable, naming `what`, the address and why (WhyCannotListen), if it
 // cannot bind.
-StatusOr<StartedGrpcServer> StartGrpcServer(const std::string& address,
-                                            const std::vector<grpc::Service*>& services,
-                                            const std::string& what);
+StatusOr<StartedGrpcServer> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    const std::string& what,
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors = {});
 
 // Shuts `*server` down (in-flight calls get `grace`), waits, and resets it.
 // No-op when null.

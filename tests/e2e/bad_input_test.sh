@@ -133,7 +133,7 @@ ls_cli list >/dev/null || fail "lockstep list broke after the oversized spec"
 log "ok: oversized and non-finite specs refused; the node still runs jobs"
 
 # A worker's terminal escapes reach `status` escaped, never raw.
-esc_job=$(ls_cli submit --json --max-restarts 0 -- /bin/sh -c 'printf "\033[31mred\033[0m\n" >&2; exit 3' |
+esc_job=$(ls_cli submit --detach --json --max-restarts 0 -- /bin/sh -c 'printf "\033[31mred\033[0m\n" >&2; exit 3' |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_state "$esc_job" FAILED 30
 ls_cli status "$esc_job" >"$T/esc.txt"
@@ -145,7 +145,7 @@ log "ok: a worker's escape sequences are printed escaped"
 ALLOWED_ENV="" start_daemon strict --coordinator --no-agent --listen 127.0.0.1:0 --allowed-command "$TRAINER"
 expect_error "PERMISSION_DENIED: .*not in the allowed list" \
   "$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit -- /bin/sh -c true
-"$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit -- "$TRAINER" "$MARKER" >/dev/null ||
+"$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit --detach -- "$TRAINER" "$MARKER" >/dev/null ||
   fail "the allowed command was rejected"
 # ... and the allowed command cannot be made to run other code through the
 # job environment (the loader, PATH), nor can a job set the agent's names.

@@ -29,7 +29,7 @@ checksums() {
 }
 
 # 1. Reference, uninterrupted.
-ref=$(ls_cli submit --json --nodes 1 --nproc-per-node 2 --max-restarts 0 -- \
+ref=$(ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 0 -- \
   "$TRAIN" "${train_args[@]}" --checkpoint-dir "$T/ckpt-ref" --dump-params "$T/ref-params" |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_state "$ref" SUCCEEDED 120
@@ -44,7 +44,7 @@ log "reference checksums: $(echo $ref_sums)"
   fail "reference checkpoint dir holds: $(ls -a "$T/ckpt-ref")"
 
 # 2. The same job, rank 1 killed at step 30.
-job=$(ls_cli submit --json --nodes 1 --nproc-per-node 2 --max-restarts 1 -- \
+job=$(ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 1 -- \
   "$TRAIN" "${train_args[@]}" --checkpoint-dir "$T/ckpt" --dump-params "$T/resumed-params" |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_state "$job" RUNNING 60

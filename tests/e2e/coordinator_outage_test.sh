@@ -22,7 +22,7 @@ start_agent nodeb
 # applies OUTAGE ("kill" or "stop") once it trains, checks the outcome.
 run_through() {
   local outage=$1 steps=$(( (OUTAGE_S + 12) * 20 ))
-  job=$(ls_cli submit --json --nodes 2 --nproc-per-node 1 --max-restarts 2 -- \
+  job=$(ls_cli submit --detach --json --nodes 2 --nproc-per-node 1 --max-restarts 2 -- \
     "$TRAIN" --model mlp_small --steps "$steps" --step-delay-ms 50 --timeout-s 60 |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
   wait_state "$job" RUNNING 60

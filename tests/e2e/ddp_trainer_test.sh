@@ -42,7 +42,7 @@ check_invariants "$job" 1
 # with one restart. The 50 ms pause per step keeps round 1 running for ~5 s
 # after step 5, so the kill lands mid-run even on a fast machine (mlp_small
 # steps take ~1 ms).
-job=$(ls_cli submit --json --nodes 2 --nproc-per-node 2 --max-restarts 1 "${env_args[@]}" -- \
+job=$(ls_cli submit --detach --json --nodes 2 --nproc-per-node 2 --max-restarts 1 "${env_args[@]}" -- \
   "$TRAIN" --model mlp_small --steps 100 --step-delay-ms 50 --timeout-s 60 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_state "$job" RUNNING 60

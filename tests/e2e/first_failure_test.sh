@@ -18,7 +18,7 @@ backend_args "$BACKEND"
 start_coordinator
 consequences=0
 for trial in $(seq "$TRIALS"); do
-  job=$(ls_cli submit --json --nodes 1 --nproc-per-node 2 --max-restarts 0 "${env_args[@]}" -- \
+  job=$(ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 0 "${env_args[@]}" -- \
     "$TRAIN" --model mlp_small --steps 100000 --step-delay-ms 20 --timeout-s 30 |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
   wait_for 60 grep -q '"rank":1,"step":3,' "$T/coord/jobs/$job/rank-1.stdout" ||
@@ -38,7 +38,7 @@ for trial in $(seq "$TRIALS"); do
   wait_for 15 no_workers || fail "trial $trial: workers left: $(worker_pids)"
   log "trial $trial: rank 1, signal 9"
 done
-job=$(ls_cli submit --json --nodes 1 --nproc-per-node 2 --max-restarts 0 --env LOCKSTEP_BACKEND=bogus -- \
+job=$(ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 0 --env LOCKSTEP_BACKEND=bogus -- \
   "$TRAIN" --model mlp_small --steps 10 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_state "$job" FAILED 60

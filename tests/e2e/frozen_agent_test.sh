@@ -17,7 +17,7 @@ COORD="$ADDR_coord"
 TOKEN="$T/coord/token"
 start_agent nodea
 start_agent nodeb
-job=$(ls_cli submit --json --nodes 1:2 --nproc-per-node 2 --max-restarts 3 --last-call-s 0.1 -- \
+job=$(ls_cli submit --detach --json --nodes 1:2 --nproc-per-node 2 --max-restarts 3 --last-call-s 0.1 -- \
   "$TRAIN" --model mlp_small --steps 150 --step-delay-ms 50 --timeout-s 60 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 python3 tests/e2e/rank_owners.py "$job" "$T/owners.txt" &

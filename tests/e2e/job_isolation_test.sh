@@ -11,7 +11,7 @@ start_coordinator --job-uids 61184-61189
 job_id() { python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])'; }
 
 # A: records its uid, then waits (its store token is in its environment).
-jobA=$(ls_cli submit --json --nproc-per-node 1 -- /bin/sh -c 'id -u > uid.txt; exec sleep 300' | job_id)
+jobA=$(ls_cli submit --detach --json --nproc-per-node 1 -- /bin/sh -c 'id -u > uid.txt; exec sleep 300' | job_id)
 wait_state "$jobA" RUNNING 30
 wait_for 30 test -s "$T/coord/jobs/$jobA/uid.txt" || fail "job A never wrote its uid"
 uidA=$(cat "$T/coord/jobs/$jobA/uid.txt")
@@ -25,7 +25,7 @@ probe="id -u; \
   kill -0 $pidA 2>/dev/null && echo SIGNAL-A || echo no-signal; \
   ls $T/coord/jobs/$jobA >/dev/null 2>&1 && echo LIST-A || echo no-list; \
   cat $T/coord/token >/dev/null 2>&1 && echo READ-TOKEN || echo no-token"
-jobB=$(ls_cli submit --json --nproc-per-node 1 -- /bin/sh -c "$probe" | job_id)
+jobB=$(ls_cli submit --detach --json --nproc-per-node 1 -- /bin/sh -c "$probe" | job_id)
 wait_state "$jobB" SUCCEEDED 30
 out=$(ls_cli logs "$jobB" --rank 0)
 log "job B printed: $(echo "$out" | tr '\n' ' ')"

@@ -9,7 +9,7 @@ start_coordinator
 
 # submit_cmd [flags] -- CMD ARGS: submits CMD as given, prints the job id.
 submit_cmd() {
-  ls_cli submit --json "$@" | python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])'
+  ls_cli submit --detach --json "$@" | python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])'
 }
 
 # expect_launch_error JOB TEXT: FAILED without a restart, and the message

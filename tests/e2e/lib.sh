@@ -73,7 +73,7 @@ ls_cli() { ${CLI_PREFIX[@]+"${CLI_PREFIX[@]}"} "$LOCKSTEP" --coordinator "$COORD
 
 # submit [lockstep submit flags]: submits the test trainer, prints the job id.
 submit() {
-  ls_cli submit --json "$@" --env TRAINER_OUT_DIR="$T/out" -- "$TRAINER" "$MARKER" |
+  ls_cli submit --detach --json "$@" --env TRAINER_OUT_DIR="$T/out" -- "$TRAINER" "$MARKER" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])'
 }
 

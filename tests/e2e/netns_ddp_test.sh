@@ -51,7 +51,7 @@ identical_on_four "$job"
 check_invariants "$job" 0
 
 log "2. --nodes 1:2, host b cut off mid-job and restored"
-job=$(ls_cli submit --json --nodes 1:2 --nproc-per-node 2 --max-restarts 2 --last-call-s 0.5 \
+job=$(ls_cli submit --detach --json --nodes 1:2 --nproc-per-node 2 --max-restarts 2 --last-call-s 0.5 \
   "${env_args[@]}" -- "$TRAIN" --model mlp_small --steps 150 --step-delay-ms 50 --timeout-s 8 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_state "$job" RUNNING 60

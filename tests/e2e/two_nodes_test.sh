@@ -32,6 +32,9 @@ grep -q "^test_trainer: rank 3 max open files 512" "$T/rank3.txt" || fail "rank 
 [ -f "$T/nodeb/jobs/$job/rank-3.stdout" ] || fail "rank 3's log file is not under nodeb's state dir"
 
 ls_cli list | grep "$job" | grep -q SUCCEEDED || fail "list does not show the job"
-ls_cli watch "$job" | grep -q "rank 3 .*step 15" || fail "watch lacks a progress line for rank 3"
+# A finished job: watch prints one block (piped: no escape sequences), exit 0.
+ls_cli watch "$job" >"$T/watch.out" || fail "watch of a SUCCEEDED job did not exit 0"
+grep -Eq '^3 +nodeb +[A-Z]+ +15 ' "$T/watch.out" || fail "watch lacks rank 3 at step 15: $(cat "$T/watch.out")"
+if grep -q $'\x1b' "$T/watch.out"; then fail "watch wrote escape sequences into a pipe"; fi
 check_invariants "$job" 0
 log "PASS"

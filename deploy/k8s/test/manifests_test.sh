@@ -149,4 +149,10 @@ unchecked root-coordinator "$sts['securityContext']['runAsUser'] = 0; $sts['secu
 unchecked policy "by[('NetworkPolicy', 'lockstep-coordinator')]['spec']['podSelector']['matchLabels']['app.kubernetes.io/component'] = 'agent'" \
   "does not select the coordinator alone"
 unchecked gpu-in-base "$ds['containers'][0]['resources']['limits']['nvidia.com/gpu'] = 1" "nvidia.com/gpu limit present"
+unchecked no-scrape "del by[('DaemonSet', 'lockstep-agent')]['spec']['template']['metadata']['annotations']['prometheus.io/scrape']" \
+  "agent: pod annotations"
+unchecked metrics-port "by[('StatefulSet', 'lockstep-coordinator')]['spec']['template']['metadata']['annotations']['prometheus.io/port'] = '9090'" \
+  "coordinator: pod annotations"
+unchecked metrics-policy "by[('NetworkPolicy', 'lockstep-agent')]['spec']['ingress'].pop()" \
+  "does not admit the metrics port"
 log "PASS"

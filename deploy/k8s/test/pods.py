@@ -159,9 +159,20 @@ def check(objs, gpu):
         port = int(listen.rsplit(":", 1)[1])
         if listen.rsplit(":", 1)[0] != "0.0.0.0":
             die(f"{name}: listens on {listen}: other pods and the kubelet could not reach it")
+        # Prometheus: --metrics-listen on every address, its port a
+        # containerPort and the pod's scrape annotations.
+        metrics = flag(argv, "--metrics-listen")
+        if not metrics or metrics.rsplit(":", 1)[0] != "0.0.0.0":
+            die(f"{name}: --metrics-listen={metrics}: Prometheus could not reach it")
+        mport = int(metrics.rsplit(":", 1)[1])
         ports = [p["containerPort"] for p in c.get("ports", [])]
-        if ports != [port]:
-            die(f"{name}: containerPort {ports} is not the listen port {port}")
+        if ports != [port, mport]:
+            die(f"{name}: containerPorts {ports} are not the listen and metrics ports {[port, mport]}")
+        ann = obj["spec"]["template"].get("metadata", {}).get("annotations", {})
+        want_ann = {"prometheus.io/scrape": "true", "prometheus.io/port": str(mport),
+                    "prometheus.io/path": "/metrics"}
+        if any(ann.get(k) != v for k, v in want_ann.items()):
+            die(f"{name}: pod annotations {ann} lack {want_ann}")
         # Native gRPC probes on the listen port, default ("") service: the
         # one lockstepd's SetServingStatus(bool) sets.
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -268,8 +279,9 @@ def check(objs, gpu):
     pc = find(objs, "NetworkPolicy", "lockstep-coordinator")["spec"]
     if not matches(pc["podSelector"], slabels) or matches(pc["podSelector"], alabels):
         die("NetworkPolicy lockstep-coordinator does not select the coordinator alone")
-    if pc.get("policyTypes") != ["Ingress"] or len(pc["ingress"]) != 1:
-        die("NetworkPolicy lockstep-coordinator: want one Ingress rule")
+    metrics_rule = {"ports": [{"protocol": "TCP", "port": 9470}]}
+    if pc.get("policyTypes") != ["Ingress"] or len(pc["ingress"]) != 2 or pc["ingress"][1] != metrics_rule:
+        die("NetworkPolicy lockstep-coordinator: want the gRPC rule and the metrics port from anywhere")
     rule = pc["ingress"][0]
     if rule.get("ports") != [{"protocol": "TCP", "port": 7070}]:
         die(f"NetworkPolicy lockstep-coordinator admits ports {rule.get('ports')}")
@@ -282,6 +294,8 @@ def check(objs, gpu):
     if not any("ports" not in r and [p["podSelector"]["matchLabels"] for p in r["from"]] == [alabels]
                for r in pa["ingress"]):
         die("NetworkPolicy lockstep-agent does not admit agents on every port")
+    if metrics_rule not in pa["ingress"]:
+        die("NetworkPolicy lockstep-agent does not admit the metrics port from anywhere")
     print(f"checked {len(objs)} objects{' (GPU overlay)' if gpu else ''}")
 
 

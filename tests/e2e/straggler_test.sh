@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Job health from the engine's timestamps (daemon/straggler.h), on a real
+# 2-rank DDP job (1 node x 2 workers, examples/train) over BACKEND (gloo or
+# shm):
+#  1. --slow-rank 1 --slow-ms 200: rank 1 sleeps 200 ms per step in its data
+#     loading; within a few steps `status --json` names rank 1 as the
+#     straggler with a lag near 200 ms/step, and `status` prints it and the
+#     step split (STEP_MS DATA FWD BWD COMM OPT).
+#  2. SIGSTOP of rank 1 mid-training: rank 0 blocks in its allreduce; with a
+#     collective timeout of 120 s, `status` names rank 0 waiting and rank 1
+#     silent, with durations, long before that timeout. After SIGCONT the
+#     hang clears and training goes on.
+# Each case ends with cancel: no worker left, nothing new in /dev/shm.
+source tests/e2e/lib.sh "$1" "$2" "$3"
+TRAIN="$PWD/$4"
+BACKEND="$5"
+backend_args "$BACKEND"
+
+start_coordinator
+shm_before=$(ls /dev/shm | grep -c '^lockstep-' || true)
+
+submit_train() {
+  ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 0 "${env_args[@]}" -- \
+    "$TRAIN" --model mlp_small --steps 100000 --step-delay-ms 20 --timeout-s 120 "$@" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])'
+}
+
+finish() {
+  local job=$1
+  ls_cli cancel "$job" >/dev/null
+  wait_state "$job" CANCELLED 30
+  wait_for 15 no_workers || fail "workers left after cancelling $job: $(worker_pids)"
+  local shm_now
+  shm_now=$(ls /dev/shm | grep -c '^lockstep-' || true)
+  [ "$shm_now" -le "$shm_before" ] || fail "/dev/shm segments left: $(ls /dev/shm | grep '^lockstep-')"
+}
+
+# ---- 1. a straggler
+job=$(submit_train --slow-rank 1 --slow-ms 200)
+wait_for 60 field_is "$job" '((j.get("health") or {}).get("straggler") or {}).get("rank", -1)' 1 ||
+  fail "no straggler named for $job (health: $(job_field "$job" 'j.get("health")'))"
+lag=$(job_field "$job" 'int(j["health"]["straggler"]["lag_ms"])')
+(( lag >= 120 && lag <= 400 )) || fail "straggler lag $lag ms/step, expected near 200"
+text=$(ls_cli status "$job")
+echo "$text" | grep -Eq "^straggler: rank 1 \(others wait [0-9]+ ms/step for it, at bucket [0-9]+" ||
+  fail "status does not name rank 1 as the straggler: $text"
+echo "$text" | grep -Eq "^RANK +STEP +STEP_MS +DATA +FWD +BWD +COMM +OPT" ||
+  fail "status has no step split table: $text"
+# Rank 1's data time holds its 200 ms sleep; rank 0's optimizer time is measured.
+data1=$(job_field "$job" 'int([w["progress"]["data_ms"] for w in j["workers"] if w.get("rank", 0) == 1][0])')
+(( data1 >= 200 )) || fail "rank 1 data_ms $data1 < its 200 ms sleep"
+opt0=$(job_field "$job" '1 if [w["progress"].get("optimizer_ms", 0) for w in j["workers"] if w.get("rank", 0) == 0][0] > 0 else 0')
+[ "$opt0" = 1 ] || fail "rank 0 reports no optimizer time"
+log "case 1: $(echo "$text" | grep '^straggler:')"
+finish "$job"
+
+# ---- 2. a rank stopped mid-training
+job=$(submit_train)
+wait_for 60 grep -q '"rank":1,"step":5,' "$T/coord/jobs/$job/rank-1.stdout" ||
+  fail "rank 1 of $job never reached step 5"
+victim=$(job_field "$job" '[w["pid"] for w in j["workers"] if w.get("rank", 0) == 1][0]')
+kill -STOP "$victim"
+stopped_at=$(date +%s)
+hang_named() {
+  field_is "$job" '(lambda h: h.get("waiting_ranks") == [0] and [c.get("rank", 0) for c in h.get("culprits") or []] == [1] and h["culprits"][0].get("silent_s", 0) >= 5)((j.get("health") or {}).get("hang") or {})' True
+}
+wait_for 60 hang_named || { kill -CONT "$victim"; fail "no hang named for $job: $(job_field "$job" 'j.get("health")')"; }
+detected_s=$(( $(date +%s) - stopped_at ))
+text=$(ls_cli status "$job")
+echo "$text" | grep -Eq "^hang: rank 0 waits [0-9]+ s in (allreduce|broadcast) \(step [0-9]+.*\); rank 1 silent for [0-9]+ s \(last: step [0-9]+" ||
+  { kill -CONT "$victim"; fail "status does not name the hang: $text"; }
+(( detected_s < 60 )) || fail "hang named after $detected_s s: not well before the 120 s collective timeout"
+log "case 2 after ${detected_s}s: $(echo "$text" | grep '^hang:')"
+kill -CONT "$victim"
+no_hang() { field_is "$job" '((j.get("health") or {}).get("hang") or None) is None' True; }
+wait_for 30 no_hang || fail "the hang of $job did not clear after SIGCONT"
+state_is "$job" RUNNING || fail "job $job is $(job_state "$job") after SIGCONT, not RUNNING"
+finish "$job"
+log "PASS ($BACKEND): straggler rank 1 at $lag ms/step; stopped rank 1 named after ${detected_s}s"
