@@ -1,5 +1,7 @@
 #include "ddp/comm_hook.h"
 
+#include <ATen/ATen.h>
+
 #include <exception>
 
 #include "absl/strings/str_cat.h"
@@ -57,10 +59,49 @@ CommHook AllreduceHook() {
   return hook;
 }
 
+namespace {
+
+// Average on a `wire` dtype wire. The bucket arrives divided by the world
+// size (prescale_by_world, done in the bucket's own dtype), so the sum of
+// the compressed values is the average and stays within `wire`'s range
+// whenever the average does; summing first and dividing after could
+// overflow float16 (max 65504) for a world of ranks with large gradients.
+// The compressed copy is a fresh tensor each step (a hook holds no state:
+// one CommHook value may serve several DDP objects at once).
+CommHook CompressHook(const char* name, at::ScalarType wire) {
+  CommHook hook;
+  hook.name = name;
+  hook.prescale_by_world = true;
+  hook.run = [wire](GradBucket& bucket, Communicator& comm) -> std::shared_ptr<BucketWork> {
+    at::Tensor buffer = bucket.buffer;
+    if (buffer.scalar_type() == wire) {
+      return BucketWork::Of(comm.AllReduce(buffer, ReduceOp::kSum), buffer,
+                            static_cast<int64_t>(buffer.nbytes()));
+    }
+    at::Tensor compressed = buffer.to(wire);
+    auto work = comm.AllReduce(compressed, ReduceOp::kSum);
+    return BucketWork::Then(
+        std::move(work),
+        [buffer, compressed]() -> StatusOr<at::Tensor> {
+          buffer.copy_(compressed);
+          return buffer;
+        },
+        static_cast<int64_t>(compressed.nbytes()));
+  };
+  return hook;
+}
+
+}  // namespace
+
+CommHook Fp16CompressHook() { return CompressHook("fp16", at::kHalf); }
+CommHook Bf16CompressHook() { return CompressHook("bf16", at::kBFloat16); }
+
 StatusOr<CommHook> CommHookFromName(const std::string& name) {
   if (name == "allreduce") return AllreduceHook();
+  if (name == "fp16") return Fp16CompressHook();
+  if (name == "bf16") return Bf16CompressHook();
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown comm hook '", name, "' (choices: allreduce)"));
+      absl::StrCat("unknown comm hook '", name, "' (choices: allreduce, fp16, bf16)"));
 }
 
 }  // namespace ddp

@@ -13,6 +13,10 @@
 // Built-in hooks (CommHookFromName names them; ddp/README.md "Comm hooks"):
 //   allreduce  average: grad/world fused into the copy, then a sum allreduce
 //              (the default; the path DDP always had).
+//   fp16/bf16  average on a half-precision wire: grad/world fused into the
+//              copy (so the sum cannot overflow where the average does not),
+//              cast to float16/bfloat16, sum allreduce, cast back. Half the
+//              bytes of a float32 bucket.
 //
 // Contract for a hook (built-in or user):
 // - It runs on the autograd thread with the Reducer's lock held, once per
@@ -127,8 +131,11 @@ struct CommHook {
 
 // The built-in hooks (see the top of this file).
 CommHook AllreduceHook();
+CommHook Fp16CompressHook();
+CommHook Bf16CompressHook();
 
-// "allreduce"; InvalidArgument naming the choices otherwise.
+// "allreduce", "fp16" or "bf16"; InvalidArgument naming the choices
+// otherwise.
 StatusOr<CommHook> CommHookFromName(const std::string& name);
 
 }  // namespace ddp

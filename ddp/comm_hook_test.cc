@@ -260,8 +260,67 @@ TEST(CommHookTest, HookErrorsFailTheStepNamingTheHook) {
   }
 }
 
+// fp16/bf16: the average within the rounding of the wire dtype (unit
+// roundoff u = 2^-11 / 2^-8; with the values divided before the cast, each
+// result carries the cast's rounding and one per addition, so a few u of
+// the largest gradient), and half the bytes of the float32 allreduce.
+TEST(CommHookTest, CompressionHooksAverageWithinRoundingOnHalfTheBytes) {
+  torch::manual_seed(3);
+  Net init;
+  const Data data = MakeData(3, 1);
+  const std::vector<Tensor> expected = Average(LocalGrads(init, data));
+  double max_abs = 0;
+  for (const auto& e : expected) max_abs = std::max(max_abs, e.abs().max().item<double>());
+  for (const std::string backend : {"gloo", "shm"}) {
+    const int64_t fp32_bytes = RunDdp(backend, init, data, DdpOptions{})[0].stats.bytes_reduced;
+    for (const auto& [name, unit] : {std::pair<std::string, double>{"fp16", 1.0 / 2048},
+                                     std::pair<std::string, double>{"bf16", 1.0 / 256}}) {
+      DdpOptions options;
+      options.comm_hook = *CommHookFromName(name);
+      auto results = RunDdp(backend, init, data, options);
+      const double bound = 4 * unit * max_abs;
+      ExpectGradsNear(results, expected, 0, bound, absl::StrCat(name, " over ", backend));
+      // Not the float32 path by accident: the rounding shows.
+      double max_error = 0;
+      for (size_t p = 0; p < expected.size(); ++p) {
+        max_error =
+            std::max(max_error, (results[0].grads[p] - expected[p]).abs().max().item<double>());
+      }
+      EXPECT_GT(max_error, 1e-7) << name << " over " << backend;
+      EXPECT_EQ(results[0].stats.bytes_reduced * 2, fp32_bytes) << name << " over " << backend;
+    }
+  }
+}
+
+// Three ranks with gradients of 40000: their sum (120000) is beyond float16
+// (65504), their average is not. The fp16 hook divides first.
+TEST(CommHookTest, Fp16HookDoesNotOverflowWhereTheAverageFits) {
+  constexpr int kWorld = 3;
+  torch::manual_seed(3);
+  Net init;
+  Data data(kWorld);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : init->parameters()) p.fill_(0);
+    init->fc2->bias.fill_(0);
+  }
+  // d(mse)/d(fc2.bias) = 2 (out - y) / numel: with out = 0 and
+  // y = -40000 * numel / 2, the bias gradient is 40000 per element.
+  const double y = -40000.0 * kRows * kOut / 2 / kRows;
+  for (auto& rank : data)
+    rank.push_back({torch::zeros({kRows, kIn}), torch::full({kRows, kOut}, y)});
+  DdpOptions options;
+  options.comm_hook = Fp16CompressHook();
+  auto results = RunDdp("gloo", init, data, options);
+  const auto expected = Average(LocalGrads(init, data));
+  ASSERT_TRUE(expected[3].eq(40000).all().item<bool>()) << expected[3];
+  ExpectGradsNear(results, expected, 0, 1e-3, "fp16 at 40000");
+}
+
 TEST(CommHookTest, CommHookFromNameNamesTheChoices) {
   EXPECT_EQ(CommHookFromName("allreduce")->name, "allreduce");
+  EXPECT_EQ(CommHookFromName("fp16")->name, "fp16");
+  EXPECT_EQ(CommHookFromName("bf16")->name, "bf16");
   auto bad = CommHookFromName("fp8");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("unknown comm hook 'fp8'"));
