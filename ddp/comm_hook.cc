@@ -91,7 +91,92 @@ CommHook CompressHook(const char* name, at::ScalarType wire) {
   return hook;
 }
 
+struct Dots {
+  double ab = 0, aa = 0, bb = 0;
+};
+
+template <typename T>
+Dots CpuDots(const T* a, const T* b, int64_t n) {
+  Dots d;
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = a[i], y = b[i];
+    d.ab += x * y;
+    d.aa += x * x;
+    d.bb += y * y;
+  }
+  return d;
+}
+
+Dots ComputeDots(const at::Tensor& a, const at::Tensor& b) {
+  if (a.is_cpu() && a.is_contiguous() && b.is_contiguous() && a.scalar_type() == b.scalar_type()) {
+    if (a.scalar_type() == at::kFloat) {
+      return CpuDots(a.data_ptr<float>(), b.data_ptr<float>(), a.numel());
+    }
+    if (a.scalar_type() == at::kDouble) {
+      return CpuDots(a.data_ptr<double>(), b.data_ptr<double>(), a.numel());
+    }
+  }
+  // Other dtypes and devices (CUDA: .item() waits for the stream).
+  const at::Tensor x = a.reshape(-1).to(at::kDouble);
+  const at::Tensor y = b.reshape(-1).to(at::kDouble);
+  return Dots{x.dot(y).item<double>(), x.dot(x).item<double>(), y.dot(y).item<double>()};
+}
+
+double Coefficient(double dot, double norm2) { return norm2 > 0 ? 1.0 - dot / (2.0 * norm2) : 1.0; }
+
 }  // namespace
+
+void AdasumCombineInto(at::Tensor a, const at::Tensor& b) {
+  const Dots d = ComputeDots(a, b);
+  a.mul_(Coefficient(d.ab, d.aa)).add_(b, Coefficient(d.ab, d.bb));
+}
+
+void AdasumTreeInPlace(at::Tensor grads) {
+  const int64_t world = grads.size(0);
+  int64_t pow2 = 1;
+  while (pow2 * 2 <= world) pow2 *= 2;
+  // Remainder ranks fold into their partners first...
+  for (int64_t r = pow2; r < world; ++r) AdasumCombineInto(grads[r - pow2], grads[r]);
+  // ...then the power-of-two tree: distance 1, 2, 4, ...
+  for (int64_t d = 1; d < pow2; d *= 2) {
+    for (int64_t i = 0; i + d < pow2; i += 2 * d) AdasumCombineInto(grads[i], grads[i + d]);
+  }
+}
+
+// Adasum over an allgather: every rank receives every rank's bucket
+// ([world, numel], rank order) and computes the same tree per parameter,
+// so every rank ends with the same result, bit for bit. Cost against
+// Horovod's recursive halving (which needs point-to-point sends the
+// Communicator does not offer): each rank receives (world - 1) x the bucket
+// instead of about 2x, holds world x the bucket, and computes all world - 1
+// combinations instead of its share; fine for a few ranks on one host, the
+// wrong choice for a large world.
+CommHook AdasumHook() {
+  CommHook hook;
+  hook.name = "adasum";
+  hook.prescale_by_world = false;  // Adasum combines the ranks' own gradients.
+  hook.run = [](GradBucket& bucket, Communicator& comm) -> std::shared_ptr<BucketWork> {
+    const int64_t world = comm.world_size();
+    at::Tensor buffer = bucket.buffer;
+    const int64_t numel = buffer.numel();
+    at::Tensor gathered = at::empty({world * numel}, buffer.options());
+    auto work = comm.AllGather(buffer, gathered);
+    std::vector<int64_t> offsets = bucket.offsets;
+    std::vector<int64_t> numels = bucket.numels;
+    return BucketWork::Then(
+        std::move(work),
+        [buffer, gathered, world, numel, offsets, numels]() -> StatusOr<at::Tensor> {
+          at::Tensor rows = gathered.view({world, numel});
+          for (size_t k = 0; k < offsets.size(); ++k) {
+            AdasumTreeInPlace(rows.narrow(1, offsets[k], numels[k]));
+          }
+          buffer.copy_(rows[0]);
+          return buffer;
+        },
+        static_cast<int64_t>(buffer.nbytes()));
+  };
+  return hook;
+}
 
 CommHook Fp16CompressHook() { return CompressHook("fp16", at::kHalf); }
 CommHook Bf16CompressHook() { return CompressHook("bf16", at::kBFloat16); }
@@ -100,8 +185,9 @@ StatusOr<CommHook> CommHookFromName(const std::string& name) {
   if (name == "allreduce") return AllreduceHook();
   if (name == "fp16") return Fp16CompressHook();
   if (name == "bf16") return Bf16CompressHook();
+  if (name == "adasum") return AdasumHook();
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown comm hook '", name, "' (choices: allreduce, fp16, bf16)"));
+      absl::StrCat("unknown comm hook '", name, "' (choices: allreduce, fp16, bf16, adasum)"));
 }
 
 }  // namespace ddp

@@ -17,6 +17,9 @@
 //              copy (so the sum cannot overflow where the average does not),
 //              cast to float16/bfloat16, sum allreduce, cast back. Half the
 //              bytes of a float32 bucket.
+//   adasum     Adasum (Maleki et al.; Horovod): per parameter, a pairwise
+//              tree of Combine (below) over the ranks' gradients, computed
+//              by every rank from an allgather of the bucket.
 //
 // Contract for a hook (built-in or user):
 // - It runs on the autograd thread with the Reducer's lock held, once per
@@ -133,10 +136,28 @@ struct CommHook {
 CommHook AllreduceHook();
 CommHook Fp16CompressHook();
 CommHook Bf16CompressHook();
+CommHook AdasumHook();
 
-// "allreduce", "fp16" or "bf16"; InvalidArgument naming the choices
-// otherwise.
+// "allreduce", "fp16", "bf16" or "adasum"; InvalidArgument naming the
+// choices otherwise.
 StatusOr<CommHook> CommHookFromName(const std::string& name);
+
+// Adasum's pairwise rule, for two gradients of one parameter:
+//   Combine(a, b) = (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b
+// Orthogonal a and b give a + b; identical ones give a. A zero vector's
+// coefficient is 1 (its term is zero anyway). Writes the result into `a`.
+// The dot products are accumulated in double.
+// REQUIRES: a and b have the same numel and dtype, on one device.
+void AdasumCombineInto(at::Tensor a, const at::Tensor& b);
+
+// The Adasum tree over the rows of `grads` ([world, n]: one row per rank,
+// each row one parameter's gradient), in place; the result is left in row 0.
+// With P the largest power of two <= world, each remainder rank r >= P is
+// first folded into rank r - P (row r-P = Combine(row r-P, row r)); then the
+// P rows are combined pairwise at distances 1, 2, 4, ... (recursive
+// halving's pairing): row i = Combine(row i, row i+d) for every i that is a
+// multiple of 2d. For a power-of-two world this is Horovod's tree.
+void AdasumTreeInPlace(at::Tensor grads);
 
 }  // namespace ddp
 }  // namespace lockstep

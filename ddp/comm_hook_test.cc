@@ -317,7 +317,115 @@ TEST(CommHookTest, Fp16HookDoesNotOverflowWhereTheAverageFits) {
   ExpectGradsNear(results, expected, 0, 1e-3, "fp16 at 40000");
 }
 
+// ---- Adasum ---------------------------------------------------------------
+
+// The rule written out directly, in double.
+Tensor Formula(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to(torch::kDouble), y = b.to(torch::kDouble);
+  const double ab = x.dot(y).item<double>();
+  return x * (1 - ab / (2 * x.dot(x).item<double>())) +
+         y * (1 - ab / (2 * y.dot(y).item<double>()));
+}
+
+// The tree written out directly: remainder ranks folded into rank r - P,
+// then neighbours combined level by level.
+Tensor DirectTree(std::vector<Tensor> g) {
+  size_t pow2 = 1;
+  while (pow2 * 2 <= g.size()) pow2 *= 2;
+  for (size_t r = pow2; r < g.size(); ++r) g[r - pow2] = Formula(g[r - pow2], g[r]);
+  g.resize(pow2);
+  while (g.size() > 1) {
+    std::vector<Tensor> next;
+    for (size_t i = 0; i < g.size(); i += 2) next.push_back(Formula(g[i], g[i + 1]));
+    g = next;
+  }
+  return g[0].to(torch::kDouble);
+}
+
+TEST(AdasumTest, OrthogonalGradientsAddUp) {
+  Tensor a = torch::tensor({1.0f, 0.0f, 0.0f, 3.0f});
+  Tensor b = torch::tensor({0.0f, 2.0f, -5.0f, 0.0f});
+  AdasumCombineInto(a, b);
+  EXPECT_TRUE(a.equal(torch::tensor({1.0f, 2.0f, -5.0f, 3.0f}))) << a;
+}
+
+TEST(AdasumTest, IdenticalGradientsGiveOneOfThem) {
+  Tensor a = torch::tensor({1.0f, -2.0f, 3.5f});
+  AdasumCombineInto(a, a.clone());
+  EXPECT_TRUE(a.allclose(torch::tensor({1.0f, -2.0f, 3.5f}), 0, 1e-6)) << a;
+}
+
+TEST(AdasumTest, ZeroGradientLeavesTheOther) {
+  Tensor a = torch::zeros({3});
+  AdasumCombineInto(a, torch::tensor({1.0f, 2.0f, 3.0f}));
+  EXPECT_TRUE(a.equal(torch::tensor({1.0f, 2.0f, 3.0f}))) << a;
+}
+
+TEST(AdasumTest, RandomPairMatchesTheFormula) {
+  torch::manual_seed(5);
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    Tensor a = torch::randn({257}, dtype), b = torch::randn({257}, dtype) + 0.3 * a;
+    const Tensor expected = Formula(a, b);
+    AdasumCombineInto(a, b);
+    EXPECT_TRUE(a.to(torch::kDouble).allclose(expected, 1e-5, 1e-6));
+  }
+}
+
+TEST(AdasumTest, TreeMatchesTheDirectTreeForEveryWorldSize) {
+  torch::manual_seed(5);
+  for (int world = 1; world <= 7; ++world) {
+    Tensor rows = torch::randn({world, 33});
+    std::vector<Tensor> g;
+    for (int r = 0; r < world; ++r) g.push_back(rows[r].clone());
+    AdasumTreeInPlace(rows);
+    EXPECT_TRUE(rows[0].to(torch::kDouble).allclose(DirectTree(g), 1e-5, 1e-6))
+        << "world " << world;
+  }
+}
+
+// Ranks as threads over Gloo; the bucket holds all four parameters, and the
+// rule applies per parameter: the result differs from Adasum over the whole
+// flat bucket, which the test checks so it can tell them apart.
+TEST(AdasumTest, HookMatchesTheDirectTreeOnTwoToFiveRanks) {
+  torch::manual_seed(3);
+  Net init;
+  for (int world = 2; world <= 5; ++world) {
+    const Data data = MakeData(world, 1, /*seed=*/20 + world);
+    const auto local = LocalGrads(init, data);
+    std::vector<Tensor> expected;
+    std::vector<Tensor> flat_rows;
+    for (size_t p = 0; p < local[0].size(); ++p) {
+      std::vector<Tensor> g;
+      for (const auto& rank : local) g.push_back(rank[p].reshape(-1));
+      expected.push_back(DirectTree(g).to(torch::kFloat).view_as(local[0][p]));
+    }
+    for (const auto& rank : local) {
+      std::vector<Tensor> parts;
+      for (const auto& t : rank) parts.push_back(t.reshape(-1));
+      flat_rows.push_back(torch::cat(parts));
+    }
+    const Tensor whole_bucket = DirectTree(flat_rows).to(torch::kFloat);
+    std::vector<Tensor> expected_flat;
+    for (const auto& e : expected) expected_flat.push_back(e.reshape(-1));
+    ASSERT_FALSE(torch::cat(expected_flat).allclose(whole_bucket, 1e-3, 1e-4))
+        << "world " << world << ": per-parameter and per-bucket Adasum coincide";
+
+    DdpOptions options;
+    options.comm_hook = AdasumHook();
+    auto results = RunDdp("gloo", init, data, options);
+    EXPECT_EQ(results[0].stats.buckets, 1);
+    ExpectGradsNear(results, expected, 1e-5, 1e-6, absl::StrCat("adasum, world ", world));
+    for (int r = 1; r < world; ++r) {
+      for (size_t p = 0; p < expected.size(); ++p) {
+        EXPECT_TRUE(results[r].grads[p].equal(results[0].grads[p]))
+            << "ranks differ, world " << world;
+      }
+    }
+  }
+}
+
 TEST(CommHookTest, CommHookFromNameNamesTheChoices) {
+  EXPECT_EQ(CommHookFromName("adasum")->name, "adasum");
   EXPECT_EQ(CommHookFromName("allreduce")->name, "allreduce");
   EXPECT_EQ(CommHookFromName("fp16")->name, "fp16");
   EXPECT_EQ(CommHookFromName("bf16")->name, "bf16");
