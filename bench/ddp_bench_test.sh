@@ -1,23 +1,39 @@
 #!/usr/bin/env bash
 # ddp_bench prints one JSON line per run with the fields bench/README.md and
 # the issue name, for DDP and for the --local baseline. (Schema only: speed
-# is compared in bench/README.md, never asserted here.)
+# is compared in bench/README.md, never asserted here.) With --comm-hook the
+# line names the hook, and fp16/bf16 show half the bytes_reduced of the
+# default allreduce.
 set -euo pipefail
 bench="$1"
 train="$2"
-for mode in "" "--local"; do
+allreduce_bytes=""
+for mode in "" "--local" "--comm-hook=fp16" "--comm-hook=bf16" "--comm-hook=adasum"; do
   line=$("$bench" --train "$train" --model mlp_small --world 2 --steps 3 --warmup 1 --bucket-mb 1 $mode)
   echo "$line"
-  MODE="$mode" /usr/bin/python3 -c '
+  bytes=$(MODE="$mode" ALLREDUCE_BYTES="$allreduce_bytes" /usr/bin/python3 -c '
 import json, os, sys
 lines = [l for l in sys.stdin.read().splitlines() if l.startswith("{")]
 assert len(lines) == 1, "expected one JSON line, got %r" % lines
 d = json.loads(lines[0])
-for k in ("system", "model", "world", "backend", "bucket_mb", "step_ms_median", "samples_per_s"):
+for k in ("system", "model", "world", "backend", "bucket_mb", "step_ms_median", "samples_per_s",
+          "comm_hook", "bytes_reduced"):
     assert k in d, "missing field %s in %s" % (k, d)
+mode = os.environ["MODE"]
 assert d["system"] == "lockstep" and d["model"] == "mlp_small" and d["world"] == 2, d
-assert d["backend"] == ("local" if os.environ["MODE"] else "gloo"), d
+assert d["backend"] == ("local" if mode == "--local" else "gloo"), d
 assert d["step_ms_median"] > 0 and d["samples_per_s"] > 0, d
-' <<<"$line"
+hook = mode.split("=")[1] if mode.startswith("--comm-hook=") else "allreduce"
+assert d["comm_hook"] == hook, d
+if mode == "":
+    assert d["bytes_reduced"] > 0, d
+elif mode in ("--comm-hook=fp16", "--comm-hook=bf16"):
+    assert 2 * d["bytes_reduced"] == int(os.environ["ALLREDUCE_BYTES"]), d
+print(int(d["bytes_reduced"]))
+' <<<"$line")
+  [ -z "$mode" ] && allreduce_bytes="$bytes"
 done
+if "$bench" --train "$train" --model mlp_small --world 1 --steps 1 --comm-hook=fp8 2>/dev/null; then
+  echo "FAIL: an unknown comm hook was accepted"; exit 1
+fi
 echo PASS

@@ -103,7 +103,8 @@ Status CheckAllGather(const at::Tensor& input, const at::Tensor& output, int wor
 Status CheckCpuAllReduce(const at::Tensor& t, ReduceOp op) {
   RETURN_IF_ERROR(CheckCollectiveTensor(t, "allreduce"));
   const auto dtype = t.scalar_type();
-  const bool floating = dtype == at::kFloat || dtype == at::kDouble;
+  const bool floating = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf ||
+                        dtype == at::kBFloat16;
   if (!floating && dtype != at::kInt && dtype != at::kLong) {
     return absl::InvalidArgumentError(
         absl::StrCat("allreduce does not support dtype ", c10::toString(dtype)));

@@ -122,7 +122,9 @@ class Communicator {
   virtual c10::Device device() const { return c10::Device(c10::DeviceType::CPU); }
 
   // In place: `tensor` becomes the elementwise sum (or average) over ranks.
-  // Dtypes: float32, float64, int32, int64 (kAvg: float32, float64).
+  // Dtypes: float32, float64, float16, bfloat16, int32, int64 (kAvg: the
+  // floating ones). Half-precision sums round to the dtype after every
+  // addition (the comm hooks fp16/bf16 rely on this: comm_hook.h).
   virtual std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op) = 0;
 
   // In place: every rank's `tensor` becomes root's. Any dtype.
@@ -152,8 +154,8 @@ Status CheckBroadcastRoot(int root, int world_size);
 // holds world_size x input.numel() elements.
 Status CheckAllGather(const at::Tensor& input, const at::Tensor& output, int world_size,
                       c10::Device device = c10::Device(c10::DeviceType::CPU));
-// The CPU communicators' allreduce: a CPU tensor of float, double, int32 or
-// int64; kAvg on floating dtypes only.
+// The CPU communicators' allreduce: a CPU tensor of float, double, float16,
+// bfloat16, int32 or int64; kAvg on floating dtypes only.
 Status CheckCpuAllReduce(const at::Tensor& t, ReduceOp op);
 
 }  // namespace ddp

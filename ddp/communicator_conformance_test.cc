@@ -128,6 +128,29 @@ TEST_P(CommunicatorConformanceTest, AllReduceSumsAndAveragesOverRanks) {
   for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
 }
 
+// What the fp16 and bf16 comm hooks put on the wire.
+TEST_P(CommunicatorConformanceTest, AllReduceSumsAndAveragesHalfPrecision) {
+  constexpr int kWorld = 3;
+  auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, Connect(GetParam().name, store, rank, kWorld));
+    // In chunks on both backends; 0.25 * (rank + 1) sums exactly.
+    at::Tensor half = at::full({1300001}, 0.25 * (rank + 1), at::kHalf);
+    at::Tensor bf16 = at::full({1300001}, 0.25 * (rank + 1), at::kBFloat16);
+    at::Tensor half_avg = at::full({7}, float(rank + 1), at::kHalf);
+    at::Tensor bf16_avg = at::full({7}, float(rank + 1), at::kBFloat16);
+    auto w1 = comm->AllReduce(half, ReduceOp::kSum);
+    auto w2 = comm->AllReduce(bf16, ReduceOp::kSum);
+    auto w3 = comm->AllReduce(half_avg, ReduceOp::kAvg);
+    auto w4 = comm->AllReduce(bf16_avg, ReduceOp::kAvg);
+    for (const auto& w : {w1, w2, w3, w4}) RETURN_IF_ERROR(w->Wait());
+    RETURN_IF_ERROR(Expect(half.eq(1.5).all().item<bool>(), "float16 sum"));
+    RETURN_IF_ERROR(Expect(bf16.eq(1.5).all().item<bool>(), "bfloat16 sum"));
+    RETURN_IF_ERROR(Expect(half_avg.eq(2).all().item<bool>(), "float16 average"));
+    return Expect(bf16_avg.eq(2).all().item<bool>(), "bfloat16 average");
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST_P(CommunicatorConformanceTest, BroadcastCopiesRootTensorToEveryRank) {
   constexpr int kWorld = 3;
   auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
@@ -422,13 +445,19 @@ TEST(HierarchicalCommunicatorTest, TwoHostsOfTwoRanksGiveTheResultsOfOneWorld) {
       at::Tensor b = at::arange(1000, at::kInt) * (rank + 1);
       at::Tensor in = at::full({3}, float(rank));
       at::Tensor out = at::empty({3 * kWorld});
+      at::Tensor half = at::full({9}, 0.5 * (rank + 1), at::kHalf);
+      at::Tensor bf16 = at::full({9}, 0.5 * (rank + 1), at::kBFloat16);
       auto w1 = comm->AllReduce(sum, ReduceOp::kSum);
       auto w2 = comm->AllReduce(avg, ReduceOp::kAvg);
       auto w3 = comm->AllReduce(ints, ReduceOp::kSum);
       auto w4 = comm->Broadcast(b, 3);  // Local rank 1 of node 1.
       auto w5 = comm->AllGather(in, out);
       auto w6 = comm->Barrier();
-      for (auto* w : {&w1, &w2, &w3, &w4, &w5, &w6}) RETURN_IF_ERROR((*w)->Wait());
+      auto w7 = comm->AllReduce(half, ReduceOp::kSum);
+      auto w8 = comm->AllReduce(bf16, ReduceOp::kAvg);
+      for (auto* w : {&w1, &w2, &w3, &w4, &w5, &w6, &w7, &w8}) RETURN_IF_ERROR((*w)->Wait());
+      RETURN_IF_ERROR(Expect(half.eq(5).all().item<bool>(), "float16 sum"));
+      RETURN_IF_ERROR(Expect(bf16.eq(1.25).all().item<bool>(), "bfloat16 average"));
       RETURN_IF_ERROR(Expect(sum.eq(10.0f).all().item<bool>(), "float sum"));
       RETURN_IF_ERROR(Expect(avg.eq(2.5).all().item<bool>(), "double average"));
       RETURN_IF_ERROR(Expect(ints.eq(10).all().item<bool>(), "int64 sum"));

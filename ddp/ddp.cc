@@ -113,6 +113,7 @@ Status DistributedDataParallel::Init() {
       std::min(kDefaultFirstBucketCapBytes, reducer_options.bucket_cap_bytes);
   reducer_options.find_unused_parameters = opts.find_unused_parameters;
   reducer_options.gradient_as_bucket_view = opts.gradient_as_bucket_view;
+  reducer_options.comm_hook = opts.comm_hook;
   reducer_options.timeout = opts.timeout;
   DistributedDataParallel* self = this;
   reducer_options.on_step = [self](const ReducerStepStats&) { self->OnReducerStep(); };

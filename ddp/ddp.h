@@ -71,6 +71,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "common/status.h"
+#include "ddp/comm_hook.h"
 #include "ddp/communicator.h"
 #include "ddp/progress.h"
 #include "ddp/reducer.h"
@@ -98,6 +99,11 @@ struct DdpOptions {
   bool broadcast_buffers = true;
   // Default false: param.grad as views into the buckets (saves a copy).
   bool gradient_as_bucket_view = false;
+  // How each bucket is reduced (ddp/comm_hook.h). Default: AllreduceHook(),
+  // the average. A built-in by name: CommHookFromName("fp16"); a user hook:
+  // CommHook{"name", prescale_by_world, [](GradBucket& b, Communicator& c)
+  // { ...; return BucketWork::Of(...); }}.
+  CommHook comm_hook = AllreduceHook();
   // Bound on every blocking wait on collectives. Default: kDefaultCollectiveTimeout.
   Duration timeout = kDefaultCollectiveTimeout;
   // Called on the autograd thread after each synchronised backward.

@@ -48,12 +48,15 @@ std::shared_ptr<Work> GlooCommunicator::Barrier() { return Work::Failed(GlooMiss
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <signal.h>
 
 #include <algorithm>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -104,13 +107,35 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
+// Gloo's reduce function for the half-precision dtypes (Gloo has none for
+// bfloat16, and its float16 is another type than c10::Half): each sum is
+// computed in float and rounded to T.
+template <typename T>
+void HalfSum(void* c, const void* a, const void* b, size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
+  }
+}
+
+template <typename T>
+ReduceFn SumFunction() {
+  if constexpr (std::is_same<T, c10::Half>::value || std::is_same<T, c10::BFloat16>::value) {
+    return &HalfSum<T>;
+  } else {
+    return static_cast<ReduceFn>(&gloo::sum<T>);
+  }
+}
+
 template <typename T>
 void RunAllReduce(const std::shared_ptr<gloo::Context>& ctx, at::Tensor& t, Millis timeout,
                   uint32_t tag, size_t max_segment_bytes) {
   gloo::AllreduceOptions opts(ctx);
   if (max_segment_bytes > 0) opts.setMaxSegmentSize(max_segment_bytes);
   opts.setOutput(t.data_ptr<T>(), static_cast<size_t>(t.numel()));
-  opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<T>));
+  opts.setReduceFunction(SumFunction<T>());
   opts.setTag(tag);
   opts.setTimeout(timeout);
   gloo::allreduce(opts);
@@ -305,6 +330,14 @@ std::shared_ptr<Work> GlooCommunicator::AllReduce(at::Tensor tensor, ReduceOp op
       case at::kDouble:
         RunAllReduce<double>(context_, tensor, timeout, tag, options_.max_segment_bytes);
         if (op == ReduceOp::kAvg) DivideInPlace<double>(tensor, world);
+        break;
+      case at::kHalf:
+        RunAllReduce<c10::Half>(context_, tensor, timeout, tag, options_.max_segment_bytes);
+        if (op == ReduceOp::kAvg) tensor.div_(world);
+        break;
+      case at::kBFloat16:
+        RunAllReduce<c10::BFloat16>(context_, tensor, timeout, tag, options_.max_segment_bytes);
+        if (op == ReduceOp::kAvg) tensor.div_(world);
         break;
       case at::kInt:
         RunAllReduce<int32_t>(context_, tensor, timeout, tag, options_.max_segment_bytes);

@@ -40,6 +40,10 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(std::vector<NamedParam> param
                                                    Communicator* comm, ReducerOptions options) {
   if (comm == nullptr) return absl::InvalidArgumentError("reducer: communicator is null");
   if (params.empty()) return absl::InvalidArgumentError("reducer: no parameters require grad");
+  if (!options.comm_hook.run) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reducer: comm hook '", options.comm_hook.name, "' has no function"));
+  }
   if (options.bucket_cap_bytes == 0 || options.first_bucket_cap_bytes == 0) {
     return absl::InvalidArgumentError("reducer: bucket caps must be positive");
   }
@@ -136,6 +140,7 @@ void Reducer::BuildBuckets(const std::vector<size_t>& order) {
       bucket.views.push_back(torch::empty({0}, bucket.buffer.options())
                                  .set_(bucket.buffer.storage(), slot.storage_offset(),
                                        slot.sizes(), slot.strides()));
+      bucket.offsets.push_back(offset);
       offset += t.numel();
       slot_[i] = {b, pos};
       if (options_.gradient_as_bucket_view) {
@@ -243,11 +248,13 @@ void Reducer::MarkReadyLocked(size_t index) {
   torch::Tensor& view = bucket.views[pos];
   torch::Tensor& grad = params_[index].tensor.mutable_grad();
   {
-    // Averaging happens here: the slot receives grad / world_size, and the
-    // bucket is then summed. (at::mul_out into the slot was measured to
-    // page-fault on fresh memory every step here; copy_ + mul_ does not.)
+    // With a prescaling hook (the default average) the slot receives
+    // grad / world_size here, and the hook then sums. (at::mul_out into the
+    // slot was measured to page-fault on fresh memory every step here;
+    // copy_ + mul_ does not.)
     torch::NoGradGuard no_grad;
-    const double scale = 1.0 / comm_->world_size();
+    const double scale =
+        options_.comm_hook.prescale_by_world ? 1.0 / comm_->world_size() : 1.0;
     if (grad.defined()) {
       if (grad.data_ptr() != view.data_ptr()) {
         view.copy_(grad);
@@ -266,7 +273,25 @@ void Reducer::MarkReadyLocked(size_t index) {
 void Reducer::LaunchCompleteBucketsLocked() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_];
-    bucket.work = comm_->AllReduce(bucket.buffer, ReduceOp::kSum);  // Pre-divided.
+    GradBucket view;
+    view.index = next_to_launch_;
+    view.buffer = bucket.buffer;
+    view.param_indices = bucket.params;
+    view.offsets = bucket.offsets;
+    for (size_t i : bucket.params) view.numels.push_back(params_[i].tensor.numel());
+    view.slots = bucket.views;
+    view.prescaled = options_.comm_hook.prescale_by_world;
+    try {
+      bucket.work = options_.comm_hook.run(view, *comm_);
+    } catch (const std::exception& e) {
+      bucket.work = BucketWork::Failed(absl::InternalError(absl::StrCat(
+          "comm hook '", options_.comm_hook.name, "' threw on bucket ", view.index, ": ",
+          e.what())));
+    }
+    if (bucket.work == nullptr) {
+      bucket.work = BucketWork::Failed(absl::InternalError(absl::StrCat(
+          "comm hook '", options_.comm_hook.name, "' returned no work for bucket ", view.index)));
+    }
     stats_.bucket_launched.push_back(RealClock()->Now());
     ++next_to_launch_;
   }
@@ -286,7 +311,7 @@ void Reducer::Finalize() {
   expect_sync_ = false;
   finalizer_queued_ = false;
   stats_.backward_end = RealClock()->Now();
-  std::vector<std::shared_ptr<Work>> works;
+  std::vector<std::shared_ptr<BucketWork>> works;
   for (size_t b = 0; b < next_to_launch_; ++b) works.push_back(buckets_[b].work);
   std::string missing_message;
   if (next_to_launch_ < buckets_.size()) {
@@ -308,12 +333,22 @@ void Reducer::Finalize() {
   // the caller queues next run after the collective without the host waiting
   // for the GPU; a collective that fails later is reported by the next
   // PrepareForBackward. Host-side communicators block here.
+  // The hooks' continuations (a cast back, the Adasum tree) run inside
+  // BucketWork::Wait, here.
   const MonoTime wait_start = RealClock()->Now();
   Status comm_status;
+  std::vector<torch::Tensor> results(works.size());
   for (size_t b = 0; b < works.size(); ++b) {
-    if (options_.on_wait && !works[b]->IsCompleted()) options_.on_wait(static_cast<int>(b));
-    Status s = works[b]->WaitStream(options_.timeout + kWorkWaitSlack);
-    if (comm_status.ok() && !s.ok()) comm_status = s;
+    const std::shared_ptr<Work>& collective = works[b]->work();
+    if (options_.on_wait && collective && !collective->IsCompleted()) {
+      options_.on_wait(static_cast<int>(b));
+    }
+    StatusOr<at::Tensor> r = works[b]->Wait(options_.timeout + kWorkWaitSlack);
+    if (r.ok()) {
+      results[b] = *std::move(r);
+    } else if (comm_status.ok()) {
+      comm_status = r.status();
+    }
   }
   if (options_.on_wait) options_.on_wait(-1);
   const MonoTime wait_end = RealClock()->Now();
@@ -322,9 +357,31 @@ void Reducer::Finalize() {
     Fail(Annotate(comm_status, "DDP: gradient allreduce failed"));
   }
   lock.lock();
+  for (size_t b = 0; b < results.size(); ++b) {
+    const torch::Tensor& buffer = buckets_[b].buffer;
+    const torch::Tensor& result = results[b];
+    if (result.defined() && result.numel() == buffer.numel() &&
+        result.scalar_type() == buffer.scalar_type() && result.device() == buffer.device()) {
+      continue;
+    }
+    const std::string got =
+        result.defined()
+            ? absl::StrCat(result.numel(), " elements of ", c10::toString(result.scalar_type()),
+                           " on ", result.device().str())
+            : std::string("an undefined tensor");
+    lock.unlock();
+    Fail(absl::InternalError(absl::StrCat(
+        "DDP: comm hook '", options_.comm_hook.name, "' returned ", got, " for bucket ", b,
+        ", which holds ", buffer.numel(), " elements of ", c10::toString(buffer.scalar_type()),
+        " on ", buffer.device().str())));
+  }
   {
     torch::NoGradGuard no_grad;
-    for (auto& bucket : buckets_) {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      Bucket& bucket = buckets_[b];
+      if (results[b].data_ptr() != bucket.buffer.data_ptr()) {
+        bucket.buffer.copy_(results[b].view_as(bucket.buffer));
+      }
       for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
         torch::Tensor& grad = params_[bucket.params[pos]].tensor.mutable_grad();
         const torch::Tensor& view = bucket.views[pos];
@@ -334,9 +391,9 @@ void Reducer::Finalize() {
           grad.copy_(view);
         }
       }
-      stats_.bytes_reduced += static_cast<int64_t>(bucket.buffer.nbytes());
-      stats_.bucket_comm_start.push_back(bucket.work->started_at());
-      stats_.bucket_comm_end.push_back(bucket.work->finished_at());
+      stats_.bytes_reduced += bucket.work->wire_bytes();
+      stats_.bucket_comm_start.push_back(bucket.work->work()->started_at());
+      stats_.bucket_comm_end.push_back(bucket.work->work()->finished_at());
     }
   }
   if (!rebuilt_ && !have_arrival_order_ && arrival_order_.size() == params_.size()) {
@@ -346,7 +403,8 @@ void Reducer::Finalize() {
   stats_.comm_exposed_ms = MillisBetween(wait_start, wait_end);
   stats_.backward_ms = MillisBetween(stats_.forward_end, RealClock()->Now());
   last_stats_ = stats_;
-  last_works_ = std::move(works);
+  last_works_.clear();
+  for (const auto& w : works) last_works_.push_back(w->work());
   ReducerStepStats done = stats_;
   lock.unlock();
   if (options_.on_step) options_.on_step(done);

@@ -18,10 +18,19 @@
 // reverse registration order), and is small (1 MB), so the first allreduce
 // starts early and communication overlaps the rest of backward.
 //
+// Comm hook. Launching a bucket means handing it to the comm hook
+// (comm_hook.h; ReducerOptions::comm_hook), which issues its collectives and
+// returns a BucketWork whose result is the reduced bucket. The Reducer knows
+// nothing of averaging beyond the hook's prescale_by_world: when set, the
+// copy of each gradient into its slot also multiplies it by 1/world (the
+// default allreduce hook's choice: one pass instead of two).
+//
 // Finalisation. The first hook of a backward queues a callback on the
 // autograd engine; it runs when backward ends, waits for every launched
-// bucket (this wait is the *exposed* communication time) and writes the
-// averaged gradients back into param.grad (unless they are views already).
+// bucket's BucketWork (this wait, continuations included, is the *exposed*
+// communication time), copies a result that is not the bucket itself into
+// the bucket, and writes the reduced gradients back into param.grad (unless
+// they are views already).
 //
 // Rebuild. During the first synchronised backward the Reducer records the
 // order in which gradients arrived. At the start of the next forward
@@ -68,6 +77,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "ddp/bucket_assignment.h"
+#include "ddp/comm_hook.h"
 #include "ddp/communicator.h"
 
 namespace lockstep {
@@ -84,6 +94,9 @@ struct ReducerOptions {
   bool gradient_as_bucket_view = false;
   // Bound on the end-of-backward wait for buckets. Default: collective timeout.
   Duration timeout = kDefaultCollectiveTimeout;
+  // How each bucket is reduced (comm_hook.h). Default: AllreduceHook(), the
+  // average. REQUIRES: comm_hook.run set.
+  CommHook comm_hook = AllreduceHook();
   // Called at the end of each successful finalisation, on the autograd
   // thread, with no Reducer lock held.
   std::function<void(const struct ReducerStepStats&)> on_step;
@@ -100,6 +113,9 @@ struct ReducerStepStats {
   // finalisation queues a stream wait instead, so this is near zero and the
   // GPU-side wait is not in it.
   double comm_exposed_ms = 0;
+  // Bytes this rank handed to collectives for the buckets (the comm hooks'
+  // BucketWork::wire_bytes): the buckets' size for allreduce, half of it for
+  // fp16/bf16 on float32 gradients.
   int64_t bytes_reduced = 0;
   int buckets = 0;
   MonoTime forward_end{};       // PrepareForBackward.
@@ -155,8 +171,9 @@ class Reducer {
     torch::Tensor buffer;               // Flat, one dtype.
     std::vector<size_t> params;         // Indices into params_.
     std::vector<torch::Tensor> views;   // Slot of each param, shaped like it.
+    std::vector<int64_t> offsets;       // Start of each slot in buffer.
     size_t pending = 0;
-    std::shared_ptr<Work> work;
+    std::shared_ptr<BucketWork> work;   // The comm hook's, once launched.
   };
 
   Reducer(std::vector<NamedParam> params, Communicator* comm, ReducerOptions options);

@@ -54,6 +54,7 @@ struct Config {
   int64_t micro_batches = 1;
   bool find_unused = false;
   bool grad_as_bucket_view = false;
+  std::string comm_hook = "allreduce";
   bool broadcast_buffers = true;
   double timeout_s = 300;
   std::string dump_params;
@@ -93,6 +94,8 @@ Status Run(const Config& cfg) {
   if (cfg.device != "cpu" && cfg.device != "cuda") {
     return absl::InvalidArgumentError("--device must be cpu or cuda, got '" + cfg.device + "'");
   }
+  // Checked before any rank connects.
+  ASSIGN_OR_RETURN(ddp::CommHook comm_hook, ddp::CommHookFromName(cfg.comm_hook));
   if (cfg.device == "cuda" && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
         "--device cuda: this LibTorch sees no CUDA device (CPU-only build, or no GPU)");
@@ -163,6 +166,7 @@ Status Run(const Config& cfg) {
     options.bucket_cap_mb = cfg.bucket_mb;
     options.find_unused_parameters = cfg.find_unused;
     options.gradient_as_bucket_view = cfg.grad_as_bucket_view;
+    options.comm_hook = comm_hook;
     options.broadcast_buffers = cfg.broadcast_buffers;
     options.timeout = FromSeconds(cfg.timeout_s);
     ASSIGN_OR_RETURN(model, ddp::DistributedDataParallel::Create(w.module, group->communicator(),
@@ -283,6 +287,8 @@ int main(int argc, char** argv) {
             "split each step into this many micro-batches; all but the last under no_sync");
   flags.Bool("find-unused-parameters", &cfg.find_unused, "DDP find_unused_parameters");
   flags.Bool("gradient-as-bucket-view", &cfg.grad_as_bucket_view, "DDP gradient_as_bucket_view");
+  flags.String("comm-hook", &cfg.comm_hook,
+               "how DDP reduces buckets: allreduce (average) | fp16 | bf16 | adasum");
   flags.Bool("broadcast-buffers", &cfg.broadcast_buffers, "DDP broadcast_buffers");
   flags.Double("timeout-s", &cfg.timeout_s,
                "collective and bootstrap timeout (seconds): a peer that never arrives is named "
