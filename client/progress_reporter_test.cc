@@ -28,6 +28,17 @@ class RecordingAgent : public v1::AgentService::Service {
   int calls = 0;
 };
 
+// Serves `agent` on a free loopback port and points LOCKSTEP_AGENT at it.
+std::unique_ptr<grpc::Server> Serve(RecordingAgent* agent) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(agent);
+  auto server = builder.BuildAndStart();
+  ::setenv("LOCKSTEP_AGENT", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
+  return server;
+}
+
 TEST(ProgressReporterTest, DisabledWithoutAgentAddress) {
   ::unsetenv("LOCKSTEP_AGENT");
   auto r = ProgressReporter::FromEnv();
@@ -38,12 +49,7 @@ TEST(ProgressReporterTest, DisabledWithoutAgentAddress) {
 
 TEST(ProgressReporterTest, SendsTheLatestReportWithRunIdentity) {
   RecordingAgent agent;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&agent);
-  auto server = builder.BuildAndStart();
-  ::setenv("LOCKSTEP_AGENT", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
+  auto server = Serve(&agent);
   ::setenv("LOCKSTEP_AGENT_TOKEN", "pt-1", 1);
   ::setenv("LOCKSTEP_JOB_ID", "j-1", 1);
   ::setenv("LOCKSTEP_ROUND", "3", 1);
@@ -64,12 +70,7 @@ TEST(ProgressReporterTest, SendsTheLatestReportWithRunIdentity) {
 
 TEST(ProgressReporterTest, BeatsResendTheLatestReportWithTheCollectiveWait) {
   RecordingAgent agent;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&agent);
-  auto server = builder.BuildAndStart();
-  ::setenv("LOCKSTEP_AGENT", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
+  auto server = Serve(&agent);
   auto r = ProgressReporter::FromEnv();
   r->Report({.step = 7});
   ddp::CollectiveState c;
