@@ -114,6 +114,7 @@ Status DistributedDataParallel::Init() {
   reducer_options.find_unused_parameters = opts.find_unused_parameters;
   reducer_options.gradient_as_bucket_view = opts.gradient_as_bucket_view;
   reducer_options.comm_hook = opts.comm_hook;
+  reducer_options.weight_by_samples = opts.weight_by_samples;
   reducer_options.timeout = opts.timeout;
   DistributedDataParallel* self = this;
   reducer_options.on_step = [self](const ReducerStepStats&) { self->OnReducerStep(); };
@@ -188,7 +189,27 @@ void DistributedDataParallel::RecordBucketWaits(const ReducerStepStats& r) {
 Status DistributedDataParallel::PostForward(const std::vector<torch::Tensor>& outputs) {
   forward_ms_ = MillisSince(forward_start_);
   if (!require_sync_ || !torch::GradMode::is_enabled()) return absl::OkStatus();
-  return reducer_->PrepareForBackward(outputs);
+  if (options_.weight_by_samples && samples_pending_ <= 0) {
+    return absl::FailedPreconditionError(
+        "DDP: weight_by_samples, but no sample was counted for this step (Forward counts the "
+        "first dimension of its first tensor argument; with ForwardWith call CountSamples(n) "
+        "first). A rank with no data left calls JoinStep()");
+  }
+  return reducer_->PrepareForBackward(outputs, samples_pending_);
+}
+
+Status DistributedDataParallel::JoinStep() {
+  if (!options_.weight_by_samples) {
+    return absl::FailedPreconditionError(
+        "DDP: JoinStep needs DdpOptions::weight_by_samples (a joined rank has weight 0)");
+  }
+  RETURN_IF_ERROR(PreForward());
+  forward_ms_ = MillisSince(forward_start_);
+  return reducer_->JoinStep();
+}
+
+bool DistributedDataParallel::AllDone() const {
+  return reducer_->last_done_ranks() >= comm_->world_size();
 }
 
 StepStats DistributedDataParallel::MakeStats(const ReducerStepStats& r) const {

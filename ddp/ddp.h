@@ -104,6 +104,15 @@ struct DdpOptions {
   // CommHook{"name", prescale_by_world, [](GradBucket& b, Communicator& c)
   // { ...; return BucketWork::Of(...); }}.
   CommHook comm_hook = AllreduceHook();
+  // Default false. When true, ranks may train with different batch sizes:
+  // each rank's gradient is weighted by its step's sample count (what
+  // Forward/CountSamples counted since the last synchronised step) and the
+  // result is the gradient of the global batch, sum_r n_r g_r / sum_r n_r,
+  // not the average over ranks; the counts travel in the gradients'
+  // collective (reducer.h "Sample weighting"). Also enables JoinStep and
+  // AllDone for uneven inputs. REQUIRES: comm_hook is "allreduce"; the loss
+  // is a mean over the rank's batch.
+  bool weight_by_samples = false;
   // Bound on every blocking wait on collectives. Default: kDefaultCollectiveTimeout.
   Duration timeout = kDefaultCollectiveTimeout;
   // Called on the autograd thread after each synchronised backward.
@@ -407,11 +416,34 @@ class DistributedDataParallel {
   // loss's value goes into the step's progress report.
   Status Backward(const torch::Tensor& loss);
 
-  // Adds `n` samples to this step's count, for progress (samples/s).
-  // Forward counts the first dimension of its first tensor argument itself;
-  // code using ForwardWith, or whose batch is not the leading dimension,
-  // calls this instead.
+  // Adds `n` samples to this step's count, for progress (samples/s) and
+  // weight_by_samples. Forward counts the first dimension of its first
+  // tensor argument itself; code using ForwardWith, or whose batch is not the
+  // leading dimension, calls this instead (with weight_by_samples: before
+  // ForwardWith returns; a synchronised forward with no sample counted is
+  // FailedPrecondition, since its gradient would get weight 0).
   void CountSamples(int64_t n) { samples_pending_ += n; }
+
+  // Uneven inputs (as PyTorch's Join): a rank with no data left calls
+  // JoinStep instead of forward and backward, so it keeps joining the
+  // collectives the other ranks' steps issue, with weight 0 and a "done"
+  // flag in the same collective. Its param.grad receives the other ranks'
+  // global-batch gradient, so an optimizer step keeps its model in step.
+  // AllDone() is true once the last step's reduced flags say every rank
+  // joined (that step's gradient is zero: skip the optimizer and stop):
+  //   for (;;) {
+  //     if (have_batch) { forward; RETURN_IF_ERROR(ddp->Backward(loss)); }
+  //     else { RETURN_IF_ERROR(ddp->JoinStep()); if (ddp->AllDone()) break; }
+  //     opt.step();
+  //   }
+  // Blocks on the step's collectives (the rebuild and buffer broadcasts
+  // too). Errors: FailedPrecondition without weight_by_samples; the
+  // communicator's.
+  Status JoinStep();
+  bool AllDone() const;
+  // weight_by_samples: the reduced sum of the ranks' samples in the last
+  // synchronised step (0 before the first).
+  int64_t last_global_samples() const { return reducer_->last_global_samples(); }
 
   // Continues the step count at `step` (steps already done, e.g. restored
   // from a checkpoint): the next synchronised step is step + 1.

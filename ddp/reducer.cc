@@ -44,6 +44,11 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(std::vector<NamedParam> param
     return absl::InvalidArgumentError(
         absl::StrCat("reducer: comm hook '", options.comm_hook.name, "' has no function"));
   }
+  if (options.weight_by_samples && options.comm_hook.name != "allreduce") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reducer: weight_by_samples needs the summing 'allreduce' comm hook, not '",
+        options.comm_hook.name, "'"));
+  }
   if (options.bucket_cap_bytes == 0 || options.first_bucket_cap_bytes == 0) {
     return absl::InvalidArgumentError("reducer: bucket caps must be positive");
   }
@@ -128,8 +133,10 @@ void Reducer::BuildBuckets(const std::vector<size_t>& order) {
     // On the parameters' device: on CUDA the copies, the scaling and the
     // write-back below all run on the current (compute) stream, and the
     // communicator orders its own stream after it (communicator.h).
+    bucket.grad_numel = total;
+    const int64_t extras = options_.weight_by_samples ? 2 : 0;
     bucket.buffer = torch::zeros(
-        {total}, torch::TensorOptions().dtype(dtype).device(params_[bucket.params.front()].tensor.device()));
+        {total + extras}, torch::TensorOptions().dtype(dtype).device(params_[bucket.params.front()].tensor.device()));
     int64_t offset = 0;
     for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
       const size_t i = bucket.params[pos];
@@ -180,7 +187,67 @@ Status Reducer::last_error() const {
   return error_;
 }
 
-Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs) {
+int64_t Reducer::last_global_samples() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_counts_.defined() ? last_counts_[0].item<int64_t>() : 0;
+}
+
+int64_t Reducer::last_done_ranks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_counts_.defined() ? last_counts_[1].item<int64_t>() : 0;
+}
+
+Status Reducer::JoinStep() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!options_.weight_by_samples) {
+      return absl::FailedPreconditionError(
+          "DDP: JoinStep needs weight_by_samples (a joined rank contributes weight 0)");
+    }
+    if (!error_.ok()) return error_;
+    for (size_t b = 0; b < last_works_.size(); ++b) {
+      Status s = last_works_[b]->status();
+      if (!s.ok()) {
+        error_ = Annotate(s, absl::StrCat("DDP: gradient allreduce of bucket ", b,
+                                          " in the previous step failed"));
+        return error_;
+      }
+    }
+    local_samples_ = 0;
+    next_to_launch_ = 0;
+    expect_sync_ = true;
+    finalizer_queued_ = false;
+    stats_ = ReducerStepStats{};
+    stats_.forward_end = RealClock()->Now();
+    // A first step that is a join still records an order (the current
+    // layout), so this rank takes part in the rebuild broadcast with the
+    // others; only rank 0's order is used.
+    if (!rebuilt_ && !have_arrival_order_) {
+      arrival_order_.clear();
+      for (const auto& b : buckets_) {
+        arrival_order_.insert(arrival_order_.end(), b.params.begin(), b.params.end());
+      }
+    }
+    torch::NoGradGuard no_grad;
+    std::fill(ready_.begin(), ready_.end(), true);
+    for (auto& b : buckets_) {
+      b.work.reset();
+      b.pending = 0;
+      b.buffer.zero_();
+      b.buffer[b.grad_numel + 1].fill_(1);
+    }
+    LaunchCompleteBucketsLocked();
+  }
+  try {
+    Finalize();
+  } catch (const std::exception&) {
+    return last_error();
+  }
+  return last_error();
+}
+
+Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
+                                   int64_t local_samples) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!error_.ok()) return error_;
   // The previous step's collectives, when backward's end only queued a
@@ -194,9 +261,15 @@ Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs) {
     }
   }
   std::fill(ready_.begin(), ready_.end(), false);
+  local_samples_ = local_samples;
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.work.reset();
+    if (options_.weight_by_samples) {
+      torch::NoGradGuard no_grad;
+      b.buffer[b.grad_numel].fill_(local_samples);
+      b.buffer[b.grad_numel + 1].fill_(0);
+    }
   }
   next_to_launch_ = 0;
   expect_sync_ = true;
@@ -253,8 +326,10 @@ void Reducer::MarkReadyLocked(size_t index) {
     // slot was measured to page-fault on fresh memory every step here;
     // copy_ + mul_ does not.)
     torch::NoGradGuard no_grad;
-    const double scale =
-        options_.comm_hook.prescale_by_world ? 1.0 / comm_->world_size() : 1.0;
+    const double scale = options_.weight_by_samples ? static_cast<double>(local_samples_)
+                         : options_.comm_hook.prescale_by_world
+                             ? 1.0 / comm_->world_size()
+                             : 1.0;
     if (grad.defined()) {
       if (grad.data_ptr() != view.data_ptr()) {
         view.copy_(grad);
@@ -280,7 +355,7 @@ void Reducer::LaunchCompleteBucketsLocked() {
     view.offsets = bucket.offsets;
     for (size_t i : bucket.params) view.numels.push_back(params_[i].tensor.numel());
     view.slots = bucket.views;
-    view.prescaled = options_.comm_hook.prescale_by_world;
+    view.prescaled = options_.comm_hook.prescale_by_world && !options_.weight_by_samples;
     try {
       bucket.work = options_.comm_hook.run(view, *comm_);
     } catch (const std::exception& e) {
@@ -381,6 +456,12 @@ void Reducer::Finalize() {
       Bucket& bucket = buckets_[b];
       if (results[b].data_ptr() != bucket.buffer.data_ptr()) {
         bucket.buffer.copy_(results[b].view_as(bucket.buffer));
+      }
+      if (options_.weight_by_samples) {
+        // sum_r n_r g_r / N; N = 0 (every rank joining) leaves the zeros.
+        const torch::Tensor counts = bucket.buffer.narrow(0, bucket.grad_numel, 2);
+        bucket.buffer.narrow(0, 0, bucket.grad_numel).div_(counts.narrow(0, 0, 1).clamp_min(1));
+        if (b == 0) last_counts_ = counts.to(torch::kLong);
       }
       for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
         torch::Tensor& grad = params_[bucket.params[pos]].tensor.mutable_grad();

@@ -60,6 +60,19 @@
 // c10::Error out of torch::autograd::backward (DistributedDataParallel::
 // Backward turns them into a Status) and are also kept in last_error().
 //
+// Sample weighting (ReducerOptions::weight_by_samples). Every bucket buffer
+// carries two extra elements after the gradient slots, [n, done]: this
+// rank's sample count n_r for the step and a flag that it has no data left
+// (JoinStep). The copy into a slot multiplies the gradient by n_r instead of
+// 1/world, the comm hook (allreduce: a sum) reduces the extras with the
+// gradients in the same collective, and finalisation divides the slots by
+// the reduced N = sum n_r (by 1 when N is 0). So the result is the gradient
+// of the global batch, sum_r n_r g_r / N, whatever each rank's batch size,
+// with no extra collective. A joining rank (JoinStep) contributes n = 0 and
+// done = 1; every rank reads the reduced [N, done] of its last step
+// (last_global_samples, last_done_ranks): done == world means every rank has
+// run out of data.
+//
 // Thread safety: Prepare/Rebuild are called from the training thread; hooks
 // and the callback run on the autograd thread; state is guarded by mu_.
 #ifndef LOCKSTEP_DDP_REDUCER_H_
@@ -97,6 +110,9 @@ struct ReducerOptions {
   // How each bucket is reduced (comm_hook.h). Default: AllreduceHook(), the
   // average. REQUIRES: comm_hook.run set.
   CommHook comm_hook = AllreduceHook();
+  // Default: false. Weight each rank's gradient by its sample count (see
+  // "Sample weighting"). REQUIRES: the comm hook sums ("allreduce").
+  bool weight_by_samples = false;
   // Called at the end of each successful finalisation, on the autograd
   // thread, with no Reducer lock held.
   std::function<void(const struct ReducerStepStats&)> on_step;
@@ -153,7 +169,24 @@ class Reducer {
   // collective of that step that failed after its backward returned. (One
   // whose abort is still under way fails this step's first launch instead:
   // the communicator refuses new collectives once it is aborting.)
-  Status PrepareForBackward(const std::vector<torch::Tensor>& outputs);
+  // With weight_by_samples, `local_samples` is this rank's n_r for the step
+  // (ignored otherwise).
+  Status PrepareForBackward(const std::vector<torch::Tensor>& outputs,
+                            int64_t local_samples = 0);
+
+  // One synchronised step without data (weight_by_samples only): every
+  // bucket is reduced with zero gradients, n = 0 and done = 1, and the
+  // reduced average (the other ranks' global-batch gradient) is written into
+  // param.grad, so an optimizer step keeps this rank's model in step.
+  // Called from the training thread instead of forward and backward; blocks
+  // until the buckets are reduced (bounded by the timeout).
+  // Errors: FailedPrecondition without weight_by_samples; the communicator's.
+  Status JoinStep();
+
+  // The reduced [N, done] of the last finalised step (weight_by_samples;
+  // 0 before the first). Reads the device on CUDA (a sync).
+  int64_t last_global_samples() const;
+  int64_t last_done_ranks() const;
 
   // Called before forward; broadcasts rank 0's arrival order and re-packs
   // buckets after the first synchronised backward (once). Blocks on one
@@ -168,7 +201,8 @@ class Reducer {
 
  private:
   struct Bucket {
-    torch::Tensor buffer;               // Flat, one dtype.
+    torch::Tensor buffer;               // Flat, one dtype (+ [n, done], see above).
+    int64_t grad_numel = 0;             // Elements before the extras.
     std::vector<size_t> params;         // Indices into params_.
     std::vector<torch::Tensor> views;   // Slot of each param, shaped like it.
     std::vector<int64_t> offsets;       // Start of each slot in buffer.
@@ -205,6 +239,10 @@ class Reducer {
   ReducerStepStats stats_;                        // GUARDED_BY(mu_)
   ReducerStepStats last_stats_;                   // GUARDED_BY(mu_)
   std::vector<std::shared_ptr<Work>> last_works_;  // GUARDED_BY(mu_); last finalised step's.
+  // weight_by_samples: this step's n_r, and the reduced
+  // [N, done] of the last finalised step (undefined before).
+  int64_t local_samples_ = 0;                     // GUARDED_BY(mu_)
+  torch::Tensor last_counts_;                     // GUARDED_BY(mu_)
 };
 
 }  // namespace ddp

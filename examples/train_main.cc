@@ -30,7 +30,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -55,6 +57,8 @@ struct Config {
   bool find_unused = false;
   bool grad_as_bucket_view = false;
   std::string comm_hook = "allreduce";
+  bool weight_by_samples = false;
+  std::string batch_sizes;
   bool broadcast_buffers = true;
   double timeout_s = 300;
   std::string dump_params;
@@ -96,6 +100,9 @@ Status Run(const Config& cfg) {
   }
   // Checked before any rank connects.
   ASSIGN_OR_RETURN(ddp::CommHook comm_hook, ddp::CommHookFromName(cfg.comm_hook));
+  if (cfg.weight_by_samples && cfg.micro_batches != 1) {
+    return absl::InvalidArgumentError("--weight-by-samples takes --micro-batches 1");
+  }
   if (cfg.device == "cuda" && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
         "--device cuda: this LibTorch sees no CUDA device (CPU-only build, or no GPU)");
@@ -124,10 +131,33 @@ Status Run(const Config& cfg) {
     world = group->env().world_size;
     round = group->env().round;
   }
+  // Rank r's batch: --batch samples, or the r-th of --batch-sizes; the
+  // ranks' batches are consecutive slices of one synthetic global batch.
+  std::vector<int64_t> sizes(world, cfg.batch);
+  if (!cfg.batch_sizes.empty()) {
+    sizes.clear();
+    for (absl::string_view part : absl::StrSplit(cfg.batch_sizes, ',')) {
+      int64_t n = 0;
+      if (!absl::SimpleAtoi(part, &n) || n <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--batch-sizes: '", part, "' is not a positive integer"));
+      }
+      sizes.push_back(n);
+    }
+    if (static_cast<int>(sizes.size()) != world) {
+      return absl::InvalidArgumentError(absl::StrCat("--batch-sizes has ", sizes.size(),
+                                                     " entries for a world of ", world));
+    }
+  }
+  int64_t global_batch = 0, offset = 0;
+  for (int r = 0; r < world; ++r) {
+    if (r < rank) offset += sizes[r];
+    global_batch += sizes[r];
+  }
   ASSIGN_OR_RETURN(examples::Workload w, examples::MakeWorkload(cfg.model, cfg.seed));
-  auto [x_all, y_all] = examples::MakeBatch(w, world * cfg.batch, cfg.seed);
-  torch::Tensor x = x_all.narrow(0, rank * cfg.batch, cfg.batch);
-  torch::Tensor y = y_all.narrow(0, rank * cfg.batch, cfg.batch);
+  auto [x_all, y_all] = examples::MakeBatch(w, global_batch, cfg.seed);
+  torch::Tensor x = x_all.narrow(0, offset, sizes[rank]);
+  torch::Tensor y = y_all.narrow(0, offset, sizes[rank]);
   if (cfg.device == "cuda") {
     // One GPU per rank: the communicator's device (local rank under DDP).
     const torch::Device gpu =
@@ -167,6 +197,7 @@ Status Run(const Config& cfg) {
     options.find_unused_parameters = cfg.find_unused;
     options.gradient_as_bucket_view = cfg.grad_as_bucket_view;
     options.comm_hook = comm_hook;
+    options.weight_by_samples = cfg.weight_by_samples;
     options.broadcast_buffers = cfg.broadcast_buffers;
     options.timeout = FromSeconds(cfg.timeout_s);
     ASSIGN_OR_RETURN(model, ddp::DistributedDataParallel::Create(w.module, group->communicator(),
@@ -223,7 +254,7 @@ Status Run(const Config& cfg) {
     const double cpu_ms = ProcessCpuMs() - cpu0;
     std::string line = absl::StrFormat(
         R"({"rank":%d,"step":%d,"loss":%.6f,"step_ms":%.3f,"cpu_ms":%.3f,"samples_per_s":%.1f)",
-        rank, step, loss_sum, step_ms, cpu_ms, world * cfg.batch * 1000.0 / step_ms);
+        rank, step, loss_sum, step_ms, cpu_ms, global_batch * 1000.0 / step_ms);
     if (model) {
       const ddp::StepStats s = model->last_stats();
       double overlap_ms = 0, launch_ms = 0;
@@ -289,6 +320,11 @@ int main(int argc, char** argv) {
   flags.Bool("gradient-as-bucket-view", &cfg.grad_as_bucket_view, "DDP gradient_as_bucket_view");
   flags.String("comm-hook", &cfg.comm_hook,
                "how DDP reduces buckets: allreduce (average) | fp16 | bf16 | adasum");
+  flags.Bool("weight-by-samples", &cfg.weight_by_samples,
+             "DDP weight_by_samples: the gradient of the global batch, ranks weighted by their "
+             "batch sizes (see --batch-sizes)");
+  flags.String("batch-sizes", &cfg.batch_sizes,
+               "per-rank batch sizes, comma-separated, one per rank (instead of --batch)");
   flags.Bool("broadcast-buffers", &cfg.broadcast_buffers, "DDP broadcast_buffers");
   flags.Double("timeout-s", &cfg.timeout_s,
                "collective and bootstrap timeout (seconds): a peer that never arrives is named "

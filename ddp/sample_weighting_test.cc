@@ -1,0 +1,256 @@
+// DdpOptions::weight_by_samples (heterogeneous batch sizes) and JoinStep /
+// AllDone (uneven inputs): ranks as threads over a FakeStore with Gloo,
+// compared with one process training on the same samples.
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/ddp.h"
+#include "ddp/fake_store.h"
+#include "ddp/gloo_communicator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+using ::testing::HasSubstr;
+using torch::Tensor;
+
+constexpr int64_t kIn = 6;
+constexpr int64_t kHidden = 8;
+constexpr int64_t kOut = 3;
+constexpr double kLr = 0.1;
+// Bound on a rank's loop: the tests need at most 10 iterations.
+constexpr int kMaxIterations = 20;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(kIn, kHidden));
+    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kOut));
+  }
+  Tensor forward(const Tensor& x) { return fc2(torch::tanh(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Net);
+
+struct Batch {
+  Tensor x, y;
+};
+// data[rank][step]: the batches a rank trains on, one per step.
+using Data = std::vector<std::vector<Batch>>;
+
+// rows[r][s]: rank r's batch size at its step s. Made on the calling thread
+// (torch's generator is global).
+Data MakeData(const std::vector<std::vector<int64_t>>& rows) {
+  torch::manual_seed(17);
+  Data data(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (int64_t n : rows[r]) data[r].push_back({torch::randn({n, kIn}), torch::randn({n, kOut})});
+  }
+  return data;
+}
+
+Net Replica(const Net& from) {
+  Net net;
+  torch::NoGradGuard no_grad;
+  auto src = from->parameters();
+  auto dst = net->parameters();
+  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  return net;
+}
+
+// One process: at step s, the mean loss over the concatenation of every
+// rank's step-s batch (ranks with no step s contribute nothing).
+std::vector<Tensor> TrainOnConcatenation(const Net& init, const Data& data) {
+  Net net = Replica(init);
+  torch::optim::SGD opt(net->parameters(), kLr);
+  size_t steps = 0;
+  for (const auto& batches : data) steps = std::max(steps, batches.size());
+  for (size_t s = 0; s < steps; ++s) {
+    std::vector<Tensor> xs, ys;
+    for (const auto& batches : data) {
+      if (s < batches.size()) {
+        xs.push_back(batches[s].x);
+        ys.push_back(batches[s].y);
+      }
+    }
+    opt.zero_grad();
+    torch::mse_loss(net->forward(torch::cat(xs)), torch::cat(ys)).backward();
+    opt.step();
+  }
+  std::vector<Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+struct RankResult {
+  std::vector<Tensor> params;
+  int iterations = 0;             // Loop iterations, the final JoinStep included.
+  int64_t global_samples = 0;     // last_global_samples() after the last data step.
+};
+
+// Each rank trains on its batches with SGD; once out of data it calls
+// JoinStep until AllDone.
+std::vector<RankResult> RunDdp(const Net& init, const Data& data, DdpOptions options) {
+  const int world = static_cast<int>(data.size());
+  std::vector<Net> replicas;
+  for (int r = 0; r < world; ++r) replicas.push_back(Replica(init));
+  FakeStore store;
+  std::vector<Status> status(world);
+  std::vector<RankResult> results(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      status[rank] = [&]() -> Status {
+        GlooOptions gloo;
+        gloo.timeout = std::chrono::seconds(30);
+        gloo.connect_timeout = std::chrono::seconds(30);
+        ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(&store, rank, world, gloo));
+        DdpOptions opts = options;
+        opts.timeout = std::chrono::seconds(30);
+        opts.report_progress = false;
+        Net net = replicas[rank];
+        ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::Create(
+                                       net, std::shared_ptr<Communicator>(std::move(comm)), opts));
+        torch::optim::SGD opt(net->parameters(), kLr);
+        const auto& batches = data[rank];
+        RankResult& result = results[rank];
+        for (size_t s = 0;; ++s) {
+          if (++result.iterations > kMaxIterations) {
+            return absl::DeadlineExceededError("AllDone never became true");
+          }
+          opt.zero_grad();
+          if (s < batches.size()) {
+            ASSIGN_OR_RETURN(Tensor out, ddp->Forward(batches[s].x));
+            RETURN_IF_ERROR(ddp->Backward(torch::mse_loss(out, batches[s].y)));
+            result.global_samples = ddp->last_global_samples();
+            if (ddp->AllDone()) return absl::InternalError("AllDone while this rank has data");
+          } else {
+            if (!options.weight_by_samples) break;
+            RETURN_IF_ERROR(ddp->JoinStep());
+            if (ddp->AllDone()) break;
+          }
+          opt.step();
+        }
+        for (const auto& p : net->parameters()) result.params.push_back(p.detach().clone());
+        return absl::OkStatus();
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  return results;
+}
+
+double MaxError(const std::vector<Tensor>& got, const std::vector<Tensor>& want) {
+  double err = 0;
+  for (size_t p = 0; p < want.size(); ++p) {
+    err = std::max(err, (got[p] - want[p]).abs().max().item<double>());
+  }
+  return err;
+}
+
+DdpOptions Weighted(bool bucket_view) {
+  DdpOptions options;
+  options.weight_by_samples = true;
+  options.gradient_as_bucket_view = bucket_view;
+  options.bucket_cap_mb = 100.0 / (1024 * 1024);  // ~100 bytes: several buckets, each with [n, done].
+  return options;
+}
+
+TEST(SampleWeightingTest, BatchesOf8And16And40MatchOneProcessOn64Samples) {
+  torch::manual_seed(5);
+  Net init;
+  const Data data = MakeData({{8, 8, 8}, {16, 16, 16}, {40, 40, 40}});
+  const std::vector<Tensor> expected = TrainOnConcatenation(init, data);
+  for (bool bucket_view : {false, true}) {
+    auto results = RunDdp(init, data, Weighted(bucket_view));
+    for (size_t r = 0; r < results.size(); ++r) {
+      ASSERT_EQ(results[r].params.size(), expected.size());
+      EXPECT_LT(MaxError(results[r].params, expected), 1e-5)
+          << "rank " << r << " bucket_view " << bucket_view;
+      EXPECT_EQ(results[r].global_samples, 64);
+    }
+  }
+  // The data makes the difference visible: the plain average over ranks
+  // (each rank's mean weighted 1/3) does not match.
+  auto unweighted = RunDdp(init, data, DdpOptions{});
+  EXPECT_GT(MaxError(unweighted[0].params, expected), 1e-4);
+}
+
+TEST(SampleWeightingTest, UnevenInputsOf5And7And9BatchesJoinAndMatchOneProcess) {
+  torch::manual_seed(6);
+  Net init;
+  const Data data = MakeData({std::vector<int64_t>(5, 4), std::vector<int64_t>(7, 6),
+                              std::vector<int64_t>(9, 8)});
+  const std::vector<Tensor> expected = TrainOnConcatenation(init, data);
+  for (bool bucket_view : {false, true}) {
+    auto results = RunDdp(init, data, Weighted(bucket_view));
+    for (size_t r = 0; r < results.size(); ++r) {
+      ASSERT_EQ(results[r].params.size(), expected.size());
+      EXPECT_LT(MaxError(results[r].params, expected), 1e-5)
+          << "rank " << r << " bucket_view " << bucket_view;
+      // 9 steps with data somewhere, then the join step where all are done.
+      EXPECT_EQ(results[r].iterations, 10) << "rank " << r;
+    }
+  }
+}
+
+TEST(SampleWeightingTest, FirstStepAsJoinStillMatches) {
+  // Rank 0 (whose arrival order the others' rebuild uses) has no data at all.
+  torch::manual_seed(7);
+  Net init;
+  const Data data = MakeData({{}, {3, 5}});
+  auto results = RunDdp(init, data, Weighted(false));
+  const std::vector<Tensor> expected = TrainOnConcatenation(init, data);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_LT(MaxError(results[r].params, expected), 1e-5) << "rank " << r;
+    EXPECT_EQ(results[r].iterations, 3) << "rank " << r;
+  }
+}
+
+StatusOr<std::unique_ptr<TypedDistributedDataParallel<Net>>> SingleRank(FakeStore* store,
+                                                                        DdpOptions options) {
+  ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, 0, 1, GlooOptions{}));
+  options.report_progress = false;
+  return DistributedDataParallel::Create(Net(), std::shared_ptr<Communicator>(std::move(comm)),
+                                         options);
+}
+
+TEST(SampleWeightingTest, WeightingNeedsTheSummingHookAndJoinNeedsWeighting) {
+  FakeStore store;
+  DdpOptions fp16 = Weighted(false);
+  auto hook = CommHookFromName("fp16");
+  ASSERT_TRUE(hook.ok());
+  fp16.comm_hook = *hook;
+  auto bad = SingleRank(&store, fp16);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("weight_by_samples"));
+
+  FakeStore store2;
+  auto plain = SingleRank(&store2, DdpOptions{});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->JoinStep().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(SampleWeightingTest, ForwardWithWithoutCountedSamplesIsFailedPrecondition) {
+  FakeStore store;
+  auto ddp = SingleRank(&store, Weighted(false));
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  Net net = (*ddp)->typed_module();
+  auto out = (*ddp)->ForwardWith([&] { return net->forward(torch::randn({2, kIn})); });
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+  (*ddp)->CountSamples(2);
+  EXPECT_TRUE((*ddp)->ForwardWith([&] { return net->forward(torch::randn({2, kIn})); }).ok());
+}
+
+}  // namespace
+}  // namespace ddp
+}  // namespace lockstep
