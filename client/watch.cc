@@ -34,10 +34,9 @@ std::string Seconds(int64_t ms) {
   return absl::StrFormat("%.0fh", ms / 3600000.0);
 }
 
-std::string Number(double v, const char* format) {
-  if (std::isnan(v)) return "-";
-  return absl::StrFormat(format, v);
-}
+// "-" for NaN (no loss reported); else one decimal, or 4 significant digits.
+std::string Fixed1(double v) { return std::isnan(v) ? "-" : absl::StrFormat("%.1f", v); }
+std::string Short(double v) { return std::isnan(v) ? "-" : absl::StrFormat("%.4g", v); }
 
 }  // namespace
 
@@ -77,8 +76,8 @@ std::vector<std::string> RenderWatch(const v1::Job& job, const WatchContext& ctx
     lines.push_back(absl::StrFormat(
         "%-4d %-12s %-8s %8s %9s %9s %8s %8s %5s", w.rank(), Fit(w.node_id(), 12),
         Fit(WorkerStateName(w.state()), 8), reported ? absl::StrCat(p.step()) : "-",
-        reported ? Number(p.loss(), "%.4g") : "-", reported ? Number(p.samples_per_s(), "%.1f") : "-",
-        reported ? Number(step_ms, "%.1f") : "-", reported ? Number(p.exposed_comm_ms(), "%.1f") : "-",
+        reported ? Short(p.loss()) : "-", reported ? Fixed1(p.samples_per_s()) : "-",
+        reported ? Fixed1(step_ms) : "-", reported ? Fixed1(p.exposed_comm_ms()) : "-",
         reported ? Seconds(ctx.fetched_unix_ms - p.reported_unix_ms()) : "-"));
   }
   if (shown < job.workers_size()) {
