@@ -197,6 +197,26 @@ int64_t Reducer::last_done_ranks() const {
   return last_counts_.defined() ? last_counts_[1].item<int64_t>() : 0;
 }
 
+Status Reducer::BeginStepLocked() {
+  if (!error_.ok()) return error_;
+  // The previous step's collectives, when backward's end only queued a
+  // stream wait on them: one that has failed since fails this step.
+  for (size_t b = 0; b < last_works_.size(); ++b) {
+    Status s = last_works_[b]->status();
+    if (!s.ok()) {
+      error_ = Annotate(s, absl::StrCat("DDP: gradient allreduce of bucket ", b,
+                                        " in the previous step failed"));
+      return error_;
+    }
+  }
+  next_to_launch_ = 0;
+  expect_sync_ = true;
+  finalizer_queued_ = false;
+  stats_ = ReducerStepStats{};
+  stats_.forward_end = RealClock()->Now();
+  return absl::OkStatus();
+}
+
 Status Reducer::JoinStep() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -204,21 +224,9 @@ Status Reducer::JoinStep() {
       return absl::FailedPreconditionError(
           "DDP: JoinStep needs weight_by_samples (a joined rank contributes weight 0)");
     }
-    if (!error_.ok()) return error_;
-    for (size_t b = 0; b < last_works_.size(); ++b) {
-      Status s = last_works_[b]->status();
-      if (!s.ok()) {
-        error_ = Annotate(s, absl::StrCat("DDP: gradient allreduce of bucket ", b,
-                                          " in the previous step failed"));
-        return error_;
-      }
-    }
+    Status s = BeginStepLocked();
+    if (!s.ok()) return s;
     local_samples_ = 0;
-    next_to_launch_ = 0;
-    expect_sync_ = true;
-    finalizer_queued_ = false;
-    stats_ = ReducerStepStats{};
-    stats_.forward_end = RealClock()->Now();
     // A first step that is a join still records an order (the current
     // layout), so this rank takes part in the rebuild broadcast with the
     // others; only rank 0's order is used.
@@ -249,17 +257,7 @@ Status Reducer::JoinStep() {
 Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
                                    int64_t local_samples) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!error_.ok()) return error_;
-  // The previous step's collectives, when backward's end only queued a
-  // stream wait on them: one that has failed since fails this step.
-  for (size_t b = 0; b < last_works_.size(); ++b) {
-    Status s = last_works_[b]->status();
-    if (!s.ok()) {
-      error_ = Annotate(s, absl::StrCat("DDP: gradient allreduce of bucket ", b,
-                                        " in the previous step failed"));
-      return error_;
-    }
-  }
+  RETURN_IF_ERROR(BeginStepLocked());
   std::fill(ready_.begin(), ready_.end(), false);
   local_samples_ = local_samples;
   for (auto& b : buckets_) {
@@ -271,11 +269,6 @@ Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
       b.buffer[b.grad_numel + 1].fill_(0);
     }
   }
-  next_to_launch_ = 0;
-  expect_sync_ = true;
-  finalizer_queued_ = false;
-  stats_ = ReducerStepStats{};
-  stats_.forward_end = RealClock()->Now();
   if (!options_.find_unused_parameters) return absl::OkStatus();
   // Walk the autograd graph from the outputs; accumulators not reached
   // belong to parameters unused in this step.

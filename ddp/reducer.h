@@ -215,6 +215,10 @@ class Reducer {
   void OnGradReady(size_t index);                       // Hook entry point.
   void MarkReadyLocked(size_t index);
   void LaunchCompleteBucketsLocked();
+  // What every step starts with (PrepareForBackward, JoinStep): the sticky
+  // error or a failed collective of the previous step, else a fresh step
+  // (nothing launched, sync expected, stats reset). Needs mu_.
+  Status BeginStepLocked();
   void Finalize();
   void Fail(const Status& status);  // Records and throws std::runtime_error.
 
