@@ -16,6 +16,7 @@
 #include "ddp/fake_communicator.h"
 #include "ddp/fake_store.h"
 #include "ddp/gloo_communicator.h"
+#include "ddp/test_net.h"
 #include "ddp/shm_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,27 +28,14 @@ namespace {
 using ::testing::HasSubstr;
 using torch::Tensor;
 
-constexpr int64_t kIn = 6;
-constexpr int64_t kHidden = 8;
-constexpr int64_t kOut = 3;
+constexpr int64_t kIn = test_net::kNetIn;
+constexpr int64_t kOut = test_net::kNetOut;
 constexpr int64_t kRows = 4;
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kIn, kHidden));
-    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kOut));
-  }
-  Tensor forward(const Tensor& x) { return fc2(torch::tanh(fc1(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(Net);
-
-struct Batch {
-  Tensor x, y;
-};
-// data[rank][micro_batch], made on the calling thread (torch's generator is
-// global).
-using Data = std::vector<std::vector<Batch>>;
+using test_net::Batch;
+using test_net::Data;
+using test_net::Net;
+using test_net::Replica;
 
 Data MakeData(int world, int micro_batches, uint64_t seed = 11) {
   torch::manual_seed(seed);
@@ -58,15 +46,6 @@ Data MakeData(int world, int micro_batches, uint64_t seed = 11) {
     }
   }
   return data;
-}
-
-Net Replica(const Net& from) {
-  Net net;
-  torch::NoGradGuard no_grad;
-  auto src = from->parameters();
-  auto dst = net->parameters();
-  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-  return net;
 }
 
 Tensor Loss(Net& net, const Batch& b) { return torch::mse_loss(net->forward(b.x), b.y); }

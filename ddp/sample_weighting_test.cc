@@ -11,6 +11,7 @@
 #include "ddp/ddp.h"
 #include "ddp/fake_store.h"
 #include "ddp/gloo_communicator.h"
+#include "ddp/test_net.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,28 +22,16 @@ namespace {
 using ::testing::HasSubstr;
 using torch::Tensor;
 
-constexpr int64_t kIn = 6;
-constexpr int64_t kHidden = 8;
-constexpr int64_t kOut = 3;
+constexpr int64_t kIn = test_net::kNetIn;
+constexpr int64_t kOut = test_net::kNetOut;
 constexpr double kLr = 0.1;
 // Bound on a rank's loop: the tests need at most 10 iterations.
 constexpr int kMaxIterations = 20;
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kIn, kHidden));
-    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kOut));
-  }
-  Tensor forward(const Tensor& x) { return fc2(torch::tanh(fc1(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(Net);
-
-struct Batch {
-  Tensor x, y;
-};
-// data[rank][step]: the batches a rank trains on, one per step.
-using Data = std::vector<std::vector<Batch>>;
+using test_net::Batch;
+using test_net::Data;
+using test_net::Net;
+using test_net::Replica;
 
 // rows[r][s]: rank r's batch size at its step s. Made on the calling thread
 // (torch's generator is global).
@@ -53,15 +42,6 @@ Data MakeData(const std::vector<std::vector<int64_t>>& rows) {
     for (int64_t n : rows[r]) data[r].push_back({torch::randn({n, kIn}), torch::randn({n, kOut})});
   }
   return data;
-}
-
-Net Replica(const Net& from) {
-  Net net;
-  torch::NoGradGuard no_grad;
-  auto src = from->parameters();
-  auto dst = net->parameters();
-  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-  return net;
 }
 
 // One process: at step s, the mean loss over the concatenation of every
