@@ -3,13 +3,16 @@
 # capture-pane): one screen redrawn in place (the header once, nothing
 # scrolled into history, the step advancing in the same rows), every line
 # within 80 columns; "STALE" while the coordinator is stopped (SIGSTOP), gone
-# once it answers again; exit 3 when the job ends CANCELLED.
+# once it answers again; exit 3 when the job ends CANCELLED. The job is real
+# DDP (examples/train over Gloo).
 source tests/e2e/lib.sh "$@"
+TRAIN="$PWD/$4"
 command -v tmux >/dev/null || fail "tmux is not installed (tools/setup.sh installs it)"
 
 start_coordinator --no-agent
 start_agent nodeb
-job=$(submit --nproc-per-node 2 --env TRAINER_STEPS=2000 --env TRAINER_STEP_MS=50)
+job=$(ls_cli submit --detach --json --nproc-per-node 2 -- "$TRAIN" --model mlp_small --steps 100000 \
+  --step-delay-ms 20 --timeout-s 120 | python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 
 # tmux's socket path must fit in sun_path (108 bytes): $T is too deep.
 TMUX_TMPDIR=$(mktemp -d /tmp/lockstep-tmux.XXXXXX)
