@@ -305,7 +305,7 @@ class Cli {
       return 0;
     }
     // JSON: one job object per state change (JSON lines), no job output.
-    if (common_.json) return Follow(id);
+    if (common_.json) return FollowJson(id);
     // Like `ray job submit`: the job's output, every rank prefixed, and
     // its state changes, until it ends. Ctrl-C stops following, not the job.
     std::cout << "submitted job " << id << std::endl;
@@ -397,18 +397,17 @@ class Cli {
     return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitJobNotSucceeded;
   }
 
-  // Long-polls WatchJob until the job ends. Prints each state change (with
-  // --json, the job as a JSON line). Returns the exit code.
-  StatusOr<int> Follow(const std::string& id) {
+  // `submit --json` and `watch --json`: long-polls WatchJob until the job
+  // ends, printing the job as a JSON line at each change. Returns the exit
+  // code (0 SUCCEEDED, else 3).
+  StatusOr<int> FollowJson(const std::string& id) {
     int64_t version = 0;
-    std::string last_line;
     while (true) {
       v1::WatchJobRequest req;
       req.set_job_id(id);
       req.set_after_version(version);
       v1::WatchJobResponse resp;
-      auto ctx = Ctx(std::chrono::seconds(10));
-      grpc::Status s = coord_->WatchJob(ctx.get(), req, &resp);
+      grpc::Status s = coord_->WatchJob(Ctx().get(), req, &resp);
       if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) continue;
       if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
         std::this_thread::sleep_for(std::chrono::milliseconds(500));  // coordinator restarting
@@ -416,18 +415,9 @@ class Cli {
       }
       RETURN_IF_ERROR(Check(s, "watch job " + id));
       version = resp.version();
-      const v1::Job& job = resp.job();
-      if (common_.json) {
-        PrintJson(job);
-      } else {
-        const std::string line = absl::StrCat(
-            TimeOf(job.history_size() ? job.history().rbegin()->unix_ms() : 0), "  ", StateLine(job));
-        if (line != last_line) std::cout << line << std::endl;
-        last_line = line;
-      }
-      if (IsTerminal(job.state())) {
-        if (!common_.json) PrintLogHint(job);
-        return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitJobNotSucceeded;
+      PrintJson(resp.job());
+      if (IsTerminal(resp.job().state())) {
+        return resp.job().state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitJobNotSucceeded;
       }
     }
   }
@@ -849,7 +839,7 @@ class Cli {
     }
     const std::string& id = (*rest)[0];
     RETURN_IF_ERROR(Connect());
-    if (common_.json) return Follow(id);
+    if (common_.json) return FollowJson(id);
     const auto interval = std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000));
     const bool tty = ::isatty(1);
     InstallStopHandlers();
@@ -875,10 +865,8 @@ class Cli {
       } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                  s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
         if (ctx.unreachable_since_unix_ms == 0) ctx.unreachable_since_unix_ms = ctx.now_unix_ms;
-        ctx.last_error = absl::StrCat(grpc::StatusCode(s.error_code()) ==
-                                              grpc::StatusCode::UNAVAILABLE
-                                          ? "UNAVAILABLE"
-                                          : "DEADLINE_EXCEEDED");
+        ctx.last_error = s.error_code() == grpc::StatusCode::UNAVAILABLE ? "UNAVAILABLE"
+                                                                         : "DEADLINE_EXCEEDED";
         if (!job) ctx.fetched_unix_ms = 0;
       } else {
         if (tty) std::cout << "\x1b[?25h" << std::flush;
