@@ -298,13 +298,7 @@ Status Coordinator::DeleteLocked(const v1::Job& job, absl::string_view why) {
   job_order_.erase(std::remove(job_order_.begin(), job_order_.end(), id), job_order_.end());
   evicted_.erase(id);
   if (!job.request_id().empty()) evicted_requests_.erase(job.request_id());
-  for (auto it = finished_by_time_.lower_bound(job.finished_unix_ms());
-       it != finished_by_time_.end() && it->first == job.finished_unix_ms(); ++it) {
-    if (it->second == id) {
-      finished_by_time_.erase(it);
-      break;
-    }
-  }
+  ForgetFinished(job.finished_unix_ms(), id);
   // Every node may hold the job's directory from some round: tell them all.
   int nodes = 0;
   for (const auto& node : nodes_.List(clock_->Now())) {
@@ -319,28 +313,30 @@ Status Coordinator::DeleteLocked(const v1::Job& job, absl::string_view why) {
   return absl::OkStatus();
 }
 
+void Coordinator::ForgetFinished(int64_t finished_unix_ms, const std::string& id) {
+  auto [first, last] = finished_by_time_.equal_range(finished_unix_ms);
+  for (auto it = first; it != last; ++it) {
+    if (it->second == id) {
+      finished_by_time_.erase(it);
+      return;
+    }
+  }
+}
+
 void Coordinator::SweepRetention() {
   if (options_.finished_job_retention <= Duration::zero()) return;
   const int64_t cutoff =
       clock_->UnixMillis() -
       std::chrono::duration_cast<std::chrono::milliseconds>(options_.finished_job_retention).count();
-  std::vector<std::string> expired;
-  for (auto it = finished_by_time_.begin(); it != finished_by_time_.end() && it->first <= cutoff;
-       ++it) {
-    expired.push_back(it->second);
-  }
-  for (const auto& id : expired) {
+  const std::vector<std::pair<int64_t, std::string>> expired(
+      finished_by_time_.begin(), finished_by_time_.upper_bound(cutoff));
+  for (const auto& [finished_ms, id] : expired) {
     auto found = FindJob(id);
     if (!found.ok()) {
       // Gone already (or unreadable): forget it rather than retry forever.
       log_.WithJob(id).Warn("retention: cannot read the job, not deleted: {}",
                             found.status().ToString());
-      for (auto it = finished_by_time_.begin(); it != finished_by_time_.end(); ++it) {
-        if (it->second == id) {
-          finished_by_time_.erase(it);
-          break;
-        }
-      }
+      ForgetFinished(finished_ms, id);
       continue;
     }
     if (!DeleteLocked(found->first, "by retention").ok()) return;  // retried on the next sweep

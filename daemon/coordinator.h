@@ -222,6 +222,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DeleteJob's work for a finished `job`; `why` goes into the log line.
   Status DeleteLocked(const v1::Job& job, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops job `id` from finished_by_time_ (it finished at `finished_unix_ms`).
+  void ForgetFinished(int64_t finished_unix_ms, const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes the jobs that finished before options_.finished_job_retention;
   // stops at the first failed delete (retried on the next sweep).
   void SweepRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
