@@ -74,6 +74,7 @@ void Coordinator::EvictFinished() {
     if (excess > 0 && JobMachine::IsTerminal(job.state())) {
       --excess;
       evicted_[id] = it->second.version;
+      ++evicted_by_state_[job.state()];
       if (!job.request_id().empty()) evicted_requests_[job.request_id()] = id;
       jobs_.erase(it);
     } else {
@@ -296,7 +297,7 @@ Status Coordinator::DeleteLocked(const v1::Job& job, absl::string_view why) {
   }
   jobs_.erase(id);
   job_order_.erase(std::remove(job_order_.begin(), job_order_.end(), id), job_order_.end());
-  evicted_.erase(id);
+  if (evicted_.erase(id) > 0) --evicted_by_state_[job.state()];
   if (!job.request_id().empty()) evicted_requests_.erase(job.request_id());
   ForgetFinished(job.finished_unix_ms(), id);
   // Every node may hold the job's directory from some round: tell them all.
@@ -502,6 +503,15 @@ v1::RoundAssignment Coordinator::AssignmentFor(const v1::Job& job, int node_rank
   a.set_store_namespace(rendezvous::StoreNamespace(job.job_id(), round.number()));
   a.set_restart_count(job.restart_count());
   return a;
+}
+
+Coordinator::JobsSummary Coordinator::SummarizeJobs() const {
+  MutexLock lock(&mu_);
+  JobsSummary out;
+  out.in_memory.reserve(job_order_.size());
+  for (const auto& id : job_order_) out.in_memory.push_back(jobs_.at(id).current.job);
+  out.left_memory_by_state = evicted_by_state_;
+  return out;
 }
 
 std::vector<v1::NodeInfo> Coordinator::ListNodes() const {

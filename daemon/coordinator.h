@@ -159,6 +159,15 @@ class Coordinator {
   StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   std::vector<v1::NodeInfo> ListNodes() const;
 
+  // For metrics, from memory alone (never the store): the jobs in memory
+  // (every live one and the most recent finished ones) and, by state, the
+  // finished jobs that left memory.
+  struct JobsSummary {
+    std::vector<v1::Job> in_memory;
+    std::map<v1::JobState, int64_t> left_memory_by_state;
+  };
+  JobsSummary SummarizeJobs() const;
+
   // Sets the LOCKSTEP_STORE address handed to workers (known only once the
   // server bound its port). Overrides options.store_address.
   void SetStoreAddress(const std::string& address);
@@ -246,6 +255,7 @@ class Coordinator {
   // Finished jobs that left memory: id -> last version; request id -> id.
   std::map<std::string, int64_t> evicted_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> evicted_requests_ ABSL_GUARDED_BY(mu_);
+  std::map<v1::JobState, int64_t> evicted_by_state_ ABSL_GUARDED_BY(mu_);
   // Every finished job (in memory or not) by finished_unix_ms, for retention.
   std::multimap<int64_t, std::string> finished_by_time_ ABSL_GUARDED_BY(mu_);
   MonoTime next_retention_sweep_ ABSL_GUARDED_BY(mu_){};

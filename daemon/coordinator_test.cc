@@ -432,6 +432,25 @@ TEST_F(CoordinatorTest, DeleteRemovesAFinishedJobAndTellsEveryNodeOnce) {
   EXPECT_NE(again->job_id(), old_job->job_id());
 }
 
+// Metrics read the job table from memory: the jobs in memory and, by
+// state, the finished ones that left it, without a store read.
+TEST_F(CoordinatorTest, SummaryCountsJobsThatLeftMemoryWithoutReadingTheStore) {
+  finished_in_memory_ = 1;
+  Reset();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(coord_->SubmitJob(TestSpec(3, 3, 1, 0), "").value().job_id());
+  auto live = coord_->SubmitJob(TestSpec(3, 3, 1, 0), "");
+  ASSERT_TRUE(live.ok());
+  for (const auto& id : ids) ASSERT_TRUE(coord_->CancelJob(JobId(id)).ok());
+  coord_->Tick();
+  Coordinator::JobsSummary summary = coord_->SummarizeJobs();
+  EXPECT_EQ(summary.in_memory.size(), 2u) << "the live job and the newest finished one";
+  EXPECT_EQ(summary.left_memory_by_state[v1::JOB_STATE_CANCELLED], 2);
+  EXPECT_EQ(store_.job_loads, 0);
+  ASSERT_TRUE(coord_->DeleteJob(JobId(ids[0])).ok());
+  EXPECT_EQ(coord_->SummarizeJobs().left_memory_by_state[v1::JOB_STATE_CANCELLED], 1);
+}
+
 TEST_F(CoordinatorTest, DeleteRefusesALiveJobAndKeepsTheJobWhenTheStoreFails) {
   std::string id = RunningTwoByTwo(0);
   auto live = coord_->DeleteJob(JobId(id));

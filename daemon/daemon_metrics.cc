@@ -129,8 +129,9 @@ void AppendRankMetrics(const std::vector<v1::Job>& jobs, std::vector<MetricFamil
 }
 
 void AppendJobMetrics(const std::vector<v1::Job>& jobs, int64_t now_unix_ms,
-                      std::vector<MetricFamily>* out) {
-  std::map<v1::JobState, int> by_state;
+                      std::vector<MetricFamily>* out,
+                      const std::map<v1::JobState, int64_t>& left_memory) {
+  std::map<v1::JobState, int64_t> by_state;
   for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
     if (v1::JobState_IsValid(s) && s != v1::JOB_STATE_UNSPECIFIED) by_state[v1::JobState(s)] = 0;
   }
@@ -143,6 +144,7 @@ void AppendJobMetrics(const std::vector<v1::Job>& jobs, int64_t now_unix_ms,
   MetricFamily state = Family("lockstep_job_state",
                               "1 for the current state of a live or recently finished job "
                               "(labels job_id, state)");
+  for (const auto& [s, n] : left_memory) by_state[s] += n;
   for (const v1::Job& job : jobs) {
     ++by_state[job.state()];
     if (!Recent(job, now_unix_ms)) continue;
@@ -170,22 +172,15 @@ void AppendNodeMetrics(const std::vector<v1::NodeInfo>& nodes, std::vector<Metri
 }
 
 MetricsRegistry::Collector CoordinatorCollector(const Coordinator* coordinator) {
-  auto job_errors = std::make_shared<std::atomic<int64_t>>(0);
-  return [coordinator, job_errors](std::vector<MetricFamily>* out) {
-    MetricFamily errors = Family("lockstep_metrics_errors_total",
-                                 "Scrapes that could not read a source (label source)",
-                                 MetricType::kCounter);
-    StatusOr<std::vector<v1::Job>> jobs = coordinator->ListJobs({});
-    if (!jobs.ok()) ++*job_errors;
-    errors.Add({{"source", "jobs"}}, static_cast<double>(job_errors->load()));
-    const std::vector<v1::Job> empty;
+  return [coordinator](std::vector<MetricFamily>* out) {
+    // From memory only: a scrape never reads the job store.
+    const Coordinator::JobsSummary jobs = coordinator->SummarizeJobs();
     const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
                                .count();
-    AppendJobMetrics(jobs.ok() ? *jobs : empty, now_ms, out);
+    AppendJobMetrics(jobs.in_memory, now_ms, out, jobs.left_memory_by_state);
     AppendNodeMetrics(coordinator->ListNodes(), out);
-    AppendRankMetrics(jobs.ok() ? *jobs : empty, out);
-    out->push_back(std::move(errors));
+    AppendRankMetrics(jobs.in_memory, out);
   };
 }
 

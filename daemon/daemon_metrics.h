@@ -57,16 +57,19 @@ void AppendRankMetrics(const std::vector<v1::Job>& jobs, std::vector<MetricFamil
 // lockstep_job_restarts_total{job_id}, lockstep_job_world_size{job_id}:
 // every state of lockstep_jobs gets a sample (0 if none);
 // per-job series as the cardinality rule above, judged at `now_unix_ms`.
+// lockstep_jobs counts `jobs` plus `left_memory` (finished jobs the
+// coordinator keeps only in its store, by state).
 void AppendJobMetrics(const std::vector<v1::Job>& jobs, int64_t now_unix_ms,
-                      std::vector<MetricFamily>* out);
+                      std::vector<MetricFamily>* out,
+                      const std::map<v1::JobState, int64_t>& left_memory = {});
 
 // lockstep_nodes_alive, lockstep_nodes_known.
 void AppendNodeMetrics(const std::vector<v1::NodeInfo>& nodes, std::vector<MetricFamily>* out);
 
-// A coordinator's collector: jobs (Coordinator::ListJobs, all states),
-// nodes and rank progress. A failed ListJobs is exported as
-// lockstep_metrics_errors_total{source="jobs"} and the job families stay
-// empty. `coordinator` must outlive the registry.
+// A coordinator's collector: jobs (Coordinator::SummarizeJobs: from memory,
+// never the job store, so a scrape costs the same with 10 or 10,000
+// finished jobs), nodes and rank progress. `coordinator` must outlive the
+// registry.
 MetricsRegistry::Collector CoordinatorCollector(const Coordinator* coordinator);
 
 // Worker exits an agent reaped, by outcome: "succeeded" (exit code 0),
