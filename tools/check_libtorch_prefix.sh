@@ -24,7 +24,7 @@ done
 ln -s /usr/lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake "$prefix/share/cmake/Torch/"
 
 bazel build --repo_env=LOCKSTEP_LIBTORCH="$prefix" //examples:train
-ldd bazel-bin/examples/train | grep -q "$prefix/lib/libtorch_cpu.so" ||
+grep -q "$prefix/lib/libtorch_cpu.so" <<<"$(ldd bazel-bin/examples/train)" ||
   fail "train does not load the prefix's libtorch_cpu: $(ldd bazel-bin/examples/train | grep torch)"
 for r in 0 1; do
   RANK=$r WORLD_SIZE=2 LOCKSTEP_JOB_ID=prefix-check LOCKSTEP_STORE="file:$work/store" \

@@ -95,7 +95,7 @@ run example_configure cmake -S "$ROOT/examples/cmake" -B "$W/example" -G Ninja \
   -DCMAKE_PREFIX_PATH="$PREFIX"
 run example_build ninja -C "$W/example"
 TRAIN="$W/example/cmake_train"
-ldd "$TRAIN" | grep -q "$PREFIX/lib/liblockstep.so" ||
+grep -q "$PREFIX/lib/liblockstep.so" <<<"$(ldd "$TRAIN")" ||
   fail "cmake_train does not load the installed liblockstep.so: $(ldd "$TRAIN" | grep lockstep)"
 
 # ---- 2 ranks, file store, identical parameters ----

@@ -21,7 +21,7 @@ cut=$(date +%s%N)
 kill -STOP "$PID_coord"
 # Self-fence after a lease (4 s) + grace capped at lease/4 (1 s), counted
 # from the last accepted heartbeat (at most one interval before the cut).
-wait_for $((LEASE_S + 2)) no_workers || fail "the cut-off agent kept its workers: $(worker_pids)"
+wait_for $((LEASE_S + 2)) no_workers || fail "the cut-off agent kept its workers: $(describe_workers)"
 log "workers stopped by their agent $(( ($(date +%s%N) - cut) / 1000000 )) ms after the cut"
 grep -q "stopped this node's workers" "$T/nodea.log" || fail "agent did not log the self-fence"
 kill -CONT "$PID_coord"

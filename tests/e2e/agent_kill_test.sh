@@ -33,6 +33,6 @@ python3 -c "import sys; sys.exit(0 if $silence < $LEASE_S + 1.5 else 1)" ||
 log "nodeb declared dead after ${silence}s without heartbeat (lease ${LEASE_S}s)"
 wait_state "$job" SUCCEEDED 60
 [ "$(job_field "$job" 'j["node_ids"]')" = "['nodea']" ] || fail "the last round should run on nodea alone"
-job_field "$job" 'j["first_failure"]["reason"]' | grep -q "node nodeb lost" || fail "failure should name the lost node"
+grep -q "node nodeb lost" <<<"$(job_field "$job" 'j["first_failure"]["reason"]')" || fail "failure should name the lost node"
 check_invariants "$job" 2
 log "PASS"

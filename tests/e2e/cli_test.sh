@@ -61,8 +61,8 @@ expect_usage 'list takes no arguments, got "extra"' ls_cli list extra
 expect_usage 'nodes takes no arguments' ls_cli nodes extra
 expect_usage 'unknown flag -q' ls_cli logs -q "$job"
 
-"$LOCKSTEP" --version | grep -qx "lockstep [0-9.]*" || fail "lockstep --version: $("$LOCKSTEP" --version)"
-"$LOCKSTEPD" --version | grep -qx "lockstepd [0-9.]*" || fail "lockstepd --version: $("$LOCKSTEPD" --version)"
+grep -qx "lockstep [0-9.]*" <<<"$("$LOCKSTEP" --version)" || fail "lockstep --version: $("$LOCKSTEP" --version)"
+grep -qx "lockstepd [0-9.]*" <<<"$("$LOCKSTEPD" --version)" || fail "lockstepd --version: $("$LOCKSTEPD" --version)"
 help=$(ls_cli submit --help)
 echo "$help" | grep -q -- "--nodes, --nnodes" || fail "submit --help does not show --nnodes"
 if echo "$help" | grep -q "(default [^:].*(default: "; then

@@ -21,7 +21,7 @@ start_daemon coord --coordinator --no-agent --listen "$COORD"
 [ "$ADDR_coord" = "$COORD" ] || fail "coordinator came back on $ADDR_coord, not $COORD"
 # Still there, with its history, right after the restart.
 [ "$(job_field "$job" 'len(j["history"])')" -ge "$history_before" ] || fail "history lost"
-job_field "$job" 'j["history"][0]["detail"]' | grep -q submitted || fail "history lacks the submit event"
+grep -q submitted <<<"$(job_field "$job" 'j["history"][0]["detail"]')" || fail "history lacks the submit event"
 wait_state "$job" SUCCEEDED 60
 ls_cli status "$job"
 check_invariants "$job" 2

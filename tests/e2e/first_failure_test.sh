@@ -24,7 +24,7 @@ for trial in $(seq "$TRIALS"); do
   wait_for 60 grep -q '"rank":1,"step":3,' "$T/coord/jobs/$job/rank-1.stdout" ||
     fail "trial $trial: rank 1 of $job never reached step 3"
   victim=$(job_field "$job" '[w["pid"] for w in j["workers"] if w.get("rank", 0) == 1][0]')
-  kill -9 "$victim" || fail "trial $trial: rank 1 (pid $victim) was gone before the kill"
+  kill -9 "$victim" || fail "trial $trial: rank 1 (pid $victim) was gone before the kill: $(ls_cli status "$job")"
   wait_state "$job" FAILED 60
   first=$(job_field "$job" '"%s %s" % (j["first_failure"].get("rank", 0), j["first_failure"]["exit"].get("signal", 0))')
   [ "$first" = "1 9" ] || { ls_cli status "$job"; fail "trial $trial: first failure is '$first' (rank signal), not rank 1 signal 9"; }
@@ -35,13 +35,15 @@ for trial in $(seq "$TRIALS"); do
   if echo "$text" | grep -q "^then: .*rank 0 .*after rank 1 failed"; then consequences=$((consequences + 1)); fi
   if echo "$text" | grep -q "^then: *rank 1 on "; then fail "trial $trial: rank 1 listed as a consequence: $text"; fi
   if echo "$text" | grep -q "startup failure"; then fail "trial $trial: a rank that trained was called a startup failure: $text"; fi
-  wait_for 15 no_workers || fail "trial $trial: workers left: $(worker_pids)"
+  wait_for 15 no_workers || fail "trial $trial: workers left: $(describe_workers)
+$text"
   log "trial $trial: rank 1, signal 9"
 done
 job=$(ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 0 --env LOCKSTEP_BACKEND=bogus -- \
   "$TRAIN" --model mlp_small --steps 10 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_state "$job" FAILED 60
-ls_cli status "$job" | grep -q "(startup failure: died in the engine's bootstrap)" ||
-  fail "a worker that died in the engine's bootstrap is not a startup failure: $(ls_cli status "$job")"
+text=$(ls_cli status "$job")
+grep -qF "(startup failure: died in the engine's bootstrap)" <<<"$text" ||
+  fail "a worker that died in the engine's bootstrap is not a startup failure: $text"
 log "PASS: $TRIALS of $TRIALS trials named rank 1, signal 9 ($consequences listed rank 0 as a consequence)"

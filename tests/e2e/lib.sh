@@ -102,16 +102,24 @@ worker_pids() {
   } | sort -u
 }
 no_workers() { [ -z "$(worker_pids)" ]; }
+# describe_workers: the workers left, one per line (pid, state, age, cwd,
+# command), for a failure message.
+describe_workers() {
+  local pid
+  for pid in $(worker_pids); do
+    echo "pid $pid $(ps -o stat=,etime= -p "$pid" 2>/dev/null) cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null) $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-200)"
+  done
+}
 
 # The invariants every fault test ends with.
 check_invariants() {
   local job=$1 max_restarts=$2
-  wait_for 15 no_workers || fail "orphan workers left: $(worker_pids)"
+  wait_for 15 no_workers || fail "orphan workers left: $(describe_workers)"
   if grep -rl DUPLICATE "$T"/*/jobs >/dev/null 2>&1; then fail "a rank ran twice in one round"; fi
   local restarts
   restarts=$(job_field "$job" 'j.get("restart_count", 0)')
   (( restarts <= max_restarts )) || fail "restart count $restarts exceeds the budget $max_restarts"
-  ls_cli list --json | grep -q "$job" || fail "job $job lost from the list"
+  grep -q "$job" <<<"$(ls_cli list --json)" || fail "job $job lost from the list"
 }
 
 # two_hosts TAG SUBNET: two network namespaces joined by a veth pair, host a

@@ -67,7 +67,7 @@ ip -n "$NSB" link set "$VB" up
 wait_for 60 field_is "$job" 'sorted(j["node_ids"])' "['coord', 'hostb']" ||
   fail "the job did not scale back to both hosts: $(job_field "$job" 'j["node_ids"]')"
 wait_state "$job" SUCCEEDED 120
-job_field "$job" 'j["history"]' | grep -q "hostb lost" || fail "history should record that hostb was lost"
+grep -q "hostb lost" <<<"$(job_field "$job" 'j["history"]')" || fail "history should record that hostb was lost"
 identical_on_four "$job"
 check_invariants "$job" 2
 log "PASS"

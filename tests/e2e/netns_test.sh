@@ -39,6 +39,6 @@ log "host b replaced ${replaced_ms} ms after the cut (lease ${LEASE_S}s)"
 (( replaced_ms < 2 * LEASE_S * 1000 )) || fail "host b was replaced only after ${replaced_ms} ms: more than two leases"
 wait_state "$job" SUCCEEDED 60
 [ "$(job_field "$job" 'j["node_ids"]')" = "['coord']" ] || fail "the last round should run on host a alone"
-job_field "$job" 'j["history"]' | grep -q "hostb lost" || fail "history should record that hostb was lost"
+grep -q "hostb lost" <<<"$(job_field "$job" 'j["history"]')" || fail "history should record that hostb was lost"
 check_invariants "$job" 2
 log "PASS"

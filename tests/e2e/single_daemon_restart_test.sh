@@ -11,11 +11,11 @@ wait_state "$job" RUNNING 30
 wait_for 30 grep -q "^rank 1 step 2 " "$T/coord/jobs/$job/rank-1.stdout" || fail "rank 1 never stepped"
 log "kill -9 lockstepd (pid $PID_coord)"
 kill -9 "$PID_coord"
-wait_for 5 no_workers || fail "workers outlived their agent: $(worker_pids)"
+wait_for 5 no_workers || fail "workers outlived their agent: $(describe_workers)"
 log "workers died with their agent"
 start_daemon coord --coordinator --listen "$COORD"
 wait_state "$job" SUCCEEDED 60
 [ "$(job_field "$job" 'j["restart_count"]')" = 1 ] || fail "expected one restart"
-job_field "$job" 'j["first_failure"]["reason"]' | grep -q "agent restarted" || fail "failure should say the agent restarted"
+grep -q "agent restarted" <<<"$(job_field "$job" 'j["first_failure"]["reason"]')" || fail "failure should say the agent restarted"
 check_invariants "$job" 1
 log "PASS"

@@ -29,7 +29,7 @@ finish() {
   local job=$1
   ls_cli cancel "$job" >/dev/null
   wait_state "$job" CANCELLED 30
-  wait_for 15 no_workers || fail "workers left after cancelling $job: $(worker_pids)"
+  wait_for 15 no_workers || fail "workers left after cancelling $job: $(describe_workers)"
   local shm_now
   shm_now=$(ls /dev/shm | grep -c '^lockstep-' || true)
   [ "$shm_now" -le "$shm_before" ] || fail "/dev/shm segments left: $(ls /dev/shm | grep '^lockstep-')"

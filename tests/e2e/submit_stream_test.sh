@@ -64,14 +64,14 @@ rc=0; err=$(ls_cli delete "$streamed" 2>&1) || rc=$?
 echo "$err" | grep -q "FAILED_PRECONDITION: .*cancel it first" || fail "delete of a running job: $err"
 ls_cli cancel "$streamed" >/dev/null
 wait_state "$streamed" CANCELLED 20
-wait_for 20 no_workers || fail "workers of the cancelled job still run: $(worker_pids)"
+wait_for 20 no_workers || fail "workers of the cancelled job still run: $(describe_workers)"
 [ -d "$T/coord/jobs/$job" ] || fail "job $job's directory is missing before the delete"
-ls_cli logs "$job" --rank 0 | grep -q "rank 0 step 5 " || fail "a finished job's logs are not readable"
+grep -q "rank 0 step 5 " <<<"$(ls_cli logs "$job" --rank 0)" || fail "a finished job's logs are not readable"
 ls_cli delete "$job" "$streamed" "$detached" >"$T/delete.out" || fail "delete failed: $(cat "$T/delete.out")"
 grep -q "deleted job $job (SUCCEEDED" "$T/delete.out" || fail "delete said: $(cat "$T/delete.out")"
 rc=0; err=$(ls_cli status "$job" 2>&1) || rc=$?
 [ "$rc" = 1 ] && echo "$err" | grep -q "NOT_FOUND: .*job $job not found" || fail "status after delete: rc $rc: $err"
-if ls_cli list --json | grep -q "$job"; then fail "a deleted job is still listed"; fi
+if grep -q "$job" <<<"$(ls_cli list --json)"; then fail "a deleted job is still listed"; fi
 for id in "$job" "$streamed" "$detached"; do
   wait_for 10 test ! -e "$T/coord/jobs/$id" || fail "job $id's directory was not removed"
 done

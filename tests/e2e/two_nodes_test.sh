@@ -27,11 +27,11 @@ ls_cli logs "$job" --rank 3 > "$T/rank3.txt"
 grep -q "^rank 3 step 15 loss" "$T/rank3.txt" || fail "logs --rank 3 lacks rank 3's output: $(cat "$T/rank3.txt")"
 grep -q "rank 3 of 4 (local 1 of 2, node 1 of 2)" "$T/rank3.txt" || fail "rank 3 saw the wrong environment"
 if grep -q "^rank [012] " "$T/rank3.txt"; then fail "logs --rank 3 contains other ranks' lines"; fi
-ls_cli logs "$job" --rank 0 --follow | grep -q "rank 0 done" || fail "logs --follow of rank 0"
+grep -q "rank 0 done" <<<"$(ls_cli logs "$job" --rank 0 --follow)" || fail "logs --follow of rank 0"
 grep -q "^test_trainer: rank 3 max open files 512" "$T/rank3.txt" || fail "rank 3 did not get RLIMIT_NOFILE 512"
 [ -f "$T/nodeb/jobs/$job/rank-3.stdout" ] || fail "rank 3's log file is not under nodeb's state dir"
 
-ls_cli list | grep "$job" | grep -q SUCCEEDED || fail "list does not show the job"
+grep "$job" <<<"$(ls_cli list)" | grep -q SUCCEEDED || fail "list does not show the job"
 # A finished job: watch prints one block (piped: no escape sequences), exit 0.
 ls_cli watch "$job" >"$T/watch.out" || fail "watch of a SUCCEEDED job did not exit 0"
 grep -Eq '^3 +nodeb +[A-Z]+ +15 ' "$T/watch.out" || fail "watch lacks rank 3 at step 15: $(cat "$T/watch.out")"

@@ -52,5 +52,5 @@ wait_for 15 eval '! screen | grep -q STALE' || fail "STALE stayed after the coor
 ls_cli cancel "$job" >/dev/null
 wait_for 30 eval 'screen | grep -q "watch exited 3"' || fail "watch did not end with exit 3: $(screen)"
 screen | grep -q "^CANCELLED " || fail "the last frame does not show CANCELLED: $(screen)"
-wait_for 20 no_workers || fail "workers left: $(worker_pids)"
+wait_for 20 no_workers || fail "workers left: $(describe_workers)"
 log "PASS"
