@@ -31,6 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/certs.h"
 #include "common/flags.h"
 #include "client/json.h"
 #include "client/standalone.h"
@@ -44,6 +45,7 @@
 #include "lockstep/v1/coordinator.grpc.pb.h"
 #include "rendezvous/grpc_limits.h"
 #include "rendezvous/grpc_status.h"
+#include "rendezvous/tls.h"
 
 namespace lockstep {
 namespace client {
@@ -60,14 +62,30 @@ struct Common {
   std::string coordinator;
   std::string token_file;
   bool json = false;
+  // Mutual TLS (rendezvous/tls.h); empty: $LOCKSTEP_TLS_CA etc., else none.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  bool insecure_plaintext = false;
 };
 
 void AddCommon(FlagSet* flags, Common* c) {
   flags->String("coordinator", &c->coordinator,
                 "coordinator host:port (default $LOCKSTEP_COORDINATOR or 127.0.0.1:7070)");
   flags->String("token-file", &c->token_file,
-                "bearer token file (default $LOCKSTEP_TOKEN_FILE or /var/lib/lockstep/token)");
+                "bearer token file: the coordinator's admin token, or its viewer.token for "
+                "read-only use (default $LOCKSTEP_TOKEN_FILE or /var/lib/lockstep/token)");
   flags->Bool("json", &c->json, "print JSON instead of text");
+  flags->String("tls-ca", &c->tls_ca,
+                "mutual TLS: the cluster CA (default $LOCKSTEP_TLS_CA; none: plaintext, "
+                "loopback only)");
+  flags->String("tls-cert", &c->tls_cert,
+                "mutual TLS: this client's certificate, e.g. client.pem from `lockstep certs` "
+                "(default $LOCKSTEP_TLS_CERT)");
+  flags->String("tls-key", &c->tls_key, "mutual TLS: its key (default $LOCKSTEP_TLS_KEY)");
+  flags->Bool("insecure-plaintext", &c->insecure_plaintext,
+              "without TLS: send the token to a non-loopback coordinator or agent in plaintext "
+              "anyway (or $LOCKSTEP_INSECURE_PLAINTEXT=1)");
 }
 
 std::string EnvOr(const char* name, const std::string& fallback) {
@@ -127,6 +145,11 @@ class Cli {
     if (common_.coordinator.empty()) {
       common_.coordinator = EnvOr("LOCKSTEP_COORDINATOR", kDefaultCoordinator);
     }
+    // Transport first: no token is read for a channel that may not carry it.
+    RETURN_IF_ERROR(SetUpTls());
+    RETURN_IF_ERROR(rendezvous::CheckPlaintextAllowed(rendezvous::ProcessTls(),
+                                                      common_.coordinator, "coordinator",
+                                                      common_.insecure_plaintext));
     if (common_.token_file.empty()) {
       common_.token_file = EnvOr("LOCKSTEP_TOKEN_FILE", kDefaultTokenFile);
     }
@@ -135,13 +158,43 @@ class Cli {
       return absl::NotFoundError(absl::StrCat(
           token.status().message(),
           "; name the coordinator's token with --token-file or $LOCKSTEP_TOKEN_FILE (lockstepd "
-          "writes it to <state-dir>/token)"));
+          "writes the admin token to <state-dir>/token, a read-only one to "
+          "<state-dir>/viewer.token)"));
     }
     RETURN_IF_ERROR(token.status());
     token_ = *std::move(token);
     coord_ = v1::CoordinatorService::NewStub(
         rendezvous::CreateLockstepChannel(common_.coordinator));
     return absl::OkStatus();
+  }
+
+  // The process's TLS from the flags, else $LOCKSTEP_TLS_*; none for the
+  // private plaintext daemon of `lockstep run`.
+  Status SetUpTls() {
+    if (private_daemon_) {
+      rendezvous::SetProcessTls(rendezvous::TlsConfig{});
+      return absl::OkStatus();
+    }
+    if (common_.tls_ca.empty()) common_.tls_ca = EnvOr("LOCKSTEP_TLS_CA", "");
+    if (common_.tls_cert.empty()) common_.tls_cert = EnvOr("LOCKSTEP_TLS_CERT", "");
+    if (common_.tls_key.empty()) common_.tls_key = EnvOr("LOCKSTEP_TLS_KEY", "");
+    if (EnvOr("LOCKSTEP_INSECURE_PLAINTEXT", "") == "1") common_.insecure_plaintext = true;
+    rendezvous::TlsConfig tls;
+    tls.ca_file = common_.tls_ca;
+    tls.cert_file = common_.tls_cert;
+    tls.key_file = common_.tls_key;
+    RETURN_IF_ERROR(rendezvous::CheckTlsConfig(tls, /*need_identity=*/false));
+    rendezvous::SetProcessTls(tls);
+    return absl::OkStatus();
+  }
+
+  // For a call to `address` that failed: why at the TLS layer, if that is
+  // where (rendezvous::ExplainTlsFailure), appended to `status`.
+  static Status WithTlsReason(Status status, const std::string& address) {
+    if (status.code() != absl::StatusCode::kUnavailable) return status;
+    const std::string why = rendezvous::ExplainTlsFailure(address, rendezvous::ProcessTls());
+    if (why.empty()) return status;
+    return absl::Status(status.code(), absl::StrCat(status.message(), "; ", why));
   }
 
   std::unique_ptr<grpc::ClientContext> Ctx(std::chrono::milliseconds timeout = kRpcTimeout) {
@@ -152,7 +205,9 @@ class Cli {
   }
 
   Status Check(const grpc::Status& s, const std::string& what) {
-    return FromGrpcStatus(s, absl::StrCat(what, " (coordinator ", common_.coordinator, ")"));
+    return WithTlsReason(
+        FromGrpcStatus(s, absl::StrCat(what, " (coordinator ", common_.coordinator, ")")),
+        common_.coordinator);
   }
 
   // client/json.h: every field, numbers as numbers, enums without prefixes.
@@ -339,6 +394,7 @@ class Cli {
     InstallStopHandlers();
     common_.coordinator = daemon->address();
     common_.token_file = daemon->token_file();
+    private_daemon_ = true;
     RETURN_IF_ERROR(Connect());
     if (!common_.json) {
       std::cout << "standalone: lockstepd at " << daemon->address() << ", state dir "
@@ -469,6 +525,7 @@ class Cli {
         std::cout << "then:       rank " << c.rank() << " on node " << c.node_id() << " "
                   << (c.exit().signal() ? absl::StrCat("killed by signal ", c.exit().signal())
                                         : absl::StrCat("exit code ", c.exit().exit_code()))
+                  << (c.exit().peer_lost() ? " (its collective lost a peer)" : "")
                   << ", after rank " << f.rank() << " failed\n";
       }
     }
@@ -553,6 +610,38 @@ class Cli {
                 << " (agents stop its workers: SIGTERM, SIGKILL after " << resp.job().spec().stop_grace_s()
                 << "s)\n";
     }
+    return 0;
+  }
+
+  // ----------------------------------------------------------------- certs
+  // A cluster CA and certificates (common/certs.h); talks to no daemon.
+  StatusOr<int> Certs(const std::vector<std::string>& args) {
+    FlagSet flags("lockstep certs",
+                  "Make a cluster CA and mutual TLS certificates: lockstep certs --out DIR "
+                  "--hosts HOST,IP,... (reuses DIR/ca.pem and DIR/ca.key when present)");
+    std::string out, hosts;
+    int32_t days = certs::kDefaultCertDays;
+    flags.String("out", &out, "directory to write into (created if missing)");
+    flags.String("hosts", &hosts,
+                 "comma-separated DNS names or IP addresses, one certificate each: every "
+                 "address a node is dialled at (its --advertise-address host)");
+    flags.Int32("days", &days, "validity of the certificates in days");
+    auto rest = flags.Parse(args);
+    if (!rest.ok()) return Usage(rest.status());
+    if (!rest->empty() || out.empty() || hosts.empty()) {
+      return Usage(absl::InvalidArgumentError("certs: want --out DIR --hosts HOST,..."));
+    }
+    std::vector<std::string> list = absl::StrSplit(hosts, ',', absl::SkipEmpty());
+    auto written = certs::WriteClusterCerts(out, list, days);
+    if (absl::IsInvalidArgument(written.status())) return Usage(written.status());
+    RETURN_IF_ERROR(written.status());
+    for (const std::string& path : *written) std::cout << "wrote " << path << "\n";
+    std::cout << "lockstepd on HOST: --tls-ca " << out << "/ca.pem --tls-cert " << out
+              << "/HOST.pem --tls-key " << out << "/HOST.key\n"
+              << "lockstep: --tls-ca " << out << "/ca.pem --tls-cert " << out
+              << "/client.pem --tls-key " << out << "/client.key (or LOCKSTEP_TLS_CA, "
+              << "LOCKSTEP_TLS_CERT, LOCKSTEP_TLS_KEY)\n"
+              << "keep " << out << "/ca.key off the nodes: it signs certificates\n";
     return 0;
   }
 
@@ -736,7 +825,11 @@ class Cli {
                                                   " is not registered"));
         }
         auto& agent = agents[address];
-        if (!agent) agent = v1::AgentService::NewStub(rendezvous::CreateLockstepChannel(address));
+        if (!agent) {
+          RETURN_IF_ERROR(rendezvous::CheckPlaintextAllowed(
+              rendezvous::ProcessTls(), address, "agent", common_.insecure_plaintext));
+          agent = v1::AgentService::NewStub(rendezvous::CreateLockstepChannel(address));
+        }
         for (bool is_stderr : {false, true}) {
           if (!(is_stderr ? view.stderr_stream : view.stdout_stream)) continue;
           LogCursor& cursor = cursors[{w->rank(), w->node_id(), is_stderr}];
@@ -932,11 +1025,13 @@ class Cli {
  private:
   Common common_;
   std::string token_;
+  bool private_daemon_ = false;  // `lockstep run`'s own loopback daemon: no TLS
   std::unique_ptr<v1::CoordinatorService::Stub> coord_;
 };
 
 constexpr char kUsage[] =
-    "usage: lockstep [--coordinator H:P] [--token-file F] [--json] COMMAND ...\n"
+    "usage: lockstep [--coordinator H:P] [--token-file F] [--json]\n"
+    "                [--tls-ca CA --tls-cert CERT --tls-key KEY] COMMAND ...\n"
     "commands:\n"
     "  submit [--nodes N|MIN:MAX] [--nproc-per-node K] [--max-restarts R] [--env K=V]...\n"
     "         [--name N] [--detach] [--standalone] -- CMD ARGS   (streams every rank's output\n"
@@ -950,7 +1045,10 @@ constexpr char kUsage[] =
     "  delete JOB...   (finished jobs: their records and logs)\n"
     "  nodes\n"
     "  watch JOB [--interval-s S]\n"
-    "Each command takes --help.\n";
+    "  certs --out DIR --hosts HOST,IP,... [--days N]   (a cluster CA and mutual TLS\n"
+    "         certificates: ca.pem, HOST.pem/.key per host, client.pem/.key)\n"
+    "Each command takes --help. A viewer token (the coordinator's viewer.token) runs\n"
+    "status, list, logs, nodes and watch; submit, cancel and delete need the admin token.\n";
 
 int Main(int argc, char** argv) {
   Common common;
@@ -989,13 +1087,15 @@ int Main(int argc, char** argv) {
     result = cli.Cancel(args);
   } else if (cmd == "delete") {
     result = cli.Delete(args);
+  } else if (cmd == "certs") {
+    result = cli.Certs(args);
   } else if (cmd == "nodes") {
     result = cli.NodesCmd(args);
   } else if (cmd == "watch") {
     result = cli.Watch(args);
   } else {
     const std::string near = NearestMatch(
-        cmd, {"submit", "run", "status", "list", "logs", "cancel", "delete", "nodes", "watch"});
+        cmd, {"submit", "run", "status", "list", "logs", "cancel", "delete", "nodes", "watch", "certs"});
     std::cerr << "lockstep: unknown command \"" << Printable(cmd) << "\""
               << (near.empty() ? "" : " (did you mean \"" + near + "\"?)") << "\n"
               << kUsage;

@@ -109,7 +109,12 @@ StatusOr<std::unique_ptr<StandaloneDaemon>> StandaloneDaemon::Start(Options opti
                                    "--address-file=" + address_file,
                                    // The user is this daemon's operator: a job may set any
                                    // variable but the loader's and the engine's contract.
-                                   "--allowed-env=*"};
+                                   "--allowed-env=*",
+                                   // One job of the user's own, as torchrun runs it: its
+                                   // workers run as the user (a root lockstepd would
+                                   // otherwise give the job a uid of its own, which could
+                                   // not reach this 0700 state dir or a program in $HOME).
+                                   "--job-uids=off"};
   args.insert(args.end(), options.extra_args.begin(), options.extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

@@ -41,7 +41,8 @@ bool WorkerEnv::operator==(const WorkerEnv& o) const {
     return std::tie(e.job_id, e.rank, e.local_rank, e.world_size, e.local_world_size, e.node_rank,
                     e.num_nodes, e.round, e.restart_count, e.max_restarts, e.store_address,
                     e.store_token,
-                    e.agent_address, e.agent_token, e.node_addr, e.master_addr);
+                    e.agent_address, e.agent_token, e.node_addr, e.master_addr, e.tls.ca,
+                    e.tls.cert, e.tls.key);
   };
   return tie(*this) == tie(o);
 }
@@ -81,7 +82,16 @@ StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv) {
   const std::string master = Read(getenv, {we::kMasterAddr});
   const std::string port = Read(getenv, {we::kMasterPort});
   if (!master.empty() || !port.empty()) env.master_addr = master + ":" + port;
+  env.tls = ReadWorkerTlsPem(getenv);
   return env;
+}
+
+WorkerTlsPem ReadWorkerTlsPem(const Getenv& getenv) {
+  WorkerTlsPem tls;
+  tls.ca = Read(getenv, {we::kTlsCaPem});
+  tls.cert = Read(getenv, {we::kTlsCertPem});
+  tls.key = Read(getenv, {we::kTlsKeyPem});
+  return tls;
 }
 
 WorkerIdentity ReadWorkerIdentity(const Getenv& getenv) {
@@ -104,7 +114,8 @@ bool IsWorkerEnvName(const std::string& name) {
       we::kAgentToken,      we::kNodeAddr,       we::kTorchRank,          we::kTorchLocalRank,
       we::kTorchWorldSize,  we::kTorchLocalWorldSize, we::kTorchGroupRank, we::kTorchRestartCount,
       we::kTorchRunId,      we::kMasterAddr,     we::kMasterPort,         we::kTorchGroupWorldSize,
-      we::kTorchRoleRank,   we::kTorchRoleWorldSize, we::kTorchRoleName,  we::kTorchMaxRestarts};
+      we::kTorchRoleRank,   we::kTorchRoleWorldSize, we::kTorchRoleName,  we::kTorchMaxRestarts,
+      we::kTlsCaPem,        we::kTlsCertPem,     we::kTlsKeyPem};
   for (const char* n : kNames) {
     if (name == n) return true;
   }
@@ -131,6 +142,9 @@ std::vector<std::pair<std::string, std::string>> WorkerEnvVars(const WorkerEnv& 
   set_if(we::kAgent, env.agent_address);
   set_if(we::kAgentToken, env.agent_token);
   set_if(we::kNodeAddr, env.node_addr);
+  set_if(we::kTlsCaPem, env.tls.ca);
+  set_if(we::kTlsCertPem, env.tls.cert);
+  set_if(we::kTlsKeyPem, env.tls.key);
   set(we::kTorchRank, std::to_string(env.rank));
   set(we::kTorchLocalRank, std::to_string(env.local_rank));
   set(we::kTorchWorldSize, std::to_string(env.world_size));

@@ -38,6 +38,15 @@ inline constexpr char kStoreToken[] = "LOCKSTEP_STORE_TOKEN";
 inline constexpr char kAgent[] = "LOCKSTEP_AGENT";
 inline constexpr char kAgentToken[] = "LOCKSTEP_AGENT_TOKEN";
 inline constexpr char kNodeAddr[] = "LOCKSTEP_NODE_ADDR";
+// The cluster's mutual TLS material as PEM text (rendezvous/tls.h): the CA,
+// and the node's certificate and key, which the worker's store client and
+// progress reporter present. In the environment, not in files, because a
+// worker may run as another uid (--run-as, --job-uids) that cannot read
+// the daemon's 0600 key files; /proc/PID/environ is readable only by the
+// worker's own uid (and root). Unset when the daemon has no TLS.
+inline constexpr char kTlsCaPem[] = "LOCKSTEP_TLS_CA_PEM";
+inline constexpr char kTlsCertPem[] = "LOCKSTEP_TLS_CERT_PEM";
+inline constexpr char kTlsKeyPem[] = "LOCKSTEP_TLS_KEY_PEM";
 // torchrun's names.
 inline constexpr char kTorchRank[] = "RANK";
 inline constexpr char kTorchLocalRank[] = "LOCAL_RANK";
@@ -60,6 +69,16 @@ inline constexpr char kRoleName[] = "default";
 
 }  // namespace worker_env
 
+// LOCKSTEP_TLS_*_PEM: all empty when the worker has no TLS.
+struct WorkerTlsPem {
+  std::string ca;
+  std::string cert;
+  std::string key;
+  bool operator==(const WorkerTlsPem& o) const {
+    return ca == o.ca && cert == o.cert && key == o.key;
+  }
+};
+
 struct WorkerEnv {
   std::string job_id = "local";
   int rank = 0;
@@ -77,6 +96,7 @@ struct WorkerEnv {
   std::string agent_token;    // LOCKSTEP_AGENT_TOKEN: this run's progress token.
   std::string node_addr;      // LOCKSTEP_NODE_ADDR: the agent's advertised host.
   std::string master_addr;    // "MASTER_ADDR:MASTER_PORT", when either is set.
+  WorkerTlsPem tls;           // LOCKSTEP_TLS_*_PEM
 
   bool operator==(const WorkerEnv& o) const;
 };
@@ -87,6 +107,10 @@ using Getenv = std::function<const char*(const char*)>;
 // Errors: InvalidArgument naming the variable (missing rank or world size,
 // a non-integer, a rank outside the world).
 StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv);
+
+// The LOCKSTEP_TLS_*_PEM variables (what ParseWorkerEnv puts in `tls`),
+// for readers that need no rank: never fails.
+WorkerTlsPem ReadWorkerTlsPem(const Getenv& getenv);
 
 // Who this process is, for log lines and progress reports: never fails.
 // job_id "-" and rank -1 when the environment does not say (a program that

@@ -34,6 +34,7 @@ WorkerEnv Full() {
   env.agent_token = "pt";
   env.node_addr = "10.0.0.2";
   env.master_addr = "10.0.0.1:29500";
+  env.tls = {"-----CA-----", "-----CERT-----", "-----KEY-----"};
   return env;
 }
 
@@ -64,6 +65,10 @@ TEST(WorkerEnvTest, WhatTheAgentWritesAWorkerParsesBack) {
   EXPECT_EQ(vars["ROLE_RANK"], "5");
   EXPECT_EQ(vars["ROLE_WORLD_SIZE"], "8");
   EXPECT_EQ(vars["ROLE_NAME"], "default");
+  EXPECT_EQ(vars["LOCKSTEP_TLS_CA_PEM"], "-----CA-----");
+  EXPECT_EQ(vars["LOCKSTEP_TLS_CERT_PEM"], "-----CERT-----");
+  EXPECT_EQ(vars["LOCKSTEP_TLS_KEY_PEM"], "-----KEY-----");
+  EXPECT_TRUE(ReadWorkerTlsPem(From(vars)) == env.tls);
   // An IPv6 master survives the trip too.
   WorkerEnv v6 = env;
   v6.master_addr = "fd00::1:29500";
@@ -79,6 +84,7 @@ TEST(WorkerEnvTest, EmptyTokensAndAddressesAreNotWritten) {
   for (const auto& [k, v] : WorkerEnvVars(env)) {
     EXPECT_NE(k, "LOCKSTEP_STORE_TOKEN");
     EXPECT_NE(k, "LOCKSTEP_AGENT");
+    EXPECT_NE(k, "LOCKSTEP_TLS_KEY_PEM");
     EXPECT_FALSE(v.empty()) << k;
   }
 }

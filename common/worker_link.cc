@@ -137,6 +137,8 @@ void MarkBootstrap(int32_t state) {
   if (slot != nullptr) slot->store(state, std::memory_order_release);
 }
 
+void MarkPeerLost() { MarkBootstrap(kPeerLost); }
+
 bool StartFenceWatchdog() {
   static std::once_flag once;
   static bool running = false;

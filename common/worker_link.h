@@ -15,7 +15,8 @@
 //                       engine's bootstrap is. A worker that exits with
 //                       its slot at kBootstrapBegun died inside the
 //                       bootstrap: a startup failure. A program that never
-//                       touches its slot is never one.
+//                       touches its slot is never one. One that exits at
+//                       kPeerLost gave up because a peer was gone.
 //
 // Both are memfds (no name in /dev/shm, gone with the last descriptor).
 // Only async-signal-safe calls happen on the worker's fence path.
@@ -38,6 +39,10 @@ inline constexpr char kStatusFdEnv[] = "LOCKSTEP_STATUS_FD";
 inline constexpr int32_t kNotStarted = 0;
 inline constexpr int32_t kBootstrapBegun = 1;
 inline constexpr int32_t kBootstrapDone = 2;
+// After the bootstrap: a collective of this worker failed because a peer
+// was gone. Set by the engine just before it gives up, so that the agent
+// can tell a rank that failed on its own from one that followed it.
+inline constexpr int32_t kPeerLost = 3;
 
 // CLOCK_MONOTONIC now, in ns (the clock both sides of a page share).
 int64_t MonotonicNowNs();
@@ -87,6 +92,9 @@ class StatusPage {
 //
 // Marks this worker's slot (its LOCKSTEP_LOCAL_RANK).
 void MarkBootstrap(int32_t state);
+// MarkBootstrap(kPeerLost): the engine's communicators call it when a
+// collective fails because a peer is gone.
+void MarkPeerLost();
 // Starts, once per process, a thread that checks the fence page every
 // 50 ms and, once its deadline passed, writes one line to stderr and
 // SIGKILLs the worker's process group. Returns whether a watchdog runs.

@@ -145,43 +145,18 @@ Agent::~Agent() {
 
 StatusOr<uint32_t> Agent::JobUid(const std::string& job_id) {
   auto it = job_uids_.find(job_id);
-  if (it != job_uids_.end()) return it->second;
-  std::set<uint32_t> used;
-  for (const auto& [job, uid] : job_uids_) used.insert(uid);
-  for (uint64_t uid = options_.job_uid_first; uid <= options_.job_uid_last; ++uid) {
-    if (used.count(static_cast<uint32_t>(uid))) continue;
-    job_uids_[job_id] = static_cast<uint32_t>(uid);
-    log_.WithJob(job_id).Info("workers run as uid {} (--job-uids)", uid);
-    return static_cast<uint32_t>(uid);
-  }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "no free uid for this job: all ", job_uids_.size(), " of --job-uids ",
-      options_.job_uid_first, "-", options_.job_uid_last, " are held by jobs on this node"));
+  if (it != job_uids_.end()) return it->second.uid();
+  UidLeases leases(options_.uid_lease_dir, options_.job_uid_first, options_.job_uid_last);
+  StatusOr<UidLease> lease = leases.Acquire();
+  if (!lease.ok()) return lease.status();
+  const uint32_t uid = lease->uid();
+  job_uids_[job_id] = *std::move(lease);
+  log_.WithJob(job_id).Info("workers run as uid {} (--job-uids), leased in {}", uid,
+                            options_.uid_lease_dir);
+  return uid;
 }
 
 namespace {
-
-// Every process whose real uid is `uid`, read from /proc.
-std::vector<pid_t> ProcessesOfUid(uint32_t uid) {
-  std::vector<pid_t> pids;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return pids;
-  while (struct dirent* e = ::readdir(proc)) {
-    pid_t pid = 0;
-    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
-    std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-    std::string line;
-    while (std::getline(status, line)) {
-      if (line.rfind("Uid:", 0) != 0) continue;
-      std::vector<std::string> f = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-      uint32_t real = 0;
-      if (f.size() > 1 && absl::SimpleAtoi(f[1], &real) && real == uid) pids.push_back(pid);
-      break;
-    }
-  }
-  ::closedir(proc);
-  return pids;
-}
 
 int ChownToRoot(const char* path, const struct stat*, int, struct FTW*) {
   (void)::lchown(path, 0, 0);
@@ -193,7 +168,7 @@ int ChownToRoot(const char* path, const struct stat*, int, struct FTW*) {
 void Agent::ReleaseJobUid(const std::string& job_id) {
   auto it = job_uids_.find(job_id);
   if (it == job_uids_.end()) return;
-  const uint32_t uid = it->second;
+  const uint32_t uid = it->second.uid();
   Logger log = log_.WithJob(job_id);
   // What escaped the workers' process groups (a daemonized helper) must not
   // live on into the next job given this uid.
@@ -288,6 +263,16 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
                                                   options_.run_as, "\" (--run-as)"));
   }
 
+  WorkerTlsPem tls;
+  if (ok.ok() && options_.worker_tls) {
+    auto read = options_.worker_tls();
+    if (read.ok()) {
+      tls = *std::move(read);
+    } else {
+      ok = read.status();
+    }
+  }
+
   // Node rank 0 hosts MASTER_PORT: it picks a free one for this round and
   // reports it; the coordinator starts the other nodes once it knows it.
   if (ok.ok() && a.node_rank() == 0 && a.master_port() == 0) {
@@ -343,11 +328,10 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       contract.restart_count = a.restart_count();
       contract.max_restarts = cmd.spec().max_restarts();
       contract.store_address = a.store_address();
-      if (!options_.admin_token.empty()) {
-        contract.store_token = JobStoreToken(options_.admin_token, job_id);
-      }
+      contract.store_token = cmd.store_token();
       contract.agent_address = agent_address_;
       contract.agent_token = run.progress_token;
+      contract.tls = tls;
       // The node's own address: the data plane binds it (ddp/data_plane.h).
       contract.node_addr = HostOfAddress(agent_address_);
       contract.master_addr =
@@ -452,8 +436,11 @@ void Agent::Reap() {
       if (failed && !stopped) {
         // Died inside the engine's bootstrap; a program that does not use
         // the engine never marks its slot and is never a startup failure.
-        exit->set_startup_failure(run.status_page &&
-                                  run.status_page->Get(w.local_rank) == worker_link::kBootstrapBegun);
+        const int32_t slot = run.status_page ? run.status_page->Get(w.local_rank)
+                                             : worker_link::kNotStarted;
+        exit->set_startup_failure(slot == worker_link::kBootstrapBegun);
+        // Its collective broke because a peer was gone: a consequence.
+        exit->set_peer_lost(slot == worker_link::kPeerLost);
         std::vector<std::string> lines = TailLines(w.status.stderr_path(), kLastLogLines);
         if (lines.empty()) lines = TailLines(w.status.stdout_path(), kLastLogLines);
         for (auto& l : lines) exit->add_last_log_lines(l);
@@ -512,6 +499,9 @@ void Agent::Register() {
   }
   if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
   if (resp->heartbeat_interval_s() > 0) heartbeat_interval_ = FromSeconds(resp->heartbeat_interval_s());
+  readers_.SetDigest(Role::kAdmin, resp->admin_token_sha256());
+  readers_.SetDigest(Role::kViewer, resp->viewer_token_sha256());
+  readers_.SetDigest(Role::kAgent, resp->agent_token_sha256());
   Renewed(sent);
   registered_ = true;
   next_heartbeat_ = clock_->Now();  // fetch commands at once
@@ -559,6 +549,9 @@ void Agent::Heartbeat() {
     return;
   }
   if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
+  readers_.SetDigest(Role::kAdmin, resp->admin_token_sha256());
+  readers_.SetDigest(Role::kViewer, resp->viewer_token_sha256());
+  readers_.SetDigest(Role::kAgent, resp->agent_token_sha256());
   if (fenced_ || (last_renewed_ && clock_->Now() - *last_renewed_ > heartbeat_interval_ * 3)) {
     log_.Info("heartbeat accepted again after {}s", ToSeconds(clock_->Now() - *last_renewed_));
   }

@@ -57,9 +57,12 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "common/worker_env.h"
 #include "common/worker_link.h"
 #include "daemon/coordinator_client.h"
 #include "daemon/process_launcher.h"
+#include "daemon/roles.h"
+#include "daemon/uid_lease.h"
 #include "lockstep/v1/common.pb.h"
 
 namespace lockstep {
@@ -87,16 +90,15 @@ struct AgentOptions {
   // root. run_as is then not used. Needs a root agent.
   uint32_t job_uid_first = 0;
   uint32_t job_uid_last = 0;
+  // Where the host-wide leases on those uids are taken (uid_lease.h), so
+  // that no other lockstepd on the host gives a job the same uid.
+  std::string uid_lease_dir = kDefaultUidLeaseDir;
   std::vector<std::string> allowed_commands;
   // Names or PREFIX* a job's env may set beyond the engine's (job_env.h).
   std::vector<std::string> allowed_env;
   // Environment every worker inherits before the job's and Lockstep's
   // variables ("K=V"); the daemon passes its own environment.
   std::vector<std::string> base_env;
-  // The cluster admin token. Workers never get it: they get
-  // LOCKSTEP_STORE_TOKEN = JobStoreToken(admin_token, job), which opens only
-  // their job's store namespaces. Default: empty (no store token set).
-  std::string admin_token;
   Duration rpc_timeout = kDefaultRpcTimeout;
   // Used until the coordinator's RegisterNode response says otherwise.
   Duration heartbeat_interval = std::chrono::seconds(1);
@@ -106,6 +108,11 @@ struct AgentOptions {
   // agent's loop thread under its lock, so it must not block or call the
   // agent. Default: none. lockstepd counts exits for /metrics with it.
   std::function<void(const std::string& job_id, const v1::WorkerStatus& worker)> on_worker_exit;
+  // The TLS material every worker gets (common/worker_env.h,
+  // LOCKSTEP_TLS_*_PEM), asked for at each launch so a renewed certificate
+  // reaches the next workers; an error fails that launch. Default: none
+  // (workers without TLS).
+  std::function<StatusOr<WorkerTlsPem>()> worker_tls;
 };
 
 struct LogChunk {
@@ -150,6 +157,10 @@ class Agent {
                               int64_t offset, int64_t tail_bytes, int64_t max_bytes) const;
   // Current worker statuses; `job_id` empty = all jobs.
   std::vector<v1::AgentJobReport> ListWorkers(const std::string& job_id) const;
+  // The role token digests from the coordinator's latest RegisterNode or
+  // Heartbeat answer (empty before the first): who may read this node's
+  // workers and logs (roles.h). Thread safe.
+  const RoleTokens& readers() const { return readers_; }
 
  private:
   // Wakes the loop thread early (a worker exited). Shared with the exit
@@ -236,12 +247,13 @@ class Agent {
   MonoTime next_heartbeat_;
   bool fenced_ = false;
   std::atomic<bool> registered_{false};
+  RoleTokens readers_;
 
   mutable Mutex mu_;
   std::map<std::string, JobRun> runs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::AgentCommand> pending_starts_ ABSL_GUARDED_BY(mu_);
-  // Job -> its uid on this node (options_.job_uid_first..last).
-  std::map<std::string, uint32_t> job_uids_ ABSL_GUARDED_BY(mu_);
+  // Job -> its leased uid on this node (options_.job_uid_first..last).
+  std::map<std::string, UidLease> job_uids_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<bool> stop_{false};
   Duration shutdown_grace_ = std::chrono::seconds(10);  // written before stop_

@@ -1,5 +1,6 @@
 #include "daemon/agent_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "daemon/grpc_auth.h"
 #include "rendezvous/grpc_status.h"
 
@@ -11,6 +12,18 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const Status& s
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
+}
+
+// AuthorizeCall against the digests the coordinator sent; Unavailable
+// (retryable) before the agent has any.
+Status Authorize(const grpc::CallbackServerContext& ctx, const Agent& agent,
+                 absl::string_view method) {
+  if (agent.readers().Digest(Role::kAdmin).empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        method, ": this agent has not registered with the coordinator yet, so it cannot "
+                "check tokens; retry"));
+  }
+  return AuthorizeCall(ctx, agent.readers(), method);
 }
 
 }  // namespace
@@ -26,7 +39,7 @@ grpc::ServerUnaryReactor* AgentGrpcService::ReportProgress(grpc::CallbackServerC
 grpc::ServerUnaryReactor* AgentGrpcService::ListWorkers(grpc::CallbackServerContext* ctx,
                                                         const v1::ListWorkersRequest* req,
                                                         v1::ListWorkersResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, *core_, "AgentService/ListWorkers");
   if (!s.ok()) return Done(ctx, s);
   for (const auto& r : core_->ListWorkers(req->job_id())) {
     v1::AgentJobReportLite* out = resp->add_jobs();
@@ -40,7 +53,7 @@ grpc::ServerUnaryReactor* AgentGrpcService::ListWorkers(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* AgentGrpcService::ReadLogs(grpc::CallbackServerContext* ctx,
                                                      const v1::ReadLogsRequest* req,
                                                      v1::ReadLogsResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, *core_, "AgentService/ReadLogs");
   if (!s.ok()) return Done(ctx, s);
   auto chunk = core_->ReadLogs(req->job_id(), req->rank(),
                                req->stream() == v1::ReadLogsRequest::STREAM_STDERR, req->offset(),

@@ -1,7 +1,10 @@
 // AgentGrpcService: the thin gRPC shell over Agent (lockstep.v1.AgentService).
 //
-// Auth: ListWorkers and ReadLogs need the daemon's bearer token;
-// ReportProgress needs the per-run token the agent gave the worker.
+// Auth (roles.h): ListWorkers and ReadLogs need the cluster's admin or
+// viewer token, checked against the digests the coordinator sent the agent
+// (Agent::readers(); until the agent first registers they answer
+// UNAVAILABLE). ReportProgress needs the per-run token the agent gave
+// the worker.
 // Threading: gRPC's callback API; every handler completes at once (the
 // core never blocks). Log following is client-side polling of ReadLogs
 // with next_offset, so no server thread waits on a growing file.
@@ -21,7 +24,7 @@ namespace daemon {
 class AgentGrpcService final : public v1::AgentService::CallbackService {
  public:
   // `core` must outlive the service and the server.
-  AgentGrpcService(Agent* core, std::string token) : core_(core), token_(std::move(token)) {}
+  explicit AgentGrpcService(Agent* core) : core_(core) {}
 
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* ctx,
                                            const v1::ReportProgressRequest* req,
@@ -35,7 +38,6 @@ class AgentGrpcService final : public v1::AgentService::CallbackService {
 
  private:
   Agent* const core_;
-  const std::string token_;
 };
 
 }  // namespace daemon

@@ -206,6 +206,36 @@ TEST_F(AgentTest, WorkersGetTorchrunsVariablesOneOmpThreadAndTheirOwnPwd) {
   EXPECT_NE(Output("j10", 3).find("omp=4\n"), std::string::npos) << Output("j10", 3);
 }
 
+// With TLS the agent hands each worker the PEM it reads at that launch
+// (LOCKSTEP_TLS_*_PEM); a read that fails fails the launch, saying why.
+TEST_F(AgentTest, WorkersGetTheTlsMaterialReadAtEachLaunch) {
+  agent_->Shutdown(milliseconds(200));
+  AgentOptions options;
+  options.node_id = "n1";
+  options.hostname = "host1";
+  options.agent_address = "127.0.0.1:5555";
+  options.state_dir = state_dir_;
+  options.allowed_env = {"JOBVAR"};
+  int reads = 0;
+  bool unreadable = false;
+  options.worker_tls = [&]() -> StatusOr<WorkerTlsPem> {
+    if (unreadable) return absl::UnavailableError("cannot read /etc/tls/n1.key for the workers");
+    ++reads;
+    return WorkerTlsPem{"CA" + std::to_string(reads), "CERT", "KEY"};
+  };
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  Command({Start("t1", 1,
+                 "echo \"tls=$LOCKSTEP_TLS_CA_PEM $LOCKSTEP_TLS_CERT_PEM $LOCKSTEP_TLS_KEY_PEM\"",
+                 1)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("t1", v1::WORKER_STATE_EXITED, 1); }));
+  EXPECT_NE(Output("t1", 1).find("tls=CA1 CERT KEY\n"), std::string::npos) << Output("t1", 1);
+  unreadable = true;
+  Command({Start("t2", 1, "true", 1)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("t2", v1::WORKER_STATE_EXITED, 1); }));
+  EXPECT_NE(Workers("t2")[0].exit().message().find("/etc/tls/n1.key"), std::string::npos)
+      << Workers("t2")[0].exit().message();
+}
+
 TEST_F(AgentTest, FailedWorkerReportsCodeStartupFailureAndLastLines) {
   Command({Start("j1", 1, "echo first >&2; echo \"bad rank $RANK\" >&2; exit 4", 1)});
   ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/grpc_auth.h"
 #include "daemon/job_spec.h"
+#include "daemon/token.h"
 #include "rendezvous/grpc_status.h"
 
 namespace lockstep {
@@ -113,6 +114,11 @@ class WatchReactor : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
+Status CoordinatorGrpcService::Authorize(const grpc::CallbackServerContext& ctx,
+                                         absl::string_view method) const {
+  return AuthorizeCall(ctx, *roles_, absl::StrCat("CoordinatorService/", method));
+}
+
 StatusOr<std::chrono::milliseconds> WatchTimeout(int64_t timeout_ms) {
   if (timeout_ms < 0) {
     return absl::InvalidArgumentError(
@@ -126,27 +132,42 @@ StatusOr<std::chrono::milliseconds> WatchTimeout(int64_t timeout_ms) {
 grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterNode(grpc::CallbackServerContext* ctx,
                                                                const v1::RegisterNodeRequest* req,
                                                                v1::RegisterNodeResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, "RegisterNode");
   if (!s.ok()) return Done(ctx, s);
   auto r = core_->RegisterNode(*req);
-  if (r.ok()) *resp = *r;
+  if (r.ok()) {
+    *resp = *r;
+    resp->set_admin_token_sha256(roles_->Digest(Role::kAdmin));
+    resp->set_viewer_token_sha256(roles_->Digest(Role::kViewer));
+    resp->set_agent_token_sha256(roles_->Digest(Role::kAgent));
+  }
   return Done(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                             const v1::HeartbeatRequest* req,
                                                             v1::HeartbeatResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, "Heartbeat");
   if (!s.ok()) return Done(ctx, s);
   auto r = core_->Heartbeat(*req);
-  if (r.ok()) *resp = std::move(*r);
+  if (r.ok()) {
+    *resp = std::move(*r);
+    resp->set_admin_token_sha256(roles_->Digest(Role::kAdmin));
+    resp->set_viewer_token_sha256(roles_->Digest(Role::kViewer));
+    resp->set_agent_token_sha256(roles_->Digest(Role::kAgent));
+    for (v1::AgentCommand& cmd : *resp->mutable_commands()) {
+      if (cmd.kind() == v1::AgentCommand::KIND_START) {
+        cmd.set_store_token(JobStoreToken(admin_token_, cmd.job_id()));
+      }
+    }
+  }
   return Done(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* ctx,
                                                             const v1::SubmitJobRequest* req,
                                                             v1::SubmitJobResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, "SubmitJob");
   if (!s.ok()) return Done(ctx, s);
   auto r = core_->SubmitJob(req->spec(), req->request_id());
   if (r.ok()) *resp->mutable_job() = std::move(*r);
@@ -156,7 +177,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerContext* ctx,
                                                          const v1::GetJobRequest* req,
                                                          v1::GetJobResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, "GetJob");
   if (s.ok()) s = RequireJobId(req->job_id());
   if (!s.ok()) return Done(ctx, s);
   auto r = core_->GetJob(JobId(req->job_id()));
@@ -167,7 +188,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerContext* ctx,
                                                            const v1::ListJobsRequest* req,
                                                            v1::ListJobsResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, "ListJobs");
   if (!s.ok()) return Done(ctx, s);
   std::vector<v1::JobState> states;
   for (int st : req->states()) states.push_back(static_cast<v1::JobState>(st));
@@ -180,7 +201,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerC
 grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServerContext* ctx,
                                                             const v1::CancelJobRequest* req,
                                                             v1::CancelJobResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, "CancelJob");
   if (s.ok()) s = RequireJobId(req->job_id());
   if (!s.ok()) return Done(ctx, s);
   auto r = core_->CancelJob(JobId(req->job_id()));
@@ -191,7 +212,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorGrpcService::DeleteJob(grpc::CallbackServerContext* ctx,
                                                             const v1::DeleteJobRequest* req,
                                                             v1::DeleteJobResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, "DeleteJob");
   if (s.ok()) s = RequireJobId(req->job_id());
   if (!s.ok()) return Done(ctx, s);
   auto r = core_->DeleteJob(JobId(req->job_id()));
@@ -202,7 +223,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::DeleteJob(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListNodes(grpc::CallbackServerContext* ctx,
                                                             const v1::ListNodesRequest* req,
                                                             v1::ListNodesResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, "ListNodes");
   if (!s.ok()) return Done(ctx, s);
   for (auto& node : core_->ListNodes()) *resp->add_nodes() = std::move(node);
   return Done(ctx, absl::OkStatus());
@@ -211,7 +232,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListNodes(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorGrpcService::WatchJob(grpc::CallbackServerContext* ctx,
                                                            const v1::WatchJobRequest* req,
                                                            v1::WatchJobResponse* resp) {
-  Status s = AuthorizeCall(*ctx, token_);
+  Status s = Authorize(*ctx, "WatchJob");
   if (s.ok()) s = RequireJobId(req->job_id());
   if (!s.ok()) return Done(ctx, s);
   auto timeout = WatchTimeout(req->timeout_ms());

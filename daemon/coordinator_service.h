@@ -1,6 +1,9 @@
 // CoordinatorGrpcService: the thin gRPC shell over Coordinator
-// (lockstep.v1.CoordinatorService). Per RPC: check the bearer token,
-// validate, call the core, map the status through rendezvous/grpc_status.h.
+// (lockstep.v1.CoordinatorService). Per RPC: authorize the bearer token's
+// role (roles.h), validate, call the core, map the status through
+// rendezvous/grpc_status.h. Answers to agents (RegisterNode, Heartbeat)
+// also carry the admin and viewer token digests, and each start command the
+// job's store token, so an agent needs only the agent token.
 //
 // Threading: gRPC's callback API. Every RPC but WatchJob completes inside
 // its handler (core calls are short critical sections plus one SQLite
@@ -20,6 +23,7 @@
 #include <string>
 
 #include "daemon/coordinator.h"
+#include "daemon/roles.h"
 #include "lockstep/v1/coordinator.grpc.pb.h"
 
 namespace lockstep {
@@ -36,9 +40,10 @@ StatusOr<std::chrono::milliseconds> WatchTimeout(int64_t timeout_ms);
 
 class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
  public:
-  // `core` must outlive the service and the server.
-  CoordinatorGrpcService(Coordinator* core, std::string token)
-      : core_(core), token_(std::move(token)) {}
+  // `core` and `roles` must outlive the service and the server.
+  // `admin_token` keys the jobs' store tokens (JobStoreToken).
+  CoordinatorGrpcService(Coordinator* core, const RoleTokens* roles, std::string admin_token)
+      : core_(core), roles_(roles), admin_token_(std::move(admin_token)) {}
 
   grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
                                          const v1::RegisterNodeRequest* req,
@@ -68,8 +73,12 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
                                      v1::WatchJobResponse* resp) override;
 
  private:
+  // AuthorizeCall for "CoordinatorService/<method>".
+  Status Authorize(const grpc::CallbackServerContext& ctx, absl::string_view method) const;
+
   Coordinator* const core_;
-  const std::string token_;
+  const RoleTokens* const roles_;
+  const std::string admin_token_;
 };
 
 }  // namespace daemon

@@ -1,4 +1,5 @@
-// Bearer-token check for the daemon's gRPC shells (see token.h).
+// Role check for the daemon's gRPC shells (see roles.h): reads the call's
+// `authorization` metadata and authorizes it against the role table.
 #ifndef LOCKSTEP_DAEMON_GRPC_AUTH_H_
 #define LOCKSTEP_DAEMON_GRPC_AUTH_H_
 
@@ -7,22 +8,27 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/string_view.h"
+#include "daemon/roles.h"
 #include "daemon/token.h"
 
 namespace lockstep {
 namespace daemon {
 
-// Checks the `authorization` entry of a call's client metadata against the
-// admin `token` (Unauthenticated, see CheckBearer).
-inline Status CheckAuthorization(const std::multimap<grpc::string_ref, grpc::string_ref>& md,
-                                 const std::string& token) {
+// The `authorization` metadata of a call: (value, present).
+inline std::pair<absl::string_view, bool> AuthorizationHeader(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& md) {
   auto it = md.find(kAuthorizationHeader);
-  if (it == md.end()) return CheckBearer("", false, token);
-  return CheckBearer(absl::string_view(it->second.data(), it->second.size()), true, token);
+  if (it == md.end()) return {absl::string_view(), false};
+  return {absl::string_view(it->second.data(), it->second.size()), true};
 }
 
-inline Status AuthorizeCall(const grpc::ServerContextBase& ctx, const std::string& token) {
-  return CheckAuthorization(ctx.client_metadata(), token);
+// AuthorizeRpc for a call of `method` ("Service/Method"; Unauthenticated or
+// PermissionDenied, see roles.h).
+inline Status AuthorizeCall(const grpc::ServerContextBase& ctx, const RoleTokens& roles,
+                            absl::string_view method) {
+  auto [value, present] = AuthorizationHeader(ctx.client_metadata());
+  return AuthorizeRpc(roles, method, value, present);
 }
 
 }  // namespace daemon

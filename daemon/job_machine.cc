@@ -1,6 +1,7 @@
 #include "daemon/job_machine.h"
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -205,19 +206,28 @@ void JobMachine::AttributeFailures(JobDraft* d) const {
     auto at = d->rt.exit_at.find(w.rank());
     failed.push_back({at != d->rt.exit_at.end() ? at->second : ExitInstant(w.exit(), now, 0), &w});
   }
+  // A rank whose engine said it lost a peer (ExitInfo.peer_lost) follows
+  // another's failure whatever the clocks say: the others come first, and
+  // among equals the earlier exit.
   std::sort(failed.begin(), failed.end(), [](const auto& a, const auto& b) {
-    return std::make_pair(a.first, a.second->rank()) < std::make_pair(b.first, b.second->rank());
+    return std::make_tuple(a.second->exit().peer_lost(), a.first, a.second->rank()) <
+           std::make_tuple(b.second->exit().peer_lost(), b.first, b.second->rank());
   });
   v1::Failure first = job->first_failure();
   if (first.reason() == kWorkerExited && !first.exit().launch_error() && !failed.empty() &&
       failed.front().second->rank() != first.rank()) {
-    // A report that arrived later carried an earlier exit: the root cause.
+    // A report that arrived later carried an earlier exit, or the first one
+    // reported had lost a peer: the root cause.
     const int was = first.rank();
+    const bool was_peer_lost = first.exit().peer_lost();
     const bool budget_message = job->message() == BudgetSpent(*job);
     first = WorkerFailure(*failed.front().second, round, kWorkerExited);
     *job->mutable_first_failure() = first;
-    AddEvent(job, absl::StrCat("first failure is rank ", first.rank(), ", which exited before rank ",
-                               was, ": ", DescribeFailure(first)));
+    AddEvent(job, absl::StrCat("first failure is rank ", first.rank(),
+                               was_peer_lost && !first.exit().peer_lost()
+                                   ? absl::StrCat(" (rank ", was, " lost a peer)")
+                                   : absl::StrCat(", which exited before rank ", was),
+                               ": ", DescribeFailure(first)));
     if (budget_message) job->set_message(BudgetSpent(*job));
   }
   const std::string after = first.rank() >= 0

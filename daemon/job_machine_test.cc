@@ -371,6 +371,54 @@ TEST_F(JobMachineTest, ExitsReportedTogetherAreOrderedByTime) {
       << d_.job.message();
 }
 
+// The exit watcher of the killed rank was woken late (a loaded machine): by
+// the clocks rank 0 exited first. But rank 0's engine marked its status
+// slot "lost a peer" before it gave up, so rank 1 is the first failure.
+TEST_F(JobMachineTest, ARankThatLostAPeerIsAConsequenceWhateverTheClocks) {
+  RunningOnTwoNodes(0);
+  d_.job.mutable_spec()->set_nproc_per_node(2);  // n1 runs ranks 0 and 1
+  d_.job.mutable_current_round()->set_world_size(4);
+  const int64_t agent = 7'000'000'000'000;
+  v1::WorkerStatus peer = Worker(0, v1::WORKER_STATE_EXITED, 1);
+  peer.mutable_exit()->set_exited_mono_ns(agent);
+  peer.mutable_exit()->set_peer_lost(true);
+  v1::WorkerStatus killed = Worker(1, v1::WORKER_STATE_EXITED, 0, 9);
+  killed.mutable_exit()->set_exited_mono_ns(agent + 5'000'000);
+  Beat("n1", {peer}, 1, agent + 1'000'000);  // rank 0's exit reported alone first
+  EXPECT_EQ(d_.job.first_failure().rank(), 0) << "all the coordinator knows so far";
+  Beat("n1", {peer, killed}, 1, agent + 10'000'000);
+  EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(d_.job.first_failure().rank(), 1);
+  EXPECT_EQ(d_.job.first_failure().exit().signal(), 9);
+  ASSERT_EQ(d_.job.consequences_size(), 1);
+  EXPECT_EQ(d_.job.consequences(0).rank(), 0);
+  EXPECT_EQ(d_.job.consequences(0).reason(), "after rank 1 failed");
+  EXPECT_NE(d_.job.message().find("rank 1 on node n1 killed by signal 9"), std::string::npos)
+      << d_.job.message();
+  bool event = false;
+  for (const auto& e : d_.job.history()) {
+    event |= e.detail().find("first failure is rank 1 (rank 0 lost a peer)") != std::string::npos;
+  }
+  EXPECT_TRUE(event) << "no event says why rank 1 replaced rank 0";
+}
+
+// Every failed rank lost a peer (a cut network): time decides.
+TEST_F(JobMachineTest, WhenEveryRankLostAPeerTheEarliestExitIsFirst) {
+  RunningOnTwoNodes(0);
+  const int64_t agent = 7'000'000'000'000;
+  v1::WorkerStatus a = Worker(0, v1::WORKER_STATE_EXITED, 1);
+  a.mutable_exit()->set_exited_mono_ns(agent + 100'000'000);
+  a.mutable_exit()->set_peer_lost(true);
+  v1::WorkerStatus b = Worker(1, v1::WORKER_STATE_EXITED, 1);
+  b.mutable_exit()->set_exited_mono_ns(agent);
+  b.mutable_exit()->set_peer_lost(true);
+  Beat("n1", {a}, 1, agent + 200'000'000);
+  Beat("n2", {b}, 1, agent + 200'000'000);
+  EXPECT_EQ(d_.job.first_failure().rank(), 1);
+  ASSERT_EQ(d_.job.consequences_size(), 1);
+  EXPECT_EQ(d_.job.consequences(0).rank(), 0);
+}
+
 TEST_F(JobMachineTest, WithoutMonotonicTimesExitsFallBackToWallClock) {
   RunningOnTwoNodes(0);
   v1::WorkerStatus later = Worker(0, v1::WORKER_STATE_EXITED, 1);

@@ -7,17 +7,20 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -41,12 +44,16 @@
 #include "daemon/grpc_auth.h"
 #include "daemon/grpc_coordinator_client.h"
 #include "daemon/process_launcher.h"
+#include "daemon/roles.h"
 #include "daemon/sqlite_job_store.h"
 #include "daemon/token.h"
+#include "daemon/uid_lease.h"
 #include "rendezvous/grpc_limits.h"
+#include "rendezvous/malformed_request.h"
 #include "rendezvous/grpc_server.h"
 #include "rendezvous/store_core.h"
 #include "rendezvous/store_service.h"
+#include "rendezvous/tls.h"
 
 extern char** environ;
 
@@ -62,12 +69,15 @@ struct Config {
   bool agent = true;
   std::string coordinator_address;
   std::string token_file;
+  std::string viewer_token_file;
+  std::string agent_token_file;
   std::string node_id;
   std::string address_file;
   std::string run_as;
   std::string job_uids;
   uint32_t job_uid_first = 0;
   uint32_t job_uid_last = 0;
+  std::string uid_lease_dir = kDefaultUidLeaseDir;
   std::vector<std::string> allowed_commands;
   std::vector<std::string> allowed_env;
   double lease_s = ToSeconds(kDefaultLease);
@@ -78,6 +88,13 @@ struct Config {
   double retain_finished_s = ToSeconds(kDefaultFinishedJobRetention);
   std::string log_level;
   std::string metrics_listen;  // empty: no /metrics endpoint
+  // Mutual TLS (rendezvous/tls.h); all empty: plaintext, loopback only
+  // unless insecure_plaintext.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  double tls_refresh_s = ToSeconds(rendezvous::kDefaultTlsRefreshInterval);
+  bool insecure_plaintext = false;
 };
 
 StatusOr<Config> ParseFlags(int argc, char** argv) {
@@ -93,14 +110,26 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   flags.String("coordinator-address", &c.coordinator_address,
                "host:port of the coordinator (default: this daemon with --coordinator)");
   flags.String("token-file", &c.token_file,
-               "bearer token file (default <state-dir>/token; created 0600 if missing)");
+               "with --coordinator: the admin token (default <state-dir>/token; created 0600 if "
+               "missing); without: the token this agent presents to the coordinator (a copy of "
+               "its agent.token)");
+  flags.String("viewer-token-file", &c.viewer_token_file,
+               "coordinator: the viewer (read-only) token (default <state-dir>/viewer.token; "
+               "created 0600 if missing)");
+  flags.String("agent-token-file", &c.agent_token_file,
+               "coordinator: the token agents register with (default <state-dir>/agent.token; "
+               "created 0600 if missing)");
   flags.String("node-id", &c.node_id, "this node's stable id (default: hostname)");
   flags.String("address-file", &c.address_file,
                "write the bound address here once serving (for scripts using port 0)");
   flags.String("run-as", &c.run_as, "run workers as this user (never root)");
   flags.String("job-uids", &c.job_uids,
-               "FIRST-LAST: each job's workers run as a uid of their own from this range "
-               "(e.g. 61184-65519; needs root; replaces --run-as)");
+               absl::StrCat("FIRST-LAST: each job's workers run as a uid of their own from "
+                            "this range, leased host-wide (needs root; the default for a root "
+                            "daemon without --run-as is ", kDefaultJobUidFirst, "-",
+                            kDefaultJobUidLast, "); off: no uid per job"));
+  flags.String("uid-lease-dir", &c.uid_lease_dir,
+               "where the host-wide leases on --job-uids are held (flock; made 0700)");
   flags.StringList("allowed-command", &c.allowed_commands,
                    "if given (repeatable), jobs may only run these programs (command[0])");
   flags.StringList("allowed-env", &c.allowed_env,
@@ -121,6 +150,18 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   flags.String("metrics-listen", &c.metrics_listen,
                "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 = pick one, logged; "
                "default: off; daemon/README.md, Metrics)");
+  flags.String("tls-ca", &c.tls_ca,
+               "mutual TLS: the cluster CA (PEM) that peers' certificates must chain to "
+               "(make one with `lockstep certs`; default: no TLS)");
+  flags.String("tls-cert", &c.tls_cert,
+               "mutual TLS: this daemon's certificate (PEM), served and presented to the "
+               "coordinator; re-read when it changes");
+  flags.String("tls-key", &c.tls_key, "mutual TLS: the key of --tls-cert (PEM)");
+  flags.Double("tls-refresh-s", &c.tls_refresh_s,
+               "re-read the --tls-* files this often (whole seconds, at least 1)");
+  flags.Bool("insecure-plaintext", &c.insecure_plaintext,
+             "without --tls-*: listen and dial beyond loopback in plaintext anyway (tokens "
+             "cross the network unencrypted)");
   flags.Version("lockstepd " LOCKSTEP_VERSION);
   ASSIGN_OR_RETURN(std::vector<std::string> rest, flags.Parse(argc, argv));
   if (!rest.empty()) return absl::InvalidArgumentError("unexpected argument: " + rest[0]);
@@ -142,13 +183,18 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   if (c.run_as == "root" || c.run_as == "0") {
     return absl::InvalidArgumentError("--run-as: workers never run as root");
   }
-  if (!c.job_uids.empty()) {
+  if (c.job_uids.empty() && c.agent && c.run_as.empty() && ::geteuid() == 0) {
+    // Isolation by default: a root daemon gives each job a uid of its own.
+    c.job_uid_first = kDefaultJobUidFirst;
+    c.job_uid_last = kDefaultJobUidLast;
+  } else if (!c.job_uids.empty() && c.job_uids != "off") {
     std::vector<std::string> range = absl::StrSplit(c.job_uids, '-');
     if (range.size() != 2 || !absl::SimpleAtoi(range[0], &c.job_uid_first) ||
         !absl::SimpleAtoi(range[1], &c.job_uid_last) || c.job_uid_first == 0 ||
-        c.job_uid_first > c.job_uid_last) {
+        c.job_uid_first > c.job_uid_last || c.job_uid_last == UINT32_MAX) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--job-uids: want FIRST-LAST with 0 < FIRST <= LAST, got ", QuoteForError(c.job_uids)));
+          "--job-uids: want FIRST-LAST with 0 < FIRST <= LAST, or off, got ",
+          QuoteForError(c.job_uids)));
     }
     if (!c.run_as.empty()) {
       return absl::InvalidArgumentError("--job-uids and --run-as exclude each other: with "
@@ -162,6 +208,13 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   }
   RETURN_IF_ERROR(daemon::ValidateEnvPatterns(c.allowed_env));
   if (c.token_file.empty()) c.token_file = c.state_dir + "/token";
+  if (!c.coordinator && (!c.viewer_token_file.empty() || !c.agent_token_file.empty())) {
+    return absl::InvalidArgumentError(
+        "--viewer-token-file and --agent-token-file need --coordinator (an agent presents "
+        "--token-file)");
+  }
+  if (c.viewer_token_file.empty()) c.viewer_token_file = c.state_dir + "/viewer.token";
+  if (c.agent_token_file.empty()) c.agent_token_file = c.state_dir + "/agent.token";
   if (c.node_id.empty()) {
     char host[256] = {0};
     ::gethostname(host, sizeof(host) - 1);
@@ -175,12 +228,22 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
 class DeferredCoordinatorClient : public CoordinatorClient {
  public:
   void Connect(const std::string& address, const std::string& token) {
+    address_ = address;
     client_ = std::make_unique<GrpcCoordinatorClient>(
         rendezvous::CreateLockstepChannel(address), token, address);
   }
+  // A registration that fails UNAVAILABLE says why when the cause is TLS
+  // (rendezvous::ExplainTlsFailure: one handshake of our own per failure).
   StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& request,
                                                   Duration timeout) override {
-    return client_->RegisterNode(request, timeout);
+    auto response = client_->RegisterNode(request, timeout);
+    if (absl::IsUnavailable(response.status())) {
+      const std::string why = rendezvous::ExplainTlsFailure(address_, rendezvous::ProcessTls());
+      if (!why.empty()) {
+        return absl::UnavailableError(absl::StrCat(response.status().message(), "; ", why));
+      }
+    }
+    return response;
   }
   StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
                                             Duration timeout) override {
@@ -188,12 +251,62 @@ class DeferredCoordinatorClient : public CoordinatorClient {
   }
 
  private:
+  std::string address_;
   std::unique_ptr<GrpcCoordinatorClient> client_;  // set before the agent starts
 };
 
-Status MakeDir(const std::string& path) {
+// The state dir (and its jobs/) holds the tokens and the job table: this
+// daemon's own. Made 0700; an existing one owned by another uid (root's
+// excepted) is refused (its owner could swap the tokens or the job
+// table), one of its own readable or
+// writable by group or others (an emptyDir comes 0777) loses that access,
+// and the log says so.
+Status MakeDir(const std::string& path, const Logger& log) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     return absl::UnavailableError(absl::StrCat("mkdir ", path, ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::UnavailableError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat("state dir ", path, " is not a directory"));
+  }
+  // Root's is trusted: a volume mounted for a non-root daemon (a
+  // Kubernetes claim with fsGroup: root:<group> 2775) is root's, and its
+  // mode is the platform's to set.
+  if (st.st_uid == 0 && ::geteuid() != 0) return absl::OkStatus();
+  if (st.st_uid != ::geteuid()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "state dir ", path, " is owned by uid ", st.st_uid, ", not by this daemon's uid ",
+        ::geteuid(), ": its owner could replace the tokens or the job table; chown it or pick "
+        "another --state-dir"));
+  }
+  // Search (x) for others may stay: with --run-as or --job-uids workers
+  // reach their own job dir by path (the packages make it 0711).
+  if (st.st_mode & 066) {
+    const mode_t closed = 0700 | (st.st_mode & 011);
+    if (::chmod(path.c_str(), closed) != 0) {
+      return absl::PermissionDeniedError(absl::StrCat("state dir ", path, ": cannot take away "
+                                                      "group and other access: ",
+                                                      std::strerror(errno)));
+    }
+    log.Warn("state dir {} was mode {:04o}, readable or writable by group or others; made it "
+             "{:04o}", path, st.st_mode & 07777, closed);
+  }
+  return absl::OkStatus();
+}
+
+// A token file of the state dir (the default paths) must be the file
+// itself: a symlink there could point the daemon at a token of someone
+// else's choosing.
+Status RefuseStateSymlink(const std::string& state_dir, const std::string& path) {
+  if (path.rfind(state_dir + "/", 0) != 0) return absl::OkStatus();
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "token file ", path, " in the state dir is a symlink; refusing it (remove it to have a "
+        "new token made, or give --token-file the real path)"));
   }
   return absl::OkStatus();
 }
@@ -215,8 +328,35 @@ int Run(int argc, char** argv) {
     return 2;
   }
   Logger log("lockstepd");
+  // Transport security first: nothing listens or dials before it is set.
+  rendezvous::TlsConfig tls;
+  tls.ca_file = config.tls_ca;
+  tls.cert_file = config.tls_cert;
+  tls.key_file = config.tls_key;
+  tls.refresh_interval = FromSeconds(std::max(config.tls_refresh_s, 1.0));
+  s = rendezvous::CheckTlsConfig(tls, /*need_identity=*/true);
+  if (s.ok()) {
+    s = rendezvous::CheckPlaintextAllowed(tls, config.listen, "--listen",
+                                          config.insecure_plaintext);
+  }
+  if (s.ok() && config.agent && !config.coordinator_address.empty()) {
+    s = rendezvous::CheckPlaintextAllowed(tls, config.coordinator_address,
+                                          "--coordinator-address", config.insecure_plaintext);
+  }
+  if (!s.ok()) {
+    log.Error("{}", std::string(s.message()));
+    return 2;
+  }
+  rendezvous::SetProcessTls(tls);
+  if (tls.enabled()) {
+    log.Info("mutual TLS: CA {}, certificate {}, key {} (re-read every {:.0f} s)", tls.ca_file,
+             tls.cert_file, tls.key_file, ToSeconds(tls.refresh_interval));
+  } else if (!rendezvous::IsLoopbackHost(HostOfAddress(config.listen))) {
+    log.Warn("plaintext on {} (--insecure-plaintext): tokens and job data cross the network "
+             "unencrypted; give --tls-ca, --tls-cert and --tls-key", config.listen);
+  }
   for (const auto& dir : {config.state_dir, config.state_dir + "/jobs"}) {
-    s = MakeDir(dir);
+    s = MakeDir(dir, log);
     if (!s.ok()) {
       log.Error("{}", s.ToString());
       return 1;
@@ -225,7 +365,7 @@ int Run(int argc, char** argv) {
   // One daemon per state dir: a second one would share the job table and
   // the workers' log files. The lock goes with the process, however it ends.
   const std::string lock_path = config.state_dir + "/lockstepd.lock";
-  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     std::string holder;
     std::ifstream(lock_path) >> holder;
@@ -237,10 +377,42 @@ int Run(int argc, char** argv) {
     const std::string pid = std::to_string(::getpid()) + "\n";
     (void)!::write(lock_fd, pid.data(), pid.size());
   }
-  auto token = LoadToken(config.token_file, /*create=*/true);
+  // Roles (daemon/roles.h): a coordinator owns the admin, viewer and agent
+  // tokens; an agent-only daemon holds just the token it registers with.
+  for (const std::string* path :
+       {&config.token_file, &config.viewer_token_file, &config.agent_token_file}) {
+    s = RefuseStateSymlink(config.state_dir, *path);
+    if (!s.ok()) {
+      log.Error("{}", s.ToString());
+      return 1;
+    }
+  }
+  auto token = LoadToken(config.token_file, /*create=*/config.coordinator);
   if (!token.ok()) {
-    log.Error("{}", token.status().ToString());
+    log.Error("{}{}", token.status().ToString(),
+              config.coordinator ? "" : " (copy the coordinator's agent.token here)");
     return 1;
+  }
+  std::string agent_token = *token;  // what this daemon's agent registers with
+  RoleTokens roles;
+  if (config.coordinator) {
+    auto viewer = LoadToken(config.viewer_token_file, /*create=*/true);
+    auto agent_tok = LoadToken(config.agent_token_file, /*create=*/true);
+    for (const auto* t : {&viewer, &agent_tok}) {
+      if (!t->ok()) {
+        log.Error("{}", t->status().ToString());
+        return 1;
+      }
+    }
+    roles.SetToken(Role::kAdmin, *token);
+    roles.SetToken(Role::kViewer, *viewer);
+    roles.SetToken(Role::kAgent, *agent_tok);
+    agent_token = *agent_tok;
+    log.Info("tokens: admin {}, viewer {}, agent {} (daemon/README.md, Roles)", config.token_file,
+             config.viewer_token_file, config.agent_token_file);
+  } else {
+    log.Info("token: {} (presented to the coordinator at {}; it must be the coordinator's "
+             "agent or admin token)", config.token_file, config.coordinator_address);
   }
 
   // Block termination signals before any thread starts; main waits on them.
@@ -282,17 +454,16 @@ int Run(int argc, char** argv) {
       log.Error("recovering the job table: {}", s.ToString());
       return 1;
     }
-    coordinator_service = std::make_unique<CoordinatorGrpcService>(coordinator.get(), *token);
-    // Workers hold their job's store token (LOCKSTEP_STORE_TOKEN), the CLI
-    // and tools the admin token; see AuthorizeStore.
+    coordinator_service =
+        std::make_unique<CoordinatorGrpcService>(coordinator.get(), &roles, *token);
+    // Workers hold their job's store token (LOCKSTEP_STORE_TOKEN), tools
+    // the admin token; viewer and agent tokens are refused (roles.h).
     store_service = std::make_unique<rendezvous::StoreGrpcService>(
         store_core.get(),
-        [admin = *token](const std::multimap<grpc::string_ref, grpc::string_ref>& md,
-                         absl::string_view ns) {
-          auto it = md.find(kAuthorizationHeader);
-          if (it == md.end()) return AuthorizeStore("", false, admin, ns);
-          return AuthorizeStore(absl::string_view(it->second.data(), it->second.size()), true,
-                                admin, ns);
+        [&roles, admin = *token](const std::multimap<grpc::string_ref, grpc::string_ref>& md,
+                                 absl::string_view ns) {
+          auto [value, present] = AuthorizationHeader(md);
+          return AuthorizeStoreCall(roles, admin, value, present, ns);
         });
   }
 
@@ -313,16 +484,24 @@ int Run(int argc, char** argv) {
     options.run_as = config.run_as;
     options.job_uid_first = config.job_uid_first;
     options.job_uid_last = config.job_uid_last;
+    options.uid_lease_dir = config.uid_lease_dir;
     // Say how isolated jobs are, once, where the operator looks.
     if (config.job_uid_first != 0) {
-      log.Info("job isolation: each job runs as its own uid from {}-{}", config.job_uid_first,
-               config.job_uid_last);
+      Status leases =
+          UidLeases(config.uid_lease_dir, config.job_uid_first, config.job_uid_last).Prepare();
+      if (!leases.ok()) {
+        log.Error("{} (--uid-lease-dir)", leases.ToString());
+        return 1;
+      }
+      log.Info("job isolation: each job runs as its own uid from {}-{} (host-wide leases in {})",
+               config.job_uid_first, config.job_uid_last, config.uid_lease_dir);
     } else if (::geteuid() != 0) {
       log.Warn("jobs are not isolated: their workers run as this daemon's uid {} and can read "
-               "its token and each other's environment (run as root with --job-uids)",
+               "its token and each other's environment (a root lockstepd gives each job a uid "
+               "of its own)",
                ::geteuid());
     } else if (config.run_as.empty()) {
-      log.Warn("jobs are not isolated: their workers run as root (use --job-uids, or --run-as)");
+      log.Warn("jobs are not isolated: their workers run as root (--job-uids=off)");
     } else {
       log.Warn("jobs are not isolated from each other: every job runs as {} (--job-uids gives "
                "each its own uid)", config.run_as);
@@ -332,12 +511,30 @@ int Run(int argc, char** argv) {
     for (char** e = environ; *e; ++e) options.base_env.push_back(*e);
     options.heartbeat_interval = FromSeconds(config.heartbeat_interval_s);
     options.lease = FromSeconds(config.lease_s);
-    options.admin_token = *token;
+    if (tls.enabled()) {
+      // Read at each launch: a renewed certificate reaches the next workers.
+      options.worker_tls = [tls]() -> StatusOr<WorkerTlsPem> {
+        RETURN_IF_ERROR(rendezvous::CheckTlsConfig(tls, /*need_identity=*/true));
+        WorkerTlsPem pem;
+        for (auto [path, out] : {std::pair{&tls.ca_file, &pem.ca},
+                                 std::pair{&tls.cert_file, &pem.cert},
+                                 std::pair{&tls.key_file, &pem.key}}) {
+          std::ifstream in(*path, std::ios::binary);
+          std::stringstream text;
+          text << in.rdbuf();
+          *out = text.str();
+          if (!in || out->empty()) {
+            return absl::UnavailableError(absl::StrCat("cannot read ", *path, " for the workers"));
+          }
+        }
+        return pem;
+      };
+    }
     options.on_worker_exit = [&worker_exits](const std::string&, const v1::WorkerStatus& w) {
       worker_exits.Count(w);
     };
     agent = std::make_unique<Agent>(options, RealClock(), launcher.get(), &coordinator_client);
-    agent_service = std::make_unique<AgentGrpcService>(agent.get(), *token);
+    agent_service = std::make_unique<AgentGrpcService>(agent.get());
   }
 
   // Metrics: bound before the gRPC port, so a busy metrics port stops the
@@ -369,9 +566,22 @@ int Run(int argc, char** argv) {
   if (metrics_server) interceptors.push_back(NewRpcMetricsInterceptor(&rpc_stats));
 
   std::vector<grpc::Service*> services;
-  if (coordinator_service) services.push_back(coordinator_service.get());
-  if (store_service) services.push_back(store_service.get());
-  if (agent_service) services.push_back(agent_service.get());
+  std::vector<std::string> service_names;
+  if (coordinator_service) {
+    services.push_back(coordinator_service.get());
+    service_names.push_back(v1::CoordinatorService::service_full_name());
+  }
+  if (store_service) {
+    services.push_back(store_service.get());
+    service_names.push_back(v1::StoreService::service_full_name());
+  }
+  if (agent_service) {
+    services.push_back(agent_service.get());
+    service_names.push_back(v1::AgentService::service_full_name());
+  }
+  // Requests whose bytes do not parse: INVALID_ARGUMENT, not gRPC's bare
+  // UNIMPLEMENTED (rendezvous/malformed_request.h).
+  interceptors.push_back(rendezvous::NewMalformedRequestInterceptor(std::move(service_names)));
   auto started =
       rendezvous::StartGrpcServer(config.listen, services, "lockstepd", std::move(interceptors));
   if (!started.ok()) {
@@ -409,8 +619,17 @@ int Run(int argc, char** argv) {
       }
     });
   }
+  // glibc keeps what calls freed (cancelled waits, closed streams) in its
+  // arenas; give it back to the system now and then, so what the daemon
+  // holds follows its load down too (bench/daemon_load.sh, "released").
+  std::thread trimmer([&] {
+    for (int tick = 1; !stop.load(); ++tick) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (tick % 50 == 0) ::malloc_trim(0);
+    }
+  });
   if (agent) {
-    coordinator_client.Connect(coordinator_address, *token);
+    coordinator_client.Connect(coordinator_address, agent_token);
     agent->SetAgentAddress(advertise);
     agent->Start();
   }
@@ -444,6 +663,7 @@ int Run(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server->Wait();
   if (ticker.joinable()) ticker.join();
+  trimmer.join();
   log.Info("stopped");
   return 0;
 }

@@ -19,13 +19,17 @@
 #include "daemon/grpc_coordinator_client.h"
 #include "daemon/job_spec.h"
 #include "daemon/process_launcher.h"
+#include "daemon/roles.h"
+#include "daemon/token.h"
 #include "rendezvous/grpc_limits.h"
 
 namespace lockstep {
 namespace daemon {
 namespace {
 
-constexpr char kToken[] = "t0ken";
+constexpr char kToken[] = "t0ken";  // admin
+constexpr char kViewerToken[] = "v1ewer";
+constexpr char kAgentToken[] = "ag3nt";
 
 class ServicesTest : public ::testing::Test {
  protected:
@@ -35,14 +39,18 @@ class ServicesTest : public ::testing::Test {
     options.heartbeat_interval = std::chrono::milliseconds(50);
     coordinator_ = std::make_unique<Coordinator>(options, RealClock(), &store_);
     EXPECT_TRUE(coordinator_->Recover().ok());
-    coordinator_service_ = std::make_unique<CoordinatorGrpcService>(coordinator_.get(), kToken);
+    roles_.SetToken(Role::kAdmin, kToken);
+    roles_.SetToken(Role::kViewer, kViewerToken);
+    roles_.SetToken(Role::kAgent, kAgentToken);
+    coordinator_service_ =
+        std::make_unique<CoordinatorGrpcService>(coordinator_.get(), &roles_, kToken);
     launcher_ = NewPosixProcessLauncher();
     AgentOptions agent_options;
     agent_options.node_id = "n1";
     agent_options.state_dir = std::string(tmp ? tmp : "/tmp") + "/services";
     agent_options.base_env = {"PATH=/usr/bin:/bin"};
     agent_ = std::make_unique<Agent>(agent_options, RealClock(), launcher_.get(), &client_proxy_);
-    agent_service_ = std::make_unique<AgentGrpcService>(agent_.get(), kToken);
+    agent_service_ = std::make_unique<AgentGrpcService>(agent_.get());
 
     grpc::ServerBuilder builder;
     rendezvous::ApplyMessageLimits(&builder);  // as lockstepd's servers
@@ -55,7 +63,7 @@ class ServicesTest : public ::testing::Test {
     auto channel = rendezvous::CreateLockstepChannel(address_);
     coord_stub_ = v1::CoordinatorService::NewStub(channel);
     agent_stub_ = v1::AgentService::NewStub(channel);
-    client_proxy_.client = std::make_unique<GrpcCoordinatorClient>(channel, kToken, address_);
+    client_proxy_.client = std::make_unique<GrpcCoordinatorClient>(channel, kAgentToken, address_);
     agent_->SetAgentAddress(address_);
   }
   ~ServicesTest() override {
@@ -82,6 +90,7 @@ class ServicesTest : public ::testing::Test {
   };
 
   FakeJobStore store_;
+  RoleTokens roles_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorGrpcService> coordinator_service_;
   std::unique_ptr<ProcessLauncher> launcher_;
@@ -109,7 +118,14 @@ TEST_F(ServicesTest, EveryCallNeedsTheToken) {
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(coordinator_->ListJobs({})->empty()) << "nothing changed";
   v1::ReadLogsResponse lresp;
+  // Before it registers the agent has no token digests to check against.
+  EXPECT_EQ(agent_stub_->ReadLogs(Ctx().get(), {}, &lresp).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  agent_->RunOnce();
+  ASSERT_TRUE(agent_->registered());
   EXPECT_EQ(agent_stub_->ReadLogs(Ctx("").get(), {}, &lresp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(agent_stub_->ReadLogs(Ctx("wrong").get(), {}, &lresp).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(coord_stub_->ListJobs(Ctx().get(), {}, &resp).ok());
 }
@@ -133,6 +149,7 @@ TEST_F(ServicesTest, ErrorsKeepTheirCanonicalCodes) {
   v1::ReadLogsRequest logs;
   logs.set_job_id("../../etc");
   v1::ReadLogsResponse lresp;
+  agent_->RunOnce();  // registers: the agent learns the token digests
   EXPECT_EQ(agent_stub_->ReadLogs(Ctx().get(), logs, &lresp).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
 }
@@ -142,7 +159,7 @@ TEST_F(ServicesTest, JobRunsThroughGrpcAndWatchReportsEachChange) {
   v1::SubmitJobRequest submit;
   submit.mutable_spec()->add_command("/bin/sh");
   submit.mutable_spec()->add_command("-c");
-  submit.mutable_spec()->add_command("echo hello from $RANK");
+  submit.mutable_spec()->add_command("echo hello from $RANK store=$LOCKSTEP_STORE_TOKEN");
   submit.mutable_spec()->set_min_nodes(1);
   submit.mutable_spec()->set_nproc_per_node(2);
   v1::SubmitJobResponse sresp;
@@ -182,6 +199,24 @@ TEST_F(ServicesTest, JobRunsThroughGrpcAndWatchReportsEachChange) {
   ASSERT_TRUE(agent_stub_->ReadLogs(Ctx().get(), logs, &lresp).ok());
   EXPECT_NE(lresp.data().find("hello from 1"), std::string::npos);
   EXPECT_TRUE(lresp.worker_done());
+  // The agent holds only the agent token: the coordinator sent the job's
+  // store token with the start command.
+  EXPECT_NE(lresp.data().find("store=" + JobStoreToken(kToken, id)), std::string::npos)
+      << lresp.data();
+  // The agent admits the viewer token (by the digest the coordinator sent),
+  // not its own agent token.
+  v1::ReadLogsResponse vresp;
+  EXPECT_TRUE(agent_stub_->ReadLogs(Ctx(kViewerToken).get(), logs, &vresp).ok());
+  EXPECT_EQ(vresp.data(), lresp.data());
+  grpc::Status s = agent_stub_->ReadLogs(Ctx(kAgentToken).get(), logs, &vresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), "an agent token cannot ReadLogs (needs admin or viewer)");
+  v1::ListWorkersRequest lw;
+  v1::ListWorkersResponse lwresp;
+  EXPECT_TRUE(agent_stub_->ListWorkers(Ctx(kViewerToken).get(), lw, &lwresp).ok());
+  EXPECT_EQ(agent_stub_->ListWorkers(Ctx(JobStoreToken(kToken, id)).get(), lw, &lwresp)
+                .error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
 }
 
 // A job that stays PENDING (it wants 5 nodes): its version never moves.
@@ -284,6 +319,47 @@ TEST_F(ServicesTest, ErrorsQuoteAShortPrefixOfBadInput) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_LT(s.error_message().size(), 200u) << s.error_message().size();
   EXPECT_NE(s.error_message().find("job_id"), std::string::npos);
+}
+
+TEST_F(ServicesTest, EachRoleGetsOnlyItsRpcs) {
+  const std::string id = SubmitWaitingJob(coordinator_.get());
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(id);
+  v1::CancelJobResponse cresp;
+  grpc::Status s = coord_stub_->CancelJob(Ctx(kViewerToken).get(), cancel, &cresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), "a viewer token cannot CancelJob (needs admin)");
+  EXPECT_EQ(coordinator_->GetJob(JobId(id))->state(), v1::JOB_STATE_PENDING) << "not cancelled";
+
+  v1::GetJobRequest get;
+  get.set_job_id(id);
+  v1::GetJobResponse gresp;
+  EXPECT_TRUE(coord_stub_->GetJob(Ctx(kViewerToken).get(), get, &gresp).ok());
+  v1::ListJobsResponse lresp;
+  EXPECT_TRUE(coord_stub_->ListJobs(Ctx(kViewerToken).get(), {}, &lresp).ok());
+  v1::ListNodesResponse nresp;
+  EXPECT_TRUE(coord_stub_->ListNodes(Ctx(kViewerToken).get(), {}, &nresp).ok());
+
+  v1::SubmitJobRequest submit;
+  submit.mutable_spec()->add_command("/bin/true");
+  submit.mutable_spec()->set_min_nodes(1);
+  submit.mutable_spec()->set_nproc_per_node(1);
+  v1::SubmitJobResponse sresp;
+  s = coord_stub_->SubmitJob(Ctx(kAgentToken).get(), submit, &sresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), "an agent token cannot SubmitJob (needs admin)");
+  EXPECT_EQ(coord_stub_->GetJob(Ctx(kAgentToken).get(), get, &gresp).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(coord_stub_->SubmitJob(Ctx(kViewerToken).get(), submit, &sresp).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(coordinator_->ListJobs({})->size(), 1u) << "nothing was submitted";
+
+  // A worker's store token opens no coordinator RPC.
+  EXPECT_EQ(coord_stub_->ListJobs(Ctx(JobStoreToken(kToken, id)).get(), {}, &lresp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+
+  ASSERT_TRUE(coord_stub_->CancelJob(Ctx().get(), cancel, &cresp).ok());
+  EXPECT_EQ(cresp.job().state(), v1::JOB_STATE_CANCELLED);
 }
 
 }  // namespace

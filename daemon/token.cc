@@ -45,26 +45,43 @@ StatusOr<std::string> LoadToken(const std::string& path, bool create) {
     if (!ok) return absl::UnavailableError(absl::StrCat("token file ", path, ": write failed"));
     return token;
   }
+  // Judged on the file that is read (a symlink is followed: a Kubernetes
+  // Secret volume is made of them), through one descriptor, so the file
+  // checked is the file read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("token file ", path, ": cannot read: ", std::strerror(errno)));
+  }
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::PermissionDeniedError(absl::StrCat("token file ", path, " is not a regular file"));
+  }
   if (st.st_mode & 077) {
     return absl::PermissionDeniedError(absl::StrCat(
         "token file ", path, " is readable by group or others (mode ",
         absl::StrFormat("%04o", st.st_mode & 07777), "); chmod 600 it"));
   }
-  std::ifstream in(path);
-  if (!in) {
-    return absl::PermissionDeniedError(absl::StrCat("token file ", path, ": cannot read"));
+  // Root's is trusted (root can read and change every file anyway).
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "token file ", path, " is owned by uid ", st.st_uid, ", not by this process's uid ",
+        ::geteuid(), ": whoever owns it can change the token; chown it"));
   }
-  std::string token;
-  std::getline(in, token);
-  token = std::string(absl::StripAsciiWhitespace(token));
+  std::string content(4096, '\0');
+  const ssize_t n = ::read(fd, content.data(), content.size());
+  if (n < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("token file ", path, ": cannot read: ", std::strerror(errno)));
+  }
+  content.resize(static_cast<size_t>(n));
+  std::string token(absl::StripAsciiWhitespace(content.substr(0, content.find('\n'))));
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
   return token;
 }
-
-namespace {
-
-// Compares in time that depends only on the lengths.
-}  // namespace
 
 std::string JobStoreToken(absl::string_view admin_token, absl::string_view job_id) {
   unsigned char mac[EVP_MAX_MD_SIZE];
@@ -120,25 +137,6 @@ std::string NewSecret(absl::string_view prefix) {
 
 bool SecretsEqual(absl::string_view a, absl::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
-
-Status CheckBearer(absl::string_view value, bool present, const std::string& token) {
-  if (!present) {
-    return absl::UnauthenticatedError(
-        "missing `authorization: Bearer <token>` metadata (see --token-file)");
-  }
-  constexpr absl::string_view kPrefix = "Bearer ";
-  if (!absl::StartsWith(value, kPrefix)) {
-    return absl::UnauthenticatedError("authorization metadata is not a Bearer token");
-  }
-  absl::string_view got = value.substr(kPrefix.size());
-  unsigned diff = got.size() ^ token.size();
-  for (size_t i = 0; i < got.size(); ++i) {
-    diff |= static_cast<unsigned char>(got[i]) ^
-            static_cast<unsigned char>(token.empty() ? 0 : token[i % token.size()]);
-  }
-  if (diff != 0 || token.empty()) return absl::UnauthenticatedError("wrong bearer token");
-  return absl::OkStatus();
 }
 
 }  // namespace daemon

@@ -1,9 +1,10 @@
-// The bearer token that guards every Lockstep RPC but health checks,
-// reflection and workers' progress reports (those carry a per-run token).
+// Token files, secrets and job store tokens. Which token may call which
+// RPC is roles.h's business (admin, viewer, agent and worker roles).
 //
-// The token lives in a file, by default <state-dir>/token, created with
-// mode 0600 at the first start; the CLI and other daemons read the same
-// file (or a copy). RPCs carry it as metadata `authorization: Bearer <t>`.
+// A coordinator keeps one token file per role in its state dir (token,
+// viewer.token, agent.token), each created with mode 0600 at the first
+// start; the CLI and agents read a copy of the one they need. RPCs carry a
+// token as metadata `authorization: Bearer <t>`.
 #ifndef LOCKSTEP_DAEMON_TOKEN_H_
 #define LOCKSTEP_DAEMON_TOKEN_H_
 
@@ -19,8 +20,11 @@ inline constexpr char kAuthorizationHeader[] = "authorization";
 
 // Reads the token at `path`, creating it (mode 0600, 32 random bytes as
 // hex) when `create` and it does not exist. Errors: NotFound (missing and
-// !create), PermissionDenied (the file is readable by group or others, or
-// cannot be read), InvalidArgument (empty file).
+// !create), PermissionDenied (the file is readable by group or others, is
+// owned by another uid than this process's or root's, is not a regular file,
+// or cannot be read), InvalidArgument (empty file). A symlink is followed and the file
+// it leads to is judged; the daemon refuses symlinks for the token files in
+// its state dir itself (lockstepd_main.cc).
 StatusOr<std::string> LoadToken(const std::string& path, bool create);
 
 // A secret: `prefix` + 32 bytes from OpenSSL's CSPRNG (RAND_bytes) as
@@ -30,10 +34,6 @@ std::string NewSecret(absl::string_view prefix);
 // Whether two secrets are equal, in time that depends only on their
 // lengths (CRYPTO_memcmp), so a wrong guess tells nothing about the secret.
 bool SecretsEqual(absl::string_view a, absl::string_view b);
-
-// Checks an `authorization` metadata value against `token` in constant
-// time. Unauthenticated (naming what is wrong) unless it is "Bearer <token>".
-Status CheckBearer(absl::string_view header_value, bool present, const std::string& token);
 
 // The store token of job `job_id`: lowercase hex of
 // HMAC-SHA256(key = admin_token, message = job_id), 64 characters.

@@ -62,6 +62,7 @@ std::shared_ptr<Work> GlooCommunicator::Barrier() { return Work::Failed(GlooMiss
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/worker_link.h"
 #include "ddp/missing_ranks.h"
 
 namespace lockstep {
@@ -305,6 +306,9 @@ std::shared_ptr<Work> GlooCommunicator::Enqueue(
 Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::string& what) {
   const std::vector<int> missing = ReportAndFindMissing(
       store_, absl::StrCat(options_.key_prefix, "/failed/", seq, "/"), rank_, world_size_, grace_);
+  // Either way a peer is gone or unreachable: this rank's failure follows
+  // another's (the agent reads the mark when this worker exits).
+  worker_link::MarkPeerLost();
   const std::string head = absl::StrCat("gloo ", name, " #", seq, " on rank ", rank_, " failed");
   if (!missing.empty()) {
     return absl::DeadlineExceededError(

@@ -7,7 +7,9 @@
 // the job's store token) as its bearer token when the variable is set.
 // It also registers the progress sink (ddp/progress.h) that sends each DDP
 // step to this node's agent (client/progress_reporter.h; none without
-// LOCKSTEP_AGENT).
+// LOCKSTEP_AGENT). Under a lockstepd with TLS all of them (store client,
+// rank 0's store server, progress reporter) use the TLS material the agent
+// gave in LOCKSTEP_TLS_*_PEM (rendezvous/tls.h, ProcessTls).
 // Link //ddp:init_from_env_grpc (alwayslink) into the binary to enable it.
 #include <algorithm>
 #include <cstdlib>

@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/worker_link.h"
 #include "ddp/missing_ranks.h"
 
 namespace lockstep {
@@ -331,11 +332,13 @@ Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline
       missing.push_back(r);
       const auto pid = static_cast<pid_t>(segment_->control(r)->pid.load(std::memory_order_relaxed));
       if (check_pids && segment_->check_pid[r] && ProcessExited(pid)) {
+        worker_link::MarkPeerLost();  // this rank follows r's failure
         return absl::UnavailableError(absl::StrCat("shm ", name, " #", seq, " on rank ", rank_,
                                                    ": rank ", r, " (pid ", pid, ") exited"));
       }
     }
     if (now > deadline) {
+      worker_link::MarkPeerLost();
       return absl::DeadlineExceededError(
           absl::StrCat("shm ", name, " #", seq, " on rank ", rank_, ": ranks ",
                        FormatRanks(missing), " did not arrive within ",

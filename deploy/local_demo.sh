@@ -18,6 +18,14 @@ if [ $# -eq 0 ]; then set -- "$PWD/bazel-bin/tests/e2e/test_trainer"; fi
 
 mkdir -p "$STATE"
 rm -f "$STATE/address"
+# As root, lockstepd runs each job as a uid of its own (daemon/README.md,
+# Job isolation), which cannot reach a program in Bazel's output tree
+# (under /root, 0700): the trainer is copied where every uid may run it.
+if [ "$(id -u)" = 0 ] && [ -f "$1" ]; then
+  install -d -m 0755 "$STATE/bin"
+  install -m 0755 "$1" "$STATE/bin/$(basename "$1")"
+  set -- "$STATE/bin/$(basename "$1")" "${@:2}"
+fi
 bazel-bin/daemon/lockstepd --coordinator --state-dir "$STATE" --listen 127.0.0.1:0 \
   --address-file "$STATE/address" >"$STATE/lockstepd.log" 2>&1 &
 daemon=$!

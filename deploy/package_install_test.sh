@@ -10,8 +10,9 @@
 #     command line and environment (its ExecStart, its Environment= lines,
 #     then a defaults file that moves it to port 0), runs a 2-worker job of
 #     the installed example trainer to SUCCEEDED, its workers running as
-#     `lockstep` in a job dir they own (their checkpoints land there), with
-#     identical parameters on both ranks;
+#     the job's own uid from 70000-70999 (leased in /run/lockstep/job-uids)
+#     in a job dir that uid owns (their checkpoints land there), with
+#     identical parameters on both ranks, the dir root's once it is over;
 #   - purging the package removes /var/lib/lockstep.
 #
 #   deploy/package_install_test.sh LOCKSTEPD LOCKSTEP TRAIN
@@ -140,20 +141,26 @@ out="$(cli submit --nproc-per-node 2 --max-restarts 0 --wait -- /usr/lib/lockste
   { echo "$out" >&2; tail -n 20 "$W/lockstepd.log" >&2; fail "the job did not succeed"; }
 job="$(sed -n 's/^submitted job //p' <<<"$out")"
 grep -q SUCCEEDED <<<"$out" || fail "no SUCCEEDED in: $out"
-# Owners as the root's own passwd names them (the host's may differ).
+# The unit leaves LOCKSTEP_RUN_AS empty: the job ran as a uid of its own
+# from the default range, leased in the root's /run/lockstep/job-uids.
+grep -q "job isolation: each job runs as its own uid from 70000-70999" "$W/lockstepd.log" ||
+  fail "the unit's lockstepd did not isolate jobs: $(head -n 20 "$W/lockstepd.log")"
+uid="$(sed -n "s/.*job=$job .*workers run as uid \([0-9]*\) (--job-uids).*/\1/p" "$W/lockstepd.log" | head -n 1)"
+[[ "$uid" =~ ^70[0-9][0-9][0-9]$ ]] || fail "no uid from 70000-70999 for job $job: $(grep "$job" "$W/lockstepd.log" | head -n 5)"
+[ -e "$R/run/lockstep/job-uids/$uid" ] || fail "no lease file /run/lockstep/job-uids/$uid in the root"
 jobdir="/var/lib/lockstep/jobs/$job"
-owner="$(in_root stat -c %U "$jobdir")"
-[ "$owner" = lockstep ] || fail "job dir owned by $owner, not lockstep"
-owner="$(in_root stat -c %U "$jobdir/rank-1.stdout")"
-[ "$owner" = lockstep ] || fail "rank 1's log owned by $owner, not lockstep"
 ls "$R$jobdir"/ckpt/* >/dev/null 2>&1 || fail "no checkpoint in the job dir: the workers could not write their cwd"
-others="$(in_root find "$jobdir/ckpt" -type f ! -user lockstep)"
-[ -z "$others" ] || fail "checkpoint files not written by lockstep: $others"
+# Once the job is over the agent kills what is left of the uid and gives the
+# dir back to root (logs readable to `lockstep logs`, not the next job).
+for _ in $(seq 100); do grep -q "uid $uid returned" "$W/lockstepd.log" && break; sleep 0.1; done
+grep -q "uid $uid returned" "$W/lockstepd.log" || fail "uid $uid was not returned within 10 s of SUCCEEDED"
+others="$(in_root find "$jobdir" ! -user root)"
+[ -z "$others" ] || fail "not given back to root: $others"
 jobdir="$R$jobdir"
 sums="$(for r in 0 1; do sed -n 's/.*"checksum":\([^,]*\),.*/\1/p' "$jobdir/rank-$r.stdout"; done)"
 [ "$(wc -l <<<"$sums")" = 2 ] && [ "$(sort -u <<<"$sums" | wc -l)" = 1 ] ||
   fail "the ranks did not end with one checksum: $sums"
-log "job $job SUCCEEDED as lockstep; checksums $(head -n 1 <<<"$sums")"
+log "job $job SUCCEEDED as uid $uid; checksums $(head -n 1 <<<"$sums")"
 
 kill -TERM "$DAEMON"
 wait "$DAEMON" || true

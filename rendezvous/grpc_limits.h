@@ -16,6 +16,8 @@
 #include <memory>
 #include <string>
 
+#include "rendezvous/tls.h"
+
 namespace lockstep {
 namespace rendezvous {
 
@@ -34,14 +36,24 @@ inline grpc::ChannelArguments LockstepChannelArguments() {
   return args;
 }
 
-// An insecure channel to `address` with LockstepChannelArguments(): what
+// A channel to `address` with LockstepChannelArguments() and the process's
+// transport security (mutual TLS or plaintext, rendezvous/tls.h): what
 // every Lockstep client uses instead of grpc::CreateChannel.
 inline std::shared_ptr<grpc::Channel> CreateLockstepChannel(const std::string& address) {
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+  return grpc::CreateCustomChannel(address, LockstepChannelCredentials(),
                                    LockstepChannelArguments());
 }
 
 // Sets kMaxGrpcMessageBytes both ways on a server being built.
+// Concurrent streams one client connection may have open on a Lockstep
+// server (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; gRPC's default is
+// unbounded): more wait on the client's side, not in the server's memory.
+inline constexpr int kMaxStreamsPerConnection = 1024;
+// gRPC's own memory (transport buffers, call arenas, messages being read)
+// on a Lockstep server, as a gRPC ResourceQuota: under pressure gRPC
+// shrinks buffers and refuses new streams instead of growing.
+inline constexpr size_t kGrpcMemoryBudgetBytes = size_t{1} << 30;
+
 inline void ApplyMessageLimits(grpc::ServerBuilder* builder) {
   builder->SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
   builder->SetMaxSendMessageSize(kMaxGrpcMessageBytes);

@@ -2,6 +2,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
 #include "rendezvous/grpc_limits.h"
+#include "rendezvous/tls.h"
 
 namespace lockstep {
 namespace rendezvous {
@@ -22,6 +24,14 @@ void DisallowPortSharing(grpc::ServerBuilder* builder) {
   // gRPC sets SO_REUSEPORT on Linux by default, so a second server on a
   // used port binds "successfully" and steals half the connections.
   builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+}
+
+// Bounds what clients can make the server hold (see grpc_limits.h).
+void BoundResources(grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  grpc::ResourceQuota quota("lockstep-server");
+  quota.Resize(kGrpcMemoryBudgetBytes);
+  builder->SetResourceQuota(quota);
 }
 
 }  // namespace
@@ -72,9 +82,10 @@ StatusOr<StartedGrpcServer> StartGrpcServer(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   ApplyMessageLimits(&builder);
+  BoundResources(&builder);
   DisallowPortSharing(&builder);
   StartedGrpcServer started;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &started.port);
+  builder.AddListeningPort(address, LockstepServerCredentials(), &started.port);
   for (grpc::Service* service : services) builder.RegisterService(service);
   if (!interceptors.empty()) builder.experimental().SetInterceptorCreators(std::move(interceptors));
   started.server = builder.BuildAndStart();

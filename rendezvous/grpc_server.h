@@ -33,8 +33,10 @@ std::string WhyCannotListen(const std::string& address);
 
 // Starts a server on `address` ("host:port", port 0 picks one) hosting
 // `services` (not owned; must outlive the server), with health checking,
-// reflection, kMaxGrpcMessageBytes both ways (grpc_limits.h) and no port
-// sharing; `interceptors` (Default: none) wrap every call, lockstepd's RPC
+// reflection, the process's transport security (rendezvous/tls.h: mutual
+// TLS, or plaintext when ProcessTls() has none; the plaintext rule,
+// CheckPlaintextAllowed, is the caller's), kMaxGrpcMessageBytes both ways
+// (grpc_limits.h) and no port sharing; `interceptors` (Default: none) wrap every call, lockstepd's RPC
 // metrics among them.
 // Unavailable, naming `what`, the address and why (WhyCannotListen), if it
 // cannot bind.

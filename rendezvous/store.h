@@ -37,6 +37,11 @@ inline constexpr size_t kMaxKeyBytes = 1024;
 inline constexpr size_t kMaxValueBytes = 16 * 1024 * 1024;
 inline constexpr size_t kMaxKeysPerNamespace = 1 << 20;
 
+// Metadata a Session stream opens with: the job ("<job>" of "<job>/...") its
+// ops will use, so the server can check the stream's token before it keeps
+// anything for the stream. A "-bin" key: any bytes, base64 on the wire.
+inline constexpr char kStoreJobMetadata[] = "lockstep-store-job-bin";
+
 // "<job>/<round>": the namespace a job's round uses.
 inline std::string StoreNamespace(const std::string& job_id, int round) {
   return job_id + "/" + std::to_string(round);

@@ -16,6 +16,7 @@
 #include "rendezvous/grpc_limits.h"
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/store_core.h"
+#include "rendezvous/tls.h"
 
 namespace lockstep {
 namespace rendezvous {
@@ -46,9 +47,14 @@ std::chrono::system_clock::time_point ToSystem(SteadyTime t) {
 class Session {
  public:
   // `token`: when not empty, sent as `authorization: Bearer <token>`.
-  Session(v1::StoreService::Stub* stub, const std::string& address, const std::string& token)
+  // `ns`: the namespace the ops use; its job is named at open
+  // (kStoreJobMetadata) so the server checks the token before it keeps the
+  // stream.
+  Session(v1::StoreService::Stub* stub, const std::string& address, const std::string& token,
+          const std::string& ns)
       : address_(address) {
     if (!token.empty()) ctx_.AddMetadata("authorization", "Bearer " + token);
+    ctx_.AddMetadata(kStoreJobMetadata, ns.substr(0, ns.find('/')));
     stream_ = stub->PrepareAsyncSession(&ctx_, &cq_);
     MutexLock lock(&mu_);
     stream_->StartCall(&start_tag_);
@@ -81,7 +87,7 @@ class Session {
 
   bool broken() {
     MutexLock lock(&mu_);
-    return broken_;
+    return broken_ || closing_;
   }
 
   // Sends `op` and waits for its result until `deadline`. Transport errors:
@@ -101,7 +107,11 @@ class Session {
       if (status != grpc::CompletionQueue::GOT_EVENT) break;
       HandleLocked(tag, ok);
     }
-    if (broken_) return broken_status_;
+    if (closing_ && !broken_) {
+      // The stream ended; its final status (a refusal says why) is on its way.
+      DrainUntilBrokenLocked(deadline);
+    }
+    if (broken_ || closing_) return broken_ ? broken_status_ : ClosingStatusLocked();
     pending_[op.id()] = &pending;
     if (write_outstanding_ || start_outstanding_) {  // StartCall shares the write op set
       write_queue_.push_back(op);
@@ -112,16 +122,7 @@ class Session {
     *sent = true;
     while (!pending.done) {
       if (!polling_) {
-        polling_ = true;
-        mu_.Unlock();
-        void* tag;
-        bool ok;
-        auto status = cq_.AsyncNext(&tag, &ok, ToSystem(deadline));
-        mu_.Lock();
-        polling_ = false;
-        if (status == grpc::CompletionQueue::GOT_EVENT) HandleLocked(tag, ok);
-        cv_.SignalAll();  // results handed over, and the poller role is free
-        if (status != grpc::CompletionQueue::GOT_EVENT && !pending.done) break;
+        if (!PollOnceLocked(deadline) && !pending.done) break;
       } else if (cv_.WaitWithDeadline(&mu_, deadline) && !pending.done && polling_) {
         break;  // timed out, still waiting on another caller's poll
       }
@@ -164,20 +165,22 @@ class Session {
         stream_->Read(&incoming_, &read_tag_);
         read_outstanding_ = true;
       } else {
-        BreakLocked("stream closed");
+        CloseLocked();
       }
     } else if (tag == &write_tag_) {
       write_outstanding_ = false;
       if (!ok) {
-        BreakLocked("write failed");
-      } else if (!write_queue_.empty() && !broken_) {
+        CloseLocked();
+      } else if (!write_queue_.empty() && !broken_ && !closing_) {
         stream_->Write(write_queue_.front(), &write_tag_);
         write_queue_.pop_front();
         write_outstanding_ = true;
       }
     } else if (tag == &finish_tag_) {
       finish_outstanding_ = false;
-      if (!finish_status_.ok()) {
+      if (closing_ && !broken_) {
+        BreakLocked(FinalStatusLocked());
+      } else if (!finish_status_.ok()) {
         broken_status_ = absl::UnavailableError(absl::StrCat(
             "store server at ", address_, ": stream broken: ", finish_status_.error_message()));
       }
@@ -185,11 +188,75 @@ class Session {
     MaybeFinishLocked();
   }
 
+  // The read or a write failed: the stream is over. Its pending ops wait
+  // for the server's final status, which Finish fetches, so a stream the
+  // server refused (a bad token, a limit) fails them with the reason and
+  // its code, not a bare "stream closed".
+  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    closing_ = true;
+    write_queue_.clear();
+  }
+
+  // What the server finished a closed stream with: a refusal keeps its code
+  // (the client does not retry those); anything else is Unavailable.
+  Status FinalStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    switch (finish_status_.error_code()) {
+      case grpc::StatusCode::UNAUTHENTICATED:
+      case grpc::StatusCode::PERMISSION_DENIED:
+      case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      case grpc::StatusCode::INVALID_ARGUMENT:
+      case grpc::StatusCode::FAILED_PRECONDITION:
+        return Status(static_cast<absl::StatusCode>(finish_status_.error_code()),
+                      absl::StrCat("store server at ", address_, " refused the session: ",
+                                   finish_status_.error_message()));
+      case grpc::StatusCode::OK:
+        return absl::UnavailableError(absl::StrCat("store server at ", address_, ": stream closed"));
+      default:
+        return absl::UnavailableError(absl::StrCat(
+            "store server at ", address_, ": stream broken: ", finish_status_.error_message()));
+    }
+  }
+
+  Status ClosingStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::UnavailableError(
+        absl::StrCat("store server at ", address_, ": stream closed, no final status in time"));
+  }
+
+  // Takes the poller role and waits for one completion until `deadline`,
+  // with mu_ released meanwhile; false when none came. REQUIRES: !polling_.
+  bool PollOnceLocked(SteadyTime deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    polling_ = true;
+    mu_.Unlock();
+    void* tag;
+    bool ok;
+    auto status = cq_.AsyncNext(&tag, &ok, ToSystem(deadline));
+    mu_.Lock();
+    polling_ = false;
+    const bool got = status == grpc::CompletionQueue::GOT_EVENT;
+    if (got) HandleLocked(tag, ok);
+    cv_.SignalAll();  // results handed over, and the poller role is free
+    return got;
+  }
+
+  // Polls the queue (when no other caller does) until the stream's final
+  // status has arrived or `deadline` passes.
+  void DrainUntilBrokenLocked(SteadyTime deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!broken_ && std::chrono::steady_clock::now() < deadline) {
+      if (!polling_) {
+        if (!PollOnceLocked(deadline)) return;
+      } else {
+        cv_.WaitWithDeadline(&mu_, deadline);
+      }
+    }
+  }
+
   void BreakLocked(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    BreakLocked(absl::UnavailableError(absl::StrCat("store server at ", address_, ": ", why)));
+  }
+  void BreakLocked(Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!broken_) {
       broken_ = true;
-      broken_status_ =
-          absl::UnavailableError(absl::StrCat("store server at ", address_, ": ", why));
+      broken_status_ = std::move(status);
     }
     for (auto& [id, pending] : pending_) {
       pending->result = broken_status_;
@@ -201,7 +268,7 @@ class Session {
 
   // Finish once the read side is over and nothing else is outstanding.
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (broken_ && !finish_called_ && !start_outstanding_ && !read_outstanding_ &&
+    if ((broken_ || closing_) && !finish_called_ && !start_outstanding_ && !read_outstanding_ &&
         !write_outstanding_) {
       finish_called_ = true;
       finish_outstanding_ = true;
@@ -229,6 +296,8 @@ class Session {
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_outstanding_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  // The stream is over but its final status has not arrived yet.
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
   Status broken_status_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -246,7 +315,7 @@ class GrpcStore : public Store {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(backoff_ms, 1));
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(backoff_ms, 1));
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(max_backoff_ms, 1));
-    channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(address_, LockstepChannelCredentials(), args);
     stub_ = v1::StoreService::NewStub(channel_);
   }
 
@@ -438,7 +507,7 @@ class GrpcStore : public Store {
     old.reset();
     std::shared_ptr<Session> fresh;
     if (channel_->WaitForConnected(ToSystem(deadline))) {
-      fresh = std::make_shared<Session>(stub_.get(), address_, options_.token);
+      fresh = std::make_shared<Session>(stub_.get(), address_, options_.token, ns_);
     }
     MutexLock lock(&session_mu_);
     reconnecting_ = false;

@@ -194,7 +194,26 @@ void StoreCore::EraseWaiterLocked(WaitId id, bool unindex) {
       if (ids.empty()) space->waiters_by_key.erase(entry);
     }
   }
+  auto owner = job_waiters_.find(QuotaOwner(waiter.ns));
+  if (owner != job_waiters_.end() && --owner->second == 0) job_waiters_.erase(owner);
   waiters_.erase(it);
+}
+
+Status StoreCore::CheckWaiterRoomLocked(const std::string& ns) const {
+  const std::string owner = QuotaOwner(ns);
+  auto held = job_waiters_.find(owner);
+  const size_t job = held == job_waiters_.end() ? 0 : held->second;
+  if (job >= options_.max_waiters_per_job) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "store: job ", QuoteForError(owner), " already has ", job,
+        " waits parked (Get/Wait/MultiGet); kMaxWaitersPerJob=", options_.max_waiters_per_job));
+  }
+  if (waiters_.size() >= options_.max_waiters_total) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "store: ", waiters_.size(), " waits parked in all; kMaxWaitersTotal=",
+        options_.max_waiters_total));
+  }
+  return absl::OkStatus();
 }
 
 void StoreCore::MaybeDropEmptyLocked(const std::string& ns) {
@@ -380,9 +399,11 @@ StoreCore::WaitId StoreCore::WaitAsync(const std::string& ns, const std::vector<
   {
     MutexLock lock(&mu_);
     id = next_wait_id_++;
+    if (valid.ok()) valid = CheckWaiterRoomLocked(ns);
     if (!valid.ok()) {
       ready.emplace_back(std::move(callback), valid);
     } else {
+      ++job_waiters_[QuotaOwner(ns)];
       Namespace& space = namespaces_[ns];
       Waiter& waiter = waiters_[id];
       waiter.id = id;

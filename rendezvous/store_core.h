@@ -55,6 +55,11 @@ inline constexpr size_t kMaxKeysPerRequest = 65536;
 // Store quotas (StoreCore::Options).
 inline constexpr size_t kMaxBytesPerJob = 64u << 20;
 inline constexpr size_t kMaxBytesTotal = 1u << 30;
+// Parked waits (Get, Wait, MultiGet not yet satisfied) one job's namespaces,
+// and all namespaces, may hold at once. A job's bootstrap parks a handful
+// per rank; each waiter costs about a kilobyte of the coordinator's memory.
+inline constexpr size_t kMaxWaitersPerJob = 65536;
+inline constexpr size_t kMaxWaitersTotal = 262144;
 
 // Validation shared by every layer (the gRPC shell rejects bad input before
 // it reaches the core, with the same messages). InvalidArgument naming the
@@ -88,6 +93,11 @@ class StoreCore {
     // can take. Defaults: kMaxBytesPerJob, kMaxBytesTotal; tests lower them.
     size_t max_bytes_per_job = kMaxBytesPerJob;
     size_t max_bytes_total = kMaxBytesTotal;
+    // Waiters one job and all jobs may have registered at once: a wait over
+    // either gets ResourceExhausted naming the quota through its callback.
+    // Defaults: kMaxWaitersPerJob, kMaxWaitersTotal; tests lower them.
+    size_t max_waiters_per_job = kMaxWaitersPerJob;
+    size_t max_waiters_total = kMaxWaitersTotal;
   };
 
   // Receives OK and, when asked for, the values in the order of the keys; or
@@ -199,6 +209,8 @@ class StoreCore {
   // (keys per namespace, bytes per job, bytes in all).
   Status CheckRoomLocked(const std::string& ns, const Namespace* space, size_t new_keys,
                          int64_t added_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether one more waiter of `ns` fits (per job, in all).
+  Status CheckWaiterRoomLocked(const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What writing `value_size` bytes at `key` changes the byte count by.
   static int64_t WriteDelta(const Namespace* space, const std::string& key, size_t value_size);
   // Adds `delta` bytes to `ns` (which exists), its job and the total.
@@ -225,6 +237,8 @@ class StoreCore {
   std::unordered_map<std::string, size_t> job_bytes_ ABSL_GUARDED_BY(mu_);
   size_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::unordered_map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  // Registered waiters per job (the quota owner of their namespace).
+  std::unordered_map<std::string, size_t> job_waiters_ ABSL_GUARDED_BY(mu_);
   std::multimap<MonoTime, WaitId> deadlines_ ABSL_GUARDED_BY(mu_);
   WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -294,6 +294,52 @@ TEST(StoreCoreLimitTest, ByteQuotasPerJobAndInAll) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// Parked waits are counted per job and in all: one over either is
+// ResourceExhausted naming the quota, through its callback; a cancelled,
+// completed or expired wait gives its place back.
+TEST(StoreCoreLimitTest, ParkedWaitQuotasPerJobAndInAll) {
+  FakeClock clock;
+  StoreCore::Options options;
+  options.run_expiry_thread = false;
+  options.max_waiters_per_job = 2;
+  options.max_waiters_total = 3;
+  StoreCore core(&clock, options);
+  const MonoTime later = clock.Now() + std::chrono::seconds(10);
+  Recorder a1, a2, a3, b1, b2;
+  const StoreCore::WaitId id1 = core.WaitAsync("a/1", {"x"}, later, false, a1.Callback());
+  core.WaitAsync("a/2", {"y"}, later, false, a2.Callback());  // job a: 2 over two rounds
+  core.WaitAsync("a/1", {"z"}, later, false, a3.Callback());
+  ASSERT_TRUE(a3.result.has_value());
+  EXPECT_EQ(a3.result->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(a3.result->status().message().find("kMaxWaitersPerJob=2"), std::string::npos)
+      << a3.result->status();
+  EXPECT_EQ(core.NumPendingWaiters(), 2);
+  core.WaitAsync("b/1", {"x"}, later, false, b1.Callback());  // job b: its own quota
+  EXPECT_FALSE(b1.result.has_value());
+  core.WaitAsync("b/1", {"w"}, later, false, b2.Callback());  // but 3 in all
+  ASSERT_TRUE(b2.result.has_value());
+  EXPECT_NE(b2.result->status().message().find("kMaxWaitersTotal=3"), std::string::npos)
+      << b2.result->status();
+  // A cancelled wait and a completed one give their places back.
+  ASSERT_TRUE(core.CancelWait(id1));
+  ASSERT_TRUE(core.Set("a/2", "y", "1").ok());
+  ASSERT_TRUE(a2.result.has_value());
+  EXPECT_TRUE(a2.result->ok());
+  Recorder a4, a5;
+  core.WaitAsync("a/1", {"x"}, later, false, a4.Callback());
+  core.WaitAsync("a/1", {"v"}, later, false, a5.Callback());
+  EXPECT_FALSE(a4.result.has_value());
+  EXPECT_FALSE(a5.result.has_value());
+  EXPECT_EQ(core.NumPendingWaiters(), 3);
+  // Expired waits too.
+  clock.Advance(std::chrono::seconds(11));
+  core.ExpireWaiters();
+  EXPECT_EQ(core.NumPendingWaiters(), 0);
+  Recorder b3;
+  core.WaitAsync("b/1", {"x"}, clock.Now() + std::chrono::seconds(1), false, b3.Callback());
+  EXPECT_FALSE(b3.result.has_value());
+}
+
 TEST(StoreCoreExpiryThreadTest, ExpiryThreadFiresDeadlineOnRealClock) {
   StoreCore core;
   std::mutex mu;

@@ -1,6 +1,7 @@
 #include "rendezvous/store_server.h"
 
 #include "rendezvous/grpc_server.h"
+#include "rendezvous/malformed_request.h"
 
 namespace lockstep {
 namespace rendezvous {
@@ -34,8 +35,11 @@ StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& add
                                                           StoreAuthorizer authorizer) {
   if (core == nullptr) core = std::make_shared<StoreCore>();
   std::unique_ptr<StoreServer> server(new StoreServer(std::move(core), std::move(authorizer)));
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(NewMalformedRequestInterceptor({v1::StoreService::service_full_name()}));
   ASSIGN_OR_RETURN(StartedGrpcServer started,
-                   StartGrpcServer(address, {server->service_.get()}, "store server"));
+                   StartGrpcServer(address, {server->service_.get()}, "store server",
+                                   std::move(interceptors)));
   {
     MutexLock lock(&server->shutdown_mu_);
     server->server_ = std::move(started.server);

@@ -1,5 +1,6 @@
 #include "rendezvous/store_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -19,6 +20,19 @@ namespace {
 using WaitValues = StatusOr<std::vector<std::string>>;
 
 }  // namespace
+
+class StoreGrpcService::SessionSlot {
+ public:
+  SessionSlot(StoreGrpcService* service, std::string job)
+      : service_(service), job_(std::move(job)) {}
+  ~SessionSlot() { service_->ReleaseSessionSlot(job_); }
+  SessionSlot(const SessionSlot&) = delete;
+  SessionSlot& operator=(const SessionSlot&) = delete;
+
+ private:
+  StoreGrpcService* const service_;
+  const std::string job_;
+};
 
 StatusOr<Duration> StoreWaitTimeout(int64_t timeout_ms) {
   if (timeout_ms < 0) {
@@ -139,8 +153,10 @@ class WaitReactor : public grpc::ServerUnaryReactor {
 class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult> {
  public:
   SessionReactor(StoreCore* core, const StoreAuthorizer* authorizer,
-                 grpc::CallbackServerContext* ctx)
-      : core_(core), authorizer_(authorizer), ctx_(ctx) {
+                 grpc::CallbackServerContext* ctx,
+                 std::unique_ptr<StoreGrpcService::SessionSlot> slot, size_t max_queued)
+      : core_(core), authorizer_(authorizer), ctx_(ctx), slot_(std::move(slot)),
+        max_queued_(std::max<size_t>(max_queued, 1)) {
     StartRead(&op_);
   }
 
@@ -150,6 +166,15 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
       return;
     }
     Execute(op_);
+    {
+      // A client that does not read its results: stop taking ops until the
+      // queue drains (OnWriteDone resumes), rather than queue without end.
+      MutexLock lock(&mu_);
+      if (queue_.size() >= max_queued_) {
+        read_paused_ = true;
+        return;
+      }
+    }
     StartRead(&op_);
   }
 
@@ -159,14 +184,21 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
       write_failed_ = true;
       queue_.clear();
     }
+    // Paused reads resume once half the queue is written (or the client is
+    // gone: the read then fails and ends the stream). Finish cannot come
+    // first: it needs the reads over, and none is posted while paused.
+    const bool resume = read_paused_ && queue_.size() <= max_queued_ / 2;
+    if (resume) read_paused_ = false;
     if (queue_.empty()) {
       writing_ = false;
       MaybeFinishLocked();
+      if (resume) StartRead(&op_);
       return;
     }
     current_ = std::move(queue_.front());
     queue_.pop_front();
     mu_.Unlock();
+    if (resume) StartRead(&op_);
     StartWrite(&current_);
   }
 
@@ -339,6 +371,8 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   StoreCore* const core_;
   const StoreAuthorizer* const authorizer_;  // the service's; may hold no function
   grpc::CallbackServerContext* const ctx_;
+  const std::unique_ptr<StoreGrpcService::SessionSlot> slot_;  // released with the reactor
+  const size_t max_queued_;  // results queued before reads pause
   v1::StoreOp op_;  // the read in progress; only touched by the read chain
 
   Mutex mu_;
@@ -349,7 +383,15 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A Session refused when it opened: finished at once, holding nothing.
+class RefusedSession : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult> {
+ public:
+  explicit RefusedSession(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
 };
 
 // A unary reactor finished at once with `status` (an authorization failure).
@@ -459,7 +501,47 @@ grpc::ServerUnaryReactor* StoreGrpcService::MultiSet(grpc::CallbackServerContext
 
 grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* StoreGrpcService::Session(
     grpc::CallbackServerContext* ctx) {
-  return new SessionReactor(core_, &authorizer_, ctx);
+  std::string job;
+  auto it = ctx->client_metadata().find(kStoreJobMetadata);
+  if (it != ctx->client_metadata().end()) job.assign(it->second.data(), it->second.size());
+  // Checked as the job's namespaces ("<job>/*"): each op is checked again
+  // against its own namespace.
+  Status status = Authorize(*ctx, job.empty() ? job : job + "/*");
+  if (!status.ok()) return new RefusedSession(ToGrpcStatus(status));
+  auto slot = AcquireSessionSlot(job);
+  if (!slot.ok()) return new RefusedSession(ToGrpcStatus(slot.status()));
+  return new SessionReactor(core_, &authorizer_, ctx, std::move(*slot), limits_.max_queued_results);
+}
+
+StatusOr<std::unique_ptr<StoreGrpcService::SessionSlot>> StoreGrpcService::AcquireSessionSlot(
+    const std::string& job) {
+  MutexLock lock(&sessions_mu_);
+  int& of_job = sessions_by_job_[job];
+  if (of_job >= limits_.max_sessions_per_job) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "store: job ", QuoteForError(job), " already has ", of_job,
+        " Session streams open; kMaxSessionsPerJob=", limits_.max_sessions_per_job));
+  }
+  if (sessions_ >= limits_.max_sessions) {
+    if (of_job == 0) sessions_by_job_.erase(job);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "store: ", sessions_, " Session streams open in all; kMaxSessions=", limits_.max_sessions));
+  }
+  ++of_job;
+  ++sessions_;
+  return std::make_unique<SessionSlot>(this, job);
+}
+
+void StoreGrpcService::ReleaseSessionSlot(const std::string& job) {
+  MutexLock lock(&sessions_mu_);
+  auto it = sessions_by_job_.find(job);
+  if (it != sessions_by_job_.end() && --it->second <= 0) sessions_by_job_.erase(it);
+  --sessions_;
+}
+
+int StoreGrpcService::NumSessions() const {
+  MutexLock lock(&sessions_mu_);
+  return sessions_;
 }
 
 #undef LOCKSTEP_STORE_AUTHORIZE

@@ -25,7 +25,21 @@
 // status (Unauthenticated / PermissionDenied). On a Session stream each op is
 // checked against the metadata sent at stream start and the op's namespace;
 // a refused op fails alone (its StoreOpResult carries the code and message),
-// the stream and the client's other ops go on.
+// the stream and the client's other ops go on. The stream itself is checked
+// first, when it opens, against the job its client names in
+// kStoreJobMetadata (store.h): a stream refused there is finished at once
+// with the authorizer's status, so a caller without a valid token holds no
+// stream, no reactor and no read buffer (1,000 such streams leave nothing
+// behind: store_service_test).
+//
+// Resources: live Session streams are capped per job (kMaxSessionsPerJob)
+// and in all (kMaxSessions): one more is finished at open with
+// ResourceExhausted naming the limit. Parked waits are capped in the core
+// (kMaxWaitersPerJob, kMaxWaitersTotal). A Session whose client does not
+// read its results stops reading ops once kMaxQueuedResults results wait to
+// be written, and reads again when half have gone, so a stalled client
+// holds at most that many results; HTTP/2 flow control holds back the rest.
+// A client that goes away releases its parked waits and its slot.
 //
 // Message size: values may be up to kMaxValueBytes, so servers hosting this
 // service must raise gRPC's 4 MiB default: call ApplyMessageLimits()
@@ -44,9 +58,14 @@
 
 #include <functional>
 #include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 #include "lockstep/v1/store.grpc.pb.h"
@@ -59,6 +78,14 @@ namespace rendezvous {
 // The longest a store wait parks (a year): larger timeout_ms are clamped.
 inline constexpr Duration kMaxStoreWait = std::chrono::hours(24 * 365);
 
+// Live Session streams per job (the job its client names at open; "" for a
+// client that names none) and in all. A job holds one per rank.
+inline constexpr int kMaxSessionsPerJob = 16384;
+inline constexpr int kMaxSessions = 65536;
+// Results one Session may have waiting to be written before it stops
+// reading ops (see "Resources").
+inline constexpr size_t kMaxQueuedResults = 1024;
+
 // The wait of a store request's timeout_ms: InvalidArgument naming
 // timeout_ms when negative; clamped to kMaxStoreWait.
 StatusOr<Duration> StoreWaitTimeout(int64_t timeout_ms);
@@ -70,10 +97,19 @@ using StoreAuthorizer = std::function<Status(
 
 class StoreGrpcService final : public lockstep::v1::StoreService::CallbackService {
  public:
+  // See "Resources" above; tests lower them.
+  struct Limits {
+    int max_sessions_per_job = kMaxSessionsPerJob;
+    int max_sessions = kMaxSessions;
+    size_t max_queued_results = kMaxQueuedResults;
+  };
+
   // `core` is not owned and must outlive the service and the server.
   // `authorizer`: see "Authorization" above; empty = open.
   explicit StoreGrpcService(StoreCore* core, StoreAuthorizer authorizer = nullptr)
-      : core_(core), authorizer_(std::move(authorizer)) {}
+      : StoreGrpcService(core, std::move(authorizer), Limits()) {}
+  StoreGrpcService(StoreCore* core, StoreAuthorizer authorizer, Limits limits)
+      : core_(core), authorizer_(std::move(authorizer)), limits_(limits) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx,
                                 const v1::StoreSetRequest* request,
@@ -105,12 +141,26 @@ class StoreGrpcService final : public lockstep::v1::StoreService::CallbackServic
   grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* Session(
       grpc::CallbackServerContext* ctx) override;
 
+  // Live Session streams (refused ones never count); for tests and status.
+  int NumSessions() const;
+
+  // A Session's hold on its job's and the global stream count; released
+  // when the stream's reactor is deleted.
+  class SessionSlot;
+
  private:
   // OK when no authorizer is set.
   Status Authorize(const grpc::CallbackServerContext& ctx, absl::string_view ns) const;
+  // Takes a slot for a stream of `job` (ResourceExhausted beyond the caps).
+  StatusOr<std::unique_ptr<SessionSlot>> AcquireSessionSlot(const std::string& job);
+  void ReleaseSessionSlot(const std::string& job);
 
   StoreCore* const core_;
   const StoreAuthorizer authorizer_;
+  const Limits limits_;
+  mutable Mutex sessions_mu_;
+  std::unordered_map<std::string, int> sessions_by_job_ ABSL_GUARDED_BY(sessions_mu_);
+  int sessions_ ABSL_GUARDED_BY(sessions_mu_) = 0;
 };
 
 }  // namespace rendezvous

@@ -12,14 +12,19 @@
 #   --out DIR     where the tarball goes (default build/container)
 #   --no-import   stop after the tarball (no podman needed)
 #
-# The image runs lockstepd as root (it starts workers as LOCKSTEP_RUN_AS):
+# The image runs lockstepd as root (it starts each job's workers as a uid of
+# their own, 70000-70999, leased in the image's /run/lockstep/job-uids):
 #   ENTRYPOINT ["/usr/bin/lockstepd"]
 #   CMD ["--coordinator", "--state-dir=/var/lib/lockstep", "--listen=0.0.0.0:7070",
-#        "--run-as=lockstep"]
-# so `podman run IMAGE` is a coordinator with its own agent, and
+#        "--insecure-plaintext"]
+# so `podman run IMAGE` is a coordinator with its own agent, in plaintext
+# (asked for explicitly: a published port needs 0.0.0.0, and lockstepd
+# refuses plaintext beyond loopback otherwise), and
 # `podman run IMAGE --state-dir=/var/lib/lockstep --listen=0.0.0.0:7071
 # --coordinator-address=H:7070 --token-file=/var/lib/lockstep/token
-# --run-as=lockstep` an agent. Prints the tarball's path, then the image
+# --insecure-plaintext` an agent. For mutual TLS, give a
+# command line with --tls-ca/--tls-cert/--tls-key (files from `lockstep
+# certs`, mounted) instead of --insecure-plaintext. Prints the tarball's path, then the image
 # name. Needs root and debootstrap; podman (Debian's) for the import. Exit
 # status 3 names what is missing.
 set -euo pipefail
@@ -72,7 +77,7 @@ echo "$tarball"
 image="lockstep:$version"
 podman import \
   --change 'ENTRYPOINT ["/usr/bin/lockstepd"]' \
-  --change 'CMD ["--coordinator", "--state-dir=/var/lib/lockstep", "--listen=0.0.0.0:7070", "--run-as=lockstep"]' \
+  --change 'CMD ["--coordinator", "--state-dir=/var/lib/lockstep", "--listen=0.0.0.0:7070", "--insecure-plaintext"]' \
   --change 'EXPOSE 7070' --change 'EXPOSE 7071' \
   --change 'WORKDIR /var/lib/lockstep' \
   --message "lockstep $version from Debian bookworm (tools/container.sh)" \

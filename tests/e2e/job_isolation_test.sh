@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# Job isolation with --job-uids: each job's workers run as a uid of their
-# own, so a hostile job (B) cannot read another job's (A's) environment and
+# Job isolation as a root lockstepd does it by default (no --job-uids, no
+# --run-as): each job's workers run as a uid of their own from 70000-70999,
+# so a hostile job (B) cannot read another job's (A's) environment and
 # tokens in /proc/PID/environ, signal its workers, list its job dir, or read
 # the daemon's admin token; when A ends, its uid's processes are gone and
-# its job dir belongs to root again. Needs root (skips otherwise).
+# its job dir belongs to root again. The uids are leased host-wide
+# (/run/lockstep/job-uids): a second daemon on the same host runs the other
+# rank of a real 2-node DDP job (examples/train) as a different uid, and the
+# job succeeds with identical parameters. Needs root (skips otherwise).
 source tests/e2e/lib.sh "$1" "$2" "$3"
+TRAIN="$PWD/$4"
 if [ "$(id -u)" != 0 ]; then log "SKIP: needs root to switch users"; exit 0; fi
+DEFAULT_JOB_UIDS=1
+in_range() { [[ "$1" =~ ^70[0-9][0-9][0-9]$ ]]; }
 
-start_coordinator --job-uids 61184-61189
+start_coordinator
+grep -q "job isolation: each job runs as its own uid from 70000-70999 (host-wide leases in /run/lockstep/job-uids)" "$T/coord.log" ||
+  fail "the daemon did not say at start that jobs are isolated: $(head -n 20 "$T/coord.log")"
 job_id() { python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])'; }
 
 # A: records its uid, then waits (its store token is in its environment).
@@ -30,7 +39,7 @@ wait_state "$jobB" SUCCEEDED 30
 out=$(ls_cli logs "$jobB" --rank 0)
 log "job B printed: $(echo "$out" | tr '\n' ' ')"
 uidB=$(echo "$out" | sed -n '2p')
-[[ "$uidA" =~ ^6118[4-9]$ && "$uidB" =~ ^6118[4-9]$ ]] || fail "uids $uidA and $uidB are not from --job-uids 61184-61189"
+in_range "$uidA" && in_range "$uidB" || fail "uids $uidA and $uidB are not from the default range 70000-70999"
 [ "$uidA" != "$uidB" ] || fail "jobs A and B share uid $uidA"
 for want in no-env no-signal no-list no-token; do
   echo "$out" | grep -qx "$want" || fail "job B was not stopped ($want missing): $out"
@@ -49,7 +58,38 @@ wait_for 30 owned_by_root "$T/coord/jobs/$jobA" ||
 [ "$(stat -c %u "$T/coord/jobs/$jobA/uid.txt")" = 0 ] || fail "job A's files not given back to root"
 [ -z "$(pgrep -u "$uidA")" ] || fail "processes of uid $uidA outlived job A: $(pgrep -u "$uidA")"
 grep -q "uid $uidA returned" "$T/coord.log" || fail "the daemon did not log returning uid $uidA"
-grep -q "job isolation: each job runs as its own uid from 61184-61189" "$T/coord.log" ||
-  fail "the daemon did not say at start that jobs are isolated"
 check_invariants "$jobB" 0
+
+# Two daemons on one host, one rank each of a real DDP job: the trainer
+# copied where every uid may run it (Bazel's tree is under /root, 0700).
+bin=$(mktemp -d /tmp/lockstep-isolation.XXXXXX)
+EXTRA_CLEANUP="rm -rf '$bin'"
+chmod 0755 "$bin"
+install -m 0755 "$TRAIN" "$bin/train"
+start_agent b
+grep -q "job isolation: each job runs as its own uid from 70000-70999" "$T/b.log" ||
+  fail "agent b did not say at start that jobs are isolated"
+job=$(ls_cli submit --detach --json --nodes 2 --nproc-per-node 1 --max-restarts 0 -- \
+  "$bin/train" --model mlp_small --steps 20 --timeout-s 30 | job_id)
+wait_state "$job" SUCCEEDED 90
+uids=()
+for d in coord b; do
+  u=$(sed -n "s/.*job=$job .*workers run as uid \([0-9]*\) (--job-uids).*/\1/p" "$T/$d.log" | head -n 1)
+  in_range "$u" || fail "daemon $d: no uid from 70000-70999 for job $job: $(grep "$job" "$T/$d.log" | head -n 5)"
+  uids+=("$u")
+done
+[ "${uids[0]}" != "${uids[1]}" ] || fail "the two daemons gave job $job's ranks the same uid ${uids[0]}"
+sums=$(for r in 0 1; do
+  ls_cli logs "$job" --rank "$r" | sed -n 's/.*"checksum":\([^,]*\),"abs_checksum":\([^,]*\),.*/\1 \2/p'
+done)
+[ "$(grep -c . <<<"$sums")" = 2 ] || fail "expected 2 checksum lines, got: $sums"
+[ "$(sort -u <<<"$sums" | wc -l)" = 1 ] || fail "ranks ended with different parameters: $sums"
+log "job $job: ranks as uids ${uids[*]}, one checksum $(head -n 1 <<<"$sums")"
+no_processes_of() { [ -z "$(pgrep -u "$1")" ]; }
+for u in "${uids[@]}"; do
+  wait_for 15 no_processes_of "$u" || fail "processes of uid $u outlived job $job: $(pgrep -a -u "$u")"
+  left=$(find /dev/shm -maxdepth 1 -uid "$u")
+  [ -z "$left" ] || fail "uid $u left in /dev/shm: $left"
+done
+check_invariants "$job" 0
 log "PASS"

@@ -39,6 +39,18 @@ expect_usage() {
   echo "$err" | grep -qF -- "$want" || fail "$*: error does not say '$want': $err"
 }
 
+# no_job_uids [flags]: prints --job-uids=off for a root daemon given neither
+# --job-uids nor --run-as. A root lockstepd gives each job a uid of its own
+# by default, and that uid cannot reach Bazel's runfiles (under /root, 0700)
+# nor the test's files. DEFAULT_JOB_UIDS=1 keeps the default:
+# job_isolation_test, with the trainer copied where every uid may run it.
+no_job_uids() {
+  [ "$(id -u)" = 0 ] && [ -z "${DEFAULT_JOB_UIDS:-}" ] || return 0
+  local a
+  for a in "$@"; do case "$a" in --job-uids*|--run-as*) return 0 ;; esac; done
+  echo --job-uids=off
+}
+
 # start_daemon NAME [lockstepd flags...]: starts a daemon with state dir
 # $T/NAME, waits until it is SERVING (address file written), sets
 # ADDR_<NAME> and PID_<NAME>.
@@ -47,7 +59,8 @@ start_daemon() {
   rm -f "$T/$name.addr"
   ${DAEMON_PREFIX[@]+"${DAEMON_PREFIX[@]}"} "$LOCKSTEPD" --state-dir "$T/$name" --address-file "$T/$name.addr" --node-id "$name" \
     --lease-s "$LEASE_S" --heartbeat-interval-s "$HB_S" --restart-backoff-s 0.2 \
-    --max-restart-backoff-s 1 --shutdown-grace-s 2 ${ALLOWED_ENV:+--allowed-env "$ALLOWED_ENV"} "$@" >>"$T/$name.log" 2>&1 &
+    --max-restart-backoff-s 1 --shutdown-grace-s 2 ${ALLOWED_ENV:+--allowed-env "$ALLOWED_ENV"} \
+    $(no_job_uids "$@") "$@" >>"$T/$name.log" 2>&1 &
   local pid=$!
   DAEMON_PIDS+=("$pid")
   eval "PID_$name=$pid"
@@ -64,9 +77,13 @@ start_coordinator() {
   TOKEN="$T/coord/token"
 }
 
+# start_agent NAME [flags]: an agent-only daemon registering with $COORD
+# with the coordinator's agent token (the agent role: register and
+# heartbeat only; daemon/roles.h), not the admin token in $TOKEN.
 start_agent() {
   local name=$1; shift
-  start_daemon "$name" --listen 127.0.0.1:0 --coordinator-address "$COORD" --token-file "$TOKEN" "$@"
+  start_daemon "$name" --listen 127.0.0.1:0 --coordinator-address "$COORD" \
+    --token-file "$(dirname "$TOKEN")/agent.token" "$@"
 }
 
 ls_cli() { ${CLI_PREFIX[@]+"${CLI_PREFIX[@]}"} "$LOCKSTEP" --coordinator "$COORD" --token-file "$TOKEN" "$@"; }

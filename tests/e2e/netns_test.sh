@@ -5,18 +5,28 @@
 # accepted heartbeat (SIGKILL within lease/4 more), the coordinator declares
 # that node dead a lease after it last heard from it and opens the next
 # round past the node's fence deadline, within two leases of the cut, and
-# the job finishes on the survivor. Skips (with a message) where network namespaces are not
+# the job finishes on the survivor. Every connection between the hosts
+# (agent -> coordinator, CLI, the workers' store and progress clients) is
+# mutual TLS. Skips (with a message) where network namespaces are not
 # permitted; the loopback variants are agent_cutoff_test and agent_kill_test.
 source tests/e2e/lib.sh "$@"
 
 NET="10.213.$(($$ % 250))"
 two_hosts ls "$NET"
 
+# Mutual TLS between the hosts, with certificates from `lockstep certs`:
+# each daemon's names its own address, the CLI presents client.pem.
+C="$T/certs"
+"$LOCKSTEP" certs --out "$C" --hosts "$NET.1,$NET.2" > /dev/null
+tls() { echo --tls-ca "$C/ca.pem" --tls-cert "$C/$1.pem" --tls-key "$C/$1.key"; }
+export LOCKSTEP_TLS_CA="$C/ca.pem" LOCKSTEP_TLS_CERT="$C/client.pem" LOCKSTEP_TLS_KEY="$C/client.key"
+
 DAEMON_PREFIX=(ip netns exec "$NSA")
 CLI_PREFIX=(ip netns exec "$NSA")
-start_coordinator --listen "$NET.1:0"
+start_coordinator --listen "$NET.1:0" $(tls "$NET.1")
+grep -q "mutual TLS: CA $C/ca.pem" "$T/coord.log" || fail "the coordinator does not serve TLS"
 DAEMON_PREFIX=(ip netns exec "$NSB")
-start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" --token-file "$TOKEN"
+start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" --token-file "$TOKEN" $(tls "$NET.2")
 job=$(submit --nodes 1:2 --nproc-per-node 1 --max-restarts 2 --last-call-s 0.5 \
   --env TRAINER_STEPS=300 --env TRAINER_STEPS_LATER=10 --env TRAINER_STEP_MS=100)
 wait_state "$job" RUNNING 30

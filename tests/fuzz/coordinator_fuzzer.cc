@@ -1,7 +1,7 @@
 // coordinator_fuzzer: the requests agents and the CLI send the coordinator,
 // against its core (daemon/coordinator.h) on a fake clock and a fake job
 // store: what CoordinatorGrpcService does per RPC, less the bearer check
-// (store_fuzzer covers AuthorizeStore; the token check is the same compare).
+// (store_fuzzer covers AuthorizeStore; daemon:roles_test the role check).
 //
 // Input: a CoordinatorSession (seeds/fuzz_input.proto). Each request is
 // decoded with its own ParseFromString (the decoder gRPC runs), then goes

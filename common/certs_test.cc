@@ -1,0 +1,92 @@
+#include "common/certs.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace lockstep {
+namespace certs {
+namespace {
+
+using std::chrono::hours;
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int Mode(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 0777) : -1;
+}
+
+TEST(CertsTest, IssuedCertificateChainsToItsCaAndNotToAnother) {
+  const auto now = std::chrono::system_clock::now();
+  auto ca = MakeCa("ca", now - hours(1), now + hours(2));
+  auto other = MakeCa("other", now - hours(1), now + hours(2));
+  ASSERT_TRUE(ca.ok() && other.ok());
+  CertOptions options;
+  options.common_name = "node";
+  options.hosts = {"node1", "10.0.0.2", "[::1]"};
+  options.not_before = now - hours(1);
+  options.not_after = now + hours(1);
+  auto leaf = IssueCert(*ca, options);
+  ASSERT_TRUE(leaf.ok()) << leaf.status();
+  EXPECT_TRUE(CheckTlsMaterial(ca->cert_pem, leaf->cert_pem, leaf->key_pem, now, "ca", "cert",
+                               "key")
+                  .ok());
+  Status s = CheckTlsMaterial(other->cert_pem, leaf->cert_pem, leaf->key_pem, now, "other-ca",
+                              "cert", "key");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not issued by other-ca"), std::string::npos) << s;
+  // Not its key.
+  s = CheckTlsMaterial(ca->cert_pem, leaf->cert_pem, ca->key_pem, now, "ca", "cert", "key");
+  EXPECT_NE(s.message().find("key is not the key of the certificate cert"), std::string::npos)
+      << s;
+  // Expired two hours later.
+  s = CheckTlsMaterial(ca->cert_pem, leaf->cert_pem, leaf->key_pem, now + hours(2), "ca", "cert",
+                       "key");
+  EXPECT_NE(s.message().find("certificate has expired at"), std::string::npos) << s;
+}
+
+TEST(CertsTest, GarbageIsNotACertificate) {
+  Status s = CheckTlsMaterial("junk", "", "", std::chrono::system_clock::now(), "--tls-ca x",
+                              "", "");
+  EXPECT_NE(s.message().find("--tls-ca x is not a PEM certificate"), std::string::npos) << s;
+}
+
+TEST(CertsTest, WriteClusterCertsWritesEveryFileAndReusesTheCa) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/certs_", ::getpid());
+  auto written = WriteClusterCerts(dir, {"node1", "10.0.0.2"}, 30);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->size(), 8u);
+  for (const char* f : {"ca.key", "node1.key", "10.0.0.2.key", "client.key"}) {
+    EXPECT_EQ(Mode(dir + "/" + f), 0600) << f;
+  }
+  EXPECT_EQ(Mode(dir + "/ca.pem"), 0644);
+  const auto now = std::chrono::system_clock::now();
+  EXPECT_TRUE(CheckTlsMaterial(Read(dir + "/ca.pem"), Read(dir + "/node1.pem"),
+                               Read(dir + "/node1.key"), now, "ca", "c", "k")
+                  .ok());
+  const std::string ca = Read(dir + "/ca.pem");
+  ASSERT_TRUE(WriteClusterCerts(dir, {"node3"}, 30).ok());
+  EXPECT_EQ(Read(dir + "/ca.pem"), ca) << "a second run must keep the CA";
+  EXPECT_TRUE(CheckTlsMaterial(ca, Read(dir + "/node3.pem"), Read(dir + "/node3.key"), now, "ca",
+                               "c", "k")
+                  .ok());
+  EXPECT_EQ(WriteClusterCerts(dir, {}, 30).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteClusterCerts(dir, {"a/b"}, 30).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteClusterCerts(dir, {"x"}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace certs
+}  // namespace lockstep

@@ -1,0 +1,82 @@
+// Host-wide leases on the uids jobs run as (--job-uids), like systemd's
+// DynamicUser: a uid is one job's while this daemon holds an exclusive
+// flock(2) on <dir>/<uid>. Two lockstepds on one host (a coordinator and an
+// agent, or test daemons side by side) therefore never give two jobs the same
+// uid, and releasing a uid, which kills every process still running as it,
+// cannot hit another daemon's workers. A lock dies with its daemon, so a
+// crashed daemon's uids come free by themselves; a uid with no lease that
+// still has processes, or one that names an account in the user database, is
+// never handed out.
+#ifndef LOCKSTEP_DAEMON_UID_LEASE_H_
+#define LOCKSTEP_DAEMON_UID_LEASE_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace lockstep {
+
+// Where leases live unless --uid-lease-dir says otherwise: /run is per boot,
+// as a lease is.
+inline constexpr char kDefaultUidLeaseDir[] = "/run/lockstep/job-uids";
+
+// The range a root lockstepd gives jobs when neither --job-uids nor --run-as
+// is set: above the 16-bit range (Debian policy keeps 65536 and up for
+// dynamically allocated accounts, and adduser does not allocate there),
+// below the 100000 where useradd starts subordinate uid ranges.
+inline constexpr uint32_t kDefaultJobUidFirst = 70000;
+inline constexpr uint32_t kDefaultJobUidLast = 70999;
+
+// Every process whose real uid is `uid`, read from /proc.
+std::vector<pid_t> ProcessesOfUid(uint32_t uid);
+
+// One held uid: the lock goes when this does.
+class UidLease {
+ public:
+  UidLease() = default;
+  UidLease(uint32_t uid, int fd) : uid_(uid), fd_(fd) {}
+  UidLease(UidLease&& other) noexcept;
+  UidLease& operator=(UidLease&& other) noexcept;
+  UidLease(const UidLease&) = delete;
+  UidLease& operator=(const UidLease&) = delete;
+  ~UidLease();
+
+  uint32_t uid() const { return uid_; }
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  uint32_t uid_ = 0;
+  int fd_ = -1;
+};
+
+class UidLeases {
+ public:
+  // [first, last] under `dir`, which is made (0700) if missing and must
+  // belong to this process's uid with no access for others.
+  UidLeases(std::string dir, uint32_t first, uint32_t last)
+      : dir_(std::move(dir)), first_(first), last_(last) {}
+
+  // Makes and checks the lease dir; lockstepd calls it at start, so that a
+  // bad --uid-lease-dir is refused before any job arrives.
+  absl::Status Prepare() const;
+
+  // The lowest free uid of the range, locked. RESOURCE_EXHAUSTED when none
+  // is free, saying how many were held here, by other daemons, named in the
+  // user database or busy with processes.
+  absl::StatusOr<UidLease> Acquire() const;
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  uint32_t first_;
+  uint32_t last_;
+};
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DAEMON_UID_LEASE_H_

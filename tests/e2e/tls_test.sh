@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Mutual TLS with certificates from `lockstep certs`: a coordinator and a
+# second agent serve TLS only, a 2-node job whose workers reach the store
+# and their agent's progress service over mTLS (LOCKSTEP_TLS_*_PEM) runs to
+# SUCCEEDED, logs are read from both agents over mTLS, and a certificate
+# renewed on disk is picked up without a restart. Refused, each with an
+# error that says why: a CLI with another cluster's CA, with a certificate
+# from another CA, without a client certificate, without TLS; a daemon
+# whose certificate is from another CA (at start), a daemon of another
+# cluster (when it registers); plaintext on a non-loopback address
+# (daemon and CLI) without --insecure-plaintext. (Expired certificates:
+# rendezvous/tls_test.cc, which can make one.)
+source tests/e2e/lib.sh "$@"
+
+C="$T/certs"
+"$LOCKSTEP" certs --out "$C" --hosts 127.0.0.1,localhost --days 2 > "$T/certs.out"
+for f in ca.pem ca.key 127.0.0.1.pem 127.0.0.1.key client.pem client.key; do
+  [ -s "$C/$f" ] || fail "lockstep certs did not write $f: $(cat "$T/certs.out")"
+done
+[ "$(stat -c %a "$C/127.0.0.1.key")" = 600 ] || fail "keys must be 0600"
+TLS_FLAGS=(--tls-ca "$C/ca.pem" --tls-cert "$C/127.0.0.1.pem" --tls-key "$C/127.0.0.1.key" --tls-refresh-s 1)
+
+# Plaintext beyond loopback is refused at start, saying how to fix it.
+rc=0
+"$LOCKSTEPD" --coordinator --listen 0.0.0.0:0 --state-dir "$T/plain" > "$T/plain.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "lockstepd listened in plaintext on 0.0.0.0 (exit $rc): $(cat "$T/plain.log")"
+grep -q "is not a loopback address and TLS is off.*--insecure-plaintext" "$T/plain.log" ||
+  fail "no clear error for plaintext on 0.0.0.0: $(cat "$T/plain.log")"
+rc=0
+err=$("$LOCKSTEP" --coordinator 192.0.2.1:7070 --token-file /dev/null nodes 2>&1) || rc=$?
+[ "$rc" != 0 ] && grep -q "coordinator 192.0.2.1:7070 is not a loopback address and TLS is off" <<<"$err" ||
+  fail "the CLI would send a token in plaintext to 192.0.2.1: $err"
+
+start_coordinator "${TLS_FLAGS[@]}"
+grep -q "mutual TLS: CA $C/ca.pem" "$T/coord.log" || fail "coordinator did not log its TLS settings"
+start_agent nodeb "${TLS_FLAGS[@]}"
+
+export LOCKSTEP_TLS_CA="$C/ca.pem" LOCKSTEP_TLS_CERT="$C/client.pem" LOCKSTEP_TLS_KEY="$C/client.key"
+ls_cli nodes
+out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 0 --env TRAINER_STEPS=10 \
+  --env TRAINER_STEP_MS=50 --env TRAINER_OUT_DIR="$T/out" --wait -- "$TRAINER" "$MARKER") ||
+  fail "a job over mTLS did not succeed: $out"
+job=$(echo "$out" | sed -n 's/^submitted job //p')
+state_is "$job" SUCCEEDED || fail "job $job is $(job_state "$job")"
+# The workers met through the store and reported progress to their agent:
+# both are TLS-only, so both went over mTLS.
+grep -q "met 4 peers through the store" "$T/nodeb/jobs/$job/rank-3.stdout" ||
+  fail "rank 3 never reached the store: $(cat "$T/nodeb/jobs/$job/rank-3.stderr")"
+[ "$(job_field "$job" 'j["workers"][3]["progress"]["step"]')" = 10 ] ||
+  fail "rank 3's progress did not reach its agent over mTLS"
+grep -q "^rank 3 step 10 " <<<"$(ls_cli logs "$job" --rank 3)" || fail "logs from nodeb over mTLS"
+
+# Refused, with the reason. Another cluster's CA and client certificate:
+"$LOCKSTEP" certs --out "$T/other" --hosts 127.0.0.1 > /dev/null
+expect_refused() {
+  local want=$1; shift
+  local rc=0 err
+  err=$("$LOCKSTEP" --coordinator "$COORD" --token-file "$TOKEN" "$@" nodes 2>&1) || rc=$?
+  [ "$rc" = 1 ] || fail "lockstep $* nodes exited $rc, not 1: $err"
+  grep -qF -- "$want" <<<"$err" || fail "lockstep $* nodes: error does not say '$want': $err"
+  log "refused as expected: $(grep '^lockstep:' <<<"$err")"
+}
+expect_refused "the server's certificate did not verify" \
+  --tls-ca "$T/other/ca.pem" --tls-cert "$T/other/client.pem" --tls-key "$T/other/client.key"
+expect_refused "(is --tls-ca the cluster's CA?)" \
+  --tls-ca "$T/other/ca.pem" --tls-cert "$T/other/client.pem" --tls-key "$T/other/client.key"
+expect_refused "not issued by --tls-ca" --tls-cert "$T/other/client.pem" --tls-key "$T/other/client.key"
+LOCKSTEP_TLS_CERT= LOCKSTEP_TLS_KEY= expect_refused \
+  "the server requires a client certificate and this side sent none"
+LOCKSTEP_TLS_CA= LOCKSTEP_TLS_CERT= LOCKSTEP_TLS_KEY= expect_refused "speaks TLS and this side has no TLS settings"
+# A daemon whose certificate is not from the cluster's CA cannot join.
+rc=0
+"$LOCKSTEPD" --listen 127.0.0.1:0 --state-dir "$T/stranger" --coordinator-address "$COORD" \
+  --token-file "$TOKEN" --tls-ca "$C/ca.pem" --tls-cert "$T/other/127.0.0.1.pem" \
+  --tls-key "$T/other/127.0.0.1.key" > "$T/stranger.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "not issued by --tls-ca" "$T/stranger.log" ||
+  fail "a daemon with another CA's certificate started (exit $rc): $(cat "$T/stranger.log")"
+
+# A daemon of another cluster (its own CA, certificate and key) cannot
+# register, and its log says why.
+start_stranger() {
+  "$LOCKSTEPD" --listen 127.0.0.1:0 --state-dir "$T/other-d" --node-id other --coordinator-address "$COORD" \
+    --token-file "$TOKEN" --tls-ca "$T/other/ca.pem" --tls-cert "$T/other/127.0.0.1.pem" \
+    --tls-key "$T/other/127.0.0.1.key" >> "$T/other-d.log" 2>&1 &
+  DAEMON_PIDS+=("$!")
+}
+start_stranger
+wait_for 30 grep -q "cannot register with the coordinator:.*TLS handshake with $COORD failed: the server's certificate did not verify" "$T/other-d.log" ||
+  fail "a daemon of another CA did not say why it cannot register: $(tail -n 5 "$T/other-d.log")"
+kill -TERM "${DAEMON_PIDS[-1]}"
+if ls_cli nodes | grep -q "^other "; then fail "the stranger registered"; fi
+
+# Renewal: new certificates from the same CA, written over the old files,
+# are served without a restart (the coordinator re-reads every second).
+old_serial=$(openssl x509 -noout -serial -in "$C/127.0.0.1.pem")
+"$LOCKSTEP" certs --out "$C" --hosts 127.0.0.1 > /dev/null
+new_serial=$(openssl x509 -noout -serial -in "$C/127.0.0.1.pem")
+[ "$old_serial" != "$new_serial" ] || fail "lockstep certs did not renew the certificate"
+served_serial() {
+  openssl s_client -connect "$COORD" -CAfile "$C/ca.pem" -cert "$C/client.pem" -key "$C/client.key" \
+    </dev/null 2>/dev/null | openssl x509 -noout -serial
+}
+serial_is() { [ "$(served_serial)" = "$1" ]; }
+wait_for 30 serial_is "$new_serial" || fail "the coordinator still serves the old certificate ($(served_serial))"
+ls_cli nodes > /dev/null || fail "the CLI cannot talk to the coordinator after renewal"
+log "PASS"
