@@ -38,6 +38,6 @@ sums=$(for r in 0 1; do sed -n 's/.*"checksum":\([^,]*\),.*/\1/p' "$work/rank$r.
 if out=$(bazel build --repo_env=LOCKSTEP_LIBTORCH="$work/none" //examples:train 2>&1); then
   fail "a prefix without LibTorch built"
 fi
-echo "$out" | grep -q "is not a LibTorch prefix: $work/none/include/ATen/ATen.h is missing" ||
+grep -q "is not a LibTorch prefix: $work/none/include/ATen/ATen.h is missing" <<<"$out" ||
   fail "no clear error for a prefix without LibTorch: $(echo "$out" | grep -m3 -i error)"
 echo "check_libtorch_prefix: PASS (train built against $prefix, 2 ranks agree: $(echo "$sums" | head -n 1))"

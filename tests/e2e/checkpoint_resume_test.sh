@@ -69,7 +69,7 @@ for r in 0 1; do
   out=$(rank_section "$T/coord/jobs/$job/rank-$r.stdout")
   first=$(echo "$out" | sed -n 's/^{"rank":[0-9]*,"step":\([0-9]*\),.*/\1/p' | head -n 1)
   [ "$first" = $((s + 1)) ] || fail "rank $r's first step after resuming from $s is '$first'"
-  echo "$out" | grep -q "\"rank\":$r,\"step\":60," || fail "rank $r did not reach step 60"
+  grep -q "\"rank\":$r,\"step\":60," <<<"$out" || fail "rank $r did not reach step 60"
   steps+=("$s")
 done
 [ "${steps[0]}" = "${steps[1]}" ] || fail "ranks resumed from different steps: ${steps[*]}"

@@ -64,17 +64,17 @@ expect_usage 'unknown flag -q' ls_cli logs -q "$job"
 grep -qx "lockstep [0-9.]*" <<<"$("$LOCKSTEP" --version)" || fail "lockstep --version: $("$LOCKSTEP" --version)"
 grep -qx "lockstepd [0-9.]*" <<<"$("$LOCKSTEPD" --version)" || fail "lockstepd --version: $("$LOCKSTEPD" --version)"
 help=$(ls_cli submit --help)
-echo "$help" | grep -q -- "--nodes, --nnodes" || fail "submit --help does not show --nnodes"
-if echo "$help" | grep -q "(default [^:].*(default: "; then
+grep -q -- "--nodes, --nnodes" <<<"$help" || fail "submit --help does not show --nnodes"
+if grep -q "(default [^:].*(default: " <<<"$help"; then
   fail "submit --help contradicts itself: $(echo "$help" | grep "(default [^:].*(default: ")"
 fi
 
 rc=0
 err=$("$LOCKSTEP" --coordinator "$COORD" --token-file "$T/no-such-token" list 2>&1) || rc=$?
-[ "$rc" = 1 ] && echo "$err" | grep -q -- "--token-file or \$LOCKSTEP_TOKEN_FILE" ||
+[ "$rc" = 1 ] && grep -q -- "--token-file or \$LOCKSTEP_TOKEN_FILE" <<<"$err" ||
   fail "a missing token file: rc $rc, no hint: $err"
 cp "$TOKEN" "$T/open-token" && chmod 0644 "$T/open-token"
 err=$("$LOCKSTEP" --coordinator "$COORD" --token-file "$T/open-token" list 2>&1) && fail "an open token file was used"
-echo "$err" | grep -q "(mode 0644)" || fail "the token file's mode is not printed in octal: $err"
+grep -q "(mode 0644)" <<<"$err" || fail "the token file's mode is not printed in octal: $err"
 check_invariants "$job" 0
 log "PASS"

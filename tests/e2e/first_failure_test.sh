@@ -30,7 +30,7 @@ for trial in $(seq "$TRIALS"); do
   first=$(job_field "$job" '"%s %s" % (j["first_failure"].get("rank", 0), j["first_failure"]["exit"].get("signal", 0))')
   [ "$first" = "1 9" ] || { ls_cli status "$job"; fail "trial $trial: first failure is '$first' (rank signal), not rank 1 signal 9"; }
   text=$(ls_cli status "$job")
-  echo "$text" | grep -q "^failure: .* rank 1 on node coord killed by signal 9" ||
+  grep -q "^failure: .* rank 1 on node coord killed by signal 9" <<<"$text" ||
     fail "trial $trial: status does not name rank 1, signal 9: $text"
   # Rank 0 may have failed on its own (a consequence) or been stopped.
   if grep -q "^then: .*rank 0 .*after rank 1 failed" <<<"$text"; then
@@ -42,8 +42,8 @@ for trial in $(seq "$TRIALS"); do
         fail "trial $trial: rank 0 failed after rank 1 without saying it lost a peer: $text"
     fi
   fi
-  if echo "$text" | grep -q "^then: *rank 1 on "; then fail "trial $trial: rank 1 listed as a consequence: $text"; fi
-  if echo "$text" | grep -q "startup failure"; then fail "trial $trial: a rank that trained was called a startup failure: $text"; fi
+  if grep -q "^then: *rank 1 on " <<<"$text"; then fail "trial $trial: rank 1 listed as a consequence: $text"; fi
+  if grep -q "startup failure" <<<"$text"; then fail "trial $trial: a rank that trained was called a startup failure: $text"; fi
   wait_for 15 no_workers || fail "trial $trial: workers left: $(describe_workers)
 $text"
   log "trial $trial: rank 1, signal 9"

@@ -34,10 +34,10 @@ for resp in rpc(iter([b"\x3a\x01*"]), timeout=5):
 PY
 )
 for svc in lockstep.v1.CoordinatorService lockstep.v1.AgentService lockstep.v1.StoreService grpc.health.v1.Health; do
-  echo "$services" | grep -q "$svc" || fail "reflection does not list $svc"
+  grep -q "$svc" <<<"$services" || fail "reflection does not list $svc"
 done
 # The node-side rendezvous service is gone: the coordinator drives rounds itself.
-if echo "$services" | grep -q "lockstep.v1.RendezvousService"; then
+if grep -q "lockstep.v1.RendezvousService" <<<"$services"; then
   fail "reflection still lists lockstep.v1.RendezvousService"
 fi
 

@@ -42,7 +42,7 @@ uidB=$(echo "$out" | sed -n '2p')
 in_range "$uidA" && in_range "$uidB" || fail "uids $uidA and $uidB are not from the default range 70000-70999"
 [ "$uidA" != "$uidB" ] || fail "jobs A and B share uid $uidA"
 for want in no-env no-signal no-list no-token; do
-  echo "$out" | grep -qx "$want" || fail "job B was not stopped ($want missing): $out"
+  grep -qx "$want" <<<"$out" || fail "job B was not stopped ($want missing): $out"
 done
 kill -0 "$pidA" || fail "job A's worker died"
 

@@ -36,7 +36,7 @@ expect_usage() {
   local rc=0 err
   err=$("$@" 2>&1 >/dev/null) || rc=$?
   [ "$rc" = 2 ] || fail "$* exited $rc, not 2: $err"
-  echo "$err" | grep -qF -- "$want" || fail "$*: error does not say '$want': $err"
+  grep -qF -- "$want" <<<"$err" || fail "$*: error does not say '$want': $err"
 }
 
 # no_job_uids [flags]: prints --job-uids=off for a root daemon given neither

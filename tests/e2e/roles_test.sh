@@ -27,27 +27,29 @@ expect_refused() {
   local rc=0 err
   err=$("$@" 2>&1 >/dev/null) || rc=$?
   [ "$rc" = 1 ] || fail "$* exited $rc, not 1: $err"
-  echo "$err" | grep -qF -- "$code: " || fail "$*: error is not $code: $err"
-  echo "$err" | grep -qF -- "$want" || fail "$*: error does not say '$want': $err"
+  grep -qF -- "$code: " <<<"$err" || fail "$*: error is not $code: $err"
+  grep -qF -- "$want" <<<"$err" || fail "$*: error does not say '$want': $err"
   log "ok: refused: $* -> $err"
 }
 
 # Admin: submit a 2-node job; nodeb's agent (agent token) runs one rank.
 job=$(submit --nodes 2 --nproc-per-node 1 --env TRAINER_STEPS=100000)
 wait_state "$job" RUNNING 30
-stepped() { cat "$T"/*/jobs/"$job"/rank-"$1".stdout 2>/dev/null | grep -q "^rank $1 step 1 "; }
+stepped() { grep -qs "^rank $1 step 1 " "$T"/*/jobs/"$job"/rank-"$1".stdout; }
 wait_for 30 stepped 0 || fail "rank 0 never stepped"
 wait_for 30 stepped 1 || fail "rank 1 never stepped"
 [ "$(ls_cli nodes --json | python3 -c 'import json,sys; print(sorted(n["node_id"] for n in json.load(sys.stdin)["nodes"]))')" = "['coord', 'nodeb']" ] ||
   fail "nodeb did not register with the agent token: $(ls_cli nodes)"
 
 # Viewer: reads.
-view list --json | grep -q "$job" || fail "viewer: list does not show $job"
+grep -q "$job" <<<"$(view list --json)" || fail "viewer: list does not show $job"
 [ "$(view status --json "$job" | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')" = RUNNING ] ||
   fail "viewer: status of $job"
 view nodes >/dev/null || fail "viewer: nodes"
 for r in 0 1; do
-  view logs "$job" --rank "$r" --tail 200 | grep -q "^rank $r step " || fail "viewer: logs of rank $r"
+  # Not piped into grep -q: 200 lines are more than one pipe write, and a
+  # CLI still writing when grep has matched dies of SIGPIPE (pipefail).
+  grep -q "^rank $r step " <<<"$(view logs "$job" --rank "$r" --tail 200)" || fail "viewer: logs of rank $r"
 done
 log "viewer: list, status, nodes and the logs of both ranks (both agents) work"
 

@@ -83,7 +83,7 @@ expect_usage "need --standalone" "$LOCKSTEP" submit --state-dir "$T/x" -- /bin/t
 expect_usage "no command to run" "$LOCKSTEP" run
 rc=0
 out=$(LOCKSTEPD=/nonexistent PATH=/usr/bin:/bin "$LOCKSTEP" run --lockstepd /nonexistent -- /bin/true 2>&1) || rc=$?
-[ "$rc" = 1 ] && echo "$out" | grep -q "not an executable file" || fail "a missing lockstepd: rc $rc: $out"
+[ "$rc" = 1 ] && grep -q "not an executable file" <<<"$out" || fail "a missing lockstepd: rc $rc: $out"
 [ ! -e "$T/x" ] || fail "a refused run made its state dir"
 assert_nothing_left "usage errors"
 

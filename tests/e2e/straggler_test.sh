@@ -42,9 +42,9 @@ wait_for 60 field_is "$job" '((j.get("health") or {}).get("straggler") or {}).ge
 lag=$(job_field "$job" 'int(j["health"]["straggler"]["lag_ms"])')
 (( lag >= 120 && lag <= 400 )) || fail "straggler lag $lag ms/step, expected near 200"
 text=$(ls_cli status "$job")
-echo "$text" | grep -Eq "^straggler: rank 1 \(others wait [0-9]+ ms/step for it, at bucket [0-9]+" ||
+grep -Eq "^straggler: rank 1 \(others wait [0-9]+ ms/step for it, at bucket [0-9]+" <<<"$text" ||
   fail "status does not name rank 1 as the straggler: $text"
-echo "$text" | grep -Eq "^RANK +STEP +STEP_MS +DATA +FWD +BWD +COMM +OPT" ||
+grep -Eq "^RANK +STEP +STEP_MS +DATA +FWD +BWD +COMM +OPT" <<<"$text" ||
   fail "status has no step split table: $text"
 # Rank 1's data time holds its 200 ms sleep; rank 0's optimizer time is measured.
 data1=$(job_field "$job" 'int([w["progress"]["data_ms"] for w in j["workers"] if w.get("rank", 0) == 1][0])')
@@ -67,7 +67,7 @@ hang_named() {
 wait_for 60 hang_named || { kill -CONT "$victim"; fail "no hang named for $job: $(job_field "$job" 'j.get("health")')"; }
 detected_s=$(( $(date +%s) - stopped_at ))
 text=$(ls_cli status "$job")
-echo "$text" | grep -Eq "^hang: rank 0 waits [0-9]+ s in (allreduce|broadcast) \(step [0-9]+.*\); rank 1 silent for [0-9]+ s \(last: step [0-9]+" ||
+grep -Eq "^hang: rank 0 waits [0-9]+ s in (allreduce|broadcast) \(step [0-9]+.*\); rank 1 silent for [0-9]+ s \(last: step [0-9]+" <<<"$text" ||
   { kill -CONT "$victim"; fail "status does not name the hang: $text"; }
 (( detected_s < 60 )) || fail "hang named after $detected_s s: not well before the 120 s collective timeout"
 log "case 2 after ${detected_s}s: $(echo "$text" | grep '^hang:')"

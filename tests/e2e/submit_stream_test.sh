@@ -61,7 +61,7 @@ state_is "$streamed" RUNNING || fail "Ctrl-C of submit changed the job: $(job_st
 log "4. delete: refused while running, then the record and the logs go"
 rc=0; err=$(ls_cli delete "$streamed" 2>&1) || rc=$?
 [ "$rc" = 1 ] || fail "delete of a running job exited $rc: $err"
-echo "$err" | grep -q "FAILED_PRECONDITION: .*cancel it first" || fail "delete of a running job: $err"
+grep -q "FAILED_PRECONDITION: .*cancel it first" <<<"$err" || fail "delete of a running job: $err"
 ls_cli cancel "$streamed" >/dev/null
 wait_state "$streamed" CANCELLED 20
 wait_for 20 no_workers || fail "workers of the cancelled job still run: $(describe_workers)"
@@ -70,7 +70,7 @@ grep -q "rank 0 step 5 " <<<"$(ls_cli logs "$job" --rank 0)" || fail "a finished
 ls_cli delete "$job" "$streamed" "$detached" >"$T/delete.out" || fail "delete failed: $(cat "$T/delete.out")"
 grep -q "deleted job $job (SUCCEEDED" "$T/delete.out" || fail "delete said: $(cat "$T/delete.out")"
 rc=0; err=$(ls_cli status "$job" 2>&1) || rc=$?
-[ "$rc" = 1 ] && echo "$err" | grep -q "NOT_FOUND: .*job $job not found" || fail "status after delete: rc $rc: $err"
+[ "$rc" = 1 ] && grep -q "NOT_FOUND: .*job $job not found" <<<"$err" || fail "status after delete: rc $rc: $err"
 if grep -q "$job" <<<"$(ls_cli list --json)"; then fail "a deleted job is still listed"; fi
 for id in "$job" "$streamed" "$detached"; do
   wait_for 10 test ! -e "$T/coord/jobs/$id" || fail "job $id's directory was not removed"
@@ -78,7 +78,7 @@ done
 grep -q "job=$job .*job deleted: removed $T/coord/jobs/$job" "$T/coord.log" ||
   fail "the agent did not log the removal: $(grep "$job" "$T/coord.log" | tail -n 3)"
 rc=0; err=$(ls_cli delete "$job" 2>&1) || rc=$?
-[ "$rc" = 1 ] && echo "$err" | grep -q "NOT_FOUND" || fail "a second delete: rc $rc: $err"
+[ "$rc" = 1 ] && grep -q "NOT_FOUND" <<<"$err" || fail "a second delete: rc $rc: $err"
 
 
 log "5. --retain-finished-s: finished jobs go by themselves"

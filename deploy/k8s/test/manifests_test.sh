@@ -71,14 +71,17 @@ validate gpu "$T/gpu.yaml"
 validate cli-pod "$K8S/cli-pod.yaml"
 # The token Secret, made the way deploy/k8s/README.md says.
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/token"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/agent-token"
 "$KUBECTL" -n lockstep create secret generic lockstep-token --from-file=token="$T/token" \
+  --from-file=agent-token="$T/agent-token" \
   --dry-run=client -o yaml >"$T/secret.yaml" || fail "kubectl create secret --dry-run=client"
 validate secret "$T/secret.yaml"
-"$PY" - "$T/secret.yaml" "$T/token" <<'PY' || fail "the README's Secret does not hold the token under key token"
+"$PY" - "$T/secret.yaml" "$T/token" "$T/agent-token" <<'PY' || fail "the README's Secret does not hold the tokens under keys token and agent-token"
 import base64, sys, yaml
 s = yaml.safe_load(open(sys.argv[1]))
 assert s["metadata"]["name"] == "lockstep-token" and s["metadata"]["namespace"] == "lockstep"
 assert base64.b64decode(s["data"]["token"]).decode() == open(sys.argv[2]).read()
+assert base64.b64decode(s["data"]["agent-token"]).decode() == open(sys.argv[3]).read()
 PY
 
 "$PY" deploy/k8s/test/pods.py check "$T/base.yaml" || fail "the base"

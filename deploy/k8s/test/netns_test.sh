@@ -13,7 +13,9 @@
 # and volumes (deploy/k8s/test/pods.py run); /etc/hosts names the Service
 # as cluster DNS would; the NetworkPolicies as iptables rules in each pod.
 # Programs under /usr are the Bazel-built ones, copied to an image dir.
-# Checks: the init containers' work, the gRPC probes from the node (agents
+# Checks: the init containers' work (0600 copies of the admin and agent
+# tokens), separate credentials (the agent pods hold the agent token only,
+# which is refused SubmitJob), the gRPC probes from the node (agents
 # NOT_SERVING until their coordinator is up), a 2-node DDP job of the
 # example trainer submitted with `kubectl exec`-style CLI calls: SUCCEEDED,
 # identical parameters on both ranks, each rank on its own agent pod bound
@@ -102,7 +104,10 @@ install -D -m 0755 "$BIN_LOCKSTEPD" "$W/image/usr/bin/lockstepd"
 install -D -m 0755 "$BIN_LOCKSTEP" "$W/image/usr/bin/lockstep"
 install -D -m 0755 "$BIN_TRAIN" "$W/image/usr/lib/lockstep/examples/train"
 IMG="$W/image"
+# The Secret lockstep-token: key token (admin) in token-data, key
+# agent-token in token-data.agent-token (pods.py volumes).
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$W/token-data"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$W/token-data.agent-token"
 
 # Network: a bridge in the node namespace, a veth into each pod.
 if ! ip netns add "$NS_NODE" 2>/dev/null; then
@@ -204,6 +209,13 @@ tok="$W/coord/vol/token/token"
 [ "$(stat -c '%a %u' "$tok")" = "600 10001" ] || fail "token copy is $(stat -c '%a %u' "$tok"), want 600 10001"
 [ "$(stat -L -c '%a %g' "$W/coord/vol/token-secret/token")" = "440 10001" ] ||
   fail "the emulated Secret file should be 0440 group 10001 (fsGroup)"
+atok="$W/coord/vol/token/agent-token"
+[ "$(stat -c '%a %u' "$atok")" = "600 10001" ] || fail "agent token copy is $(stat -c '%a %u' "$atok"), want 600 10001"
+cmp -s "$atok" "$W/token-data.agent-token" || fail "the coordinator's agent token is not the Secret's agent-token"
+# Each agent holds the agent token alone: not the admin token.
+for p in agent-a agent-b; do
+  cmp -s "$W/$p/vol/token/token" "$W/token-data.agent-token" || fail "$p does not hold the Secret's agent-token"
+done
 for p in coord agent-a agent-b; do
   wait_for 30 probes_say "$p" SERVING || fail "$p's probes: $(probe "$p") (want SERVING)"
 done
@@ -214,7 +226,16 @@ if out=$(ip netns exec "${NETNS[coord]}" setpriv --reuid=10001 --regid=10001 --g
     "$IMG/usr/bin/lockstep" --token-file "$W/coord/vol/token-secret/token" nodes 2>&1); then
   fail "the CLI accepted a group-readable token file"
 fi
-echo "$out" | grep -q "readable by group or others" || fail "unexpected refusal: $out"
+grep -q "readable by group or others" <<<"$out" || fail "unexpected refusal: $out"
+# What an agent node's credential can do: register and heartbeat (the agents
+# are up, above), not submit.
+cp "$atok" "$T/agent-token-copy"
+if out=$(ip netns exec "${NETNS[coord]}" "$IMG/usr/bin/lockstep" --coordinator 127.0.0.1:7070 \
+    --token-file "$T/agent-token-copy" submit --detach -- /bin/true 2>&1); then
+  fail "the agent token submitted a job: $out"
+fi
+grep -q "PERMISSION_DENIED: .*an agent token cannot SubmitJob (needs admin)" <<<"$out" ||
+  fail "the agent token's submit was not refused by role: $out"
 # Not root: no capabilities.
 coord_pid=$(pid1 coord)
 grep -q '^Uid:[[:space:]]*10001' "/proc/$coord_pid/status" || fail "the coordinator does not run as 10001"
@@ -304,7 +325,7 @@ for r in 0 1; do
   kexec cli "$IMG/usr/bin/lockstep" logs "$job2" --rank "$r" --stderr >"$T/job2-$r.err"
   kexec cli "$IMG/usr/bin/lockstep" logs "$job2" --rank "$r" >"$T/job2-$r.out"
   grep -q "Permission denied" "$T/job2-$r.err" || fail "rank $r was not denied the token: $(cat "$T/job2-$r.err")"
-  if grep -qF "$(cat "$W/token-data")" "$T/job2-$r.out"; then fail "rank $r read the token"; fi
+  if grep -qF "$(cat "$W/token-data.agent-token")" "$T/job2-$r.out"; then fail "rank $r read the token"; fi
 done
 log "job $job2's workers were denied the token file"
 

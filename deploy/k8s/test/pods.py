@@ -189,8 +189,13 @@ def check(objs, gpu):
         if len(secret_vols) != 1:
             die(f"{name}: want one volume of Secret lockstep-token, got {secret_vols}")
         sv = vols[secret_vols[0]][1]
-        if sv.get("defaultMode") != 0o400 or sv.get("items") != [{"key": "token", "path": "token"}]:
-            die(f"{name}: the token Secret volume must be defaultMode 0400 with item token")
+        # Separate credentials (daemon/README.md, Roles): the coordinator
+        # holds the admin token and the agent token it checks agents
+        # against; an agent holds the agent token alone, as its "token".
+        want_items = ([{"key": "token", "path": "token"}, {"key": "agent-token", "path": "agent-token"}]
+                      if role == "coordinator" else [{"key": "agent-token", "path": "token"}])
+        if sv.get("defaultMode") != 0o400 or sv.get("items") != want_items:
+            die(f"{name}: the token Secret volume must be defaultMode 0400 with items {want_items}")
         token_file = flag(argv, "--token-file")
         mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
         mount_dir, file = os.path.split(token_file or "")
@@ -245,6 +250,12 @@ def check(objs, gpu):
         die(f"coordinator: --state-dir={state} is not on a volumeClaimTemplate")
     if flag(argv, "--advertise-address") != "lockstep-coordinator:7070":
         die("coordinator: must advertise the Service's name")
+    # The agent token: the Secret's, as a 0600 copy the coordinator owns.
+    agent_token = flag(argv, "--agent-token-file")
+    copiers = [i for i in spod.get("initContainers", [])
+               if argv_of(i) == ["/usr/bin/install", "-m", "0600", "/etc/lockstep/secret/agent-token", agent_token]]
+    if not agent_token or not copiers:
+        die(f"coordinator: --agent-token-file={agent_token} is not a 0600 copy of the Secret's agent-token")
 
     # Agent: root, capabilities within the baseline profile, the pod's
     # address advertised (the workers' data plane), --job-uids, node id.
@@ -320,9 +331,11 @@ def make_volumes(objs, spec, pod_dir, token):
             if fs_group is not None:
                 mode |= 0o440  # read-only volumes get group read with fsGroup
                 group = fs_group
-            with open(token) as f:
-                data = f.read()
             for item in src["items"]:
+                # The Secret's keys: the file TOKEN holds "token", TOKEN.KEY
+                # any other key.
+                with open(token if item["key"] == "token" else f"{token}.{item['key']}") as f:
+                    data = f.read()
                 p = os.path.join(stamp, item["path"])
                 with open(p, "w") as f:
                     f.write(data)
