@@ -22,22 +22,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/openssl_ptr.h"
 
 namespace lockstep {
 namespace certs {
 namespace {
 
-template <typename T, void (*F)(T*)>
-struct Deleter {
-  void operator()(T* p) const { F(p); }
-};
-using Bio = std::unique_ptr<BIO, Deleter<BIO, BIO_free_all>>;
-using Pkey = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY, EVP_PKEY_free>>;
-using X509Ptr = std::unique_ptr<X509, Deleter<X509, X509_free>>;
-using X509Ext = std::unique_ptr<X509_EXTENSION, Deleter<X509_EXTENSION, X509_EXTENSION_free>>;
-using X509StorePtr = std::unique_ptr<X509_STORE, Deleter<X509_STORE, X509_STORE_free>>;
-using X509StoreCtx = std::unique_ptr<X509_STORE_CTX, Deleter<X509_STORE_CTX, X509_STORE_CTX_free>>;
-using Bignum = std::unique_ptr<BIGNUM, Deleter<BIGNUM, BN_free>>;
+using openssl::Bignum;
+using openssl::Bio;
+using openssl::Pkey;
+using openssl::X509Ext;
+using openssl::X509Ptr;
+using openssl::X509StoreCtx;
+using openssl::X509StorePtr;
 
 // OpenSSL's queued errors as one line (and clears the queue).
 std::string OpenSslErrors() {

@@ -33,15 +33,20 @@ class AgentTest : public ::testing::Test {
     state_dir_ = std::string(tmp ? tmp : "/tmp") + "/agent-" +
                  ::testing::UnitTest::GetInstance()->current_test_info()->name();
     launcher_ = NewPosixProcessLauncher();
+    AgentOptions options = Options();
+    // PWD and OLDPWD: the daemon's own shell leftovers, never a worker's.
+    options.base_env = {"PATH=/usr/bin:/bin", "EXTRA=base", "PWD=/stale", "OLDPWD=/old"};
+    agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  }
+  // Node n1's options, as every agent of these tests has them.
+  AgentOptions Options() const {
     AgentOptions options;
     options.node_id = "n1";
     options.hostname = "host1";
     options.agent_address = "127.0.0.1:5555";
     options.state_dir = state_dir_;
     options.allowed_env = {"JOBVAR"};
-    // PWD and OLDPWD: the daemon's own shell leftovers, never a worker's.
-    options.base_env = {"PATH=/usr/bin:/bin", "EXTRA=base", "PWD=/stale", "OLDPWD=/old"};
-    agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+    return options;
   }
   ~AgentTest() override { agent_->Shutdown(milliseconds(200)); }
 
@@ -210,12 +215,7 @@ TEST_F(AgentTest, WorkersGetTorchrunsVariablesOneOmpThreadAndTheirOwnPwd) {
 // (LOCKSTEP_TLS_*_PEM); a read that fails fails the launch, saying why.
 TEST_F(AgentTest, WorkersGetTheTlsMaterialReadAtEachLaunch) {
   agent_->Shutdown(milliseconds(200));
-  AgentOptions options;
-  options.node_id = "n1";
-  options.hostname = "host1";
-  options.agent_address = "127.0.0.1:5555";
-  options.state_dir = state_dir_;
-  options.allowed_env = {"JOBVAR"};
+  AgentOptions options = Options();
   int reads = 0;
   bool unreadable = false;
   options.worker_tls = [&]() -> StatusOr<WorkerTlsPem> {
@@ -263,10 +263,7 @@ TEST_F(AgentTest, UnlaunchableCommandIsALaunchErrorWithTheReason) {
 
 // This node's own refusal is as permanent as a missing program.
 TEST_F(AgentTest, CommandOutsideTheAllowedListIsALaunchError) {
-  AgentOptions options;
-  options.node_id = "n1";
-  options.state_dir = state_dir_;
-  options.allowed_env = {"JOBVAR"};
+  AgentOptions options = Options();
   options.allowed_commands = {"/bin/true"};
   agent_->Shutdown(milliseconds(10));
   agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
@@ -287,10 +284,7 @@ class UnavailableLauncher : public ProcessLauncher {
 };
 
 TEST_F(AgentTest, TransientLaunchFailureIsNotALaunchError) {
-  AgentOptions options;
-  options.node_id = "n1";
-  options.state_dir = state_dir_;
-  options.allowed_env = {"JOBVAR"};
+  AgentOptions options = Options();
   agent_->Shutdown(milliseconds(10));
   agent_.reset();
   launcher_ = std::make_unique<UnavailableLauncher>();
@@ -319,10 +313,7 @@ TEST_F(AgentTest, JobEnvironmentOutsideTheAllowListIsALaunchError) {
 }
 
 TEST_F(AgentTest, SpecCannotPickAnotherUserThanTheDaemonsRunAs) {
-  AgentOptions options;
-  options.node_id = "n1";
-  options.state_dir = state_dir_;
-  options.allowed_env = {"JOBVAR"};
+  AgentOptions options = Options();
   options.run_as = "nobody";
   agent_->Shutdown(milliseconds(10));
   agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
 #include "common/certs.h"
+#include "common/openssl_ptr.h"
 #include "common/worker_env.h"
 
 namespace lockstep {
@@ -91,15 +92,11 @@ ProcessState& State() {
 
 // ---- ExplainTlsFailure's own handshake ----
 
-template <typename T, void (*F)(T*)>
-struct Deleter {
-  void operator()(T* p) const { F(p); }
-};
-using SslCtx = std::unique_ptr<SSL_CTX, Deleter<SSL_CTX, SSL_CTX_free>>;
-using Ssl = std::unique_ptr<SSL, Deleter<SSL, SSL_free>>;
-using Bio = std::unique_ptr<BIO, Deleter<BIO, BIO_free_all>>;
-using X509Ptr = std::unique_ptr<X509, Deleter<X509, X509_free>>;
-using Pkey = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY, EVP_PKEY_free>>;
+using SslCtx = std::unique_ptr<SSL_CTX, openssl::Deleter<SSL_CTX, SSL_CTX_free>>;
+using Ssl = std::unique_ptr<SSL, openssl::Deleter<SSL, SSL_free>>;
+using openssl::Bio;
+using openssl::Pkey;
+using openssl::X509Ptr;
 
 struct Fd {
   int fd = -1;
