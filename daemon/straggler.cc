@@ -108,7 +108,10 @@ void HealthTracker::Update(v1::Job* job, const v1::AgentJobReport& report, MonoT
   }
   JobBeats& beats = jobs_[id];
   const int round = job->current_round().number();
-  if (beats.round != round) beats = JobBeats{round};
+  if (beats.round != round) {
+    beats = JobBeats();
+    beats.round = round;
+  }
   if (report.round() == round) {
     for (const auto& w : report.workers()) {
       const v1::RankProgress& p = w.progress();
