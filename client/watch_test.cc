@@ -114,7 +114,9 @@ TEST(RenderWatchTest, NamesTheStragglerAboveTheRanksAndPrefersTheWallClockStep) 
   for (size_t i = 0; i < lines.size(); ++i) {
     if (absl::StartsWith(lines[i], "straggler: rank 1")) straggler = static_cast<int>(i);
     if (absl::StartsWith(lines[i], "RANK ")) header = static_cast<int>(i);
-    if (absl::StartsWith(lines[i], "1 ")) EXPECT_TRUE(absl::StrContains(lines[i], "400.5")) << lines[i];
+    if (absl::StartsWith(lines[i], "1 ")) {
+      EXPECT_TRUE(absl::StrContains(lines[i], "400.5")) << lines[i];
+    }
   }
   EXPECT_GE(straggler, 0) << absl::StrJoin(lines, "\n");
   EXPECT_LT(straggler, header) << absl::StrJoin(lines, "\n");
