@@ -183,7 +183,8 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   if (c.run_as == "root" || c.run_as == "0") {
     return absl::InvalidArgumentError("--run-as: workers never run as root");
   }
-  if (c.job_uids.empty() && c.agent && c.run_as.empty() && ::geteuid() == 0) {
+  if (c.job_uids.empty() && c.agent && c.run_as.empty() && ::geteuid() == 0 &&
+      MissingUserSwitchCapabilities().empty()) {
     // Isolation by default: a root daemon gives each job a uid of its own.
     c.job_uid_first = kDefaultJobUidFirst;
     c.job_uid_last = kDefaultJobUidLast;
@@ -204,6 +205,11 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--job-uids needs a root lockstepd to switch users (this one runs as uid ",
           ::geteuid(), ")"));
+    }
+    if (std::string missing = MissingUserSwitchCapabilities(); !missing.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--job-uids needs ", missing, ", which this lockstepd lacks (a container or unit "
+          "that dropped them): it could not run jobs as their own uids"));
     }
   }
   RETURN_IF_ERROR(daemon::ValidateEnvPatterns(c.allowed_env));
@@ -500,6 +506,10 @@ int Run(int argc, char** argv) {
                "its token and each other's environment (a root lockstepd gives each job a uid "
                "of its own)",
                ::geteuid());
+    } else if (config.run_as.empty() && config.job_uids != "off") {
+      log.Warn("jobs are not isolated: their workers run as root, because this root daemon "
+               "lacks {} to give each job a uid of its own",
+               MissingUserSwitchCapabilities());
     } else if (config.run_as.empty()) {
       log.Warn("jobs are not isolated: their workers run as root (--job-uids=off)");
     } else {

@@ -41,6 +41,28 @@ std::vector<pid_t> ProcessesOfUid(uint32_t uid) {
   return pids;
 }
 
+std::string MissingUserSwitchCapabilities() {
+  uint64_t effective = 0;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("CapEff:", 0) != 0) continue;
+    std::string hex = line.substr(7);
+    hex.erase(0, hex.find_first_not_of(" \t"));
+    if (!absl::SimpleHexAtoi(hex, &effective)) effective = 0;
+    break;
+  }
+  // Bit numbers from linux/capability.h.
+  constexpr std::pair<int, const char*> kNeeded[] = {
+      {7, "CAP_SETUID"}, {6, "CAP_SETGID"}, {0, "CAP_CHOWN"}, {5, "CAP_KILL"}};
+  std::string missing;
+  for (const auto& [bit, name] : kNeeded) {
+    if ((effective >> bit) & 1) continue;
+    absl::StrAppend(&missing, missing.empty() ? "" : ", ", name);
+  }
+  return missing;
+}
+
 UidLease::UidLease(UidLease&& other) noexcept
     : uid_(other.uid_), fd_(std::exchange(other.fd_, -1)) {}
 

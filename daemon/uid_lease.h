@@ -34,6 +34,13 @@ inline constexpr uint32_t kDefaultJobUidLast = 70999;
 // Every process whose real uid is `uid`, read from /proc.
 std::vector<pid_t> ProcessesOfUid(uint32_t uid);
 
+// The capabilities a daemon needs to run jobs as uids of their own
+// (CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL) that this process's
+// effective set lacks, named ("CAP_SETUID, CAP_SETGID"); empty when it has
+// them all. A root daemon in a container or unit that dropped them is root
+// but cannot switch users.
+std::string MissingUserSwitchCapabilities();
+
 // One held uid: the lock goes when this does.
 class UidLease {
  public:

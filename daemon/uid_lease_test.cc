@@ -119,6 +119,34 @@ TEST_F(UidLeaseTest, AUidWithProcessesButNoLeaseIsSkipped) {
   ::waitpid(child, nullptr, 0);
 }
 
+TEST(UserSwitchCapabilitiesTest, AProcessWithoutCapabilitiesLacksAllFour) {
+  const std::string all = "CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL";
+  if (::geteuid() != 0) {
+    EXPECT_EQ(MissingUserSwitchCapabilities(), all);
+    return;
+  }
+  EXPECT_EQ(MissingUserSwitchCapabilities(), "") << "root here is expected to hold them";
+  // As another uid a process has no effective capabilities at all.
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::string missing = ::setresgid(65534, 65534, 65534) == 0 &&
+                                  ::setresuid(65534, 65534, 65534) == 0
+                              ? MissingUserSwitchCapabilities()
+                              : "setresuid failed";
+    (void)!::write(out[1], missing.data(), missing.size());
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  char buf[256];
+  ssize_t n = ::read(out[0], buf, sizeof(buf));
+  ::waitpid(child, nullptr, 0);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, n), all);
+}
+
 TEST_F(UidLeaseTest, ADirOthersMayWriteOrASymlinkIsRefused) {
   UidLeases leases(dir_, kFirst, kFirst);
   ASSERT_TRUE(leases.Prepare().ok());

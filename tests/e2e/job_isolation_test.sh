@@ -7,7 +7,8 @@
 # its job dir belongs to root again. The uids are leased host-wide
 # (/run/lockstep/job-uids): a second daemon on the same host runs the other
 # rank of a real 2-node DDP job (examples/train) as a different uid, and the
-# job succeeds with identical parameters. Needs root (skips otherwise).
+# job succeeds with identical parameters. A root daemon without CAP_SETUID
+# says jobs are not isolated. Needs root (skips otherwise).
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
 if [ "$(id -u)" != 0 ]; then log "SKIP: needs root to switch users"; exit 0; fi
@@ -92,4 +93,18 @@ for u in "${uids[@]}"; do
   [ -z "$left" ] || fail "uid $u left in /dev/shm: $left"
 done
 check_invariants "$job" 0
+
+# A root daemon that cannot switch users (a container or unit that dropped
+# CAP_SETUID and CAP_SETGID) says at start that jobs are not isolated, and
+# refuses an explicit --job-uids.
+DAEMON_PREFIX=(setpriv --bounding-set=-setuid,-setgid)
+start_agent nocaps
+DAEMON_PREFIX=()
+grep -q "jobs are not isolated: their workers run as root, because this root daemon lacks CAP_SETUID, CAP_SETGID" "$T/nocaps.log" ||
+  fail "a root daemon without CAP_SETUID did not say jobs are not isolated: $(head -n 20 "$T/nocaps.log")"
+rc=0
+timeout 20 setpriv --bounding-set=-setuid,-setgid "$LOCKSTEPD" --coordinator --listen 127.0.0.1:0 \
+  --state-dir "$T/nocaps-explicit" --job-uids 70000-70009 >"$T/nocaps-explicit.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q -- "--job-uids needs CAP_SETUID, CAP_SETGID, which this lockstepd lacks" "$T/nocaps-explicit.log" ||
+  fail "--job-uids without CAP_SETUID: exit $rc: $(cat "$T/nocaps-explicit.log")"
 log "PASS"
