@@ -36,15 +36,21 @@ Status TestAuthorizer(const std::multimap<grpc::string_ref, grpc::string_ref>& m
   return absl::PermissionDeniedError(absl::StrCat("token does not open namespace '", ns, "'"));
 }
 
+// `service` served on a loopback port the kernel picks (set in *port), with
+// lockstepd's message limits.
+std::unique_ptr<grpc::Server> Serve(StoreGrpcService* service, int* port) {
+  grpc::ServerBuilder builder;
+  ApplyMessageLimits(&builder);
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
 class StoreServiceAuthTest : public ::testing::Test {
  protected:
   void SetUp() override {
     service_ = std::make_unique<StoreGrpcService>(&core_, TestAuthorizer);
-    grpc::ServerBuilder builder;
-    ApplyMessageLimits(&builder);
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
+    server_ = Serve(service_.get(), &port_);
     ASSERT_NE(server_, nullptr);
     ASSERT_NE(port_, 0);
     address_ = absl::StrCat("127.0.0.1:", port_);
@@ -210,11 +216,7 @@ class StoreServiceLimitsTest : public ::testing::Test {
  protected:
   void Start(StoreGrpcService::Limits limits) {
     service_ = std::make_unique<StoreGrpcService>(&core_, TestAuthorizer, limits);
-    grpc::ServerBuilder builder;
-    ApplyMessageLimits(&builder);
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
+    server_ = Serve(service_.get(), &port_);
     ASSERT_NE(server_, nullptr);
     grpc::ChannelArguments args = LockstepChannelArguments();
     stub_ = v1::StoreService::NewStub(grpc::CreateCustomChannel(
@@ -329,11 +331,8 @@ TEST_F(StoreServiceLimitsTest, ASessionThatDoesNotReadStopsBeingRead) {
 TEST(StoreServiceOpenTest, NoAuthorizerAcceptsCallsWithoutToken) {
   StoreCore core;
   StoreGrpcService service(&core);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
+  auto server = Serve(&service, &port);
   ASSERT_NE(port, 0);
   auto store = ConnectStore(absl::StrCat("127.0.0.1:", port), "job-a/0", seconds(10));
   ASSERT_TRUE(store.ok()) << store.status();
