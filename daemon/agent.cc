@@ -1,6 +1,5 @@
 #include "daemon/agent.h"
 
-#include <dirent.h>
 #include <ftw.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -499,9 +498,7 @@ void Agent::Register() {
   }
   if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
   if (resp->heartbeat_interval_s() > 0) heartbeat_interval_ = FromSeconds(resp->heartbeat_interval_s());
-  readers_.SetDigest(Role::kAdmin, resp->admin_token_sha256());
-  readers_.SetDigest(Role::kViewer, resp->viewer_token_sha256());
-  readers_.SetDigest(Role::kAgent, resp->agent_token_sha256());
+  ReadDigests(*resp, &readers_);
   Renewed(sent);
   registered_ = true;
   next_heartbeat_ = clock_->Now();  // fetch commands at once
@@ -549,9 +546,7 @@ void Agent::Heartbeat() {
     return;
   }
   if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
-  readers_.SetDigest(Role::kAdmin, resp->admin_token_sha256());
-  readers_.SetDigest(Role::kViewer, resp->viewer_token_sha256());
-  readers_.SetDigest(Role::kAgent, resp->agent_token_sha256());
+  ReadDigests(*resp, &readers_);
   if (fenced_ || (last_renewed_ && clock_->Now() - *last_renewed_ > heartbeat_interval_ * 3)) {
     log_.Info("heartbeat accepted again after {}s", ToSeconds(clock_->Now() - *last_renewed_));
   }

@@ -137,9 +137,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterNode(grpc::CallbackSer
   auto r = core_->RegisterNode(*req);
   if (r.ok()) {
     *resp = *r;
-    resp->set_admin_token_sha256(roles_->Digest(Role::kAdmin));
-    resp->set_viewer_token_sha256(roles_->Digest(Role::kViewer));
-    resp->set_agent_token_sha256(roles_->Digest(Role::kAgent));
+    WriteDigests(*roles_, resp);
   }
   return Done(ctx, r.status());
 }
@@ -152,9 +150,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServer
   auto r = core_->Heartbeat(*req);
   if (r.ok()) {
     *resp = std::move(*r);
-    resp->set_admin_token_sha256(roles_->Digest(Role::kAdmin));
-    resp->set_viewer_token_sha256(roles_->Digest(Role::kViewer));
-    resp->set_agent_token_sha256(roles_->Digest(Role::kAgent));
+    WriteDigests(*roles_, resp);
     for (v1::AgentCommand& cmd : *resp->mutable_commands()) {
       if (cmd.kind() == v1::AgentCommand::KIND_START) {
         cmd.set_store_token(JobStoreToken(admin_token_, cmd.job_id()));

@@ -75,6 +75,22 @@ class RoleTokens {
   std::string digests_[3] ABSL_GUARDED_BY(mu_);  // admin, viewer, agent
 };
 
+// The coordinator's token digests travel in every RegisterNodeResponse and
+// HeartbeatResponse (their *_token_sha256 fields): written from the
+// coordinator's RoleTokens, read into the agent's.
+template <typename Response>
+void WriteDigests(const RoleTokens& roles, Response* resp) {
+  resp->set_admin_token_sha256(roles.Digest(Role::kAdmin));
+  resp->set_viewer_token_sha256(roles.Digest(Role::kViewer));
+  resp->set_agent_token_sha256(roles.Digest(Role::kAgent));
+}
+template <typename Response>
+void ReadDigests(const Response& resp, RoleTokens* roles) {
+  roles->SetDigest(Role::kAdmin, resp.admin_token_sha256());
+  roles->SetDigest(Role::kViewer, resp.viewer_token_sha256());
+  roles->SetDigest(Role::kAgent, resp.agent_token_sha256());
+}
+
 // Authorizes a call of `method` ("Service/Method") carrying the
 // `authorization` metadata `header_value` (`present` false when absent).
 // Unauthenticated: no metadata, not "Bearer <t>", or a token of no role
