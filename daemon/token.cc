@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/unique_fd.h"
 
 namespace lockstep {
 namespace daemon {
@@ -48,16 +49,12 @@ StatusOr<std::string> LoadToken(const std::string& path, bool create) {
   // Judged on the file that is read (a symlink is followed: a Kubernetes
   // Secret volume is made of them), through one descriptor, so the file
   // checked is the file read.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) {
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+  if (!fd.valid()) {
     return absl::PermissionDeniedError(
         absl::StrCat("token file ", path, ": cannot read: ", std::strerror(errno)));
   }
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::PermissionDeniedError(absl::StrCat("token file ", path, " is not a regular file"));
   }
   if (st.st_mode & 077) {
@@ -72,7 +69,7 @@ StatusOr<std::string> LoadToken(const std::string& path, bool create) {
         ::geteuid(), ": whoever owns it can change the token; chown it"));
   }
   std::string content(4096, '\0');
-  const ssize_t n = ::read(fd, content.data(), content.size());
+  const ssize_t n = ::read(fd.get(), content.data(), content.size());
   if (n < 0) {
     return absl::PermissionDeniedError(
         absl::StrCat("token file ", path, ": cannot read: ", std::strerror(errno)));

@@ -63,22 +63,6 @@ std::string MissingUserSwitchCapabilities() {
   return missing;
 }
 
-UidLease::UidLease(UidLease&& other) noexcept
-    : uid_(other.uid_), fd_(std::exchange(other.fd_, -1)) {}
-
-UidLease& UidLease::operator=(UidLease&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    uid_ = other.uid_;
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
-}
-
-UidLease::~UidLease() {
-  if (fd_ >= 0) ::close(fd_);  // the flock goes with the last descriptor
-}
-
 namespace {
 
 bool NamedInUserDatabase(uint32_t uid) {
@@ -137,17 +121,16 @@ absl::StatusOr<UidLease> UidLeases::Acquire() const {
   int held = 0, named = 0, busy = 0;
   for (uint64_t uid = first_; uid <= last_; ++uid) {
     const std::string path = absl::StrCat(dir_, "/", uid);
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd.valid()) {
       return absl::FailedPreconditionError(
           absl::StrCat("uid lease ", path, ": ", std::strerror(errno)));
     }
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      ::close(fd);
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
       ++held;
       continue;
     }
-    UidLease lease(static_cast<uint32_t>(uid), fd);
+    UidLease lease(static_cast<uint32_t>(uid), std::move(fd));
     // Locked, but not necessarily free: an account of that number, or
     // processes left by a daemon that died (they escaped its process
     // groups), would share the job's uid.

@@ -13,10 +13,12 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 
 namespace lockstep {
 
@@ -41,23 +43,18 @@ std::vector<pid_t> ProcessesOfUid(uint32_t uid);
 // but cannot switch users.
 std::string MissingUserSwitchCapabilities();
 
-// One held uid: the lock goes when this does.
+// One held uid: the lock goes with the descriptor, when this does.
 class UidLease {
  public:
   UidLease() = default;
-  UidLease(uint32_t uid, int fd) : uid_(uid), fd_(fd) {}
-  UidLease(UidLease&& other) noexcept;
-  UidLease& operator=(UidLease&& other) noexcept;
-  UidLease(const UidLease&) = delete;
-  UidLease& operator=(const UidLease&) = delete;
-  ~UidLease();
+  UidLease(uint32_t uid, UniqueFd fd) : uid_(uid), fd_(std::move(fd)) {}
 
   uint32_t uid() const { return uid_; }
-  bool held() const { return fd_ >= 0; }
+  bool held() const { return fd_.valid(); }
 
  private:
   uint32_t uid_ = 0;
-  int fd_ = -1;
+  UniqueFd fd_;
 };
 
 class UidLeases {

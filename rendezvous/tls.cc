@@ -31,6 +31,7 @@
 #include "common/address.h"
 #include "common/certs.h"
 #include "common/openssl_ptr.h"
+#include "common/unique_fd.h"
 #include "common/worker_env.h"
 
 namespace lockstep {
@@ -97,13 +98,6 @@ using Ssl = std::unique_ptr<SSL, openssl::Deleter<SSL, SSL_free>>;
 using openssl::Bio;
 using openssl::Pkey;
 using openssl::X509Ptr;
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 // A TCP connection to host:port within `timeout`, reads and writes bounded
 // by it too; -1 if none.
@@ -370,9 +364,8 @@ std::string ExplainTlsFailure(const std::string& address, const TlsConfig& confi
                               Duration timeout) {
   const std::string host = HostOfAddress(address);
   SigpipeGuard no_sigpipe;
-  Fd fd;
-  fd.fd = ConnectTcp(host, PortOfAddress(address), timeout);
-  if (fd.fd < 0) return "";
+  UniqueFd fd(ConnectTcp(host, PortOfAddress(address), timeout));
+  if (!fd.valid()) return "";
   SslCtx ctx(SSL_CTX_new(TLS_client_method()));
   if (!ctx) return "";
   const bool tls = config.enabled();
@@ -385,7 +378,7 @@ std::string ExplainTlsFailure(const std::string& address, const TlsConfig& confi
   static const unsigned char kAlpn[] = {2, 'h', '2'};
   SSL_CTX_set_alpn_protos(ctx.get(), kAlpn, sizeof(kAlpn));
   Ssl ssl(SSL_new(ctx.get()));
-  SSL_set_fd(ssl.get(), fd.fd);
+  SSL_set_fd(ssl.get(), fd.get());
   X509_VERIFY_PARAM* param = SSL_get0_param(ssl.get());
   if (IsIpLiteral(host)) {
     X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str());
