@@ -13,8 +13,8 @@
 #include <sys/types.h>
 
 #include <cstdint>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
