@@ -188,15 +188,6 @@ class Cli {
     return absl::OkStatus();
   }
 
-  // For a call to `address` that failed: why at the TLS layer, if that is
-  // where (rendezvous::ExplainTlsFailure), appended to `status`.
-  static Status WithTlsReason(Status status, const std::string& address) {
-    if (status.code() != absl::StatusCode::kUnavailable) return status;
-    const std::string why = rendezvous::ExplainTlsFailure(address, rendezvous::ProcessTls());
-    if (why.empty()) return status;
-    return absl::Status(status.code(), absl::StrCat(status.message(), "; ", why));
-  }
-
   std::unique_ptr<grpc::ClientContext> Ctx(std::chrono::milliseconds timeout = kRpcTimeout) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->AddMetadata(daemon::kAuthorizationHeader, "Bearer " + token_);
@@ -205,7 +196,7 @@ class Cli {
   }
 
   Status Check(const grpc::Status& s, const std::string& what) {
-    return WithTlsReason(
+    return rendezvous::WithTlsReason(
         FromGrpcStatus(s, absl::StrCat(what, " (coordinator ", common_.coordinator, ")")),
         common_.coordinator);
   }

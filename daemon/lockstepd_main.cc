@@ -243,12 +243,7 @@ class DeferredCoordinatorClient : public CoordinatorClient {
   StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& request,
                                                   Duration timeout) override {
     auto response = client_->RegisterNode(request, timeout);
-    if (absl::IsUnavailable(response.status())) {
-      const std::string why = rendezvous::ExplainTlsFailure(address_, rendezvous::ProcessTls());
-      if (!why.empty()) {
-        return absl::UnavailableError(absl::StrCat(response.status().message(), "; ", why));
-      }
-    }
+    if (!response.ok()) return rendezvous::WithTlsReason(response.status(), address_);
     return response;
   }
   StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,

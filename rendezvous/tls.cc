@@ -436,5 +436,12 @@ std::string ExplainTlsFailure(const std::string& address, const TlsConfig& confi
                       reason, "; was it issued by the server's CA?)");
 }
 
+Status WithTlsReason(Status status, const std::string& address) {
+  if (status.code() != absl::StatusCode::kUnavailable) return status;
+  const std::string why = ExplainTlsFailure(address, ProcessTls());
+  if (why.empty()) return status;
+  return absl::Status(status.code(), absl::StrCat(status.message(), "; ", why));
+}
+
 }  // namespace rendezvous
 }  // namespace lockstep

@@ -113,6 +113,10 @@ inline constexpr std::chrono::seconds kTlsDiagnosisTimeout{3};
 std::string ExplainTlsFailure(const std::string& address, const TlsConfig& config,
                               Duration timeout = kTlsDiagnosisTimeout);
 
+// `status` of a call to `address`, with ExplainTlsFailure's reason (under
+// the process's TLS) appended when it is UNAVAILABLE and the cause is TLS.
+Status WithTlsReason(Status status, const std::string& address);
+
 }  // namespace rendezvous
 }  // namespace lockstep
 
