@@ -34,7 +34,8 @@ struct Config {
   int64_t batch = 32;
   double bucket_mb = 25;
   bool local = false;
-  bool grad_as_bucket_view = false;
+  bool grad_as_bucket_view = true;
+  bool set_to_none = true;
   std::string comm_hook = "allreduce";
   std::string train = "";
   std::string backend = "gloo";
@@ -80,7 +81,9 @@ Status Run(const Config& cfg, const char* argv0) {
                                        "--batch", std::to_string(cfg.batch),
                                        "--bucket-mb", absl::StrCat(cfg.bucket_mb)};
       if (cfg.local) args.push_back("--local");
-      if (cfg.grad_as_bucket_view) args.push_back("--gradient-as-bucket-view");
+      args.push_back(absl::StrCat("--gradient-as-bucket-view=",
+                                  cfg.grad_as_bucket_view ? "true" : "false"));
+      args.push_back(absl::StrCat("--set-to-none=", cfg.set_to_none ? "true" : "false"));
       args.push_back("--comm-hook=" + cfg.comm_hook);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
@@ -103,7 +106,7 @@ Status Run(const Config& cfg, const char* argv0) {
   std::ifstream in(dir + "/rank0.out");
   std::vector<double> step_ms, exposed_ms, backward_ms, cpu_ms;
   int buckets = 0;
-  double bytes_reduced = 0;
+  double bytes_reduced = 0, comm_memory = 0;
   for (std::string line; std::getline(in, line);) {
     const double step = Field(line, "step");
     if (step < 1 || line.find("\"step_ms\"") == std::string::npos) continue;
@@ -114,6 +117,7 @@ Status Run(const Config& cfg, const char* argv0) {
     backward_ms.push_back(Field(line, "backward_ms"));
     buckets = static_cast<int>(Field(line, "buckets"));
     bytes_reduced = Field(line, "bytes_reduced");
+    comm_memory = Field(line, "buckets_in_comm_memory");
   }
   if (step_ms.empty()) return absl::InternalError("no step lines in " + dir + "/rank0.out");
   const double median = Median(step_ms);
@@ -121,15 +125,16 @@ Status Run(const Config& cfg, const char* argv0) {
       R"({"system":"lockstep","model":"%s","world":%d,"backend":"%s","bucket_mb":%g,)"
       R"("batch_per_rank":%d,"steps":%d,"step_ms_median":%.2f,"step_ms_min":%.2f,)"
       R"("samples_per_s":%.1f,"comm_exposed_ms_median":%.2f,"backward_ms_median":%.2f,)"
-      R"("buckets":%d,"gradient_as_bucket_view":%s,"cpu_ms_median":%.2f,)"
-      R"("comm_hook":"%s","bytes_reduced":%.0f})" "\n",
+      R"("buckets":%d,"gradient_as_bucket_view":%s,"set_to_none":%s,"cpu_ms_median":%.2f,)"
+      R"("comm_hook":"%s","bytes_reduced":%.0f,"buckets_in_comm_memory":%s})" "\n",
       cfg.model.c_str(), static_cast<int>(cfg.world), cfg.local ? "local" : cfg.backend.c_str(),
       cfg.bucket_mb,
       static_cast<int>(cfg.batch), static_cast<int>(step_ms.size()), median,
       *std::min_element(step_ms.begin(), step_ms.end()), cfg.world * cfg.batch * 1000.0 / median,
       cfg.local ? 0.0 : Median(exposed_ms), cfg.local ? 0.0 : Median(backward_ms),
-      cfg.local ? 0 : buckets, cfg.grad_as_bucket_view ? "true" : "false", Median(cpu_ms),
-      cfg.comm_hook.c_str(), cfg.local ? 0.0 : bytes_reduced);
+      cfg.local ? 0 : buckets, cfg.grad_as_bucket_view ? "true" : "false",
+      cfg.set_to_none ? "true" : "false", Median(cpu_ms),
+      cfg.comm_hook.c_str(), cfg.local ? 0.0 : bytes_reduced, comm_memory > 0 ? "true" : "false");
   return absl::OkStatus();
 }
 
@@ -148,6 +153,9 @@ int main(int argc, char** argv) {
   flags.Bool("local", &cfg.local, "compute-only baseline: N processes, no communication");
   flags.String("backend", &cfg.backend, "gloo | shm (LOCKSTEP_BACKEND of the ranks)");
   flags.Bool("gradient-as-bucket-view", &cfg.grad_as_bucket_view, "DDP gradient_as_bucket_view");
+  flags.Bool("set-to-none", &cfg.set_to_none,
+             "the trainer resets gradients to undefined each step (as the peer script's "
+             "zero_grad(set_to_none=True)) instead of zeroing them");
   flags.String("comm-hook", &cfg.comm_hook, "allreduce | fp16 | bf16 | adasum (DDP comm hook)");
   flags.String("train", &cfg.train, "path of examples/train (default: from runfiles)");
   auto rest = flags.Parse(argc, argv);

@@ -1,36 +1,41 @@
 #!/usr/bin/python3
-"""Formats bench/run_table.sh output (JSON lines) as the markdown table of bench/README.md."""
-import json, sys
+"""Formats bench/run_table.sh output (JSON lines) as the markdown table of bench/README.md.
 
-rows = {}
+Each cell: the median over the rounds of each run's median step ms, then the
+range of those medians in brackets (and for lockstep DDP the median exposed
+communication ms)."""
+import json, statistics, sys
+
+runs = {}
 for line in sys.stdin:
     line = line.strip()
     if not line.startswith("{"):
         continue
     d = json.loads(line)
-    m = d["model"]
     if d["system"] == "lockstep":
-        key = "lockstep local" if d["backend"] == "local" else "lockstep %g MB" % d["bucket_mb"]
-        if d["backend"] == "shm":
-            key = "lockstep shm %g MB" % d["bucket_mb"]
-        if d.get("gradient_as_bucket_view"):
-            key += " view"
+        if d["backend"] == "local":
+            key = "lockstep local"
+        else:
+            key = "lockstep %s %g MB" % (d["backend"], d["bucket_mb"])
+            if not d.get("gradient_as_bucket_view", True):
+                key += " own grads"
     else:
         key = d["system"]
-    rows.setdefault(m, {})[key] = d
-cols = ["lockstep local", "torch-local", "lockstep 1 MB", "lockstep 5 MB", "lockstep 25 MB",
-        "lockstep 100 MB", "lockstep 25 MB view", "lockstep shm 25 MB", "torch-ddp", "torch-local +keep",
-        "torch-ddp +keep"]
+    runs.setdefault(d["model"], {}).setdefault(key, []).append(d)
+cols = ["lockstep local", "lockstep gloo 25 MB", "lockstep gloo 25 MB own grads",
+        "lockstep shm 25 MB", "torch-ddp", "torch-local +keep", "torch-ddp +keep"]
 print("| model | " + " | ".join(cols) + " |")
 print("|---" * (len(cols) + 1) + "|")
-for m, r in rows.items():
+for m, r in runs.items():
     cells = []
     for c in cols:
-        d = r.get(c)
-        if d is None:
+        ds = r.get(c)
+        if not ds:
             cells.append("-")
-        elif "cpu_ms_median" in d and d.get("backend") in ("gloo", "shm"):
-            cells.append("%.0f (exp %.0f)" % (d["step_ms_median"], d["comm_exposed_ms_median"]))
-        else:
-            cells.append("%.0f" % d["step_ms_median"])
+            continue
+        steps = [d["step_ms_median"] for d in ds]
+        cell = "%.0f [%.0f-%.0f]" % (statistics.median(steps), min(steps), max(steps))
+        if d_exp := [d["comm_exposed_ms_median"] for d in ds if d.get("backend") in ("gloo", "shm")]:
+            cell += " (exp %.0f)" % statistics.median(d_exp)
+        cells.append(cell)
     print("| %s | %s |" % (m, " | ".join(cells)))

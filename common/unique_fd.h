@@ -25,6 +25,8 @@ class UniqueFd {
   ~UniqueFd() { Reset(); }
 
   int get() const { return fd_; }
+  // Gives up ownership: the caller closes the returned fd.
+  int release() { return std::exchange(fd_, -1); }
   bool valid() const { return fd_ >= 0; }
   void Reset() {
     if (fd_ >= 0) ::close(fd_);

@@ -50,10 +50,14 @@ CommHook AllreduceHook() {
   CommHook hook;
   hook.name = "allreduce";
   // The 1/world of the average rides on the copy into the bucket (one pass
-  // over the gradients instead of two), and the wire carries a plain sum.
+  // over the gradients instead of two), and the wire carries a plain sum;
+  // or, where the communicator divides while it reduces (FusedAverage), on
+  // the reduction.
   hook.prescale_by_world = true;
+  hook.prescale_optional = true;
   hook.run = [](GradBucket& bucket, Communicator& comm) {
-    return BucketWork::Of(comm.AllReduce(bucket.buffer, ReduceOp::kSum), bucket.buffer,
+    const ReduceOp op = bucket.prescaled || bucket.weighted ? ReduceOp::kSum : ReduceOp::kAvg;
+    return BucketWork::Of(comm.AllReduce(bucket.buffer, op), bucket.buffer,
                           static_cast<int64_t>(bucket.buffer.nbytes()));
   };
   return hook;

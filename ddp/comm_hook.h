@@ -12,7 +12,8 @@
 //
 // Built-in hooks (CommHookFromName names them; ddp/README.md "Comm hooks"):
 //   allreduce  average: grad/world fused into the copy, then a sum allreduce
-//              (the default; the path DDP always had).
+//              (the default); on a communicator that averages in its
+//              reduction (shm: FusedAverage), an unscaled bucket and kAvg.
 //   fp16/bf16  average on a half-precision wire: grad/world fused into the
 //              copy (so the sum cannot overflow where the average does not),
 //              cast to float16/bfloat16, sum allreduce, cast back. Half the
@@ -70,6 +71,9 @@ struct GradBucket {
   // True when the Reducer has already divided each gradient by the world
   // size while copying it in (CommHook::prescale_by_world).
   bool prescaled = false;
+  // True with weight_by_samples: each slot holds n_r x grad and the
+  // bucket's last two elements [n, done]; the hook must sum.
+  bool weighted = false;
 };
 
 // The future a hook returns: one communicator Work (its collective) and, if
@@ -130,6 +134,11 @@ struct CommHook {
   // so the bucket holds grad/world when `run` sees it.
   bool prescale_by_world = false;
   Fn run;
+  // Default: false. When true, prescale_by_world is only a preference: on a
+  // communicator whose FusedAverage() is true the Reducer copies gradients
+  // unscaled and `run` sees bucket.prescaled false, and must then average
+  // itself (AllReduce kAvg: the division rides on the reduction).
+  bool prescale_optional = false;
 };
 
 // The built-in hooks (see the top of this file).

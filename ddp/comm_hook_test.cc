@@ -92,14 +92,18 @@ StatusOr<std::unique_ptr<Communicator>> Connect(const std::string& backend,
 struct RankResult {
   std::vector<Tensor> grads;  // After the synchronised backward.
   StepStats stats;
+  bool buckets_in_comm_memory = false;
+  bool grads_share_one_storage = false;  // All of them: bucket views of one block.
 };
 
 // `steps` DDP steps on `data.size()` ranks as threads, each on the same
 // data (the parameters do not change): every micro-batch but the last under
 // NoSync, the last synchronised. The second step runs on rebuilt buckets.
 // Returns each rank's gradients after the last step.
+// With `set_to_none` each step starts with the gradients reset to undefined
+// (LibTorch 2.x's zero_grad()) instead of zeroed.
 std::vector<RankResult> RunDdp(const std::string& backend, const Net& init, const Data& data,
-                               DdpOptions options, int steps = 1) {
+                               DdpOptions options, int steps = 1, bool set_to_none = false) {
   const int world = static_cast<int>(data.size());
   std::vector<Net> replicas;
   for (int r = 0; r < world; ++r) replicas.push_back(Replica(init));
@@ -119,7 +123,11 @@ std::vector<RankResult> RunDdp(const std::string& backend, const Net& init, cons
                                        net, std::shared_ptr<Communicator>(std::move(comm)), opts));
         const auto& batches = data[rank];
         for (int s = 0; s < steps; ++s) {
-          net->zero_grad();
+          if (set_to_none) {
+            for (auto& p : net->parameters()) p.mutable_grad().reset();
+          } else {
+            net->zero_grad();
+          }
           for (size_t m = 0; m < batches.size(); ++m) {
             auto step = [&]() -> Status {
               ASSIGN_OR_RETURN(Tensor out, ddp->Forward(batches[m].x));
@@ -133,8 +141,16 @@ std::vector<RankResult> RunDdp(const std::string& backend, const Net& init, cons
             }
           }
         }
-        for (const auto& p : net->parameters()) results[rank].grads.push_back(p.grad().clone());
+        const auto* first_storage = net->parameters()[0].grad().storage().unsafeGetStorageImpl();
+        results[rank].grads_share_one_storage = true;
+        for (const auto& p : net->parameters()) {
+          results[rank].grads.push_back(p.grad().clone());
+          if (p.grad().storage().unsafeGetStorageImpl() != first_storage) {
+            results[rank].grads_share_one_storage = false;
+          }
+        }
         results[rank].stats = ddp->last_stats();
+        results[rank].buckets_in_comm_memory = ddp->reducer().buckets_in_comm_memory();
         return absl::OkStatus();
       }();
     });
@@ -154,6 +170,37 @@ void ExpectGradsNear(const std::vector<RankResult>& results, const std::vector<T
           << (results[r].grads[p] - expected[p]).abs().max().item<double>();
     }
   }
+}
+
+// Over shm the default hook's buckets live in the communicator's shared
+// bucket memory and the average's division rides on the reduction (no
+// prescale): the gradients still equal the average, with and without bucket
+// views, zeroed or reset to undefined between steps, through NoSync
+// micro-batches, several buckets and the rebuild; with views they alias the
+// buckets (one block for all). Gloo has no bucket memory.
+TEST(CommHookTest, ShmBucketsLiveInSharedMemoryAndAverageOnTheReduction) {
+  torch::manual_seed(3);
+  Net init;
+  const Data data = MakeData(3, 2);
+  const std::vector<Tensor> expected = Average(LocalGrads(init, data));
+  for (bool view : {false, true}) {
+    for (bool set_to_none : {false, true}) {
+      DdpOptions options;
+      options.gradient_as_bucket_view = view;
+      options.bucket_cap_mb = 1e-4;  // Several buckets.
+      auto results = RunDdp("shm", init, data, options, /*steps=*/3, set_to_none);
+      const std::string what = absl::StrCat("shm, bucket view ", view, ", set_to_none ", set_to_none);
+      ExpectGradsNear(results, expected, 1e-5, 1e-6, what);
+      for (const auto& r : results) {
+        EXPECT_TRUE(r.buckets_in_comm_memory) << what;
+        EXPECT_EQ(r.grads_share_one_storage, view) << what;
+        EXPECT_GT(r.stats.buckets, 1) << what;
+      }
+    }
+  }
+  auto gloo = RunDdp("gloo", init, data, DdpOptions{});
+  EXPECT_FALSE(gloo[0].buckets_in_comm_memory);
+  EXPECT_TRUE(gloo[0].grads_share_one_storage) << "bucket views are the default";
 }
 
 // A user hook: twice the average (prescaled by the Reducer, then doubled).

@@ -137,6 +137,26 @@ class Communicator {
 
   // Completes once every rank has entered the barrier.
   virtual std::shared_ptr<Work> Barrier() = 0;
+
+  // Memory for gradient buckets that this communicator reduces faster than
+  // ordinary memory: `numel` zeroed elements of `dtype` on device(). (shm:
+  // memory inside a segment every rank maps, so an allreduce of a tensor in
+  // it reads and writes the peers' copies in place, with no copy through
+  // staging slots.) Collective: every rank calls it with the same arguments
+  // in the same order, relative to its other calls. Returns an undefined
+  // tensor when the communicator has no such memory (the default) or could
+  // not get it on every rank; the caller then allocates ordinary memory.
+  // Errors: only what leaves the ranks unable to agree (a store failure).
+  virtual StatusOr<at::Tensor> AllocateBucketMemory(int64_t numel, at::ScalarType dtype) {
+    (void)numel;
+    (void)dtype;
+    return at::Tensor();
+  }
+
+  // True when AllReduce(kAvg) costs no more than kSum (the division rides
+  // on the reduction), so the Reducer need not divide each gradient by the
+  // world size first. Default: false.
+  virtual bool FusedAverage() const { return false; }
 };
 
 // Argument checks shared by the implementations, made before anything is

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -272,6 +273,104 @@ TEST(ShmCommunicatorTest, MixedCollectivesThroughTinySlotsGiveExactResults) {
                                  at::arange(301, at::kFloat) + 2000});
       RETURN_IF_ERROR(Expect(out.equal(want), "allgather"));
     }
+    return absl::OkStatus();
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+// Bucket memory: tensors inside a region are reduced in place across the
+// ranks' buffers (no staging slots), for any offset, size and world, with
+// the exact results of the slot path; ordinary tensors still work between
+// them; a region goes when its last tensor does.
+TEST(ShmCommunicatorTest, BucketMemoryIsReducedInPlaceWithExactResults) {
+  for (int world : {2, 3, 5}) {
+    for (Mode mode : {Mode::kThreads, Mode::kProcesses}) {
+      auto results = RunRanks(mode, world, [world](int rank, rendezvous::Store* store) -> Status {
+        ShmOptions options;
+        options.slot_bytes = 4096;  // The ordinary path in many chunks.
+        ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, world, options));
+        RETURN_IF_ERROR(Expect(comm->FusedAverage(), "shm averages in its reduction"));
+        constexpr int64_t kElems = 300007;  // Odd: uneven per-rank slices.
+        ASSIGN_OR_RETURN(at::Tensor region, comm->AllocateBucketMemory(kElems, at::kFloat));
+        RETURN_IF_ERROR(Expect(region.defined() && region.numel() == kElems &&
+                                   region.scalar_type() == at::kFloat,
+                               "a float region of the size asked for"));
+        RETURN_IF_ERROR(Expect(region.eq(0).all().item<bool>(), "the region starts zeroed"));
+        ASSIGN_OR_RETURN(at::Tensor doubles, comm->AllocateBucketMemory(1001, at::kDouble));
+        for (int round = 0; round < 3; ++round) {
+          // Two buckets at different offsets of one region, like the
+          // Reducer's, one averaged and one summed, and a double region.
+          at::Tensor head = region.narrow(0, 0, 1000);
+          at::Tensor tail = region.narrow(0, 1000, kElems - 1000);
+          head.copy_(at::arange(1000, at::kFloat) * (rank + 1) + round);
+          tail.copy_(at::full({kElems - 1000}, static_cast<float>(rank)));
+          doubles.copy_(at::arange(1001, at::kDouble) * (rank + 1));
+          at::Tensor ordinary = at::arange(5000, at::kInt) + rank;
+          auto w1 = comm->AllReduce(head, ReduceOp::kAvg);
+          auto w2 = comm->AllReduce(ordinary, ReduceOp::kSum);
+          auto w3 = comm->AllReduce(tail, ReduceOp::kSum);
+          auto w4 = comm->AllReduce(doubles, ReduceOp::kSum);
+          for (auto* w : {&w1, &w2, &w3, &w4}) RETURN_IF_ERROR((*w)->Wait());
+          const double ranks_sum = world * (world + 1) / 2.0;  // sum of rank + 1
+          at::Tensor want_head = (at::arange(1000, at::kFloat) * ranks_sum + world * round) / world;
+          RETURN_IF_ERROR(Expect(head.allclose(want_head), "averaged bucket at offset 0"));
+          RETURN_IF_ERROR(Expect(tail.eq(world * (world - 1) / 2.0).all().item<bool>(),
+                                 "summed bucket at offset 1000"));
+          RETURN_IF_ERROR(Expect(doubles.equal(at::arange(1001, at::kDouble) * ranks_sum),
+                                 "double region"));
+          RETURN_IF_ERROR(Expect(ordinary.equal(at::arange(5000, at::kInt) * world +
+                                                world * (world - 1) / 2),
+                                 "ordinary tensor between region tensors"));
+        }
+        return absl::OkStatus();
+      });
+      for (int r = 0; r < world; ++r) {
+        EXPECT_TRUE(results[r].ok()) << "world " << world << " rank " << r << ": " << results[r];
+      }
+    }
+  }
+}
+
+// Bucket memory that rank 0 cannot create (a file-size limit makes its
+// ftruncate fail) is refused on every rank alike: all get an undefined
+// tensor (the Reducer then uses ordinary memory), and the communicator
+// keeps working.
+TEST(ShmCommunicatorTest, BucketMemoryOneRankCannotGetIsRefusedOnEveryRank) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(Mode::kProcesses, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld));
+    if (rank == 0) {
+      signal(SIGXFSZ, SIG_IGN);  // ftruncate then fails with EFBIG instead.
+      struct rlimit limit = {1 << 20, 1 << 20};
+      RETURN_IF_ERROR(Expect(setrlimit(RLIMIT_FSIZE, &limit) == 0, "setrlimit"));
+    }
+    ASSIGN_OR_RETURN(at::Tensor region, comm->AllocateBucketMemory(4 << 20, at::kFloat));
+    RETURN_IF_ERROR(Expect(!region.defined(), "a region rank 0 could not create was handed out"));
+    at::Tensor t = at::ones({1000});
+    RETURN_IF_ERROR(comm->AllReduce(t, ReduceOp::kSum)->Wait());
+    return Expect(t.eq(kWorld).all().item<bool>(), "allreduce after the refusal");
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+// Ranks that disagree on where the tensor is (one in bucket memory, one
+// not; or another offset) fail the collective naming both placements,
+// instead of reducing the wrong bytes.
+TEST(ShmCommunicatorTest, RanksThatDisagreeOnTheBucketFailNamingBothPlacements) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(Mode::kThreads, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld));
+    ASSIGN_OR_RETURN(at::Tensor region, comm->AllocateBucketMemory(4096, at::kFloat));
+    at::Tensor t = rank == 0 ? region.narrow(0, 0, 1024) : at::zeros({1024});
+    Status s = comm->AllReduce(t, ReduceOp::kSum)->Wait();
+    RETURN_IF_ERROR(Expect(absl::IsInvalidArgument(s), "expected InvalidArgument: " + s.ToString()));
+    const std::string m(s.message());
+    RETURN_IF_ERROR(Expect(m.find("ranks disagree on the tensor") != std::string::npos &&
+                               m.find("4096 bytes of Float (sum) in bucket region 1 at offset 0") !=
+                                   std::string::npos &&
+                               m.find("4096 bytes of Float (sum) in ordinary memory") !=
+                                   std::string::npos,
+                           "error does not name both placements: " + m));
     return absl::OkStatus();
   });
   for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;

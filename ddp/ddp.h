@@ -97,8 +97,14 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   // Default true: buffers are broadcast from rank 0 before every forward.
   bool broadcast_buffers = true;
-  // Default false: param.grad as views into the buckets (saves a copy).
-  bool gradient_as_bucket_view = false;
+  // Default true: param.grad is a view into its bucket slot, so backward
+  // accumulates straight into the bucket and the reduced bucket already is
+  // the gradient (no copy in or out; PyTorch DDP's option, off by default
+  // there). The view is not an autograd view, so zero_grad() and detach_()
+  // work; a gradient replaced or reset to undefined is copied into its slot
+  // at the next backward and becomes a view again. Set false to keep
+  // gradients in memory of their own.
+  bool gradient_as_bucket_view = true;
   // How each bucket is reduced (ddp/comm_hook.h). Default: AllreduceHook(),
   // the average. A built-in by name: CommHookFromName("fp16"); a user hook:
   // CommHook{"name", prescale_by_world, [](GradBucket& b, Communicator& c)

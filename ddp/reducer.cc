@@ -65,7 +65,13 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(std::vector<NamedParam> param
     }
   }
   RETURN_IF_ERROR(CheckDevices(params, *comm));
-  return std::unique_ptr<Reducer>(new Reducer(std::move(params), comm, options));
+  std::unique_ptr<Reducer> reducer(new Reducer(std::move(params), comm, options));
+  const size_t n = reducer->params_.size();
+  std::vector<size_t> reverse(n);
+  for (size_t i = 0; i < n; ++i) reverse[i] = n - 1 - i;
+  std::lock_guard<std::mutex> lock(reducer->mu_);
+  RETURN_IF_ERROR(Annotate(reducer->BuildBuckets(reverse), "DDP: allocating the buckets"));
+  return reducer;
 }
 
 Status Reducer::CheckDevices(const std::vector<NamedParam>& tensors, const Communicator& comm) {
@@ -93,16 +99,14 @@ Status Reducer::CheckDevices(const std::vector<NamedParam>& tensors, const Commu
 }
 
 Reducer::Reducer(std::vector<NamedParam> params, Communicator* comm, ReducerOptions options)
-    : params_(std::move(params)), comm_(comm), options_(options) {
+    : params_(std::move(params)),
+      comm_(comm),
+      options_(options),
+      prescale_(options_.comm_hook.prescale_by_world &&
+                !(options_.comm_hook.prescale_optional && comm_->FusedAverage())) {
   const size_t n = params_.size();
   ready_.assign(n, false);
   slot_.resize(n);
-  std::vector<size_t> reverse(n);
-  for (size_t i = 0; i < n; ++i) reverse[i] = n - 1 - i;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    BuildBuckets(reverse);
-  }
   for (size_t i = 0; i < n; ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
     hook_keys_.push_back(
@@ -115,7 +119,7 @@ Reducer::~Reducer() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
-void Reducer::BuildBuckets(const std::vector<size_t>& order) {
+Status Reducer::BuildBuckets(const std::vector<size_t>& order) {
   std::vector<BucketParam> infos;
   for (const auto& p : params_) {
     infos.push_back(BucketParam{p.tensor.nbytes(), static_cast<int>(p.tensor.scalar_type())});
@@ -124,19 +128,35 @@ void Reducer::BuildBuckets(const std::vector<size_t>& order) {
                                   options_.bucket_cap_bytes);
   torch::NoGradGuard no_grad;
   std::vector<Bucket> buckets(assignment.size());
+  // Each bucket's place in one block of bucket memory, 64-byte aligned.
+  std::vector<int64_t> starts(assignment.size());
+  int64_t block_bytes = 0;
+  const int64_t extras = options_.weight_by_samples ? 2 : 0;
   for (size_t b = 0; b < assignment.size(); ++b) {
     Bucket& bucket = buckets[b];
     bucket.params = assignment[b];
-    int64_t total = 0;
-    for (size_t i : bucket.params) total += params_[i].tensor.numel();
-    const auto dtype = params_[bucket.params.front()].tensor.scalar_type();
+    for (size_t i : bucket.params) bucket.grad_numel += params_[i].tensor.numel();
+    const auto& first = params_[bucket.params.front()].tensor;
+    starts[b] = block_bytes;
+    block_bytes += ((bucket.grad_numel + extras) * static_cast<int64_t>(first.element_size()) + 63) /
+                   64 * 64;
+  }
+  ASSIGN_OR_RETURN(torch::Tensor block, comm_->AllocateBucketMemory(block_bytes, torch::kByte));
+  comm_memory_ = block.defined();
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    const auto& first = params_[bucket.params.front()].tensor;
+    const int64_t numel = bucket.grad_numel + extras;
     // On the parameters' device: on CUDA the copies, the scaling and the
     // write-back below all run on the current (compute) stream, and the
     // communicator orders its own stream after it (communicator.h).
-    bucket.grad_numel = total;
-    const int64_t extras = options_.weight_by_samples ? 2 : 0;
-    bucket.buffer = torch::zeros(
-        {total + extras}, torch::TensorOptions().dtype(dtype).device(params_[bucket.params.front()].tensor.device()));
+    if (block.defined()) {
+      bucket.buffer = block.narrow(0, starts[b], numel * static_cast<int64_t>(first.element_size()))
+                          .view(first.scalar_type());
+    } else {
+      bucket.buffer = torch::zeros(
+          {numel}, torch::TensorOptions().dtype(first.scalar_type()).device(first.device()));
+    }
     int64_t offset = 0;
     for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
       const size_t i = bucket.params[pos];
@@ -161,6 +181,12 @@ void Reducer::BuildBuckets(const std::vector<size_t>& order) {
     bucket.pending = bucket.params.size();
   }
   buckets_ = std::move(buckets);
+  return absl::OkStatus();
+}
+
+bool Reducer::buckets_in_comm_memory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return comm_memory_;
 }
 
 std::vector<std::vector<size_t>> Reducer::bucket_indices() const {
@@ -316,17 +342,21 @@ void Reducer::MarkReadyLocked(size_t index) {
   {
     // With a prescaling hook (the default average) the slot receives
     // grad / world_size here, and the hook then sums. (at::mul_out into the
-    // slot was measured to page-fault on fresh memory every step here;
-    // copy_ + mul_ does not.)
+    // slot once page-faulted on fresh memory every step, before workers
+    // kept freed memory (init.h KeepFreedMemory); it no longer does.)
     torch::NoGradGuard no_grad;
     const double scale = options_.weight_by_samples ? static_cast<double>(local_samples_)
-                         : options_.comm_hook.prescale_by_world
-                             ? 1.0 / comm_->world_size()
+                         : prescale_ ? 1.0 / comm_->world_size()
                              : 1.0;
     if (grad.defined()) {
       if (grad.data_ptr() != view.data_ptr()) {
-        view.copy_(grad);
-        if (scale != 1.0) view.mul_(scale);
+        // One pass: the scaling rides on the copy.
+        if (scale != 1.0 && grad.scalar_type() == view.scalar_type()) {
+          at::mul_out(view, grad, at::scalar_tensor(scale, at::kDouble));
+        } else {
+          view.copy_(grad);
+          if (scale != 1.0) view.mul_(scale);
+        }
         if (options_.gradient_as_bucket_view) grad = view;
       } else if (scale != 1.0) {
         view.mul_(scale);
@@ -348,7 +378,8 @@ void Reducer::LaunchCompleteBucketsLocked() {
     view.offsets = bucket.offsets;
     for (size_t i : bucket.params) view.numels.push_back(params_[i].tensor.numel());
     view.slots = bucket.views;
-    view.prescaled = options_.comm_hook.prescale_by_world && !options_.weight_by_samples;
+    view.prescaled = prescale_ && !options_.weight_by_samples;
+    view.weighted = options_.weight_by_samples;
     try {
       bucket.work = options_.comm_hook.run(view, *comm_);
     } catch (const std::exception& e) {
@@ -511,7 +542,7 @@ Status Reducer::RebuildBucketsIfNeeded() {
     order[i] = static_cast<size_t>(data[i]);
   }
   std::lock_guard<std::mutex> lock(mu_);
-  BuildBuckets(order);
+  RETURN_IF_ERROR(Annotate(BuildBuckets(order), "DDP: re-packing the buckets"));
   rebuilt_ = true;
   return absl::OkStatus();
 }

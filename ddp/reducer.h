@@ -23,7 +23,15 @@
 // returns a BucketWork whose result is the reduced bucket. The Reducer knows
 // nothing of averaging beyond the hook's prescale_by_world: when set, the
 // copy of each gradient into its slot also multiplies it by 1/world (the
-// default allreduce hook's choice: one pass instead of two).
+// default allreduce hook's choice: one pass instead of two), unless the hook
+// allows otherwise (prescale_optional) and the communicator divides while it
+// reduces (Communicator::FusedAverage: shm), which saves that pass.
+//
+// Bucket memory. The bucket buffers come from the communicator when it has
+// memory it reduces faster (Communicator::AllocateBucketMemory: shm's
+// shared regions, where an allreduce needs no copies through staging
+// slots), one allocation for all buckets at each (re)build; otherwise from
+// the ordinary allocator.
 //
 // Finalisation. The first hook of a backward queues a callback on the
 // autograd engine; it runs when backward ends, waits for every launched
@@ -103,8 +111,8 @@ struct ReducerOptions {
   // Default: false (see "Unused parameters" above).
   bool find_unused_parameters = false;
   // param.grad becomes a view into its bucket: no copy back after allreduce.
-  // Default: false.
-  bool gradient_as_bucket_view = false;
+  // Default: true (DdpOptions::gradient_as_bucket_view).
+  bool gradient_as_bucket_view = true;
   // Bound on the end-of-backward wait for buckets. Default: collective timeout.
   Duration timeout = kDefaultCollectiveTimeout;
   // How each bucket is reduced (comm_hook.h). Default: AllreduceHook(), the
@@ -195,6 +203,9 @@ class Reducer {
 
   // Bucket layout (parameter indices per bucket), for tests and logs.
   std::vector<std::vector<size_t>> bucket_indices() const;
+  // Whether the buckets live in the communicator's bucket memory (see
+  // "Bucket memory"), for tests and the bench.
+  bool buckets_in_comm_memory() const;
   ReducerStepStats last_stats() const;
   Status last_error() const;
   const std::vector<NamedParam>& params() const { return params_; }
@@ -211,7 +222,9 @@ class Reducer {
   };
 
   Reducer(std::vector<NamedParam> params, Communicator* comm, ReducerOptions options);
-  void BuildBuckets(const std::vector<size_t>& order);  // REQUIRES: mu_ held.
+  // Lays out the buckets in `order` and allocates their memory (collective
+  // when the communicator has bucket memory). REQUIRES: mu_ held.
+  Status BuildBuckets(const std::vector<size_t>& order);
   void OnGradReady(size_t index);                       // Hook entry point.
   void MarkReadyLocked(size_t index);
   void LaunchCompleteBucketsLocked();
@@ -225,6 +238,8 @@ class Reducer {
   std::vector<NamedParam> params_;
   Communicator* const comm_;
   const ReducerOptions options_;
+  // The copy into a slot divides by the world size (see "Comm hook").
+  const bool prescale_;
   // Keeps each accumulator (and with it our hook) alive; see DESIGN.md.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
@@ -237,6 +252,7 @@ class Reducer {
   bool expect_sync_ = false;                      // GUARDED_BY(mu_)
   bool finalizer_queued_ = false;                 // GUARDED_BY(mu_)
   bool rebuilt_ = false;                          // GUARDED_BY(mu_)
+  bool comm_memory_ = false;                      // GUARDED_BY(mu_)
   std::vector<size_t> arrival_order_;             // GUARDED_BY(mu_)
   bool have_arrival_order_ = false;               // GUARDED_BY(mu_)
   Status error_;                                  // GUARDED_BY(mu_)

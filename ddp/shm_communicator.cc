@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/unique_fd.h"
 #include "common/worker_link.h"
 #include "ddp/missing_ranks.h"
 
@@ -52,6 +53,13 @@ struct alignas(kLine) Control {
   std::atomic<uint64_t> phase;
   std::atomic<int64_t> pid;
   std::atomic<uint32_t> attached;
+  // Where this rank's current allreduce tensor is, published before its
+  // first barrier: dtype << 8 | op; the bucket-memory region (0: ordinary
+  // memory), the offset in this rank's buffer there, and the size in bytes.
+  std::atomic<uint32_t> kind;
+  std::atomic<uint64_t> region;
+  std::atomic<uint64_t> offset;
+  std::atomic<uint64_t> nbytes;
 };
 static_assert(sizeof(Control) == kLine, "one control line per rank");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "atomics shared between processes");
@@ -63,6 +71,69 @@ size_t SegmentBytes(int world, size_t slot_bytes) {
 
 std::string Errno(const std::string& what) {
   return absl::StrCat(what, ": ", std::strerror(errno));
+}
+
+uint64_t RandomNonce() {
+  std::random_device random;
+  return (uint64_t{random()} << 32) ^ random();
+}
+
+// Rank 0's side of sharing memory: an anonymous memfd (no name in /dev/shm,
+// so nothing is left behind whenever the processes stop) of `bytes`. The
+// others open it through /proc/<pid>/fd/<fd> while rank 0 holds it open.
+StatusOr<UniqueFd> MakeMemfd(const std::string& who, size_t bytes) {
+  UniqueFd fd(static_cast<int>(syscall(SYS_memfd_create, "lockstep-shm", MFD_CLOEXEC)));
+  if (!fd.valid()) return absl::InternalError(Errno(who + ": memfd_create"));
+  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    return absl::InternalError(Errno(absl::StrCat(who, ": sizing shared memory to ", bytes,
+                                                  " bytes (is shared memory limited?)")));
+  }
+  return fd;
+}
+
+// What rank 0 publishes for a memfd: "<pid>:<fd>:<nonce>".
+std::string PublishedMemfd(int fd, uint64_t nonce) {
+  return absl::StrFormat("%d:%d:%016x", getpid(), fd, nonce);
+}
+
+// The others' side: opens the memfd rank 0 published as `published` (see
+// PublishedMemfd) and checks it has `bytes`. `what` names it in errors
+// ("segment", "region 2"); `*where` gets its /proc path, `*nonce` the
+// nonce to check in its header.
+StatusOr<UniqueFd> OpenPublishedMemfd(const std::string& who, const std::string& what,
+                                      const std::string& published, size_t bytes,
+                                      std::string* where, uint64_t* nonce) {
+  int pid0 = 0, fd0 = -1;
+  unsigned long long published_nonce = 0;
+  if (std::sscanf(published.c_str(), "%d:%d:%llx", &pid0, &fd0, &published_nonce) != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": rank 0 published '", published,
+                                                   "' as its ", what, " (want pid:fd:nonce)"));
+  }
+  *nonce = published_nonce;
+  *where = absl::StrFormat("/proc/%d/fd/%d", pid0, fd0);
+  UniqueFd fd(open(where->c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) {
+    return absl::FailedPreconditionError(Errno(absl::StrCat(
+        who, ": opening rank 0's ", what, " ", *where,
+        " (rank 0 gone, or not in this pid namespace with this user: the shm backend needs "
+        "every rank of a host started alike, as lockstepd does)")));
+  }
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": ", what, " ", *where, " has ", static_cast<int64_t>(st.st_size),
+        " bytes, expected ", bytes, " (do all ranks use the same world size and sizes?)"));
+  }
+  return fd;
+}
+
+std::string Placement(uint32_t kind, uint64_t region, uint64_t offset, uint64_t nbytes) {
+  const auto dtype = static_cast<at::ScalarType>(kind >> 8);
+  const char* op = (kind & 0xff) == static_cast<uint32_t>(ReduceOp::kAvg) ? "avg" : "sum";
+  const std::string where =
+      region == 0 ? std::string("ordinary memory")
+                  : absl::StrCat("bucket region ", region, " at offset ", offset);
+  return absl::StrCat(nbytes, " bytes of ", c10::toString(dtype), " (", op, ") in ", where);
 }
 
 std::string LocalHostname() {
@@ -134,6 +205,20 @@ struct ShmCommunicator::Segment {
   }
 };
 
+struct ShmCommunicator::Region {
+  uint64_t id = 0;           // 1, 2, ...: its allocation, the same on every rank.
+  uint8_t* base = nullptr;   // A header line, then one buffer per rank.
+  size_t map_bytes = 0;
+  size_t buffer_bytes = 0;   // Per rank; a multiple of the page size.
+
+  uint8_t* buffer(int rank) const {
+    return base + kLine + buffer_bytes * static_cast<size_t>(rank);
+  }
+  ~Region() {
+    if (base != nullptr) (void)munmap(base, map_bytes);
+  }
+};
+
 StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::Store* store,
                                                                   int rank, int world_size,
                                                                   ShmOptions options) {
@@ -155,20 +240,12 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
   auto segment = std::make_unique<Segment>();
   int fd = -1;
   uint64_t nonce = 0;
+  UniqueFd opened;  // The others' fd on rank 0's memfd, until mapped.
   if (rank == 0) {
-    std::random_device random;
-    nonce = (uint64_t{random()} << 32) ^ random();
-    // An anonymous memfd: it has no name in /dev/shm, so nothing is left
-    // behind whenever the processes stop. The others open it through
-    // /proc/<pid>/fd/<fd> while rank 0 holds it open.
-    fd = static_cast<int>(syscall(SYS_memfd_create, "lockstep-shm", MFD_CLOEXEC));
-    if (fd < 0) return absl::InternalError(Errno(who + ": memfd_create"));
-    segment->fd = fd;
+    nonce = RandomNonce();
+    ASSIGN_OR_RETURN(UniqueFd made, MakeMemfd(who + " (segment)", bytes));
+    fd = segment->fd = made.release();  // The Segment closes it.
     segment->where = absl::StrFormat("/proc/%d/fd/%d", getpid(), fd);
-    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      return absl::InternalError(Errno(absl::StrCat(who, ": sizing the segment to ", bytes,
-                                                    " bytes (is shared memory limited?)")));
-    }
   } else {
     const std::string what = absl::StrCat(who, " waiting for rank 0's shared-memory segment");
     RETURN_IF_ERROR(WaitForRanks(store, {{0, prefix + "/segment"}}, options.connect_timeout, what,
@@ -182,33 +259,13 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
           absl::StrCat(who, " is on host '", host, "' but rank 0 is on '", *host0,
                        "': the shm backend needs every rank on one host (use gloo)"));
     }
-    int pid0 = 0, fd0 = -1;
-    unsigned long long published_nonce = 0;
-    if (std::sscanf(published->c_str(), "%d:%d:%llx", &pid0, &fd0, &published_nonce) != 3) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": rank 0 published '", *published, "' as its segment (want pid:fd:nonce)"));
-    }
-    nonce = published_nonce;
-    segment->where = absl::StrFormat("/proc/%d/fd/%d", pid0, fd0);
-    fd = open(segment->where.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-      return absl::FailedPreconditionError(Errno(absl::StrCat(
-          who, ": opening rank 0's segment ", segment->where,
-          " (rank 0 gone, or not in this pid namespace with this user: the shm backend needs "
-          "every rank of a host started alike, as lockstepd does)")));
-    }
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
-      close(fd);
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": segment ", segment->where, " has ", static_cast<int64_t>(st.st_size),
-          " bytes, expected ", bytes, " (do all ranks use the same world size and slot_bytes?)"));
-    }
+    ASSIGN_OR_RETURN(opened, OpenPublishedMemfd(who, "segment", *published, bytes,
+                                                &segment->where, &nonce));
+    fd = opened.get();
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const std::string map_error = base == MAP_FAILED ? Errno(who + ": mmap") : std::string();
-  if (rank != 0) close(fd);
-  if (base == MAP_FAILED) return absl::InternalError(map_error);
+  if (base == MAP_FAILED) return absl::InternalError(Errno(who + ": mmap"));
+  opened.Reset();
   segment->base = static_cast<uint8_t*>(base);
   segment->bytes = bytes;
 
@@ -227,10 +284,8 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
       c->attached.store(0, std::memory_order_relaxed);
     }
     std::atomic_thread_fence(std::memory_order_release);
-    RETURN_IF_ERROR(Annotate(
-        store->Set(prefix + "/segment",
-                   absl::StrFormat("%d:%d:%016x", getpid(), segment->fd, nonce)),
-        who + ": publishing the segment"));
+    RETURN_IF_ERROR(Annotate(store->Set(prefix + "/segment", PublishedMemfd(segment->fd, nonce)),
+                             who + ": publishing the segment"));
   } else {
     std::atomic_thread_fence(std::memory_order_acquire);
     const Header* h = segment->header();
@@ -282,12 +337,13 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
     segment->check_pid[r] = pid > 0 && (kill(pid, 0) == 0 || errno == EPERM) ? 1 : 0;
   }
   return std::unique_ptr<ShmCommunicator>(
-      new ShmCommunicator(rank, world_size, std::move(options), std::move(segment)));
+      new ShmCommunicator(store, rank, world_size, std::move(options), std::move(segment)));
 }
 
-ShmCommunicator::ShmCommunicator(int rank, int world_size, ShmOptions options,
-                                 std::unique_ptr<Segment> segment)
-    : rank_(rank),
+ShmCommunicator::ShmCommunicator(rendezvous::Store* store, int rank, int world_size,
+                                 ShmOptions options, std::unique_ptr<Segment> segment)
+    : store_(store),
+      rank_(rank),
       world_size_(world_size),
       options_(std::move(options)),
       segment_(std::move(segment)) {}
@@ -359,8 +415,192 @@ uint8_t* ShmCommunicator::HalfOf(int rank, size_t half) const {
   return segment_->slot(rank, options_.slot_bytes) + half * (options_.slot_bytes / 2);
 }
 
+StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::ScalarType dtype) {
+  if (numel <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm: bucket memory of ", numel, " elements (want at least 1)"));
+  }
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t want = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  auto region = std::make_shared<Region>();
+  region->buffer_bytes = (want + page - 1) / page * page;
+  region->map_bytes = kLine + region->buffer_bytes * static_cast<size_t>(world_size_);
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    region->id = ++regions_made_;
+  }
+  const std::string key = absl::StrCat(options_.key_prefix, "/region/", region->id);
+  const std::string who = absl::StrCat("shm: rank ", rank_);
+  const std::string what = absl::StrCat("bucket region ", region->id);
+  // Why this rank cannot use the region; empty when it can.
+  std::string failure;
+  UniqueFd fd;
+  uint64_t nonce = 0;
+  auto map = [&] {
+    void* base = mmap(nullptr, region->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (base == MAP_FAILED) {
+      failure = Errno(absl::StrCat(who, ": mapping ", what));
+    } else {
+      region->base = static_cast<uint8_t*>(base);
+    }
+  };
+  if (rank_ == 0) {
+    nonce = RandomNonce();
+    StatusOr<UniqueFd> made = MakeMemfd(absl::StrCat(who, " (", what, ")"), region->map_bytes);
+    if (made.ok()) {
+      fd = *std::move(made);
+      map();
+    } else {
+      failure = std::string(made.status().message());
+    }
+    if (failure.empty()) {
+      // The header, before the others can find the region.
+      auto* h = reinterpret_cast<Header*>(region->base);
+      h->magic = kMagic;
+      h->nonce = nonce;
+      h->slot_bytes = region->buffer_bytes;
+      h->world = static_cast<uint32_t>(world_size_);
+      std::atomic_thread_fence(std::memory_order_release);
+    }
+    RETURN_IF_ERROR(Annotate(store_->Set(key, failure.empty() ? PublishedMemfd(fd.get(), nonce) : "-"),
+                             absl::StrCat(who, ": publishing ", what)));
+  } else {
+    RETURN_IF_ERROR(WaitForRanks(store_, {{0, key}}, options_.connect_timeout,
+                                 absl::StrCat(who, " waiting for rank 0's ", what),
+                                 options_.progress));
+    auto published = store_->Get(key, std::chrono::seconds(5));
+    if (!published.ok()) return Annotate(published.status(), absl::StrCat(who, ": reading ", what));
+    if (*published == "-") {
+      failure = "rank 0 could not create it";
+    } else {
+      std::string where;
+      StatusOr<UniqueFd> opened =
+          OpenPublishedMemfd(who, what, *published, region->map_bytes, &where, &nonce);
+      if (opened.ok()) {
+        fd = *std::move(opened);
+        map();
+      } else {
+        failure = std::string(opened.status().message());
+      }
+      if (failure.empty()) {
+        std::atomic_thread_fence(std::memory_order_acquire);
+        const auto* h = reinterpret_cast<const Header*>(region->base);
+        if (h->magic != kMagic || h->nonce != nonce) {
+          failure = absl::StrCat(who, ": ", what, " is not the one rank 0 published");
+        }
+      }
+    }
+    fd.Reset();
+  }
+  // Every rank's verdict; rank 0 keeps its memfd open until all are in (the
+  // others have opened it, or given up, by then).
+  RETURN_IF_ERROR(Annotate(store_->Set(absl::StrCat(key, "/mapped/", rank_),
+                                       failure.empty() ? "ok" : failure),
+                           absl::StrCat(who, ": reporting on ", what)));
+  std::vector<std::pair<int, std::string>> verdicts;
+  for (int r = 0; r < world_size_; ++r) verdicts.push_back({r, absl::StrCat(key, "/mapped/", r)});
+  RETURN_IF_ERROR(WaitForRanks(store_, verdicts, options_.connect_timeout,
+                               absl::StrCat(who, " waiting for every rank to map ", what),
+                               options_.progress));
+  for (const auto& [r, verdict_key] : verdicts) {
+    auto verdict = store_->Get(verdict_key, std::chrono::seconds(5));
+    if (!verdict.ok()) return Annotate(verdict.status(), absl::StrCat(who, ": reading ", what));
+    if (*verdict != "ok") return at::Tensor();  // Ordinary memory on every rank, then.
+  }
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    regions_.erase(std::remove_if(regions_.begin(), regions_.end(),
+                                  [](const std::weak_ptr<Region>& r) { return r.expired(); }),
+                   regions_.end());
+    regions_.push_back(region);
+  }
+  // The tensor keeps the region mapped; the last tensor in it unmaps it.
+  return at::from_blob(
+      region->buffer(rank_), {numel}, [region](void*) mutable { region.reset(); },
+      at::TensorOptions().dtype(dtype));
+}
+
+std::shared_ptr<ShmCommunicator::Region> ShmCommunicator::RegionOf(const at::Tensor& tensor,
+                                                                   size_t* offset) {
+  if (!tensor.is_contiguous()) return nullptr;
+  const auto* p = static_cast<const uint8_t*>(tensor.data_ptr());
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  for (const auto& weak : regions_) {
+    std::shared_ptr<Region> region = weak.lock();
+    if (region == nullptr) continue;
+    const uint8_t* mine = region->buffer(rank_);
+    if (p >= mine && p + tensor.nbytes() <= mine + region->buffer_bytes) {
+      *offset = static_cast<size_t>(p - mine);
+      return region;
+    }
+  }
+  return nullptr;
+}
+
+Status ShmCommunicator::CheckPlacements(uint64_t seq) const {
+  const Control* me = segment_->control(rank_);
+  auto placement = [](const Control* c) {
+    return Placement(c->kind.load(std::memory_order_relaxed), c->region.load(std::memory_order_relaxed),
+                     c->offset.load(std::memory_order_relaxed), c->nbytes.load(std::memory_order_relaxed));
+  };
+  const std::string mine = placement(me);
+  for (int r = 0; r < world_size_; ++r) {
+    const std::string theirs = placement(segment_->control(r));
+    if (theirs != mine) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shm allreduce #", seq, " on rank ", rank_, ": ranks disagree on the tensor (rank ",
+          rank_, ": ", mine, "; rank ", r, ": ", theirs,
+          "): every rank must allreduce the same bucket, in the same order"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& tensor,
+                                       size_t offset, ReduceOp op) {
+  // Each rank reduces its 1/world of the elements, a cache-sized piece at a
+  // time: the sum is formed in this rank's own buffer, then copied into the
+  // peers' while it is still in this core's cache.
+  constexpr int64_t kPieceBytes = 512 << 10;
+  const int64_t es = static_cast<int64_t>(tensor.element_size());
+  const int64_t n = tensor.numel();
+  const int64_t world = world_size_;
+  const int64_t lo = n * rank_ / world, hi = n * (rank_ + 1) / world;
+  const auto dtype = at::TensorOptions().dtype(tensor.scalar_type());
+  for (int64_t start = lo; start < hi; start += kPieceBytes / es) {
+    const int64_t len = std::min(kPieceBytes / es, hi - start);
+    const size_t at = offset + static_cast<size_t>(start * es);
+    at::Tensor acc = at::from_blob(region.buffer(rank_) + at, {len}, dtype);
+    for (int r = 0; r < world_size_; ++r) {
+      if (r != rank_) acc.add_(at::from_blob(region.buffer(r) + at, {len}, dtype));
+    }
+    if (op == ReduceOp::kAvg) acc.div_(world);
+    for (int r = 0; r < world_size_; ++r) {
+      if (r != rank_) std::memcpy(region.buffer(r) + at, acc.data_ptr(), static_cast<size_t>(len * es));
+    }
+  }
+  return absl::OkStatus();
+}
+
 Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint64_t seq,
                                      MonoTime deadline) {
+  // Where the tensor is, for the peers to check against theirs.
+  size_t offset = 0;
+  const std::shared_ptr<Region> region = RegionOf(tensor, &offset);
+  Control* me = segment_->control(rank_);
+  me->kind.store(static_cast<uint32_t>(tensor.scalar_type()) << 8 | static_cast<uint32_t>(op),
+                 std::memory_order_relaxed);
+  me->region.store(region ? region->id : 0, std::memory_order_relaxed);
+  me->offset.store(offset, std::memory_order_relaxed);
+  me->nbytes.store(tensor.nbytes(), std::memory_order_relaxed);
+  if (region != nullptr) {
+    // Every rank's bucket is final once all have arrived; every slice is
+    // written everywhere once all arrive again.
+    RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
+    RETURN_IF_ERROR(CheckPlacements(seq));
+    RETURN_IF_ERROR(ReduceInRegion(*region, tensor, offset, op));
+    return Arrive(seq, "allreduce", deadline);
+  }
   const int64_t es = static_cast<int64_t>(tensor.element_size());
   const int64_t numel = tensor.numel();
   const int64_t chunk = static_cast<int64_t>(options_.slot_bytes / 2) / es;
@@ -372,6 +612,7 @@ Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint
     const size_t half = NextHalf();
     std::memcpy(HalfOf(rank_, half), data + off * es, static_cast<size_t>(n * es));
     RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
+    if (off == 0) RETURN_IF_ERROR(CheckPlacements(seq));
     // This rank reduces [lo, hi) of the chunk, in place in its own slot.
     const int64_t lo = n * rank_ / world, hi = n * (rank_ + 1) / world;
     if (hi > lo) {

@@ -31,6 +31,24 @@
 // arrival. Collectives run one at a time, in call order, on a communicator
 // thread.
 //
+// Bucket memory (AllocateBucketMemory): a second kind of shared memory,
+// one memfd *region* per call, holding one buffer per rank, every rank
+// mapping all of them. The Reducer puts its gradient buckets there. An
+// allreduce of a tensor inside a region needs no staging slots: once every
+// rank has arrived (its bucket is final), each rank reduces its 1/world of
+// the elements straight from the peers' buffers and writes the result into
+// every buffer, and a second barrier ends it. Per rank that is one read and
+// one write of the bucket, against a copy in, a reduction and a copy out
+// through the slots. Each rank publishes in its control line where its
+// tensor is (region, offset, bytes, dtype, op); a rank that finds the others
+// disagree (one in a region, one not, or different offsets) fails the
+// collective with both placements named instead of reading the wrong bytes.
+// Regions are created like the segment (rank 0's memfd, opened by the others
+// through /proc, checked by nonce), over the store under
+// "<key_prefix>/region/<k>"; every rank reports whether it mapped the region
+// and all use it only if all did. A region goes when the last tensor in it
+// does (on every rank).
+//
 // Errors: a rank that does not reach a barrier within the collective's
 // timeout is named ("shm allreduce #12 on rank 0: ranks [2] did not arrive
 // within 3 s"); a rank whose process has exited is named at once, without
@@ -47,7 +65,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "ddp/collective_queue.h"
@@ -105,11 +125,19 @@ class ShmCommunicator : public Communicator {
   std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root) override;
   std::shared_ptr<Work> AllGather(at::Tensor input, at::Tensor output) override;
   std::shared_ptr<Work> Barrier() override;
+  // A region of `numel` zeroed elements per rank (see "Bucket memory").
+  // Blocks until every rank has mapped it (or reported it could not),
+  // bounded by connect_timeout. Undefined (ordinary memory, then) when a rank
+  // could not create or map it.
+  StatusOr<at::Tensor> AllocateBucketMemory(int64_t numel, at::ScalarType dtype) override;
+  bool FusedAverage() const override { return true; }
 
   struct Segment;  // The mapping (shm_communicator.cc).
+  struct Region;   // A bucket-memory region (shm_communicator.cc).
 
  private:
-  ShmCommunicator(int rank, int world_size, ShmOptions options, std::unique_ptr<Segment> segment);
+  ShmCommunicator(rendezvous::Store* store, int rank, int world_size, ShmOptions options,
+                  std::unique_ptr<Segment> segment);
 
   // Queues `body` with the collective's deadline (timeout from its start).
   std::shared_ptr<Work> Enqueue(const char* name,
@@ -122,14 +150,28 @@ class ShmCommunicator : public Communicator {
   uint8_t* HalfOf(int rank, size_t half) const;
 
   Status RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint64_t seq, MonoTime deadline);
+  // The allreduce of a tensor in `region`, at `offset` bytes into this
+  // rank's buffer (see "Bucket memory"), after the first barrier.
+  Status ReduceInRegion(const Region& region, const at::Tensor& tensor, size_t offset, ReduceOp op);
+  // The region holding all of `tensor` in this rank's buffer, or null.
+  std::shared_ptr<Region> RegionOf(const at::Tensor& tensor, size_t* offset);
+  // After the first barrier: InvalidArgument unless every rank published
+  // the same placement as this one.
+  Status CheckPlacements(uint64_t seq) const;
   Status RunBroadcast(const at::Tensor& tensor, int root, uint64_t seq, MonoTime deadline);
   Status RunAllGather(const at::Tensor& input, const at::Tensor& output, uint64_t seq,
                       MonoTime deadline);
 
+  rendezvous::Store* const store_;
   const int rank_;
   const int world_size_;
   const ShmOptions options_;
   std::unique_ptr<Segment> segment_;
+  // Regions handed out and not yet gone (RegionOf looks them up from the
+  // communicator thread; AllocateBucketMemory adds them).
+  std::mutex regions_mu_;
+  std::vector<std::weak_ptr<Region>> regions_;  // GUARDED_BY(regions_mu_)
+  uint64_t regions_made_ = 0;                   // GUARDED_BY(regions_mu_)
   // Used only on the communicator thread.
   uint64_t phase_ = 0;
   uint64_t chunks_ = 0;

@@ -55,7 +55,8 @@ struct Config {
   int64_t seed = 0;
   int64_t micro_batches = 1;
   bool find_unused = false;
-  bool grad_as_bucket_view = false;
+  bool grad_as_bucket_view = true;
+  bool set_to_none = true;
   std::string comm_hook = "allreduce";
   bool weight_by_samples = false;
   std::string batch_sizes;
@@ -224,7 +225,18 @@ Status Run(const Config& cfg) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = ProcessCpuMs();
-    opt.zero_grad();
+    if (cfg.set_to_none) {
+      // What LibTorch 2.x's zero_grad() does by default (and PyTorch's
+      // zero_grad(set_to_none=True)): backward then stores each gradient
+      // instead of adding it to zeros. LibTorch 1.13's zero_grad() has no
+      // such option. Under DDP a gradient that was a bucket view is copied
+      // into its slot and becomes a view again.
+      for (auto& group : opt.param_groups()) {
+        for (auto& p : group.params()) p.mutable_grad().reset();
+      }
+    } else {
+      opt.zero_grad();
+    }
     double loss_sum = 0;
     for (int64_t m = 0; m < k; ++m) {
       const bool sync = m == k - 1;
@@ -266,9 +278,9 @@ Status Run(const Config& cfg) {
           &line,
           R"(,"forward_ms":%.3f,"backward_ms":%.3f,"comm_exposed_ms":%.3f,"bytes_reduced":%d,)"
           R"("buckets":%d,"first_bucket_launch_before_backward_end_ms":%.3f,)"
-          R"("first_bucket_start_before_backward_end_ms":%.3f)",
+          R"("first_bucket_start_before_backward_end_ms":%.3f,"buckets_in_comm_memory":%d)",
           s.forward_ms, s.backward_ms, s.comm_exposed_ms, s.bytes_reduced, s.buckets, launch_ms,
-          overlap_ms);
+          overlap_ms, model->reducer().buckets_in_comm_memory() ? 1 : 0);
     }
     line += "}";
     std::printf("%s\n", line.c_str());
@@ -313,6 +325,9 @@ int main(int argc, char** argv) {
   flags.Double("momentum", &cfg.momentum, "SGD momentum (its buffers are checkpointed)");
   flags.Double("bucket-mb", &cfg.bucket_mb, "DDP bucket cap (MB)");
   flags.Bool("local", &cfg.local, "train without DDP or any communication");
+  flags.Bool("set-to-none", &cfg.set_to_none,
+             "zero_grad resets gradients to undefined (LibTorch 2.x's default) instead of "
+             "filling them with zeros");
   flags.Int("seed", &cfg.seed, "model and data seed");
   flags.Int("micro-batches", &cfg.micro_batches,
             "split each step into this many micro-batches; all but the last under no_sync");
