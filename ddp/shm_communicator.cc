@@ -436,7 +436,13 @@ StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::Sc
   std::string failure;
   UniqueFd fd;
   uint64_t nonce = 0;
-  auto map = [&] {
+  // Takes the memfd (rank 0's own, or opened) and maps it.
+  auto adopt = [&](StatusOr<UniqueFd> got) {
+    if (!got.ok()) {
+      failure = std::string(got.status().message());
+      return;
+    }
+    fd = *std::move(got);
     void* base = mmap(nullptr, region->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (base == MAP_FAILED) {
       failure = Errno(absl::StrCat(who, ": mapping ", what));
@@ -446,13 +452,7 @@ StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::Sc
   };
   if (rank_ == 0) {
     nonce = RandomNonce();
-    StatusOr<UniqueFd> made = MakeMemfd(absl::StrCat(who, " (", what, ")"), region->map_bytes);
-    if (made.ok()) {
-      fd = *std::move(made);
-      map();
-    } else {
-      failure = std::string(made.status().message());
-    }
+    adopt(MakeMemfd(absl::StrCat(who, " (", what, ")"), region->map_bytes));
     if (failure.empty()) {
       // The header, before the others can find the region.
       auto* h = reinterpret_cast<Header*>(region->base);
@@ -474,14 +474,7 @@ StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::Sc
       failure = "rank 0 could not create it";
     } else {
       std::string where;
-      StatusOr<UniqueFd> opened =
-          OpenPublishedMemfd(who, what, *published, region->map_bytes, &where, &nonce);
-      if (opened.ok()) {
-        fd = *std::move(opened);
-        map();
-      } else {
-        failure = std::string(opened.status().message());
-      }
+      adopt(OpenPublishedMemfd(who, what, *published, region->map_bytes, &where, &nonce));
       if (failure.empty()) {
         std::atomic_thread_fence(std::memory_order_acquire);
         const auto* h = reinterpret_cast<const Header*>(region->base);
