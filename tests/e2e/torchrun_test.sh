@@ -22,7 +22,11 @@ start_rank() {
   eval "PID_$name=$!"
 }
 checksum() { sed -n 's/.*"checksum":\([^,]*\),.*/\1/p' "$T/$1.out"; }
-JOB1=(--steps 40 --step-delay-ms 50 --seed 7)
+# Job 1 must still be training when job 2 has failed and the garbage is
+# sent: 40 steps of at least 150 ms (6 s), where starting job 2's two
+# ranks and seeing them fail takes 1-2 s. (At 50 ms a step, job 1 once
+# ended before the garbage, and the test found no port to send it to.)
+JOB1=(--steps 40 --step-delay-ms 150 --seed 7)
 
 log "reference run of job 1"
 port=$(free_port)
@@ -50,7 +54,8 @@ grep -q "rank 1 of job local round 0 already joined the store at 127.0.0.1:$port
   fail "job 2's rank 1 does not say why it was refused: $(tail -n 2 "$T/b1.err")"
 
 log "garbage to every port job 1 listens on"
-ports=$(ss -ltnpH 2>/dev/null | grep -E "pid=($PID_a0|$PID_a1)," | awk '{print $4}' | sed 's/.*://' | sort -u)
+! grep -q '"checksum"' "$T/a0.out" || fail "job 1 ended before the garbage could be sent"
+ports=$(ss -ltnpH 2>/dev/null | { grep -E "pid=($PID_a0|$PID_a1)," || true; } | awk '{print $4}' | sed 's/.*://' | sort -u)
 [ -n "$ports" ] || fail "found no listening port of job 1 (ss)"
 for p in $ports; do
   for _ in 1 2 3; do
