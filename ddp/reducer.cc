@@ -286,6 +286,11 @@ Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
   RETURN_IF_ERROR(BeginStepLocked());
   std::fill(ready_.begin(), ready_.end(), false);
   local_samples_ = local_samples;
+  // What each gradient is multiplied by on its way into its slot, this step.
+  slot_scale_ = options_.weight_by_samples ? static_cast<double>(local_samples)
+                : prescale_                 ? 1.0 / comm_->world_size()
+                                            : 1.0;
+  if (slot_scale_ != 1.0) slot_scale_tensor_ = at::scalar_tensor(slot_scale_, at::kDouble);
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.work.reset();
@@ -345,21 +350,17 @@ void Reducer::MarkReadyLocked(size_t index) {
     // slot once page-faulted on fresh memory every step, before workers
     // kept freed memory (init.h KeepFreedMemory); it no longer does.)
     torch::NoGradGuard no_grad;
-    const double scale = options_.weight_by_samples ? static_cast<double>(local_samples_)
-                         : prescale_ ? 1.0 / comm_->world_size()
-                             : 1.0;
     if (grad.defined()) {
       if (grad.data_ptr() != view.data_ptr()) {
         // One pass: the scaling rides on the copy.
-        if (scale != 1.0 && grad.scalar_type() == view.scalar_type()) {
-          at::mul_out(view, grad, at::scalar_tensor(scale, at::kDouble));
+        if (slot_scale_ != 1.0) {
+          at::mul_out(view, grad, slot_scale_tensor_);
         } else {
           view.copy_(grad);
-          if (scale != 1.0) view.mul_(scale);
         }
         if (options_.gradient_as_bucket_view) grad = view;
-      } else if (scale != 1.0) {
-        view.mul_(scale);
+      } else if (slot_scale_ != 1.0) {
+        view.mul_(slot_scale_);
       }
     } else {
       view.zero_();

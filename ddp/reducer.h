@@ -262,6 +262,10 @@ class Reducer {
   // weight_by_samples: this step's n_r, and the reduced
   // [N, done] of the last finalised step (undefined before).
   int64_t local_samples_ = 0;                     // GUARDED_BY(mu_)
+  // This step's factor for the copy into a slot (1/world, n_r or 1), and
+  // it as a CPU scalar tensor for mul_out (set in PrepareForBackward).
+  double slot_scale_ = 1.0;                       // GUARDED_BY(mu_)
+  torch::Tensor slot_scale_tensor_;               // GUARDED_BY(mu_)
   torch::Tensor last_counts_;                     // GUARDED_BY(mu_)
 };
 

@@ -73,6 +73,22 @@ std::string Errno(const std::string& what) {
   return absl::StrCat(what, ": ", std::strerror(errno));
 }
 
+// Rank 0 writes a mapping's header before publishing it; the others check
+// it is the mapping rank 0 published (pid and fd numbers can be reused).
+void WriteHeader(uint8_t* base, uint64_t nonce, size_t bytes_per_rank, int world) {
+  auto* h = reinterpret_cast<Header*>(base);
+  h->magic = kMagic;
+  h->nonce = nonce;
+  h->slot_bytes = bytes_per_rank;
+  h->world = static_cast<uint32_t>(world);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+bool IsPublishedHeader(const uint8_t* base, uint64_t nonce) {
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const auto* h = reinterpret_cast<const Header*>(base);
+  return h->magic == kMagic && h->nonce == nonce;
+}
+
 uint64_t RandomNonce() {
   std::random_device random;
   return (uint64_t{random()} << 32) ^ random();
@@ -271,10 +287,6 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
 
   if (rank == 0) {
     Header* h = segment->header();
-    h->magic = kMagic;
-    h->nonce = nonce;
-    h->slot_bytes = options.slot_bytes;
-    h->world = static_cast<uint32_t>(world_size);
     new (&h->generation) std::atomic<uint32_t>(0);
     new (&h->sleepers) std::atomic<uint32_t>(0);
     for (int r = 0; r < world_size; ++r) {
@@ -283,13 +295,12 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
       c->pid.store(0, std::memory_order_relaxed);
       c->attached.store(0, std::memory_order_relaxed);
     }
-    std::atomic_thread_fence(std::memory_order_release);
+    WriteHeader(segment->base, nonce, options.slot_bytes, world_size);
     RETURN_IF_ERROR(Annotate(store->Set(prefix + "/segment", PublishedMemfd(segment->fd, nonce)),
                              who + ": publishing the segment"));
   } else {
-    std::atomic_thread_fence(std::memory_order_acquire);
     const Header* h = segment->header();
-    if (h->magic != kMagic || h->nonce != nonce) {
+    if (!IsPublishedHeader(segment->base, nonce)) {
       return absl::FailedPreconditionError(absl::StrCat(
           who, ": ", segment->where, " is not the segment rank 0 published for this job round"));
     }
@@ -453,15 +464,8 @@ StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::Sc
   if (rank_ == 0) {
     nonce = RandomNonce();
     adopt(MakeMemfd(absl::StrCat(who, " (", what, ")"), region->map_bytes));
-    if (failure.empty()) {
-      // The header, before the others can find the region.
-      auto* h = reinterpret_cast<Header*>(region->base);
-      h->magic = kMagic;
-      h->nonce = nonce;
-      h->slot_bytes = region->buffer_bytes;
-      h->world = static_cast<uint32_t>(world_size_);
-      std::atomic_thread_fence(std::memory_order_release);
-    }
+    // The header, before the others can find the region.
+    if (failure.empty()) WriteHeader(region->base, nonce, region->buffer_bytes, world_size_);
     RETURN_IF_ERROR(Annotate(store_->Set(key, failure.empty() ? PublishedMemfd(fd.get(), nonce) : "-"),
                              absl::StrCat(who, ": publishing ", what)));
   } else {
@@ -475,12 +479,8 @@ StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::Sc
     } else {
       std::string where;
       adopt(OpenPublishedMemfd(who, what, *published, region->map_bytes, &where, &nonce));
-      if (failure.empty()) {
-        std::atomic_thread_fence(std::memory_order_acquire);
-        const auto* h = reinterpret_cast<const Header*>(region->base);
-        if (h->magic != kMagic || h->nonce != nonce) {
-          failure = absl::StrCat(who, ": ", what, " is not the one rank 0 published");
-        }
+      if (failure.empty() && !IsPublishedHeader(region->base, nonce)) {
+        failure = absl::StrCat(who, ": ", what, " is not the one rank 0 published");
       }
     }
     fd.Reset();
@@ -531,26 +531,34 @@ std::shared_ptr<ShmCommunicator::Region> ShmCommunicator::RegionOf(const at::Ten
 }
 
 Status ShmCommunicator::CheckPlacements(uint64_t seq) const {
-  const Control* me = segment_->control(rank_);
-  auto placement = [](const Control* c) {
-    return Placement(c->kind.load(std::memory_order_relaxed), c->region.load(std::memory_order_relaxed),
-                     c->offset.load(std::memory_order_relaxed), c->nbytes.load(std::memory_order_relaxed));
+  struct Where {
+    uint32_t kind;
+    uint64_t region, offset, nbytes;
+    bool operator!=(const Where& o) const {
+      return kind != o.kind || region != o.region || offset != o.offset || nbytes != o.nbytes;
+    }
+    std::string Text() const { return Placement(kind, region, offset, nbytes); }
   };
-  const std::string mine = placement(me);
+  auto where = [this](int r) {
+    const Control* c = segment_->control(r);
+    return Where{c->kind.load(std::memory_order_relaxed), c->region.load(std::memory_order_relaxed),
+                 c->offset.load(std::memory_order_relaxed), c->nbytes.load(std::memory_order_relaxed)};
+  };
+  const Where mine = where(rank_);
   for (int r = 0; r < world_size_; ++r) {
-    const std::string theirs = placement(segment_->control(r));
+    const Where theirs = where(r);
     if (theirs != mine) {
       return absl::InvalidArgumentError(absl::StrCat(
           "shm allreduce #", seq, " on rank ", rank_, ": ranks disagree on the tensor (rank ",
-          rank_, ": ", mine, "; rank ", r, ": ", theirs,
+          rank_, ": ", mine.Text(), "; rank ", r, ": ", theirs.Text(),
           "): every rank must allreduce the same bucket, in the same order"));
     }
   }
   return absl::OkStatus();
 }
 
-Status ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& tensor,
-                                       size_t offset, ReduceOp op) {
+void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& tensor,
+                                     size_t offset, ReduceOp op) {
   // Each rank reduces its 1/world of the elements, a cache-sized piece at a
   // time: the sum is formed in this rank's own buffer, then copied into the
   // peers' while it is still in this core's cache.
@@ -572,7 +580,6 @@ Status ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& t
       if (r != rank_) std::memcpy(region.buffer(r) + at, acc.data_ptr(), static_cast<size_t>(len * es));
     }
   }
-  return absl::OkStatus();
 }
 
 Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint64_t seq,
@@ -591,7 +598,7 @@ Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint
     // written everywhere once all arrive again.
     RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
     RETURN_IF_ERROR(CheckPlacements(seq));
-    RETURN_IF_ERROR(ReduceInRegion(*region, tensor, offset, op));
+    ReduceInRegion(*region, tensor, offset, op);
     return Arrive(seq, "allreduce", deadline);
   }
   const int64_t es = static_cast<int64_t>(tensor.element_size());

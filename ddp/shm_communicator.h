@@ -152,7 +152,7 @@ class ShmCommunicator : public Communicator {
   Status RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint64_t seq, MonoTime deadline);
   // The allreduce of a tensor in `region`, at `offset` bytes into this
   // rank's buffer (see "Bucket memory"), after the first barrier.
-  Status ReduceInRegion(const Region& region, const at::Tensor& tensor, size_t offset, ReduceOp op);
+  void ReduceInRegion(const Region& region, const at::Tensor& tensor, size_t offset, ReduceOp op);
   // The region holding all of `tensor` in this rank's buffer, or null.
   std::shared_ptr<Region> RegionOf(const at::Tensor& tensor, size_t* offset);
   // After the first barrier: InvalidArgument unless every rank published
