@@ -599,7 +599,9 @@ Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint
     RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
     RETURN_IF_ERROR(CheckPlacements(seq));
     ReduceInRegion(*region, tensor, offset, op);
-    return Arrive(seq, "allreduce", deadline);
+    RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
+    ++in_place_allreduces_;
+    return absl::OkStatus();
   }
   const int64_t es = static_cast<int64_t>(tensor.element_size());
   const int64_t numel = tensor.numel();

@@ -61,6 +61,7 @@
 #ifndef LOCKSTEP_DDP_SHM_COMMUNICATOR_H_
 #define LOCKSTEP_DDP_SHM_COMMUNICATOR_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -131,6 +132,9 @@ class ShmCommunicator : public Communicator {
   // could not create or map it.
   StatusOr<at::Tensor> AllocateBucketMemory(int64_t numel, at::ScalarType dtype) override;
   bool FusedAverage() const override { return true; }
+  // Allreduces this rank ran in place in bucket memory (not through the
+  // slots), for tests.
+  uint64_t in_place_allreduces() const { return in_place_allreduces_.load(); }
 
   struct Segment;  // The mapping (shm_communicator.cc).
   struct Region;   // A bucket-memory region (shm_communicator.cc).
@@ -172,6 +176,7 @@ class ShmCommunicator : public Communicator {
   std::mutex regions_mu_;
   std::vector<std::weak_ptr<Region>> regions_;  // GUARDED_BY(regions_mu_)
   uint64_t regions_made_ = 0;                   // GUARDED_BY(regions_mu_)
+  std::atomic<uint64_t> in_place_allreduces_{0};
   // Used only on the communicator thread.
   uint64_t phase_ = 0;
   uint64_t chunks_ = 0;
