@@ -68,7 +68,10 @@ class UidLeases {
   // bad --uid-lease-dir is refused before any job arrives.
   absl::Status Prepare() const;
 
-  // The lowest free uid of the range, locked. RESOURCE_EXHAUSTED when none
+  // The lowest free uid of the range, locked. It runs Prepare again first
+  // (one mkdir and lstat per job): a dir under /run may have been removed
+  // or replaced since the daemon started, and a lease file made in a dir
+  // others can write would not be safe. RESOURCE_EXHAUSTED when none
   // is free, saying how many were held here, by other daemons, named in the
   // user database or busy with processes.
   absl::StatusOr<UidLease> Acquire() const;
