@@ -36,6 +36,8 @@ struct Config {
   bool local = false;
   bool grad_as_bucket_view = true;
   bool set_to_none = true;
+  bool overlap_optimizer = false;
+  bool gradient_priority = false;
   std::string comm_hook = "allreduce";
   std::string train = "";
   std::string backend = "gloo";
@@ -85,6 +87,8 @@ Status Run(const Config& cfg, const char* argv0) {
                                   cfg.grad_as_bucket_view ? "true" : "false"));
       args.push_back(absl::StrCat("--set-to-none=", cfg.set_to_none ? "true" : "false"));
       args.push_back("--comm-hook=" + cfg.comm_hook);
+      args.push_back(absl::StrCat("--overlap-optimizer=", cfg.overlap_optimizer ? "true" : "false"));
+      args.push_back(absl::StrCat("--gradient-priority=", cfg.gradient_priority ? "true" : "false"));
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -104,7 +108,7 @@ Status Run(const Config& cfg, const char* argv0) {
                                             dir));
   }
   std::ifstream in(dir + "/rank0.out");
-  std::vector<double> step_ms, exposed_ms, backward_ms, cpu_ms;
+  std::vector<double> step_ms, exposed_ms, backward_ms, cpu_ms, first_layer_ms;
   int buckets = 0;
   double bytes_reduced = 0, comm_memory = 0;
   for (std::string line; std::getline(in, line);) {
@@ -115,6 +119,7 @@ Status Run(const Config& cfg, const char* argv0) {
     cpu_ms.push_back(Field(line, "cpu_ms"));
     exposed_ms.push_back(Field(line, "comm_exposed_ms"));
     backward_ms.push_back(Field(line, "backward_ms"));
+    first_layer_ms.push_back(Field(line, "first_layer_reduced_after_backward_end_ms"));
     buckets = static_cast<int>(Field(line, "buckets"));
     bytes_reduced = Field(line, "bytes_reduced");
     comm_memory = Field(line, "buckets_in_comm_memory");
@@ -126,7 +131,9 @@ Status Run(const Config& cfg, const char* argv0) {
       R"("batch_per_rank":%d,"steps":%d,"step_ms_median":%.2f,"step_ms_min":%.2f,)"
       R"("samples_per_s":%.1f,"comm_exposed_ms_median":%.2f,"backward_ms_median":%.2f,)"
       R"("buckets":%d,"gradient_as_bucket_view":%s,"set_to_none":%s,"cpu_ms_median":%.2f,)"
-      R"("comm_hook":"%s","bytes_reduced":%.0f,"buckets_in_comm_memory":%s})" "\n",
+      R"("comm_hook":"%s","bytes_reduced":%.0f,"buckets_in_comm_memory":%s,)"
+      R"("overlap_optimizer":%s,"gradient_priority":%s,)"
+      R"("first_layer_reduced_after_backward_end_ms_median":%.2f})" "\n",
       cfg.model.c_str(), static_cast<int>(cfg.world), cfg.local ? "local" : cfg.backend.c_str(),
       cfg.bucket_mb,
       static_cast<int>(cfg.batch), static_cast<int>(step_ms.size()), median,
@@ -134,7 +141,9 @@ Status Run(const Config& cfg, const char* argv0) {
       cfg.local ? 0.0 : Median(exposed_ms), cfg.local ? 0.0 : Median(backward_ms),
       cfg.local ? 0 : buckets, cfg.grad_as_bucket_view ? "true" : "false",
       cfg.set_to_none ? "true" : "false", Median(cpu_ms),
-      cfg.comm_hook.c_str(), cfg.local ? 0.0 : bytes_reduced, comm_memory > 0 ? "true" : "false");
+      cfg.comm_hook.c_str(), cfg.local ? 0.0 : bytes_reduced, comm_memory > 0 ? "true" : "false",
+      cfg.overlap_optimizer ? "true" : "false", cfg.gradient_priority ? "true" : "false",
+      cfg.local ? 0.0 : Median(first_layer_ms));
   return absl::OkStatus();
 }
 
@@ -157,6 +166,10 @@ int main(int argc, char** argv) {
              "the trainer resets gradients to undefined each step (as the peer script's "
              "zero_grad(set_to_none=True)) instead of zeroing them");
   flags.String("comm-hook", &cfg.comm_hook, "allreduce | fp16 | bf16 | adasum (DDP comm hook)");
+  flags.Bool("overlap-optimizer", &cfg.overlap_optimizer,
+             "DDP overlap_optimizer (each bucket's parameters stepped as it is reduced)");
+  flags.Bool("gradient-priority", &cfg.gradient_priority,
+             "DDP gradient_priority (first layers' buckets first on the wire)");
   flags.String("train", &cfg.train, "path of examples/train (default: from runfiles)");
   auto rest = flags.Parse(argc, argv);
   if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());

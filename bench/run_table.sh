@@ -12,7 +12,8 @@
 # variables, what ddp::KeepFreedMemory() does in lockstep's workers), with
 # and without DDP. Both systems' training loops reset gradients to
 # undefined each step (the peer's zero_grad(set_to_none=True); the
-# trainer's --set-to-none, its default).
+# trainer's --set-to-none, its default). With OVERLAP=1, two more lockstep
+# Gloo columns: --overlap-optimizer, and it with --gradient-priority.
 # Usage: bench/run_table.sh [world] [steps] > results.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,11 @@ for m in $models; do
     $bench --train $train --model "$m" --world "$world" --steps "$steps"
     $bench --train $train --model "$m" --world "$world" --steps "$steps" --gradient-as-bucket-view=false
     $bench --train $train --model "$m" --world "$world" --steps "$steps" --backend shm
+    if [ -n "${OVERLAP:-}" ]; then
+      $bench --train $train --model "$m" --world "$world" --steps "$steps" --overlap-optimizer
+      $bench --train $train --model "$m" --world "$world" --steps "$steps" --overlap-optimizer \
+        --gradient-priority
+    fi
     /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps"
     keep /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps" --no-ddp
     keep /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps"

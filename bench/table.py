@@ -19,11 +19,18 @@ for line in sys.stdin:
             key = "lockstep %s %g MB" % (d["backend"], d["bucket_mb"])
             if not d.get("gradient_as_bucket_view", True):
                 key += " own grads"
+            if d.get("overlap_optimizer"):
+                key += " +overlap"
+            if d.get("gradient_priority"):
+                key += " +priority"
     else:
         key = d["system"]
     runs.setdefault(d["model"], {}).setdefault(key, []).append(d)
 cols = ["lockstep local", "lockstep gloo 25 MB", "lockstep gloo 25 MB own grads",
         "lockstep shm 25 MB", "torch-ddp", "torch-local +keep", "torch-ddp +keep"]
+# Columns run_table.sh adds when asked (OVERLAP=1), shown when present.
+extra = ["lockstep gloo 25 MB +overlap", "lockstep gloo 25 MB +overlap +priority"]
+cols += [c for c in extra if any(c in r for r in runs.values())]
 print("| model | " + " | ".join(cols) + " |")
 print("|---" * (len(cols) + 1) + "|")
 for m, r in runs.items():

@@ -1,6 +1,8 @@
 #include "ddp/ddp.h"
 
+#include <exception>
 #include <map>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -116,6 +118,8 @@ Status DistributedDataParallel::Init() {
   reducer_options.comm_hook = opts.comm_hook;
   reducer_options.weight_by_samples = opts.weight_by_samples;
   reducer_options.timeout = opts.timeout;
+  reducer_options.defer_wait = opts.overlap_optimizer;
+  reducer_options.gradient_priority = opts.gradient_priority;
   DistributedDataParallel* self = this;
   reducer_options.on_step = [self](const ReducerStepStats&) { self->OnReducerStep(); };
   reducer_options.on_wait = [self](int bucket) { self->OnBucketWait(bucket); };
@@ -279,12 +283,58 @@ void DistributedDataParallel::FinishStep(StepProgress p, MonoTime end) {
   progress_->Report(p);
 }
 
+void DistributedDataParallel::StepOverlapped(torch::optim::Optimizer& optimizer) {
+  // Which bucket each parameter is in, and each group's parameters split by
+  // bucket (parts[b][g]; parts[buckets][g]: those DDP does not reduce).
+  std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
+  const std::vector<std::vector<size_t>> layout = reducer_->bucket_indices();
+  for (size_t b = 0; b < layout.size(); ++b) {
+    for (size_t i : layout[b]) bucket_of[reducer_->params()[i].tensor.unsafeGetTensorImpl()] = b;
+  }
+  auto& groups = optimizer.param_groups();
+  std::vector<std::vector<torch::Tensor>> all(groups.size());
+  std::vector<std::vector<std::vector<torch::Tensor>>> parts(
+      layout.size() + 1, std::vector<std::vector<torch::Tensor>>(groups.size()));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    all[g] = groups[g].params();
+    for (const torch::Tensor& p : all[g]) {
+      auto it = bucket_of.find(p.unsafeGetTensorImpl());
+      parts[it == bucket_of.end() ? layout.size() : it->second][g].push_back(p);
+    }
+  }
+  // The optimizer sees one part at a time; its state is keyed by tensor, so
+  // stepping the parts one after another is one step of the whole.
+  std::exception_ptr thrown;
+  auto step_part = [&](size_t b) {
+    if (thrown) return;
+    bool any = false;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      groups[g].params() = parts[b][g];
+      any = any || !parts[b][g].empty();
+    }
+    try {
+      if (any) optimizer.step();
+    } catch (...) {
+      thrown = std::current_exception();
+    }
+  };
+  const Status s = reducer_->CompleteStep([&](size_t b, const std::vector<size_t>&) { step_part(b); });
+  if (s.ok()) step_part(layout.size());
+  for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = std::move(all[g]);
+  overlapped_wait_ms_ = s.ok() ? reducer_->last_stats().comm_exposed_ms : 0;
+  if (thrown) std::rethrow_exception(thrown);
+}
+
 void DistributedDataParallel::EndOptimizerStep(MonoTime start) {
   if (progress_ == nullptr) return;
   const MonoTime end = RealClock()->Now();
+  // With overlap_optimizer the waits on the buckets happened in here too;
+  // they are the step's exposed communication, not optimizer time.
+  const double waited_ms = overlapped_wait_ms_;
+  overlapped_wait_ms_ = 0;
   if (step_pending_) {
     step_pending_ = false;
-    pending_.optimizer_ms = MillisBetween(start, end);
+    pending_.optimizer_ms = std::max(0.0, MillisBetween(start, end) - waited_ms);
     FinishStep(std::move(pending_), end);
   } else {
     // The first call (that step went out at the end of backward), or a

@@ -123,6 +123,29 @@ struct DdpOptions {
   Duration timeout = kDefaultCollectiveTimeout;
   // Called on the autograd thread after each synchronised backward.
   std::function<void(const StepStats&)> on_step;
+  // Default false. When true, the first layers' buckets are not queued on
+  // the wire behind later layers' buckets: among the buckets complete on
+  // every rank, the one the next forward needs first goes next (DLCP's
+  // priority; reducer.h "Gradient priority"). Costs one small allreduce per
+  // bucket. With overlap_optimizer, the first layers' parameters are then
+  // stepped first. REQUIRES: a host communicator (gloo, shm).
+  bool gradient_priority = false;
+  // Default false. When true, the optimizer step overlaps the end of the
+  // gradients' communication (as PyTorch's DDP optimizer-overlap hooks):
+  // Backward returns once backward has launched every bucket, without
+  // waiting for them, and OptimizerStep(optimizer) then waits for the
+  // buckets in the order the wire completes them and steps each bucket's
+  // parameters as soon as that bucket is reduced, while later buckets are
+  // still being reduced. REQUIRES: every synchronised Backward is followed by
+  // OptimizerStep before the next Forward (a plain optimizer.step() would
+  // read gradients still being reduced; the next Forward then fails with
+  // FailedPrecondition), nothing between them reads or changes the
+  // gradients (clipping by the global norm needs every bucket: leave this
+  // off), and the optimizer updates each parameter from its own gradient and
+  // state alone (every torch::optim optimizer but LBFGS, which needs a
+  // closure). An optimizer that is not a torch::optim::Optimizer is stepped
+  // once, after every bucket.
+  bool overlap_optimizer = false;
   // Default true: each synchronised step goes to the process's progress
   // sink (ddp/progress.h; under lockstepd, the agent: `lockstep status`).
   bool report_progress = true;
@@ -464,9 +487,29 @@ class DistributedDataParallel {
   //   ddp->OptimizerStep(opt);
   // Once a program calls it, each step is reported when it returns (rather
   // than at the end of backward). Returns what optimizer.step() returns.
+  // With overlap_optimizer it also completes the step's communication,
+  // stepping bucket by bucket (see DdpOptions; it then returns an undefined
+  // tensor), and a communication error is returned by the next Forward;
+  // what the optimizer throws is rethrown after every bucket was waited for.
   template <typename Optimizer>
   auto OptimizerStep(Optimizer& optimizer) -> decltype(optimizer.step()) {
     const MonoTime start = RealClock()->Now();
+    if (reducer_->step_open()) {
+      if constexpr (std::is_base_of<torch::optim::Optimizer, Optimizer>::value) {
+        StepOverlapped(optimizer);
+        EndOptimizerStep(start);
+        return {};
+      } else {
+        // No way to step a subset: every bucket first.
+        if (!reducer_->CompleteStep(nullptr).ok()) {
+          if constexpr (std::is_void<decltype(optimizer.step())>::value) {
+            return;
+          } else {
+            return {};
+          }
+        }
+      }
+    }
     if constexpr (std::is_void<decltype(optimizer.step())>::value) {
       optimizer.step();
       EndOptimizerStep(start);
@@ -519,6 +562,9 @@ class DistributedDataParallel {
   Status PostForward(const std::vector<torch::Tensor>& outputs);
   void OnReducerStep();
   StepStats MakeStats(const ReducerStepStats& r) const;
+  // overlap_optimizer: completes the open step, stepping each reduced
+  // bucket's parameters (then the optimizer's other parameters).
+  void StepOverlapped(torch::optim::Optimizer& optimizer);
   // Step timing (see progress.h for the split).
   void EndOptimizerStep(MonoTime start);
   void FinishStep(StepProgress p, MonoTime end);
@@ -550,6 +596,7 @@ class DistributedDataParallel {
   bool optimizer_marked_ = false;    // OptimizerStep ends steps.
   bool step_pending_ = false;        // pending_ waits for OptimizerStep.
   StepProgress pending_;
+  double overlapped_wait_ms_ = 0;    // StepOverlapped's waits, for EndOptimizerStep.
   // Per step, per bucket: launch to completion (kWaitWindowSteps newest).
   std::vector<std::vector<double>> bucket_waits_;
   bool waiting_ = false;             // In the end-of-backward bucket wait.

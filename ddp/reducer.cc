@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -49,6 +50,11 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(std::vector<NamedParam> param
         "reducer: weight_by_samples needs the summing 'allreduce' comm hook, not '",
         options.comm_hook.name, "'"));
   }
+  if (options.gradient_priority && !comm->device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reducer: gradient_priority needs a host communicator (gloo, shm), not ",
+        comm->backend()));
+  }
   if (options.bucket_cap_bytes == 0 || options.first_bucket_cap_bytes == 0) {
     return absl::InvalidArgumentError("reducer: bucket caps must be positive");
   }
@@ -71,6 +77,9 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(std::vector<NamedParam> param
   for (size_t i = 0; i < n; ++i) reverse[i] = n - 1 - i;
   std::lock_guard<std::mutex> lock(reducer->mu_);
   RETURN_IF_ERROR(Annotate(reducer->BuildBuckets(reverse), "DDP: allocating the buckets"));
+  if (options.gradient_priority) {
+    reducer->scheduler_ = std::thread([r = reducer.get()] { r->SchedulerLoop(); });
+  }
   return reducer;
 }
 
@@ -116,6 +125,16 @@ Reducer::Reducer(std::vector<NamedParam> params, Communicator* comm, ReducerOpti
 }
 
 Reducer::~Reducer() {
+  // An open step's collectives may still write into the buckets.
+  if (step_open()) (void)CompleteStep(nullptr);
+  if (scheduler_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      shutdown_ = true;
+    }
+    cv_.notify_all();
+    scheduler_.join();
+  }
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
@@ -181,6 +200,11 @@ Status Reducer::BuildBuckets(const std::vector<size_t>& order) {
     bucket.pending = bucket.params.size();
   }
   buckets_ = std::move(buckets);
+  priority_.assign(buckets_.size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    priority_[b] = *std::min_element(buckets_[b].params.begin(), buckets_[b].params.end());
+  }
+  launched_.assign(buckets_.size(), false);
   return absl::OkStatus();
 }
 
@@ -202,6 +226,7 @@ ReducerStepStats Reducer::last_stats() const {
   // Read from the Works: a device collective may start or finish after
   // finalisation took its snapshot.
   for (size_t b = 0; b < last_works_.size() && b < out.bucket_comm_start.size(); ++b) {
+    if (last_works_[b] == nullptr) continue;
     out.bucket_comm_start[b] = last_works_[b]->started_at();
     out.bucket_comm_end[b] = last_works_[b]->finished_at();
   }
@@ -223,11 +248,22 @@ int64_t Reducer::last_done_ranks() const {
   return last_counts_.defined() ? last_counts_[1].item<int64_t>() : 0;
 }
 
+namespace {
+Status OpenStepError() {
+  return absl::FailedPreconditionError(
+      "DDP: the previous synchronised backward was never completed: with overlap_optimizer, "
+      "call OptimizerStep(optimizer) after every Backward (a plain optimizer.step() would read "
+      "gradients still being reduced)");
+}
+}  // namespace
+
 Status Reducer::BeginStepLocked() {
   if (!error_.ok()) return error_;
+  if (step_open_) return error_ = OpenStepError();
   // The previous step's collectives, when backward's end only queued a
   // stream wait on them: one that has failed since fails this step.
   for (size_t b = 0; b < last_works_.size(); ++b) {
+    if (last_works_[b] == nullptr) continue;
     Status s = last_works_[b]->status();
     if (!s.ok()) {
       error_ = Annotate(s, absl::StrCat("DDP: gradient allreduce of bucket ", b,
@@ -235,17 +271,32 @@ Status Reducer::BeginStepLocked() {
       return error_;
     }
   }
+  if (options_.gradient_priority && scheduled_step_ != step_seq_) {
+    // A step that never finalised (no gradient reached DDP): its scheduling
+    // is abandoned.
+    std::unique_lock<std::mutex> lock(mu_, std::adopt_lock);
+    (void)AwaitScheduledLocked(lock, /*abort=*/true);
+    lock.release();
+  }
   next_to_launch_ = 0;
+  launch_order_.clear();
+  launched_.assign(buckets_.size(), false);
+  step_aborted_ = false;
   expect_sync_ = true;
   finalizer_queued_ = false;
   stats_ = ReducerStepStats{};
   stats_.forward_end = RealClock()->Now();
+  stats_.bucket_launched.assign(buckets_.size(), MonoTime{});
+  stats_.bucket_comm_start.assign(buckets_.size(), MonoTime{});
+  stats_.bucket_comm_end.assign(buckets_.size(), MonoTime{});
+  ++step_seq_;  // Wakes the scheduler (gradient_priority) once buckets are ready.
   return absl::OkStatus();
 }
 
 Status Reducer::JoinStep() {
+  Status scheduled;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (!options_.weight_by_samples) {
       return absl::FailedPreconditionError(
           "DDP: JoinStep needs weight_by_samples (a joined rank contributes weight 0)");
@@ -271,13 +322,12 @@ Status Reducer::JoinStep() {
       b.buffer[b.grad_numel + 1].fill_(1);
     }
     LaunchCompleteBucketsLocked();
+    expect_sync_ = false;
+    stats_.backward_end = RealClock()->Now();
+    scheduled = AwaitScheduledLocked(lock, /*abort=*/false);
   }
-  try {
-    Finalize();
-  } catch (const std::exception&) {
-    return last_error();
-  }
-  return last_error();
+  // Blocks, whatever defer_wait says: the caller steps right after.
+  return FinishBuckets(scheduled, nullptr);
 }
 
 Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
@@ -370,39 +420,98 @@ void Reducer::MarkReadyLocked(size_t index) {
 }
 
 void Reducer::LaunchCompleteBucketsLocked() {
+  if (options_.gradient_priority) {
+    cv_.notify_all();  // The scheduler launches.
+    return;
+  }
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
-    Bucket& bucket = buckets_[next_to_launch_];
-    GradBucket view;
-    view.index = next_to_launch_;
-    view.buffer = bucket.buffer;
-    view.param_indices = bucket.params;
-    view.offsets = bucket.offsets;
-    for (size_t i : bucket.params) view.numels.push_back(params_[i].tensor.numel());
-    view.slots = bucket.views;
-    view.prescaled = prescale_ && !options_.weight_by_samples;
-    view.weighted = options_.weight_by_samples;
-    try {
-      bucket.work = options_.comm_hook.run(view, *comm_);
-    } catch (const std::exception& e) {
-      bucket.work = BucketWork::Failed(absl::InternalError(absl::StrCat(
-          "comm hook '", options_.comm_hook.name, "' threw on bucket ", view.index, ": ",
-          e.what())));
-    }
-    if (bucket.work == nullptr) {
-      bucket.work = BucketWork::Failed(absl::InternalError(absl::StrCat(
-          "comm hook '", options_.comm_hook.name, "' returned no work for bucket ", view.index)));
-    }
-    stats_.bucket_launched.push_back(RealClock()->Now());
-    ++next_to_launch_;
+    LaunchLocked(next_to_launch_);
   }
 }
 
-void Reducer::Fail(const Status& status) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_.ok()) error_ = status;
+void Reducer::LaunchLocked(size_t b) {
+  Bucket& bucket = buckets_[b];
+  GradBucket view;
+  view.index = b;
+  view.buffer = bucket.buffer;
+  view.param_indices = bucket.params;
+  view.offsets = bucket.offsets;
+  for (size_t i : bucket.params) view.numels.push_back(params_[i].tensor.numel());
+  view.slots = bucket.views;
+  view.prescaled = prescale_ && !options_.weight_by_samples;
+  view.weighted = options_.weight_by_samples;
+  try {
+    bucket.work = options_.comm_hook.run(view, *comm_);
+  } catch (const std::exception& e) {
+    bucket.work = BucketWork::Failed(absl::InternalError(absl::StrCat(
+        "comm hook '", options_.comm_hook.name, "' threw on bucket ", b, ": ", e.what())));
   }
-  throw std::runtime_error(std::string(status.message()));
+  if (bucket.work == nullptr) {
+    bucket.work = BucketWork::Failed(absl::InternalError(absl::StrCat(
+        "comm hook '", options_.comm_hook.name, "' returned no work for bucket ", b)));
+  }
+  stats_.bucket_launched[b] = RealClock()->Now();
+  launch_order_.push_back(b);
+  launched_[b] = true;
+  ++next_to_launch_;
+}
+
+void Reducer::SchedulerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return shutdown_ || scheduled_step_ != step_seq_; });
+    if (shutdown_) return;
+    const uint64_t step = step_seq_;
+    const size_t n = buckets_.size();
+    while (next_to_launch_ < n && !step_aborted_ && !shutdown_) {
+      // The first unlaunched bucket (the order without priority) unless the
+      // ranks agree that a bucket needed earlier by forward is ready on all
+      // of them: an allreduce of this rank's ready flags.
+      size_t choice = n;
+      for (size_t b = 0; b < n && choice == n; ++b) {
+        if (!launched_[b]) choice = b;
+      }
+      if (n - next_to_launch_ >= 2) {
+        torch::Tensor flags = torch::zeros({static_cast<int64_t>(n)}, torch::kFloat);
+        float* f = flags.data_ptr<float>();
+        for (size_t b = 0; b < n; ++b) f[b] = !launched_[b] && buckets_[b].pending == 0 ? 1 : 0;
+        lock.unlock();
+        Status s = comm_->AllReduce(flags, ReduceOp::kSum)->Wait(options_.timeout + kWorkWaitSlack);
+        lock.lock();
+        if (!s.ok()) {
+          schedule_error_ = Annotate(s, "DDP: agreeing on the next bucket to reduce");
+          break;
+        }
+        ++stats_.priority_agreements;
+        const float everywhere = static_cast<float>(comm_->world_size());
+        for (size_t b = 0; b < n; ++b) {
+          if (!launched_[b] && f[b] == everywhere && priority_[b] < priority_[choice]) choice = b;
+        }
+      }
+      cv_.wait(lock, [&] { return shutdown_ || step_aborted_ || buckets_[choice].pending == 0; });
+      if (shutdown_ || step_aborted_) break;
+      LaunchLocked(choice);
+      if (next_to_launch_ == n) break;
+      // One bucket on the wire at a time: the next choice is made when it
+      // is done, from what is ready then.
+      std::shared_ptr<Work> work = buckets_[choice].work->work();
+      lock.unlock();
+      if (work != nullptr) (void)work->Wait(options_.timeout + kWorkWaitSlack);
+      lock.lock();
+    }
+    scheduled_step_ = step;
+    cv_.notify_all();
+  }
+}
+
+Status Reducer::AwaitScheduledLocked(std::unique_lock<std::mutex>& lock, bool abort) {
+  if (!options_.gradient_priority) return absl::OkStatus();
+  if (abort) step_aborted_ = true;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return scheduled_step_ == step_seq_; });
+  Status s = schedule_error_;
+  schedule_error_ = absl::OkStatus();
+  return s;
 }
 
 void Reducer::Finalize() {
@@ -411,21 +520,57 @@ void Reducer::Finalize() {
   expect_sync_ = false;
   finalizer_queued_ = false;
   stats_.backward_end = RealClock()->Now();
-  std::vector<std::shared_ptr<BucketWork>> works;
-  for (size_t b = 0; b < next_to_launch_; ++b) works.push_back(buckets_[b].work);
-  std::string missing_message;
-  if (next_to_launch_ < buckets_.size()) {
+  // Every hook of this backward has run: a bucket still incomplete never
+  // will be.
+  size_t incomplete = buckets_.size();
+  for (size_t b = 0; b < buckets_.size() && incomplete == buckets_.size(); ++b) {
+    if (buckets_[b].pending > 0) incomplete = b;
+  }
+  Status status;
+  if (incomplete < buckets_.size()) {
     std::vector<std::string> missing;
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!ready_[i]) missing.push_back(params_[i].name);
     }
-    missing_message = absl::StrCat(
+    status = absl::FailedPreconditionError(absl::StrCat(
         "DDP: parameters [", absl::StrJoin(missing, ", "),
-        "] received no gradient in this backward, so bucket ", next_to_launch_, " of ",
+        "] received no gradient in this backward, so bucket ", incomplete, " of ",
         buckets_.size(),
         " was never reduced. If the model does not use every parameter in every step, "
-        "set find_unused_parameters = true.");
+        "set find_unused_parameters = true."));
   }
+  Status scheduled = AwaitScheduledLocked(lock, /*abort=*/!status.ok());
+  if (status.ok()) status = scheduled;
+  if (options_.defer_wait && status.ok()) {
+    // CompleteStep waits, on the training thread.
+    step_open_ = true;
+    return;
+  }
+  lock.unlock();
+  status = FinishBuckets(status, nullptr);
+  if (!status.ok()) throw std::runtime_error(std::string(status.message()));
+}
+
+bool Reducer::step_open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return step_open_;
+}
+
+Status Reducer::CompleteStep(const BucketDone& on_bucket) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!step_open_) return error_;
+    step_open_ = false;
+  }
+  return FinishBuckets(absl::OkStatus(), on_bucket);
+}
+
+Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // In the order the wire took them.
+  std::vector<size_t> order = launch_order_;
+  std::vector<std::shared_ptr<BucketWork>> works;
+  for (size_t b : order) works.push_back(buckets_[b].work);
   lock.unlock();
   // Wait for every launched bucket, even when failing, so no allreduce is
   // left writing into gradients. On a device communicator the wait is queued
@@ -434,92 +579,94 @@ void Reducer::Finalize() {
   // for the GPU; a collective that fails later is reported by the next
   // PrepareForBackward. Host-side communicators block here.
   // The hooks' continuations (a cast back, the Adasum tree) run inside
-  // BucketWork::Wait, here.
-  const MonoTime wait_start = RealClock()->Now();
-  Status comm_status;
-  std::vector<torch::Tensor> results(works.size());
-  for (size_t b = 0; b < works.size(); ++b) {
-    const std::shared_ptr<Work>& collective = works[b]->work();
+  // BucketWork::Wait, here. Each bucket is written back (and handed to
+  // `on_bucket`) as soon as it is reduced, while later ones may still be on
+  // the wire.
+  Duration waited{};
+  for (size_t k = 0; k < works.size(); ++k) {
+    const size_t b = order[k];
+    const std::shared_ptr<Work>& collective = works[k]->work();
     if (options_.on_wait && collective && !collective->IsCompleted()) {
       options_.on_wait(static_cast<int>(b));
     }
-    StatusOr<at::Tensor> r = works[b]->Wait(options_.timeout + kWorkWaitSlack);
-    if (r.ok()) {
-      results[b] = *std::move(r);
-    } else if (comm_status.ok()) {
-      comm_status = r.status();
-    }
-  }
-  if (options_.on_wait) options_.on_wait(-1);
-  const MonoTime wait_end = RealClock()->Now();
-  if (!missing_message.empty()) Fail(absl::FailedPreconditionError(missing_message));
-  if (!comm_status.ok()) {
-    Fail(Annotate(comm_status, "DDP: gradient allreduce failed"));
-  }
-  lock.lock();
-  for (size_t b = 0; b < results.size(); ++b) {
-    const torch::Tensor& buffer = buckets_[b].buffer;
-    const torch::Tensor& result = results[b];
-    if (result.defined() && result.numel() == buffer.numel() &&
-        result.scalar_type() == buffer.scalar_type() && result.device() == buffer.device()) {
+    const MonoTime wait_start = RealClock()->Now();
+    StatusOr<at::Tensor> r = works[k]->Wait(options_.timeout + kWorkWaitSlack);
+    waited += RealClock()->Now() - wait_start;
+    if (!r.ok()) {
+      if (status.ok()) status = Annotate(r.status(), "DDP: gradient allreduce failed");
       continue;
     }
-    const std::string got =
-        result.defined()
-            ? absl::StrCat(result.numel(), " elements of ", c10::toString(result.scalar_type()),
-                           " on ", result.device().str())
-            : std::string("an undefined tensor");
+    if (!status.ok()) continue;
+    lock.lock();
+    status = WriteBackLocked(b, *r);
     lock.unlock();
-    Fail(absl::InternalError(absl::StrCat(
-        "DDP: comm hook '", options_.comm_hook.name, "' returned ", got, " for bucket ", b,
-        ", which holds ", buffer.numel(), " elements of ", c10::toString(buffer.scalar_type()),
-        " on ", buffer.device().str())));
+    if (status.ok() && on_bucket) on_bucket(b, buckets_[b].params);
   }
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      Bucket& bucket = buckets_[b];
-      if (results[b].data_ptr() != bucket.buffer.data_ptr()) {
-        bucket.buffer.copy_(results[b].view_as(bucket.buffer));
-      }
-      if (options_.weight_by_samples) {
-        // sum_r n_r g_r / N; N = 0 (every rank joining) leaves the zeros.
-        const torch::Tensor counts = bucket.buffer.narrow(0, bucket.grad_numel, 2);
-        bucket.buffer.narrow(0, 0, bucket.grad_numel).div_(counts.narrow(0, 0, 1).clamp_min(1));
-        if (b == 0) last_counts_ = counts.to(torch::kLong);
-      }
-      for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
-        torch::Tensor& grad = params_[bucket.params[pos]].tensor.mutable_grad();
-        const torch::Tensor& view = bucket.views[pos];
-        if (!grad.defined()) {
-          grad = options_.gradient_as_bucket_view ? view : view.clone();
-        } else if (grad.data_ptr() != view.data_ptr()) {
-          grad.copy_(view);
-        }
-      }
-      stats_.bytes_reduced += bucket.work->wire_bytes();
-      stats_.bucket_comm_start.push_back(bucket.work->work()->started_at());
-      stats_.bucket_comm_end.push_back(bucket.work->work()->finished_at());
-    }
+  if (options_.on_wait) options_.on_wait(-1);
+  lock.lock();
+  if (!status.ok()) {
+    if (error_.ok()) error_ = status;
+    return status;
   }
   if (!rebuilt_ && !have_arrival_order_ && arrival_order_.size() == params_.size()) {
     have_arrival_order_ = true;
   }
   stats_.buckets = static_cast<int>(buckets_.size());
-  stats_.comm_exposed_ms = MillisBetween(wait_start, wait_end);
+  stats_.launch_order.assign(order.begin(), order.end());
+  stats_.comm_exposed_ms = std::chrono::duration<double, std::milli>(waited).count();
   stats_.backward_ms = MillisBetween(stats_.forward_end, RealClock()->Now());
   last_stats_ = stats_;
-  last_works_.clear();
-  for (const auto& w : works) last_works_.push_back(w->work());
+  last_works_.assign(buckets_.size(), nullptr);
+  for (size_t k = 0; k < works.size(); ++k) last_works_[order[k]] = works[k]->work();
   ReducerStepStats done = stats_;
   lock.unlock();
   if (options_.on_step) options_.on_step(done);
+  return absl::OkStatus();
+}
+
+Status Reducer::WriteBackLocked(size_t b, const torch::Tensor& result) {
+  Bucket& bucket = buckets_[b];
+  const torch::Tensor& buffer = bucket.buffer;
+  if (!result.defined() || result.numel() != buffer.numel() ||
+      result.scalar_type() != buffer.scalar_type() || result.device() != buffer.device()) {
+    const std::string got =
+        result.defined()
+            ? absl::StrCat(result.numel(), " elements of ", c10::toString(result.scalar_type()),
+                           " on ", result.device().str())
+            : std::string("an undefined tensor");
+    return absl::InternalError(absl::StrCat(
+        "DDP: comm hook '", options_.comm_hook.name, "' returned ", got, " for bucket ", b,
+        ", which holds ", buffer.numel(), " elements of ", c10::toString(buffer.scalar_type()),
+        " on ", buffer.device().str()));
+  }
+  torch::NoGradGuard no_grad;
+  if (result.data_ptr() != buffer.data_ptr()) buffer.copy_(result.view_as(buffer));
+  if (options_.weight_by_samples) {
+    // sum_r n_r g_r / N; N = 0 (every rank joining) leaves the zeros.
+    const torch::Tensor counts = buffer.narrow(0, bucket.grad_numel, 2);
+    buffer.narrow(0, 0, bucket.grad_numel).div_(counts.narrow(0, 0, 1).clamp_min(1));
+    if (b == 0) last_counts_ = counts.to(torch::kLong);
+  }
+  for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
+    torch::Tensor& grad = params_[bucket.params[pos]].tensor.mutable_grad();
+    const torch::Tensor& view = bucket.views[pos];
+    if (!grad.defined()) {
+      grad = options_.gradient_as_bucket_view ? view : view.clone();
+    } else if (grad.data_ptr() != view.data_ptr()) {
+      grad.copy_(view);
+    }
+  }
+  stats_.bytes_reduced += bucket.work->wire_bytes();
+  stats_.bucket_comm_start[b] = bucket.work->work()->started_at();
+  stats_.bucket_comm_end[b] = bucket.work->work()->finished_at();
+  return absl::OkStatus();
 }
 
 Status Reducer::RebuildBucketsIfNeeded() {
   std::vector<size_t> order;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (step_open_) return error_ = OpenStepError();
     if (rebuilt_ || !have_arrival_order_) return absl::OkStatus();
     order = arrival_order_;
   }

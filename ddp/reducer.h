@@ -38,12 +38,29 @@
 // bucket's BucketWork (this wait, continuations included, is the *exposed*
 // communication time), copies a result that is not the bucket itself into
 // the bucket, and writes the reduced gradients back into param.grad (unless
-// they are views already).
+// they are views already), bucket by bucket in launch order. With
+// defer_wait the callback only closes the launches, and the waits happen in
+// CompleteStep on the training thread, where each reduced bucket can be
+// handed on (to the optimizer) while later ones are still on the wire.
 //
 // Rebuild. During the first synchronised backward the Reducer records the
 // order in which gradients arrived. At the start of the next forward
 // (RebuildBucketsIfNeeded) rank 0's recorded order is broadcast and every
 // rank re-packs its buckets in that order, once.
+//
+// Gradient priority (gradient_priority; after DLCP and ByteScheduler).
+// Without it buckets go on the wire in index order, so the first layers'
+// gradients, computed last, always wait behind every later layer's bucket
+// still queued, although the next forward needs them first. With it a
+// scheduler thread launches the buckets, one on the wire at a time: before
+// each launch (while two or more remain) the ranks allreduce their flags of
+// which buckets are complete, and the bucket launched next is, among those
+// complete on every rank, the one whose first parameter comes earliest in
+// registration order (forward's order); when none is, the lowest-index
+// unlaunched bucket, as without priority. Every rank computes the same
+// choice from the same reduced flags, so all issue the same collectives in
+// the same order. Cost: one small allreduce per bucket but the last, and no
+// second bucket queued behind the one on the wire.
 //
 // Unused parameters. With find_unused_parameters, PrepareForBackward walks
 // the autograd graph from the forward outputs; parameters whose accumulator
@@ -81,8 +98,10 @@
 // (last_global_samples, last_done_ranks): done == world means every rank has
 // run out of data.
 //
-// Thread safety: Prepare/Rebuild are called from the training thread; hooks
-// and the callback run on the autograd thread; state is guarded by mu_.
+// Thread safety: Prepare/Rebuild/CompleteStep are called from the training
+// thread; hooks and the callback run on the autograd thread; with
+// gradient_priority the scheduler thread runs the comm hooks; state is
+// guarded by mu_.
 #ifndef LOCKSTEP_DDP_REDUCER_H_
 #define LOCKSTEP_DDP_REDUCER_H_
 
@@ -90,8 +109,10 @@
 
 #include <functional>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -121,8 +142,15 @@ struct ReducerOptions {
   // Default: false. Weight each rank's gradient by its sample count (see
   // "Sample weighting"). REQUIRES: the comm hook sums ("allreduce").
   bool weight_by_samples = false;
+  // Default: false. DLCP-style gradient priority (see "Gradient priority").
+  // REQUIRES: a host communicator (gloo, shm).
+  bool gradient_priority = false;
+  // Default: false. When true, the end of a synchronised backward does not
+  // wait for the buckets: the step stays open until CompleteStep, which waits
+  // for them one by one (see "Deferred completion").
+  bool defer_wait = false;
   // Called at the end of each successful finalisation, on the autograd
-  // thread, with no Reducer lock held.
+  // thread (with defer_wait: CompleteStep's), with no Reducer lock held.
   std::function<void(const struct ReducerStepStats&)> on_step;
   // Called on the autograd thread, with no Reducer lock held, when
   // finalisation starts waiting on bucket `b` (b >= 0) and with -1 when the
@@ -144,12 +172,17 @@ struct ReducerStepStats {
   int buckets = 0;
   MonoTime forward_end{};       // PrepareForBackward.
   MonoTime backward_end{};      // Finalisation callback starts.
+  // Indexed by bucket, like the two below.
   std::vector<MonoTime> bucket_launched;    // Reducer queued the allreduce.
   // When the communicator started / finished each bucket's collective (for
   // NCCL: when its watchdog saw the start / done event complete on the GPU).
   // Zero until then; last_stats() fills in what has happened since.
   std::vector<MonoTime> bucket_comm_start;
   std::vector<MonoTime> bucket_comm_end;
+  // The buckets in the order they were launched.
+  std::vector<size_t> launch_order;
+  // gradient_priority: the agreements on the next bucket this step.
+  int priority_agreements = 0;
 };
 
 class Reducer {
@@ -170,6 +203,19 @@ class Reducer {
   // InvalidArgument unless every tensor is on one device, the communicator's;
   // the message names the tensors (or the backend) involved.
   static Status CheckDevices(const std::vector<NamedParam>& tensors, const Communicator& comm);
+
+  // Deferred completion (defer_wait). After a synchronised backward whose
+  // every bucket was launched, step_open() is true until CompleteStep, which
+  // waits for the buckets in the order they were launched, writes each one's
+  // gradients back as soon as it is reduced and then calls
+  // on_bucket(bucket, its parameter indices) on the calling thread, while
+  // later buckets may still be on the wire (DDP's overlap_optimizer steps
+  // the bucket's parameters there). A failure stops the callbacks; the
+  // remaining buckets are still waited for. Returns the step's error (also
+  // kept in last_error()); OK and nothing done when no step is open.
+  using BucketDone = std::function<void(size_t bucket, const std::vector<size_t>& params)>;
+  Status CompleteStep(const BucketDone& on_bucket);
+  bool step_open() const;
 
   // Called after forward when the coming backward must synchronise.
   // `outputs` are the forward outputs (used with find_unused_parameters).
@@ -228,12 +274,23 @@ class Reducer {
   void OnGradReady(size_t index);                       // Hook entry point.
   void MarkReadyLocked(size_t index);
   void LaunchCompleteBucketsLocked();
+  void LaunchLocked(size_t bucket);  // Hands the bucket to the comm hook.
+  // gradient_priority: the thread that launches the buckets.
+  void SchedulerLoop();
+  // gradient_priority: waits until the scheduler is done with this step
+  // (told to stop launching when `abort`); returns its error. A no-op
+  // without priority.
+  Status AwaitScheduledLocked(std::unique_lock<std::mutex>& lock, bool abort);
   // What every step starts with (PrepareForBackward, JoinStep): the sticky
   // error or a failed collective of the previous step, else a fresh step
   // (nothing launched, sync expected, stats reset). Needs mu_.
   Status BeginStepLocked();
-  void Finalize();
-  void Fail(const Status& status);  // Records and throws std::runtime_error.
+  void Finalize();  // The autograd callback: throws on failure.
+  // Waits for the launched buckets and writes them back (see CompleteStep);
+  // records and returns the first error, `status` first when not OK.
+  Status FinishBuckets(Status status, const BucketDone& on_bucket);
+  // Checks the hook's result for bucket `b` and writes it into param.grad.
+  Status WriteBackLocked(size_t b, const torch::Tensor& result);
 
   std::vector<NamedParam> params_;
   Communicator* const comm_;
@@ -249,6 +306,19 @@ class Reducer {
   std::vector<std::pair<size_t, size_t>> slot_;   // param -> (bucket, position)
   std::vector<bool> ready_;                       // GUARDED_BY(mu_)
   size_t next_to_launch_ = 0;                     // GUARDED_BY(mu_)
+  std::vector<size_t> launch_order_;              // GUARDED_BY(mu_); this step's.
+  std::vector<bool> launched_;                    // GUARDED_BY(mu_); by bucket.
+  // gradient_priority: each bucket's rank in the order forward needs them
+  // (its first parameter's registration index), the scheduler and its state.
+  std::vector<size_t> priority_;                  // GUARDED_BY(mu_)
+  std::thread scheduler_;
+  std::condition_variable cv_;
+  uint64_t step_seq_ = 0;                         // GUARDED_BY(mu_); steps begun.
+  uint64_t scheduled_step_ = 0;                   // GUARDED_BY(mu_); the scheduler's last.
+  bool step_aborted_ = false;                     // GUARDED_BY(mu_)
+  bool shutdown_ = false;                         // GUARDED_BY(mu_)
+  Status schedule_error_;                         // GUARDED_BY(mu_)
+  bool step_open_ = false;                        // GUARDED_BY(mu_); see defer_wait.
   bool expect_sync_ = false;                      // GUARDED_BY(mu_)
   bool finalizer_queued_ = false;                 // GUARDED_BY(mu_)
   bool rebuilt_ = false;                          // GUARDED_BY(mu_)
@@ -258,7 +328,8 @@ class Reducer {
   Status error_;                                  // GUARDED_BY(mu_)
   ReducerStepStats stats_;                        // GUARDED_BY(mu_)
   ReducerStepStats last_stats_;                   // GUARDED_BY(mu_)
-  std::vector<std::shared_ptr<Work>> last_works_;  // GUARDED_BY(mu_); last finalised step's.
+  // The last finalised step's, by bucket (null: not launched).
+  std::vector<std::shared_ptr<Work>> last_works_;  // GUARDED_BY(mu_)
   // weight_by_samples: this step's n_r, and the reduced
   // [N, done] of the last finalised step (undefined before).
   int64_t local_samples_ = 0;                     // GUARDED_BY(mu_)

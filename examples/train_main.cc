@@ -21,6 +21,7 @@
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -57,6 +58,8 @@ struct Config {
   bool find_unused = false;
   bool grad_as_bucket_view = true;
   bool set_to_none = true;
+  bool overlap_optimizer = false;
+  bool gradient_priority = false;
   std::string comm_hook = "allreduce";
   bool weight_by_samples = false;
   std::string batch_sizes;
@@ -199,6 +202,8 @@ Status Run(const Config& cfg) {
     options.gradient_as_bucket_view = cfg.grad_as_bucket_view;
     options.comm_hook = comm_hook;
     options.weight_by_samples = cfg.weight_by_samples;
+    options.overlap_optimizer = cfg.overlap_optimizer;
+    options.gradient_priority = cfg.gradient_priority;
     options.broadcast_buffers = cfg.broadcast_buffers;
     options.timeout = FromSeconds(cfg.timeout_s);
     ASSIGN_OR_RETURN(model, ddp::DistributedDataParallel::Create(w.module, group->communicator(),
@@ -269,18 +274,29 @@ Status Run(const Config& cfg) {
         rank, step, loss_sum, step_ms, cpu_ms, global_batch * 1000.0 / step_ms);
     if (model) {
       const ddp::StepStats s = model->last_stats();
-      double overlap_ms = 0, launch_ms = 0;
-      if (!s.reducer.bucket_comm_start.empty()) {
-        overlap_ms = MillisBetween(s.reducer.bucket_comm_start.front(), s.reducer.backward_end);
-        launch_ms = MillisBetween(s.reducer.bucket_launched.front(), s.reducer.backward_end);
+      double overlap_ms = 0, launch_ms = 0, first_layer_ms = 0;
+      if (!s.reducer.launch_order.empty()) {
+        const size_t first = s.reducer.launch_order.front();
+        overlap_ms = MillisBetween(s.reducer.bucket_comm_start[first], s.reducer.backward_end);
+        launch_ms = MillisBetween(s.reducer.bucket_launched[first], s.reducer.backward_end);
+        // The bucket holding the first parameter (the first layer's): when
+        // the next forward could start, measured from backward's end.
+        const auto layout = model->reducer().bucket_indices();
+        for (size_t b = 0; b < layout.size(); ++b) {
+          if (std::find(layout[b].begin(), layout[b].end(), 0) != layout[b].end()) {
+            first_layer_ms = MillisBetween(s.reducer.backward_end, s.reducer.bucket_comm_end[b]);
+          }
+        }
       }
       absl::StrAppendFormat(
           &line,
           R"(,"forward_ms":%.3f,"backward_ms":%.3f,"comm_exposed_ms":%.3f,"bytes_reduced":%d,)"
           R"("buckets":%d,"first_bucket_launch_before_backward_end_ms":%.3f,)"
-          R"("first_bucket_start_before_backward_end_ms":%.3f,"buckets_in_comm_memory":%d)",
+          R"("first_bucket_start_before_backward_end_ms":%.3f,"buckets_in_comm_memory":%d,)"
+          R"("first_layer_reduced_after_backward_end_ms":%.3f,"priority_agreements":%d)",
           s.forward_ms, s.backward_ms, s.comm_exposed_ms, s.bytes_reduced, s.buckets, launch_ms,
-          overlap_ms, model->reducer().buckets_in_comm_memory() ? 1 : 0);
+          overlap_ms, model->reducer().buckets_in_comm_memory() ? 1 : 0, first_layer_ms,
+          s.reducer.priority_agreements);
     }
     line += "}";
     std::printf("%s\n", line.c_str());
@@ -328,6 +344,12 @@ int main(int argc, char** argv) {
   flags.Bool("set-to-none", &cfg.set_to_none,
              "zero_grad resets gradients to undefined (LibTorch 2.x's default) instead of "
              "filling them with zeros");
+  flags.Bool("overlap-optimizer", &cfg.overlap_optimizer,
+             "DDP overlap_optimizer: step each bucket's parameters as soon as that bucket is "
+             "reduced, while later buckets are still being reduced");
+  flags.Bool("gradient-priority", &cfg.gradient_priority,
+             "DDP gradient_priority: the first layers' buckets go on the wire before later "
+             "layers' buckets that are still queued");
   flags.Int("seed", &cfg.seed, "model and data seed");
   flags.Int("micro-batches", &cfg.micro_batches,
             "split each step into this many micro-batches; all but the last under no_sync");
