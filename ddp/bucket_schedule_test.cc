@@ -7,6 +7,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -87,6 +88,38 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(Kind kind, Net& net, Tens
   return nullptr;
 }
 
+// Runs body(rank, ddp) on `world` ranks as threads, each with a DDP over
+// Gloo of its own replica of `init` (progress off, 30 s timeouts), and
+// expects every rank's body to succeed.
+using RankBody =
+    std::function<Status(int rank, Net net, TypedDistributedDataParallel<Net>& ddp)>;
+void RunRanks(int world, const Net& init, DdpOptions options, const RankBody& body) {
+  std::vector<Net> replicas;
+  for (int r = 0; r < world; ++r) replicas.push_back(Replica(init));
+  FakeStore store;
+  std::vector<Status> status(world);
+  std::vector<std::thread> threads;
+  options.timeout = std::chrono::seconds(30);
+  options.report_progress = false;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      status[rank] = [&]() -> Status {
+        GlooOptions gloo;
+        gloo.timeout = std::chrono::seconds(30);
+        gloo.connect_timeout = std::chrono::seconds(30);
+        ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(&store, rank, world, gloo));
+        ASSIGN_OR_RETURN(auto ddp,
+                         DistributedDataParallel::Create(
+                             replicas[rank], std::shared_ptr<Communicator>(std::move(comm)),
+                             options));
+        return body(rank, replicas[rank], *ddp);
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+}
+
 struct RankResult {
   std::vector<Tensor> params;  // The model's, then the extra tensor.
   int optimizer_calls = 0;     // CountingSgd only.
@@ -96,52 +129,31 @@ struct RankResult {
 
 // Trains kSteps steps on every rank with `options`.
 std::vector<RankResult> RunDdp(const Net& init, const Data& data, Kind kind, DdpOptions options) {
-  const int world = static_cast<int>(data.size());
-  std::vector<Net> replicas;
-  for (int r = 0; r < world; ++r) replicas.push_back(Replica(init));
-  FakeStore store;
-  std::vector<Status> status(world);
-  std::vector<RankResult> results(world);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      status[rank] = [&]() -> Status {
-        GlooOptions gloo;
-        gloo.timeout = std::chrono::seconds(30);
-        gloo.connect_timeout = std::chrono::seconds(30);
-        ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(&store, rank, world, gloo));
-        DdpOptions opts = options;
-        opts.timeout = std::chrono::seconds(30);
-        opts.report_progress = false;
-        Net net = replicas[rank];
-        ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::Create(
-                                       net, std::shared_ptr<Communicator>(std::move(comm)), opts));
-        // The same on every rank: the extra tensor's gradient is set by hand.
-        Tensor extra = torch::ones({3}).requires_grad_();
-        auto opt = MakeOptimizer(kind, net, extra);
-        for (int s = 0; s < kSteps; ++s) {
-          opt->zero_grad();
-          ASSIGN_OR_RETURN(Tensor out, ddp->Forward(data[rank][s].x));
-          RETURN_IF_ERROR(ddp->Backward(torch::mse_loss(out, data[rank][s].y)));
-          extra.mutable_grad() = torch::full({3}, 0.5 * (s + 1));
-          ddp->OptimizerStep(*opt);
-        }
-        // The last step's communication errors, if any.
-        RETURN_IF_ERROR(ddp->reducer().last_error());
-        RankResult& result = results[rank];
-        for (const auto& p : net->parameters()) result.params.push_back(p.detach().clone());
-        result.params.push_back(extra.detach().clone());
-        if (auto* counting = dynamic_cast<CountingSgd*>(opt.get())) {
-          result.optimizer_calls = counting->calls;
-          result.params_seen = counting->seen;
-        }
-        result.buckets = static_cast<int>(ddp->reducer().bucket_indices().size());
-        return absl::OkStatus();
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  std::vector<RankResult> results(data.size());
+  RunRanks(static_cast<int>(data.size()), init, options,
+           [&](int rank, Net net, TypedDistributedDataParallel<Net>& ddp) -> Status {
+             // The same on every rank: the extra tensor's gradient is set by hand.
+             Tensor extra = torch::ones({3}).requires_grad_();
+             auto opt = MakeOptimizer(kind, net, extra);
+             for (int s = 0; s < kSteps; ++s) {
+               opt->zero_grad();
+               ASSIGN_OR_RETURN(Tensor out, ddp.Forward(data[rank][s].x));
+               RETURN_IF_ERROR(ddp.Backward(torch::mse_loss(out, data[rank][s].y)));
+               extra.mutable_grad() = torch::full({3}, 0.5 * (s + 1));
+               ddp.OptimizerStep(*opt);
+             }
+             // The last step's communication errors, if any.
+             RETURN_IF_ERROR(ddp.reducer().last_error());
+             RankResult& result = results[rank];
+             for (const auto& p : net->parameters()) result.params.push_back(p.detach().clone());
+             result.params.push_back(extra.detach().clone());
+             if (auto* counting = dynamic_cast<CountingSgd*>(opt.get())) {
+               result.optimizer_calls = counting->calls;
+               result.params_seen = counting->seen;
+             }
+             result.buckets = static_cast<int>(ddp.reducer().bucket_indices().size());
+             return absl::OkStatus();
+           });
   return results;
 }
 
@@ -239,38 +251,23 @@ TEST(OverlapOptimizerTest, EarlierBucketsAreSteppedBeforeTheLastIsReduced) {
   };
   DdpOptions options = Options(true, true);
   options.comm_hook = hook;
-  options.report_progress = false;
-  std::vector<Net> replicas = {Replica(init), Replica(init)};
-  FakeStore store;
-  std::vector<Status> status(kWorld);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      status[rank] = [&]() -> Status {
-        ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(&store, rank, kWorld, GlooOptions{}));
-        Net net = replicas[rank];
-        ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::Create(
-                                       net, std::shared_ptr<Communicator>(std::move(comm)),
-                                       options));
-        NotifyingSgd opt(net->parameters(), &stepped[rank]);
-        for (int s = 0; s < kSteps; ++s) {
-          opt.zero_grad();
-          ASSIGN_OR_RETURN(Tensor out, ddp->Forward(data[rank][s].x));
-          RETURN_IF_ERROR(ddp->Backward(torch::mse_loss(out, data[rank][s].y)));
-          stepped[rank] = 0;
-          ddp->OptimizerStep(opt);
-          if (stepped[rank] != 4) {
-            return absl::InternalError(absl::StrCat("step ", s, ": ", stepped[rank].load(),
-                                                    " optimizer steps, want one per bucket"));
-          }
-        }
-        return ddp->reducer().last_error();
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
+  RunRanks(kWorld, init, options,
+           [&](int rank, Net net, TypedDistributedDataParallel<Net>& ddp) -> Status {
+             NotifyingSgd opt(net->parameters(), &stepped[rank]);
+             for (int s = 0; s < kSteps; ++s) {
+               opt.zero_grad();
+               ASSIGN_OR_RETURN(Tensor out, ddp.Forward(data[rank][s].x));
+               RETURN_IF_ERROR(ddp.Backward(torch::mse_loss(out, data[rank][s].y)));
+               stepped[rank] = 0;
+               ddp.OptimizerStep(opt);
+               if (stepped[rank] != 4) {
+                 return absl::InternalError(absl::StrCat(
+                     "step ", s, ": ", stepped[rank].load(), " optimizer steps, want one per bucket"));
+               }
+             }
+             return ddp.reducer().last_error();
+           });
   for (int r = 0; r < kWorld; ++r) {
-    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
     // Buckets 0, 1 and 2 were stepped before bucket 3's wait ended, every step.
     EXPECT_EQ(stepped_before_last[r].load(), 3 * kSteps) << "rank " << r;
   }
@@ -309,42 +306,26 @@ struct ScheduleResult {
 };
 
 std::vector<ScheduleResult> RunScheduled(const Net& init, const Data& data, DdpOptions options) {
-  const int world = static_cast<int>(data.size());
-  std::vector<Net> replicas;
-  for (int r = 0; r < world; ++r) replicas.push_back(Replica(init));
-  FakeStore store;
-  std::vector<Status> status(world);
-  std::vector<ScheduleResult> results(world);
-  std::vector<std::thread> threads;
-  options.report_progress = false;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      status[rank] = [&]() -> Status {
-        ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(&store, rank, world, GlooOptions{}));
-        Net net = replicas[rank];
-        ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::Create(
-                                       net, std::shared_ptr<Communicator>(std::move(comm)),
-                                       options));
-        torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-        ScheduleResult& result = results[rank];
-        for (size_t s = 0; s < data[rank].size(); ++s) {
-          opt.zero_grad();
-          ASSIGN_OR_RETURN(Tensor out, ddp->Forward(data[rank][s].x));
-          RETURN_IF_ERROR(ddp->Backward(torch::mse_loss(out, data[rank][s].y)));
-          ddp->OptimizerStep(opt);
-          RETURN_IF_ERROR(ddp->reducer().last_error());
-          const ReducerStepStats stats = ddp->reducer().last_stats();
-          result.launch_order.push_back(stats.launch_order);
-          result.agreements.push_back(stats.priority_agreements);
-        }
-        result.layout = ddp->reducer().bucket_indices();
-        for (const auto& p : net->parameters()) result.params.push_back(p.detach().clone());
-        return absl::OkStatus();
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  std::vector<ScheduleResult> results(data.size());
+  RunRanks(static_cast<int>(data.size()), init, options,
+           [&](int rank, Net net, TypedDistributedDataParallel<Net>& ddp) -> Status {
+             torch::optim::SGD opt(net->parameters(),
+                                   torch::optim::SGDOptions(0.1).momentum(0.9));
+             ScheduleResult& result = results[rank];
+             for (size_t s = 0; s < data[rank].size(); ++s) {
+               opt.zero_grad();
+               ASSIGN_OR_RETURN(Tensor out, ddp.Forward(data[rank][s].x));
+               RETURN_IF_ERROR(ddp.Backward(torch::mse_loss(out, data[rank][s].y)));
+               ddp.OptimizerStep(opt);
+               RETURN_IF_ERROR(ddp.reducer().last_error());
+               const ReducerStepStats stats = ddp.reducer().last_stats();
+               result.launch_order.push_back(stats.launch_order);
+               result.agreements.push_back(stats.priority_agreements);
+             }
+             result.layout = ddp.reducer().bucket_indices();
+             for (const auto& p : net->parameters()) result.params.push_back(p.detach().clone());
+             return absl::OkStatus();
+           });
   return results;
 }
 

@@ -62,6 +62,23 @@ std::vector<int> LaunchOrder(const FakeCommunicator& comm, const DistributedData
   return order;
 }
 
+TEST(ReducerTest, GradientPriorityNeedsAHostCommunicator) {
+  torch::nn::Linear layer(2, 2);
+  std::vector<Reducer::NamedParam> params;
+  for (const auto& p : layer->named_parameters()) params.push_back({p.key(), p.value()});
+  ReducerOptions options;
+  options.gradient_priority = true;
+  // A CUDA device stands in for a device communicator (NCCL): refused
+  // before anything else is looked at.
+  FakeCommunicator device_comm(1, c10::Device(c10::DeviceType::CUDA, 0));
+  auto refused = Reducer::Create(params, &device_comm, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("gradient_priority"));
+  FakeCommunicator host_comm;
+  EXPECT_TRUE(Reducer::Create(params, &host_comm, options).ok());
+}
+
 TEST(ReducerTest, RequiresGradFalseParametersAreSkippedAndBucketsFollowReverseOrder) {
   auto model = ReversedUse();
   auto comm = std::make_shared<FakeCommunicator>();
