@@ -257,7 +257,7 @@ Status OpenStepError() {
 }
 }  // namespace
 
-Status Reducer::BeginStepLocked() {
+Status Reducer::BeginStepLocked(std::unique_lock<std::mutex>& lock) {
   if (!error_.ok()) return error_;
   if (step_open_) return error_ = OpenStepError();
   // The previous step's collectives, when backward's end only queued a
@@ -274,11 +274,8 @@ Status Reducer::BeginStepLocked() {
   if (options_.gradient_priority && scheduled_step_ != step_seq_) {
     // A step that never finalised (no gradient reached DDP): its scheduling
     // is abandoned.
-    std::unique_lock<std::mutex> lock(mu_, std::adopt_lock);
     (void)AwaitScheduledLocked(lock, /*abort=*/true);
-    lock.release();
   }
-  next_to_launch_ = 0;
   launch_order_.clear();
   launched_.assign(buckets_.size(), false);
   step_aborted_ = false;
@@ -301,7 +298,7 @@ Status Reducer::JoinStep() {
       return absl::FailedPreconditionError(
           "DDP: JoinStep needs weight_by_samples (a joined rank contributes weight 0)");
     }
-    Status s = BeginStepLocked();
+    Status s = BeginStepLocked(lock);
     if (!s.ok()) return s;
     local_samples_ = 0;
     // A first step that is a join still records an order (the current
@@ -332,8 +329,8 @@ Status Reducer::JoinStep() {
 
 Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
                                    int64_t local_samples) {
-  std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(BeginStepLocked());
+  std::unique_lock<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(BeginStepLocked(lock));
   std::fill(ready_.begin(), ready_.end(), false);
   local_samples_ = local_samples;
   // What each gradient is multiplied by on its way into its slot, this step.
@@ -424,8 +421,10 @@ void Reducer::LaunchCompleteBucketsLocked() {
     cv_.notify_all();  // The scheduler launches.
     return;
   }
-  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
-    LaunchLocked(next_to_launch_);
+  // In index order: the next bucket to launch is the count launched.
+  for (size_t b = launch_order_.size(); b < buckets_.size() && buckets_[b].pending == 0;
+       b = launch_order_.size()) {
+    LaunchLocked(b);
   }
 }
 
@@ -453,7 +452,6 @@ void Reducer::LaunchLocked(size_t b) {
   stats_.bucket_launched[b] = RealClock()->Now();
   launch_order_.push_back(b);
   launched_[b] = true;
-  ++next_to_launch_;
 }
 
 void Reducer::SchedulerLoop() {
@@ -463,7 +461,7 @@ void Reducer::SchedulerLoop() {
     if (shutdown_) return;
     const uint64_t step = step_seq_;
     const size_t n = buckets_.size();
-    while (next_to_launch_ < n && !step_aborted_ && !shutdown_) {
+    while (launch_order_.size() < n && !step_aborted_ && !shutdown_) {
       // The first unlaunched bucket (the order without priority) unless the
       // ranks agree that a bucket needed earlier by forward is ready on all
       // of them: an allreduce of this rank's ready flags.
@@ -471,7 +469,7 @@ void Reducer::SchedulerLoop() {
       for (size_t b = 0; b < n && choice == n; ++b) {
         if (!launched_[b]) choice = b;
       }
-      if (n - next_to_launch_ >= 2) {
+      if (n - launch_order_.size() >= 2) {
         torch::Tensor flags = torch::zeros({static_cast<int64_t>(n)}, torch::kFloat);
         float* f = flags.data_ptr<float>();
         for (size_t b = 0; b < n; ++b) f[b] = !launched_[b] && buckets_[b].pending == 0 ? 1 : 0;
@@ -491,7 +489,7 @@ void Reducer::SchedulerLoop() {
       cv_.wait(lock, [&] { return shutdown_ || step_aborted_ || buckets_[choice].pending == 0; });
       if (shutdown_ || step_aborted_) break;
       LaunchLocked(choice);
-      if (next_to_launch_ == n) break;
+      if (launch_order_.size() == n) break;
       // One bucket on the wire at a time: the next choice is made when it
       // is done, from what is ready then.
       std::shared_ptr<Work> work = buckets_[choice].work->work();

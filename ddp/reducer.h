@@ -283,8 +283,8 @@ class Reducer {
   Status AwaitScheduledLocked(std::unique_lock<std::mutex>& lock, bool abort);
   // What every step starts with (PrepareForBackward, JoinStep): the sticky
   // error or a failed collective of the previous step, else a fresh step
-  // (nothing launched, sync expected, stats reset). Needs mu_.
-  Status BeginStepLocked();
+  // (nothing launched, sync expected, stats reset). `lock` holds mu_.
+  Status BeginStepLocked(std::unique_lock<std::mutex>& lock);
   void Finalize();  // The autograd callback: throws on failure.
   // Waits for the launched buckets and writes them back (see CompleteStep);
   // records and returns the first error, `status` first when not OK.
@@ -305,8 +305,8 @@ class Reducer {
   std::vector<Bucket> buckets_;                   // GUARDED_BY(mu_)
   std::vector<std::pair<size_t, size_t>> slot_;   // param -> (bucket, position)
   std::vector<bool> ready_;                       // GUARDED_BY(mu_)
-  size_t next_to_launch_ = 0;                     // GUARDED_BY(mu_)
-  std::vector<size_t> launch_order_;              // GUARDED_BY(mu_); this step's.
+  // This step's launches, in order (without priority, bucket index order).
+  std::vector<size_t> launch_order_;              // GUARDED_BY(mu_)
   std::vector<bool> launched_;                    // GUARDED_BY(mu_); by bucket.
   // gradient_priority: each bucket's rank in the order forward needs them
   // (its first parameter's registration index), the scheduler and its state.
