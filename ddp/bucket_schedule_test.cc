@@ -18,6 +18,7 @@
 #include "ddp/fake_store.h"
 #include "ddp/gloo_communicator.h"
 #include "ddp/test_net.h"
+#include "ddp/test_ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -31,6 +32,8 @@ using torch::Tensor;
 using test_net::Data;
 using test_net::Net;
 using test_net::Replica;
+using test_ranks::RunRanks;
+using test_ranks::SingleRank;
 
 constexpr int kSteps = 4;
 
@@ -86,38 +89,6 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(Kind kind, Net& net, Tens
       return std::make_unique<torch::optim::Adam>(groups, torch::optim::AdamOptions(0.01));
   }
   return nullptr;
-}
-
-// Runs body(rank, ddp) on `world` ranks as threads, each with a DDP over
-// Gloo of its own replica of `init` (progress off, 30 s timeouts), and
-// expects every rank's body to succeed.
-using RankBody =
-    std::function<Status(int rank, Net net, TypedDistributedDataParallel<Net>& ddp)>;
-void RunRanks(int world, const Net& init, DdpOptions options, const RankBody& body) {
-  std::vector<Net> replicas;
-  for (int r = 0; r < world; ++r) replicas.push_back(Replica(init));
-  FakeStore store;
-  std::vector<Status> status(world);
-  std::vector<std::thread> threads;
-  options.timeout = std::chrono::seconds(30);
-  options.report_progress = false;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      status[rank] = [&]() -> Status {
-        GlooOptions gloo;
-        gloo.timeout = std::chrono::seconds(30);
-        gloo.connect_timeout = std::chrono::seconds(30);
-        ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(&store, rank, world, gloo));
-        ASSIGN_OR_RETURN(auto ddp,
-                         DistributedDataParallel::Create(
-                             replicas[rank], std::shared_ptr<Communicator>(std::move(comm)),
-                             options));
-        return body(rank, replicas[rank], *ddp);
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
 }
 
 struct RankResult {
@@ -385,14 +356,6 @@ TEST(GradientPriorityTest, QueuedBucketsGoFirstLayersFirstOnEveryRank) {
   }
 }
 
-StatusOr<std::unique_ptr<TypedDistributedDataParallel<Net>>> SingleRank(FakeStore* store,
-                                                                        DdpOptions options) {
-  ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, 0, 1, GlooOptions{}));
-  options.report_progress = false;
-  return DistributedDataParallel::Create(Net(), std::shared_ptr<Communicator>(std::move(comm)),
-                                         options);
-}
-
 TEST(OverlapOptimizerTest, PlainOptimizerStepInsteadOfOptimizerStepFailsTheNextForward) {
   FakeStore store;
   auto ddp = SingleRank(&store, Options(true, true));
@@ -443,7 +406,7 @@ namespace lockstep {
 namespace ddp {
 namespace {
 
-TEST(GradientPriorityTest, AMissingGradientFailsNamingTheParameterAndTheNextStepWorks) {
+TEST(GradientPriorityTest, AMissingGradientFailsNamingTheParameterAndReleasesTheScheduler) {
   FakeStore store;
   DdpOptions options = Options(false, true);
   options.gradient_priority = true;

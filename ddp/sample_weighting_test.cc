@@ -12,6 +12,7 @@
 #include "ddp/fake_store.h"
 #include "ddp/gloo_communicator.h"
 #include "ddp/test_net.h"
+#include "ddp/test_ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -32,6 +33,7 @@ using test_net::Batch;
 using test_net::Data;
 using test_net::Net;
 using test_net::Replica;
+using test_ranks::SingleRank;
 
 // rows[r][s]: rank r's batch size at its step s. Made on the calling thread
 // (torch's generator is global).
@@ -192,14 +194,6 @@ TEST(SampleWeightingTest, FirstStepAsJoinStillMatches) {
     EXPECT_LT(MaxError(results[r].params, expected), 1e-5) << "rank " << r;
     EXPECT_EQ(results[r].iterations, 3) << "rank " << r;
   }
-}
-
-StatusOr<std::unique_ptr<TypedDistributedDataParallel<Net>>> SingleRank(FakeStore* store,
-                                                                        DdpOptions options) {
-  ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, 0, 1, GlooOptions{}));
-  options.report_progress = false;
-  return DistributedDataParallel::Create(Net(), std::shared_ptr<Communicator>(std::move(comm)),
-                                         options);
 }
 
 TEST(SampleWeightingTest, WeightingNeedsTheSummingHookAndJoinNeedsWeighting) {
