@@ -153,7 +153,7 @@ Status Run(const Config& cfg, const char* argv0) {
 int main(int argc, char** argv) {
   lockstep::Config cfg;
   lockstep::FlagSet flags("ddp_bench", "DDP step-time benchmark (JSON line per run)");
-  flags.String("model", &cfg.model, "mlp | convnet | transformer");
+  flags.String("model", &cfg.model, "mlp | convnet | transformer | deep_mlp");
   flags.Int("world", &cfg.world, "number of processes");
   flags.Int("steps", &cfg.steps, "measured steps (after warm-up)");
   flags.Int("warmup", &cfg.warmup, "warm-up steps, not measured");

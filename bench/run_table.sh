@@ -14,12 +14,15 @@
 # undefined each step (the peer's zero_grad(set_to_none=True); the
 # trainer's --set-to-none, its default). With OVERLAP=1, two more lockstep
 # Gloo columns: --overlap-optimizer, and it with --gradient-priority.
+# BATCH sets the samples per rank (default 32). deep_mlp (in MODELS) is not
+# in the peer script, so it gets the lockstep columns only.
 # Usage: bench/run_table.sh [world] [steps] > results.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 world=${1:-2}
 steps=${2:-20}
 rounds=${ROUNDS:-3}
+batch=${BATCH:-32}
 models=${MODELS:-"mlp convnet transformer"}
 [ -n "${NO_BUILD:-}" ] || bazel build --config=opt //bench:ddp_bench //examples:train >&2
 bench=bazel-out/k8-opt/bin/bench/ddp_bench
@@ -34,17 +37,18 @@ for l in sys.stdin:
 for m in $models; do
   for r in $(seq "$rounds"); do
     echo "model $m round $r of $rounds" >&2
-    $bench --train $train --model "$m" --world "$world" --steps "$steps" --local
-    $bench --train $train --model "$m" --world "$world" --steps "$steps"
-    $bench --train $train --model "$m" --world "$world" --steps "$steps" --gradient-as-bucket-view=false
-    $bench --train $train --model "$m" --world "$world" --steps "$steps" --backend shm
+    $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" --local
+    $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch"
+    $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" --gradient-as-bucket-view=false
+    $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" --backend shm
     if [ -n "${OVERLAP:-}" ]; then
-      $bench --train $train --model "$m" --world "$world" --steps "$steps" --overlap-optimizer
-      $bench --train $train --model "$m" --world "$world" --steps "$steps" --overlap-optimizer \
+      $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" --overlap-optimizer
+      $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" --overlap-optimizer \
         --gradient-priority
     fi
-    /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps"
-    keep /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps" --no-ddp
-    keep /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps"
+    [ "$m" != deep_mlp ] || continue
+    /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps" --batch "$batch"
+    keep /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps" --batch "$batch" --no-ddp
+    keep /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps" --batch "$batch"
   done
 done

@@ -571,6 +571,27 @@ TEST(HierarchicalCommunicatorTest, TwoHostsOfTwoRanksGiveTheResultsOfOneWorld) {
   }
 }
 
+// Bucket memory is the host's shm bucket memory (the Reducer's buckets then
+// take the in-place host step); an allreduce of tensors inside it still
+// gives the global sum and average.
+TEST(HierarchicalCommunicatorTest, BucketMemoryComesFromTheHostAndReducesGlobally) {
+  constexpr int kWorld = 4;
+  auto results = RunRanks(Mode::kProcesses, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, ConnectHier(store, rank, 2, 2));
+    ASSIGN_OR_RETURN(at::Tensor region, comm->AllocateBucketMemory(1 << 20, at::kFloat));
+    RETURN_IF_ERROR(Expect(region.defined(), "no bucket memory from the host's shm"));
+    at::Tensor sum = region.narrow(0, 0, 300001);
+    at::Tensor avg = region.narrow(0, 300032, 1000);
+    sum.fill_(float(rank + 1));
+    avg.fill_(float(2 * rank));
+    RETURN_IF_ERROR(comm->AllReduce(sum, ReduceOp::kSum)->Wait());
+    RETURN_IF_ERROR(comm->AllReduce(avg, ReduceOp::kAvg)->Wait());
+    RETURN_IF_ERROR(Expect(sum.eq(10.0f).all().item<bool>(), "sum in bucket memory"));
+    return Expect(avg.eq(3.0f).all().item<bool>(), "average in bucket memory");
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
 // Rank 3 (node 1, local rank 1) never joins: its host's shm step names it in
 // local ranks, and node 0's leader, left alone between hosts, names node 1.
 TEST(HierarchicalCommunicatorTest, MissingRankFailsEveryRankSayingWhereItWasMissed) {

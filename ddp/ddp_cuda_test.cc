@@ -78,8 +78,10 @@ void ExpectSame(const std::vector<Param>& ddp, const std::vector<Param>& local,
 // Three SGD steps (the second rebuilds the buckets on the device) of DDP and
 // of plain local training from the same initial model and data.
 // `comm` defaults to a world-of-one NcclCommunicator.
+// `hook` defaults to the average (AllreduceHook).
 void TrainAndCompare(const std::string& model, bool gradient_as_bucket_view,
-                     std::shared_ptr<Communicator> comm = nullptr) {
+                     std::shared_ptr<Communicator> comm = nullptr,
+                     CommHook hook = AllreduceHook()) {
   FakeStore store;
   if (comm == nullptr) comm = MakeComm(&store);
   ASSERT_NE(comm, nullptr);
@@ -87,6 +89,7 @@ void TrainAndCompare(const std::string& model, bool gradient_as_bucket_view,
   examples::Workload dist = OnGpu(model);
   DdpOptions options;
   options.gradient_as_bucket_view = gradient_as_bucket_view;
+  options.comm_hook = std::move(hook);
   auto ddp = DistributedDataParallel::Create(dist.module, comm, options);
   ASSERT_TRUE(ddp.ok()) << ddp.status();
   torch::optim::SGD local_opt(local.root->parameters(), torch::optim::SGDOptions(0.05));
@@ -139,6 +142,39 @@ TEST(DdpCudaTest, WorldOfTwoScalingOnTheGpuMatchesLocalTraining) {
   int allreduces = 0;
   for (const auto& call : fake->calls()) allreduces += call.op == "allreduce";
   EXPECT_GE(allreduces, 2 * 3 * 2) << "two models, three steps, at least two buckets each";
+}
+
+// Adasum on the GPU. Its hook allgathers the bucket and runs the pairwise
+// tree on the device. Over NCCL at world 1 (the allgather is NCCL's), and
+// over fake worlds of 2 and 3 identical ranks (3: the remainder rank folds
+// into rank 0 first): Adasum of identical gradients is that gradient, so
+// training must match local training, as the average does.
+TEST(DdpCudaTest, AdasumMatchesLocalTrainingForIdenticalRanks) {
+  LOCKSTEP_SKIP_WITHOUT_GPU();
+  TrainAndCompare("mlp", true, nullptr, AdasumHook());
+  for (int world : {2, 3}) {
+    auto fake = std::make_shared<FakeCommunicator>(world, kGpu);
+    TrainAndCompare("transformer", false, fake, AdasumHook());
+    int allgathers = 0;
+    for (const auto& call : fake->calls()) allgathers += call.op == "allgather";
+    EXPECT_GE(allgathers, 3 * 2) << "world " << world << ": three steps, two buckets or more";
+  }
+}
+
+// The Adasum rule on the device against the same rule on the CPU, for
+// ranks with different gradients (2 to 5 ranks; 3 and 5 fold a remainder).
+// comm_hook_test checks the CPU rule against the paper's formula.
+TEST(DdpCudaTest, AdasumTreeOnTheGpuEqualsTheCpuTree) {
+  LOCKSTEP_SKIP_WITHOUT_GPU();
+  torch::manual_seed(11);
+  for (int world = 2; world <= 5; ++world) {
+    torch::Tensor cpu = torch::randn({world, 4099});
+    torch::Tensor gpu = cpu.to(kGpu);
+    AdasumTreeInPlace(cpu);
+    AdasumTreeInPlace(gpu);
+    EXPECT_TRUE(torch::allclose(gpu.cpu()[0], cpu[0], 1e-4, 1e-5))
+        << "world " << world << ": differs by " << (gpu.cpu()[0] - cpu[0]).abs().max().item<float>();
+  }
 }
 
 // Overlap on the GPU: the watchdog marks a bucket started when its start

@@ -92,6 +92,11 @@ std::shared_ptr<Work> HierarchicalCommunicator::AllReduce(at::Tensor tensor, Red
   });
 }
 
+StatusOr<at::Tensor> HierarchicalCommunicator::AllocateBucketMemory(int64_t numel,
+                                                                    at::ScalarType dtype) {
+  return local_->AllocateBucketMemory(numel, dtype);
+}
+
 std::shared_ptr<Work> HierarchicalCommunicator::Broadcast(at::Tensor tensor, int root) {
   Status s = CheckCollectiveTensor(tensor, "broadcast");
   if (s.ok()) s = CheckBroadcastRoot(root, layout_.world_size);

@@ -86,6 +86,11 @@ class HierarchicalCommunicator : public Communicator {
   std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root) override;
   std::shared_ptr<Work> AllGather(at::Tensor input, at::Tensor output) override;
   std::shared_ptr<Work> Barrier() override;
+  // This host's shm bucket memory (ShmCommunicator::AllocateBucketMemory),
+  // so the host-local step of an allreduce of a bucket runs in place; the
+  // leaders' Gloo step and the result broadcast read and write it like any
+  // memory. Collective among this host's ranks; each host decides alone.
+  StatusOr<at::Tensor> AllocateBucketMemory(int64_t numel, at::ScalarType dtype) override;
 
  private:
   HierarchicalCommunicator(const HierarchicalLayout& layout, HierarchicalOptions options,

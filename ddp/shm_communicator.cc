@@ -498,7 +498,15 @@ StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::Sc
   for (const auto& [r, verdict_key] : verdicts) {
     auto verdict = store_->Get(verdict_key, std::chrono::seconds(5));
     if (!verdict.ok()) return Annotate(verdict.status(), absl::StrCat(who, ": reading ", what));
-    if (*verdict != "ok") return at::Tensor();  // Ordinary memory on every rank, then.
+    if (*verdict != "ok") {
+      // Ordinary memory on every rank, then; said once, by each rank.
+      if (options_.progress) {
+        options_.progress(absl::StrCat(who, ": ", what, " not used, buckets stay in ordinary "
+                                       "memory (in-place allreduce off): rank ", r, ": ",
+                                       *verdict));
+      }
+      return at::Tensor();
+    }
   }
   {
     std::lock_guard<std::mutex> lock(regions_mu_);

@@ -96,6 +96,19 @@ StatusOr<Workload> MakeWorkload(const std::string& name, uint64_t seed) {
                                nn::Linear(4096, 10)),
                 {1024});
   }
+  if (name == "deep_mlp") {
+    // Many equal layers, so gradients come faster than Gloo reduces them and
+    // buckets queue on the wire: the case gradient priority is for.
+    Net net;
+    net->push_back(nn::Linear(256, 2048));
+    net->push_back(nn::ReLU());
+    for (int i = 0; i < 8; ++i) {
+      net->push_back(nn::Linear(2048, 2048));
+      net->push_back(nn::ReLU());
+    }
+    net->push_back(nn::Linear(2048, 10));
+    return Make(net, {256});
+  }
   if (name == "mlp_small") {
     return Make(Net(nn::Linear(64, 256), nn::ReLU(), nn::Linear(256, 256), nn::ReLU(),
                                nn::Linear(256, 256), nn::ReLU(), nn::Linear(256, 10)),
@@ -118,7 +131,7 @@ StatusOr<Workload> MakeWorkload(const std::string& name, uint64_t seed) {
   if (name == "unused") return Make(UnusedBranchNet(), {16});
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown model '", name,
-      "' (mlp, convnet, transformer, mlp_small, transformer_small, tied, unused)"));
+      "' (mlp, convnet, transformer, deep_mlp, mlp_small, transformer_small, tied, unused)"));
 }
 
 std::pair<torch::Tensor, torch::Tensor> MakeBatch(const Workload& w, int64_t total,

@@ -6,6 +6,9 @@
 //   transformer  6 encoder layers, d=256, 4 heads, ff 1024, seq 32, dropout
 //                0.1 (LibTorch 1.13's encoder layer has no batch_first; the
 //                module transposes, which is the same computation).
+//   deep_mlp     ~35M params: 256, then 8 layers of 2048x2048, then 10;
+//                ReLU. Not in the peer script: equal layers whose gradients
+//                arrive faster than Gloo reduces them (gradient priority).
 //   mlp_small, transformer_small (dropout 0), tied (embedding and output
 //   projection share one weight), unused (a branch not used in forward).
 #ifndef LOCKSTEP_EXAMPLES_MODELS_H_

@@ -49,6 +49,22 @@ INSTANTIATE_TEST_SUITE_P(
                       PeerModel{"transformer", 4820490, 74, 0, {32, 256}}),
     [](const ::testing::TestParamInfo<PeerModel>& info) { return std::string(info.param.name); });
 
+// Not a peer model: ten linear layers, eight of them 2048x2048 (16 MB each).
+TEST(ModelsTest, DeepMlpHasEqualLayers) {
+  auto w = MakeWorkload("deep_mlp", 0);
+  ASSERT_TRUE(w.ok()) << w.status();
+  int64_t params = 0, square = 0;
+  for (const auto& p : w->root->parameters()) {
+    params += p.numel();
+    square += p.dim() == 2 && p.size(0) == 2048 && p.size(1) == 2048;
+  }
+  EXPECT_EQ(params, 34117642);
+  EXPECT_EQ(square, 8);
+  auto [x, y] = MakeBatch(*w, 2, 0);
+  torch::NoGradGuard no_grad;
+  EXPECT_EQ(w->module.forward(x).sizes(), (std::vector<int64_t>{2, 10}));
+}
+
 TEST(ModelsTest, UnknownModelIsNamed) {
   auto w = MakeWorkload("resnet9000", 0);
   ASSERT_FALSE(w.ok());

@@ -333,7 +333,7 @@ Status Run(const Config& cfg) {
 int main(int argc, char** argv) {
   lockstep::Config cfg;
   lockstep::FlagSet flags("train", "DDP trainer on synthetic data");
-  flags.String("model", &cfg.model, "mlp | convnet | transformer (| mlp_small, "
+  flags.String("model", &cfg.model, "mlp | convnet | transformer | deep_mlp (| mlp_small, "
                                     "transformer_small, tied, unused for tests)");
   flags.Int("steps", &cfg.steps, "training steps");
   flags.Int("batch", &cfg.batch, "samples per rank per step");
