@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "ddp/fake_store.h"
 #include "ddp/gloo_communicator.h"
 #include "ddp/hierarchical_communicator.h"
@@ -341,7 +342,10 @@ TEST(ShmCommunicatorTest, BucketMemoryIsReducedInPlaceWithExactResults) {
 TEST(ShmCommunicatorTest, BucketMemoryOneRankCannotGetIsRefusedOnEveryRank) {
   constexpr int kWorld = 2;
   auto results = RunRanks(Mode::kProcesses, kWorld, [](int rank, rendezvous::Store* store) -> Status {
-    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld));
+    auto lines = std::make_shared<std::vector<std::string>>();
+    ShmOptions options;
+    options.progress = [lines](const std::string& line) { lines->push_back(line); };
+    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld, options));
     if (rank == 0) {
       signal(SIGXFSZ, SIG_IGN);  // ftruncate then fails with EFBIG instead.
       struct rlimit limit = {1 << 20, 1 << 20};
@@ -349,6 +353,13 @@ TEST(ShmCommunicatorTest, BucketMemoryOneRankCannotGetIsRefusedOnEveryRank) {
     }
     ASSIGN_OR_RETURN(at::Tensor region, comm->AllocateBucketMemory(4 << 20, at::kFloat));
     RETURN_IF_ERROR(Expect(!region.defined(), "a region rank 0 could not create was handed out"));
+    // Every rank says so, naming the rank that could not.
+    const std::string said = absl::StrJoin(*lines, "\n");
+    RETURN_IF_ERROR(Expect(
+        said.find(absl::StrCat("shm: rank ", rank, ": bucket region 1 not used, buckets stay in "
+                               "ordinary memory (in-place allreduce off): rank 0: ")) !=
+            std::string::npos,
+        "no log line for the refused region: " + said));
     at::Tensor t = at::ones({1000});
     RETURN_IF_ERROR(comm->AllReduce(t, ReduceOp::kSum)->Wait());
     return Expect(t.eq(kWorld).all().item<bool>(), "allreduce after the refusal");
