@@ -283,7 +283,7 @@ void DistributedDataParallel::FinishStep(StepProgress p, MonoTime end) {
   progress_->Report(p);
 }
 
-void DistributedDataParallel::StepOverlapped(torch::optim::Optimizer& optimizer) {
+double DistributedDataParallel::StepOverlapped(torch::optim::Optimizer& optimizer) {
   // Which bucket each parameter is in, and each group's parameters split by
   // bucket (parts[b][g]; parts[buckets][g]: those DDP does not reduce).
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
@@ -318,20 +318,16 @@ void DistributedDataParallel::StepOverlapped(torch::optim::Optimizer& optimizer)
       thrown = std::current_exception();
     }
   };
-  const Status s = reducer_->CompleteStep([&](size_t b, const std::vector<size_t>&) { step_part(b); });
+  const Status s = reducer_->CompleteStep(step_part);
   if (s.ok()) step_part(layout.size());
   for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = std::move(all[g]);
-  overlapped_wait_ms_ = s.ok() ? reducer_->last_stats().comm_exposed_ms : 0;
   if (thrown) std::rethrow_exception(thrown);
+  return s.ok() ? reducer_->last_stats().comm_exposed_ms : 0;
 }
 
-void DistributedDataParallel::EndOptimizerStep(MonoTime start) {
+void DistributedDataParallel::EndOptimizerStep(MonoTime start, double waited_ms) {
   if (progress_ == nullptr) return;
   const MonoTime end = RealClock()->Now();
-  // With overlap_optimizer the waits on the buckets happened in here too;
-  // they are the step's exposed communication, not optimizer time.
-  const double waited_ms = overlapped_wait_ms_;
-  overlapped_wait_ms_ = 0;
   if (step_pending_) {
     step_pending_ = false;
     pending_.optimizer_ms = std::max(0.0, MillisBetween(start, end) - waited_ms);

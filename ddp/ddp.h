@@ -134,7 +134,7 @@ struct DdpOptions {
   // gradients' communication (as PyTorch's DDP optimizer-overlap hooks):
   // Backward returns once backward has launched every bucket, without
   // waiting for them, and OptimizerStep(optimizer) then waits for the
-  // buckets in the order the wire completes them and steps each bucket's
+  // buckets in the order they were launched and steps each bucket's
   // parameters as soon as that bucket is reduced, while later buckets are
   // still being reduced. REQUIRES: every synchronised Backward is followed by
   // OptimizerStep before the next Forward (a plain optimizer.step() would
@@ -496,8 +496,8 @@ class DistributedDataParallel {
     const MonoTime start = RealClock()->Now();
     if (reducer_->step_open()) {
       if constexpr (std::is_base_of<torch::optim::Optimizer, Optimizer>::value) {
-        StepOverlapped(optimizer);
-        EndOptimizerStep(start);
+        const double waited_ms = StepOverlapped(optimizer);
+        EndOptimizerStep(start, waited_ms);
         return {};
       } else {
         // No way to step a subset: every bucket first.
@@ -563,10 +563,13 @@ class DistributedDataParallel {
   void OnReducerStep();
   StepStats MakeStats(const ReducerStepStats& r) const;
   // overlap_optimizer: completes the open step, stepping each reduced
-  // bucket's parameters (then the optimizer's other parameters).
-  void StepOverlapped(torch::optim::Optimizer& optimizer);
-  // Step timing (see progress.h for the split).
-  void EndOptimizerStep(MonoTime start);
+  // bucket's parameters (then the optimizer's other parameters). Returns
+  // the ms it waited on buckets (0 when the step failed).
+  double StepOverlapped(torch::optim::Optimizer& optimizer);
+  // Step timing (see progress.h for the split). `waited_ms` of the time
+  // since `start` was spent waiting on buckets (overlap_optimizer): exposed
+  // communication, not optimizer time.
+  void EndOptimizerStep(MonoTime start, double waited_ms = 0);
   void FinishStep(StepProgress p, MonoTime end);
   void RecordBucketWaits(const ReducerStepStats& r);
   void OnBucketWait(int bucket);
@@ -596,7 +599,6 @@ class DistributedDataParallel {
   bool optimizer_marked_ = false;    // OptimizerStep ends steps.
   bool step_pending_ = false;        // pending_ waits for OptimizerStep.
   StepProgress pending_;
-  double overlapped_wait_ms_ = 0;    // StepOverlapped's waits, for EndOptimizerStep.
   // Per step, per bucket: launch to completion (kWaitWindowSteps newest).
   std::vector<std::vector<double>> bucket_waits_;
   bool waiting_ = false;             // In the end-of-backward bucket wait.

@@ -204,7 +204,6 @@ Status Reducer::BuildBuckets(const std::vector<size_t>& order) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     priority_[b] = *std::min_element(buckets_[b].params.begin(), buckets_[b].params.end());
   }
-  launched_.assign(buckets_.size(), false);
   return absl::OkStatus();
 }
 
@@ -277,7 +276,6 @@ Status Reducer::BeginStepLocked(std::unique_lock<std::mutex>& lock) {
     (void)AwaitScheduledLocked(lock, /*abort=*/true);
   }
   launch_order_.clear();
-  launched_.assign(buckets_.size(), false);
   step_aborted_ = false;
   expect_sync_ = true;
   finalizer_queued_ = false;
@@ -451,7 +449,6 @@ void Reducer::LaunchLocked(size_t b) {
   }
   stats_.bucket_launched[b] = RealClock()->Now();
   launch_order_.push_back(b);
-  launched_[b] = true;
 }
 
 void Reducer::SchedulerLoop() {
@@ -465,14 +462,16 @@ void Reducer::SchedulerLoop() {
       // The first unlaunched bucket (the order without priority) unless the
       // ranks agree that a bucket needed earlier by forward is ready on all
       // of them: an allreduce of this rank's ready flags.
+      std::vector<bool> launched(n, false);
+      for (size_t b : launch_order_) launched[b] = true;
       size_t choice = n;
       for (size_t b = 0; b < n && choice == n; ++b) {
-        if (!launched_[b]) choice = b;
+        if (!launched[b]) choice = b;
       }
       if (n - launch_order_.size() >= 2) {
         torch::Tensor flags = torch::zeros({static_cast<int64_t>(n)}, torch::kFloat);
         float* f = flags.data_ptr<float>();
-        for (size_t b = 0; b < n; ++b) f[b] = !launched_[b] && buckets_[b].pending == 0 ? 1 : 0;
+        for (size_t b = 0; b < n; ++b) f[b] = !launched[b] && buckets_[b].pending == 0 ? 1 : 0;
         lock.unlock();
         Status s = comm_->AllReduce(flags, ReduceOp::kSum)->Wait(options_.timeout + kWorkWaitSlack);
         lock.lock();
@@ -483,7 +482,7 @@ void Reducer::SchedulerLoop() {
         ++stats_.priority_agreements;
         const float everywhere = static_cast<float>(comm_->world_size());
         for (size_t b = 0; b < n; ++b) {
-          if (!launched_[b] && f[b] == everywhere && priority_[b] < priority_[choice]) choice = b;
+          if (!launched[b] && f[b] == everywhere && priority_[b] < priority_[choice]) choice = b;
         }
       }
       cv_.wait(lock, [&] { return shutdown_ || step_aborted_ || buckets_[choice].pending == 0; });
@@ -598,7 +597,7 @@ Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket) {
     lock.lock();
     status = WriteBackLocked(b, *r);
     lock.unlock();
-    if (status.ok() && on_bucket) on_bucket(b, buckets_[b].params);
+    if (status.ok() && on_bucket) on_bucket(b);
   }
   if (options_.on_wait) options_.on_wait(-1);
   lock.lock();

@@ -107,9 +107,9 @@
 
 #include <torch/torch.h>
 
+#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -207,13 +207,12 @@ class Reducer {
   // Deferred completion (defer_wait). After a synchronised backward whose
   // every bucket was launched, step_open() is true until CompleteStep, which
   // waits for the buckets in the order they were launched, writes each one's
-  // gradients back as soon as it is reduced and then calls
-  // on_bucket(bucket, its parameter indices) on the calling thread, while
-  // later buckets may still be on the wire (DDP's overlap_optimizer steps
-  // the bucket's parameters there). A failure stops the callbacks; the
+  // gradients back as soon as it is reduced and then calls on_bucket(bucket)
+  // on the calling thread, while later buckets may still be on the wire
+  // (DDP's overlap_optimizer steps the bucket's parameters there). A failure stops the callbacks; the
   // remaining buckets are still waited for. Returns the step's error (also
   // kept in last_error()); OK and nothing done when no step is open.
-  using BucketDone = std::function<void(size_t bucket, const std::vector<size_t>& params)>;
+  using BucketDone = std::function<void(size_t bucket)>;
   Status CompleteStep(const BucketDone& on_bucket);
   bool step_open() const;
 
@@ -307,7 +306,6 @@ class Reducer {
   std::vector<bool> ready_;                       // GUARDED_BY(mu_)
   // This step's launches, in order (without priority, bucket index order).
   std::vector<size_t> launch_order_;              // GUARDED_BY(mu_)
-  std::vector<bool> launched_;                    // GUARDED_BY(mu_); by bucket.
   // gradient_priority: each bucket's rank in the order forward needs them
   // (its first parameter's registration index), the scheduler and its state.
   std::vector<size_t> priority_;                  // GUARDED_BY(mu_)
