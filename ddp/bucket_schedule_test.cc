@@ -7,7 +7,6 @@
 
 #include <array>
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -16,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "ddp/ddp.h"
 #include "ddp/fake_store.h"
-#include "ddp/gloo_communicator.h"
 #include "ddp/test_net.h"
 #include "ddp/test_ranks.h"
 #include "gmock/gmock.h"
@@ -31,7 +29,6 @@ using torch::Tensor;
 
 using test_net::Data;
 using test_net::Net;
-using test_net::Replica;
 using test_ranks::RunRanks;
 using test_ranks::SingleRank;
 
@@ -397,14 +394,6 @@ TEST(OverlapOptimizerTest, AFailedBucketStopsTheSteppingAndFailsTheNextForward) 
   EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(next.status().message()), HasSubstr("wire cut"));
 }
-
-}  // namespace
-}  // namespace ddp
-}  // namespace lockstep
-
-namespace lockstep {
-namespace ddp {
-namespace {
 
 TEST(GradientPriorityTest, AMissingGradientFailsNamingTheParameterAndReleasesTheScheduler) {
   FakeStore store;

@@ -15,9 +15,9 @@
 #include "ddp/ddp.h"
 #include "ddp/fake_communicator.h"
 #include "ddp/fake_store.h"
-#include "ddp/gloo_communicator.h"
-#include "ddp/test_net.h"
 #include "ddp/shm_communicator.h"
+#include "ddp/test_net.h"
+#include "ddp/test_ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -73,20 +73,14 @@ std::vector<Tensor> Average(const std::vector<std::vector<Tensor>>& per_rank) {
   return avg;
 }
 
-StatusOr<std::unique_ptr<Communicator>> Connect(const std::string& backend,
+StatusOr<std::shared_ptr<Communicator>> Connect(const std::string& backend,
                                                 rendezvous::Store* store, int rank, int world) {
-  if (backend == "shm") {
-    ShmOptions options;
-    options.timeout = std::chrono::seconds(30);
-    options.connect_timeout = std::chrono::seconds(30);
-    ASSIGN_OR_RETURN(auto comm, ShmCommunicator::Create(store, rank, world, options));
-    return std::unique_ptr<Communicator>(std::move(comm));
-  }
-  GlooOptions options;
+  if (backend != "shm") return test_ranks::ConnectGloo(store, rank, world);
+  ShmOptions options;
   options.timeout = std::chrono::seconds(30);
   options.connect_timeout = std::chrono::seconds(30);
-  ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, rank, world, options));
-  return std::unique_ptr<Communicator>(std::move(comm));
+  ASSIGN_OR_RETURN(auto comm, ShmCommunicator::Create(store, rank, world, options));
+  return std::shared_ptr<Communicator>(std::move(comm));
 }
 
 struct RankResult {
@@ -119,8 +113,7 @@ std::vector<RankResult> RunDdp(const std::string& backend, const Net& init, cons
         opts.timeout = std::chrono::seconds(30);
         opts.report_progress = false;
         Net net = replicas[rank];
-        ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::Create(
-                                       net, std::shared_ptr<Communicator>(std::move(comm)), opts));
+        ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::Create(net, comm, opts));
         const auto& batches = data[rank];
         for (int s = 0; s < steps; ++s) {
           if (set_to_none) {

@@ -19,7 +19,7 @@
 #include "ddp/ddp.h"
 #include "ddp/fake_communicator.h"
 #include "ddp/fake_store.h"
-#include "ddp/gloo_communicator.h"
+#include "ddp/test_ranks.h"
 #include "gtest/gtest.h"
 
 namespace lockstep {
@@ -155,16 +155,11 @@ void ExpectDdpMatchesLocal(std::function<ModuleType()> make, LossFn loss, DdpOpt
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([&, rank] {
       results[rank] = [&]() -> Status {
-        GlooOptions gloo;
-        gloo.timeout = std::chrono::seconds(30);
-        gloo.connect_timeout = std::chrono::seconds(30);
-        ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(&store, rank, kWorld, gloo));
+        ASSIGN_OR_RETURN(auto comm, test_ranks::ConnectGloo(&store, rank, kWorld));
         DdpOptions opts = options;
         opts.timeout = std::chrono::seconds(30);
         ModuleType model = replicas[rank];
-        ASSIGN_OR_RETURN(auto typed, DistributedDataParallel::Create(
-                                         model, std::shared_ptr<Communicator>(std::move(comm)),
-                                         opts));
+        ASSIGN_OR_RETURN(auto typed, DistributedDataParallel::Create(model, comm, opts));
         std::unique_ptr<DistributedDataParallel> base;
         if (through_base) base = std::move(typed);
         torch::optim::SGD opt(model->parameters(), 0.1);

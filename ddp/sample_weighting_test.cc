@@ -5,12 +5,10 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ddp/ddp.h"
 #include "ddp/fake_store.h"
-#include "ddp/gloo_communicator.h"
 #include "ddp/test_net.h"
 #include "ddp/test_ranks.h"
 #include "gmock/gmock.h"
@@ -33,6 +31,7 @@ using test_net::Batch;
 using test_net::Data;
 using test_net::Net;
 using test_net::Replica;
+using test_ranks::RunRanks;
 using test_ranks::SingleRank;
 
 // rows[r][s]: rank r's batch size at its step s. Made on the calling thread
@@ -79,53 +78,32 @@ struct RankResult {
 // Each rank trains on its batches with SGD; once out of data it calls
 // JoinStep until AllDone.
 std::vector<RankResult> RunDdp(const Net& init, const Data& data, DdpOptions options) {
-  const int world = static_cast<int>(data.size());
-  std::vector<Net> replicas;
-  for (int r = 0; r < world; ++r) replicas.push_back(Replica(init));
-  FakeStore store;
-  std::vector<Status> status(world);
-  std::vector<RankResult> results(world);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      status[rank] = [&]() -> Status {
-        GlooOptions gloo;
-        gloo.timeout = std::chrono::seconds(30);
-        gloo.connect_timeout = std::chrono::seconds(30);
-        ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(&store, rank, world, gloo));
-        DdpOptions opts = options;
-        opts.timeout = std::chrono::seconds(30);
-        opts.report_progress = false;
-        Net net = replicas[rank];
-        ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::Create(
-                                       net, std::shared_ptr<Communicator>(std::move(comm)), opts));
-        torch::optim::SGD opt(net->parameters(), kLr);
-        const auto& batches = data[rank];
-        RankResult& result = results[rank];
-        for (size_t s = 0;; ++s) {
-          if (++result.iterations > kMaxIterations) {
-            return absl::DeadlineExceededError("AllDone never became true");
-          }
-          opt.zero_grad();
-          if (s < batches.size()) {
-            ASSIGN_OR_RETURN(Tensor out, ddp->Forward(batches[s].x));
-            RETURN_IF_ERROR(ddp->Backward(torch::mse_loss(out, batches[s].y)));
-            result.global_samples = ddp->last_global_samples();
-            if (ddp->AllDone()) return absl::InternalError("AllDone while this rank has data");
-          } else {
-            if (!options.weight_by_samples) break;
-            RETURN_IF_ERROR(ddp->JoinStep());
-            if (ddp->AllDone()) break;
-          }
-          opt.step();
-        }
-        for (const auto& p : net->parameters()) result.params.push_back(p.detach().clone());
-        return absl::OkStatus();
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  std::vector<RankResult> results(data.size());
+  RunRanks(static_cast<int>(data.size()), init, options,
+           [&](int rank, Net net, TypedDistributedDataParallel<Net>& ddp) -> Status {
+             torch::optim::SGD opt(net->parameters(), kLr);
+             const auto& batches = data[rank];
+             RankResult& result = results[rank];
+             for (size_t s = 0;; ++s) {
+               if (++result.iterations > kMaxIterations) {
+                 return absl::DeadlineExceededError("AllDone never became true");
+               }
+               opt.zero_grad();
+               if (s < batches.size()) {
+                 ASSIGN_OR_RETURN(Tensor out, ddp.Forward(batches[s].x));
+                 RETURN_IF_ERROR(ddp.Backward(torch::mse_loss(out, batches[s].y)));
+                 result.global_samples = ddp.last_global_samples();
+                 if (ddp.AllDone()) return absl::InternalError("AllDone while this rank has data");
+               } else {
+                 if (!options.weight_by_samples) break;
+                 RETURN_IF_ERROR(ddp.JoinStep());
+                 if (ddp.AllDone()) break;
+               }
+               opt.step();
+             }
+             for (const auto& p : net->parameters()) result.params.push_back(p.detach().clone());
+             return absl::OkStatus();
+           });
   return results;
 }
 

@@ -1,6 +1,7 @@
 // DDP ranks as threads of one test process, over Gloo through a FakeStore:
 // shared by the engine tests that train several ranks (bucket_schedule_test,
-// sample_weighting_test). Test-only.
+// sample_weighting_test; ConnectGloo also by comm_hook_test and
+// ddp_any_module_test). Test-only.
 #ifndef LOCKSTEP_DDP_TEST_RANKS_H_
 #define LOCKSTEP_DDP_TEST_RANKS_H_
 
@@ -23,13 +24,22 @@ namespace test_ranks {
 
 using Ddp = TypedDistributedDataParallel<test_net::Net>;
 
+// Rank `rank` of `world` over Gloo in `store`, with 30 s timeouts.
+inline StatusOr<std::shared_ptr<Communicator>> ConnectGloo(rendezvous::Store* store, int rank,
+                                                           int world) {
+  GlooOptions gloo;
+  gloo.timeout = std::chrono::seconds(30);
+  gloo.connect_timeout = std::chrono::seconds(30);
+  ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, rank, world, gloo));
+  return std::shared_ptr<Communicator>(std::move(comm));
+}
+
 // One rank (world size 1) over Gloo in `store`, with a fresh Net and
 // progress off.
 inline StatusOr<std::unique_ptr<Ddp>> SingleRank(FakeStore* store, DdpOptions options) {
-  ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, 0, 1, GlooOptions{}));
+  ASSIGN_OR_RETURN(auto comm, ConnectGloo(store, 0, 1));
   options.report_progress = false;
-  return DistributedDataParallel::Create(test_net::Net(),
-                                         std::shared_ptr<Communicator>(std::move(comm)), options);
+  return DistributedDataParallel::Create(test_net::Net(), comm, options);
 }
 
 // Runs body(rank, net, ddp) on `world` ranks as threads, each with a DDP
@@ -48,14 +58,8 @@ inline void RunRanks(int world, const test_net::Net& init, DdpOptions options,
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       status[rank] = [&]() -> Status {
-        GlooOptions gloo;
-        gloo.timeout = std::chrono::seconds(30);
-        gloo.connect_timeout = std::chrono::seconds(30);
-        ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(&store, rank, world, gloo));
-        ASSIGN_OR_RETURN(auto ddp,
-                         DistributedDataParallel::Create(
-                             replicas[rank], std::shared_ptr<Communicator>(std::move(comm)),
-                             options));
+        ASSIGN_OR_RETURN(auto comm, ConnectGloo(&store, rank, world));
+        ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::Create(replicas[rank], comm, options));
         return body(rank, replicas[rank], *ddp);
       }();
     });
