@@ -219,6 +219,11 @@ std::vector<std::vector<size_t>> Reducer::bucket_indices() const {
   return out;
 }
 
+size_t Reducer::bucket_of(size_t param) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return slot_.at(param).first;
+}
+
 ReducerStepStats Reducer::last_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ReducerStepStats out = last_stats_;

@@ -248,6 +248,8 @@ class Reducer {
 
   // Bucket layout (parameter indices per bucket), for tests and logs.
   std::vector<std::vector<size_t>> bucket_indices() const;
+  // The bucket holding parameter `param` (an index into params()).
+  size_t bucket_of(size_t param) const;
   // Whether the buckets live in the communicator's bucket memory (see
   // "Bucket memory"), for tests and the bench.
   bool buckets_in_comm_memory() const;

@@ -89,6 +89,8 @@ TEST(ReducerTest, RequiresGradFalseParametersAreSkippedAndBucketsFollowReverseOr
   EXPECT_EQ(params[0].name, "a.weight");
   EXPECT_THAT((*ddp)->reducer().bucket_indices(),
               ElementsAre(ElementsAre(2), ElementsAre(1), ElementsAre(0)));
+  EXPECT_EQ((*ddp)->reducer().bucket_of(0), 2u);
+  EXPECT_EQ((*ddp)->reducer().bucket_of(2), 0u);
 }
 
 TEST(ReducerTest, BucketsLaunchInIndexOrderAndRebuildInArrivalOrder) {
@@ -111,6 +113,7 @@ TEST(ReducerTest, BucketsLaunchInIndexOrderAndRebuildInArrivalOrder) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_THAT(ddp->reducer().bucket_indices(),
               ElementsAre(ElementsAre(0), ElementsAre(1), ElementsAre(2)));
+  EXPECT_EQ(ddp->reducer().bucket_of(0), 0u) << "bucket_of follows the rebuild";
   ASSERT_TRUE(ddp->Backward(out->sum()).ok());
   EXPECT_THAT(LaunchOrder(*comm, *ddp), ElementsAre(0, 1, 2));
   EXPECT_EQ(ddp->last_stats().step, 2);

@@ -21,7 +21,6 @@
 #include <sys/resource.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -281,12 +280,8 @@ Status Run(const Config& cfg) {
         launch_ms = MillisBetween(s.reducer.bucket_launched[first], s.reducer.backward_end);
         // The bucket holding the first parameter (the first layer's): when
         // the next forward could start, measured from backward's end.
-        const auto layout = model->reducer().bucket_indices();
-        for (size_t b = 0; b < layout.size(); ++b) {
-          if (std::find(layout[b].begin(), layout[b].end(), 0) != layout[b].end()) {
-            first_layer_ms = MillisBetween(s.reducer.backward_end, s.reducer.bucket_comm_end[b]);
-          }
-        }
+        first_layer_ms = MillisBetween(s.reducer.backward_end,
+                                       s.reducer.bucket_comm_end[model->reducer().bucket_of(0)]);
       }
       absl::StrAppendFormat(
           &line,
