@@ -27,28 +27,30 @@ models=${MODELS:-"mlp convnet transformer"}
 [ -n "${NO_BUILD:-}" ] || bazel build --config=opt //bench:ddp_bench //examples:train >&2
 bench=bazel-out/k8-opt/bin/bench/ddp_bench
 train=bazel-out/k8-opt/bin/examples/train
-peer=${PEER:-../shared/bench/torch_ddp_bench.py}
+peer_script=${PEER:-../shared/bench/torch_ddp_bench.py}
 keep() {
   MALLOC_MMAP_THRESHOLD_=2000000000 MALLOC_TRIM_THRESHOLD_=2000000000 "$@" |
     /usr/bin/python3 -c 'import json,sys
 for l in sys.stdin:
     d = json.loads(l); d["system"] += " +keep"; print(json.dumps(d))'
 }
+# One lockstep run and one peer run of model $m, with the common flags.
+lockstep() { $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" "$@"; }
+peer() { /usr/bin/python3 $peer_script --model "$m" --world "$world" --steps "$steps" --batch "$batch" "$@"; }
 for m in $models; do
   for r in $(seq "$rounds"); do
     echo "model $m round $r of $rounds" >&2
-    $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" --local
-    $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch"
-    $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" --gradient-as-bucket-view=false
-    $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" --backend shm
+    lockstep --local
+    lockstep
+    lockstep --gradient-as-bucket-view=false
+    lockstep --backend shm
     if [ -n "${OVERLAP:-}" ]; then
-      $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" --overlap-optimizer
-      $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" --overlap-optimizer \
-        --gradient-priority
+      lockstep --overlap-optimizer
+      lockstep --overlap-optimizer --gradient-priority
     fi
     [ "$m" != deep_mlp ] || continue
-    /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps" --batch "$batch"
-    keep /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps" --batch "$batch" --no-ddp
-    keep /usr/bin/python3 $peer --model "$m" --world "$world" --steps "$steps" --batch "$batch"
+    peer
+    keep peer --no-ddp
+    keep peer
   done
 done
