@@ -31,41 +31,46 @@ for line in sys.stdin:
     runs.setdefault(row, {}).setdefault(key, []).append(d)
 cols = ["lockstep local", "lockstep gloo 25 MB", "lockstep gloo 25 MB own grads",
         "lockstep shm 25 MB", "torch-ddp", "torch-local +keep", "torch-ddp +keep"]
-# Columns run_table.sh adds when asked (OVERLAP=1), shown when present.
-extra = ["lockstep gloo 25 MB +overlap", "lockstep gloo 25 MB +overlap +priority"]
-cols += [c for c in extra if any(c in r for r in runs.values())]
-# Any other lockstep column (another bucket size), in the order first seen.
+# Any other column (OVERLAP=1's, another bucket size), in the order first seen.
 for r in runs.values():
     cols += [c for c in r if c not in cols]
-print("| model | " + " | ".join(cols) + " |")
-print("|---" * (len(cols) + 1) + "|")
-for m, r in runs.items():
-    cells = []
-    for c in cols:
-        ds = r.get(c)
-        if not ds:
-            cells.append("-")
-            continue
-        steps = [d["step_ms_median"] for d in ds]
-        cell = "%.0f [%.0f-%.0f]" % (statistics.median(steps), min(steps), max(steps))
-        if d_exp := [d["comm_exposed_ms_median"] for d in ds if d.get("backend") in ("gloo", "shm")]:
-            cell += " (exp %.0f)" % statistics.median(d_exp)
-        cells.append(cell)
-    print("| %s | %s |" % (m, " | ".join(cells)))
+
+
+def spread(values):
+    """The median of the rounds' values, then their range."""
+    return "%.0f [%.0f-%.0f]" % (statistics.median(values), min(values), max(values))
+
+
+def table(columns, cell):
+    print("| model | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for m, r in runs.items():
+        print("| %s | %s |" % (m, " | ".join(cell(r.get(c, [])) for c in columns)))
+
+
+def step_cell(ds):
+    if not ds:
+        return "-"
+    cell = spread([d["step_ms_median"] for d in ds])
+    if exposed := [d["comm_exposed_ms_median"] for d in ds if d.get("backend") in ("gloo", "shm")]:
+        cell += " (exp %.0f)" % statistics.median(exposed)
+    return cell
+
+
+FIRST = "first_layer_reduced_after_backward_end_ms_median"
+
+
+def first_layer_cell(ds):
+    v = [d[FIRST] for d in ds if d.get(FIRST) is not None]
+    return spread(v) if v else "-"
+
+
+table(cols, step_cell)
 # Gradient priority's measure: when the first layer's bucket (what the next
 # forward needs first) was reduced, after backward's end.
 first = [c for c in cols if "+overlap" in c]
-if first and any(d.get("first_layer_reduced_after_backward_end_ms_median") is not None
-                 for r in runs.values() for c in first for d in r.get(c, [])):
+if first:
     print()
     print("First layer's bucket reduced, ms after backward's end (median [range] over rounds):")
     print()
-    print("| model | " + " | ".join(first) + " |")
-    print("|---" * (len(first) + 1) + "|")
-    for m, r in runs.items():
-        cells = []
-        for c in first:
-            v = [d["first_layer_reduced_after_backward_end_ms_median"] for d in r.get(c, [])
-                 if d.get("first_layer_reduced_after_backward_end_ms_median") is not None]
-            cells.append("%.0f [%.0f-%.0f]" % (statistics.median(v), min(v), max(v)) if v else "-")
-        print("| %s | %s |" % (m, " | ".join(cells)))
+    table(first, first_layer_cell)
