@@ -1,6 +1,9 @@
 #include "ddp/init.h"
 
+#include <dlfcn.h>
 #include <malloc.h>
+
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -126,6 +129,23 @@ bool KeepFreedMemory() {
   const bool mmap_ok = ::mallopt(M_MMAP_THRESHOLD, kKeepBytes) == 1;
   const bool trim_ok = ::mallopt(M_TRIM_THRESHOLD, kKeepBytes) == 1;
   return mmap_ok && trim_ok;
+}
+
+StatusOr<int> SetIntraOpThreads(int threads) {
+  if (threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("intra-op threads must be at least 1, got ", threads));
+  }
+  at::set_num_threads(threads);
+  // Looked up, not linked: the BLAS behind LibTorch is chosen at run time
+  // (Debian's alternatives), and may not be OpenBLAS at all.
+  using SetThreads = void (*)(int);
+  using GetThreads = int (*)();
+  auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  auto get = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (set == nullptr || get == nullptr) return 0;
+  set(threads);
+  return get();
 }
 
 namespace {

@@ -100,6 +100,17 @@ struct InitOptions {
 // call InitFromEnv (the --local baseline) call it themselves.
 bool KeepFreedMemory();
 
+// Sets how many threads this process's CPU kernels use: LibTorch's
+// intra-op pool (at::set_num_threads) and, when the BLAS LibTorch calls is
+// OpenBLAS, OpenBLAS's own pool, which at::set_num_threads does not reach.
+// (Debian's LibTorch calls the pthreads OpenBLAS, which otherwise starts one
+// thread per core whatever torch::set_num_threads said, unless
+// OMP_NUM_THREADS or OPENBLAS_NUM_THREADS was set at start: two ranks on two
+// cores then ran four BLAS threads yielding to each other, bench/README.md.)
+// Returns OpenBLAS's thread count afterwards, or 0 when no OpenBLAS is loaded.
+// Process-wide. Errors: InvalidArgument for threads < 1.
+StatusOr<int> SetIntraOpThreads(int threads);
+
 // Owns the store and the communicator; the communicator uses the store,
 // so keep the ProcessGroup alive as long as anything uses communicator().
 class ProcessGroup {

@@ -1,9 +1,11 @@
 #include "ddp/init.h"
 
+#include <dlfcn.h>
 #include <malloc.h>
 #include <stdlib.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <cstdlib>
 #include <map>
@@ -27,6 +29,24 @@ TEST(KeepFreedMemoryTest, LargeBlocksComeFromTheHeapNotFreshMappings) {
   ASSERT_NE(block, nullptr);
   EXPECT_EQ(::mallinfo2().hblkhd, mapped_before);
   std::free(block);
+}
+
+TEST(SetIntraOpThreadsTest, ReachesLibTorchAndOpenBlas) {
+  EXPECT_EQ(SetIntraOpThreads(0).status().code(), absl::StatusCode::kInvalidArgument);
+  using GetThreads = int (*)();
+  auto openblas = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  for (int threads : {2, 1}) {
+    auto set = SetIntraOpThreads(threads);
+    ASSERT_TRUE(set.ok()) << set.status();
+    EXPECT_EQ(at::get_num_threads(), threads);
+    if (openblas == nullptr) {
+      EXPECT_EQ(*set, 0) << "no OpenBLAS is loaded";
+    } else {
+      // OpenBLAS's pool is set too (without this it kept one thread per core).
+      EXPECT_EQ(*set, threads);
+      EXPECT_EQ(openblas(), threads);
+    }
+  }
 }
 
 TEST(JoinStoreTest, EachRankJoinsOnceAndTheWorldSizeMustAgree) {

@@ -110,7 +110,9 @@ Status Run(const Config& cfg) {
     return absl::FailedPreconditionError(
         "--device cuda: this LibTorch sees no CUDA device (CPU-only build, or no GPU)");
   }
-  torch::set_num_threads(static_cast<int>(cfg.threads));
+  // LibTorch's threads and OpenBLAS's: torch::set_num_threads alone left
+  // OpenBLAS a thread per core.
+  RETURN_IF_ERROR(ddp::SetIntraOpThreads(static_cast<int>(cfg.threads)).status());
   if (cfg.checkpoint_every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--checkpoint-every must be >= 0, got ", cfg.checkpoint_every));
