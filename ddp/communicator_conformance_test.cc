@@ -25,6 +25,7 @@
 #include "ddp/gloo_communicator.h"
 #include "ddp/hierarchical_communicator.h"
 #include "ddp/shm_communicator.h"
+#include "ddp/streaming.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rendezvous/file_store.h"
@@ -331,6 +332,37 @@ TEST(ShmCommunicatorTest, BucketMemoryIsReducedInPlaceWithExactResults) {
       for (int r = 0; r < world; ++r) {
         EXPECT_TRUE(results[r].ok()) << "world " << world << " rank " << r << ": " << results[r];
       }
+    }
+  }
+}
+
+// float32 buckets whose per-rank slice is at least kStreamingMinBytes are
+// reduced in one streaming pass (ddp/streaming.h): sums and averages of
+// whole numbers are exact there, and every rank ends with every slice.
+TEST(ShmCommunicatorTest, LargeFloatBucketsStreamWithExactResults) {
+  for (int world : {2, 3}) {
+    auto results = RunRanks(Mode::kProcesses, world, [world](int rank, rendezvous::Store* store) -> Status {
+      ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, world, ShmOptions{}));
+      // A slice per rank just over the bar, plus a remainder: uneven slices.
+      const int64_t elems = kStreamingMinBytes / 4 * world + 7;
+      ASSIGN_OR_RETURN(at::Tensor region, comm->AllocateBucketMemory(elems + 3, at::kFloat));
+      RETURN_IF_ERROR(Expect(region.defined(), "bucket memory"));
+      // At an offset of 3 floats: the slices start off a 32-byte boundary.
+      at::Tensor bucket = region.narrow(0, 3, elems);
+      const at::Tensor pattern = at::arange(elems, at::kFloat).remainder(1000);
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        bucket.copy_(pattern * (rank + 1));
+        RETURN_IF_ERROR(comm->AllReduce(bucket, op)->Wait());
+        const double ranks_sum = world * (world + 1) / 2.0;
+        const at::Tensor want = op == ReduceOp::kSum ? pattern * ranks_sum : pattern * ranks_sum / world;
+        RETURN_IF_ERROR(Expect(op == ReduceOp::kSum ? bucket.equal(want) : bucket.allclose(want, 1e-6, 0),
+                               absl::StrCat(op == ReduceOp::kSum ? "sum" : "average", " of ", elems,
+                                            " floats over ", world, " ranks")));
+      }
+      return Expect(comm->in_place_allreduces() == 2, "both went in place");
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(results[r].ok()) << "world " << world << " rank " << r << ": " << results[r];
     }
   }
 }

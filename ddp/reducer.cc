@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ddp/streaming.h"
 
 namespace lockstep {
 namespace ddp {
@@ -402,8 +403,12 @@ void Reducer::MarkReadyLocked(size_t index) {
     torch::NoGradGuard no_grad;
     if (grad.defined()) {
       if (grad.data_ptr() != view.data_ptr()) {
-        // One pass: the scaling rides on the copy.
-        if (slot_scale_ != 1.0) {
+        // One pass: the scaling rides on the copy. Large float32 gradients
+        // stream into the slot (ddp/streaming.h): nothing reads the slot
+        // again before the bucket is complete.
+        if (StreamingScaledCopy(view, grad, static_cast<float>(slot_scale_))) {
+          // done
+        } else if (slot_scale_ != 1.0) {
           at::mul_out(view, grad, slot_scale_tensor_);
         } else {
           view.copy_(grad);

@@ -26,6 +26,7 @@
 #include "common/unique_fd.h"
 #include "common/worker_link.h"
 #include "ddp/missing_ranks.h"
+#include "ddp/streaming.h"
 
 namespace lockstep {
 namespace ddp {
@@ -575,6 +576,22 @@ void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& ten
   const int64_t n = tensor.numel();
   const int64_t world = world_size_;
   const int64_t lo = n * rank_ / world, hi = n * (rank_ + 1) / world;
+  if (tensor.scalar_type() == at::kFloat && (hi - lo) * es >= kStreamingMinBytes) {
+    // float32 slices larger than the cache: one pass that adds this rank's
+    // slice and the peers' (in rank order), divides, and streams the result
+    // to every rank's buffer (ddp/streaming.h).
+    auto slice = [&](int r) {
+      return reinterpret_cast<float*>(region.buffer(r) + offset) + lo;
+    };
+    std::vector<const float*> ins = {slice(rank_)};
+    std::vector<float*> outs;
+    for (int r = 0; r < world_size_; ++r) {
+      if (r != rank_) ins.push_back(slice(r));
+      outs.push_back(slice(r));
+    }
+    const float divisor = op == ReduceOp::kAvg ? static_cast<float>(world) : 1.0f;
+    if (StreamingReduce(ins.data(), world_size_, divisor, outs.data(), world_size_, hi - lo)) return;
+  }
   const auto dtype = at::TensorOptions().dtype(tensor.scalar_type());
   for (int64_t start = lo; start < hi; start += kPieceBytes / es) {
     const int64_t len = std::min(kPieceBytes / es, hi - start);
