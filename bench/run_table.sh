@@ -14,6 +14,7 @@
 # undefined each step (the peer's zero_grad(set_to_none=True); the
 # trainer's --set-to-none, its default). With OVERLAP=1, two more lockstep
 # Gloo columns: --overlap-optimizer, and it with --gradient-priority.
+# The peer runs with OPENBLAS_NUM_THREADS=1 (see peer() below).
 # BATCH sets the samples per rank (default 32). deep_mlp (in MODELS) is not
 # in the peer script, so it gets the lockstep columns only.
 # Usage: bench/run_table.sh [world] [steps] > results.jsonl
@@ -36,7 +37,10 @@ for l in sys.stdin:
 }
 # One lockstep run and one peer run of model $m, with the common flags.
 lockstep() { $bench --train $train --model "$m" --world "$world" --steps "$steps" --batch "$batch" "$@"; }
-peer() { /usr/bin/python3 $peer_script --model "$m" --world "$world" --steps "$steps" --batch "$batch" "$@"; }
+# The peer's PyTorch (Debian's python3-torch) calls the same pthreads
+# OpenBLAS, which torch.set_num_threads does not reach: OPENBLAS_NUM_THREADS=1
+# gives it the one BLAS thread per rank that examples/train --threads 1 sets.
+peer() { OPENBLAS_NUM_THREADS=1 /usr/bin/python3 $peer_script --model "$m" --world "$world" --steps "$steps" --batch "$batch" "$@"; }
 for m in $models; do
   for r in $(seq "$rounds"); do
     echo "model $m round $r of $rounds" >&2
