@@ -55,9 +55,14 @@ CommHook AllreduceHook() {
   // the reduction.
   hook.prescale_by_world = true;
   hook.prescale_optional = true;
+  hook.takes_deferred_inputs = true;
   hook.run = [](GradBucket& bucket, Communicator& comm) {
     const ReduceOp op = bucket.prescaled || bucket.weighted ? ReduceOp::kSum : ReduceOp::kAvg;
-    return BucketWork::Of(comm.AllReduce(bucket.buffer, op), bucket.buffer,
+    std::shared_ptr<Work> work =
+        bucket.deferred_inputs.empty()
+            ? comm.AllReduce(bucket.buffer, op)
+            : comm.AllReduceFrom(bucket.buffer, op, std::move(bucket.deferred_inputs));
+    return BucketWork::Of(std::move(work), bucket.buffer,
                           static_cast<int64_t>(bucket.buffer.nbytes()));
   };
   return hook;

@@ -13,7 +13,9 @@
 // Built-in hooks (CommHookFromName names them; ddp/README.md "Comm hooks"):
 //   allreduce  average: grad/world fused into the copy, then a sum allreduce
 //              (the default); on a communicator that averages in its
-//              reduction (shm: FusedAverage), an unscaled bucket and kAvg.
+//              reduction (shm: FusedAverage), an unscaled bucket and kAvg,
+//              with the communicator's own share read from the gradients
+//              (takes_deferred_inputs).
 //   fp16/bf16  average on a half-precision wire: grad/world fused into the
 //              copy (so the sum cannot overflow where the average does not),
 //              cast to float16/bfloat16, sum allreduce, cast back. Half the
@@ -74,6 +76,11 @@ struct GradBucket {
   // True with weight_by_samples: each slot holds n_r x grad and the
   // bucket's last two elements [n, done]; the hook must sum.
   bool weighted = false;
+  // Only for a hook with takes_deferred_inputs: parts of the buffer that
+  // hold nothing yet, whose input is still in the gradients (reducer.h "Own
+  // share"). The hook must reduce the buffer with
+  // Communicator::AllReduceFrom(buffer, op, deferred_inputs).
+  std::vector<InputPiece> deferred_inputs;
 };
 
 // The future a hook returns: one communicator Work (its collective) and, if
@@ -139,6 +146,11 @@ struct CommHook {
   // unscaled and `run` sees bucket.prescaled false, and must then average
   // itself (AllReduce kAvg: the division rides on the reduction).
   bool prescale_optional = false;
+  // Default: false. True for a hook that hands GradBucket::deferred_inputs
+  // to AllReduceFrom; the Reducer then may leave the communicator's own
+  // share of a bucket uncopied (reducer.h "Own share"). A hook without it
+  // always sees a complete buffer.
+  bool takes_deferred_inputs = false;
 };
 
 // The built-in hooks (see the top of this file).

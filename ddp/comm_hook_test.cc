@@ -88,6 +88,7 @@ struct RankResult {
   StepStats stats;
   bool buckets_in_comm_memory = false;
   bool grads_share_one_storage = false;  // All of them: bucket views of one block.
+  std::vector<int64_t> bucket_numels;    // Elements of each bucket, last layout.
 };
 
 // `steps` DDP steps on `data.size()` ranks as threads, each on the same
@@ -144,6 +145,12 @@ std::vector<RankResult> RunDdp(const std::string& backend, const Net& init, cons
         }
         results[rank].stats = ddp->last_stats();
         results[rank].buckets_in_comm_memory = ddp->reducer().buckets_in_comm_memory();
+        const auto params = net->parameters();
+        for (const auto& bucket : ddp->reducer().bucket_indices()) {
+          int64_t numel = 0;
+          for (size_t i : bucket) numel += params[i].numel();
+          results[rank].bucket_numels.push_back(numel);
+        }
         return absl::OkStatus();
       }();
     });
@@ -170,7 +177,9 @@ void ExpectGradsNear(const std::vector<RankResult>& results, const std::vector<T
 // prescale): the gradients still equal the average, with and without bucket
 // views, zeroed or reset to undefined between steps, through NoSync
 // micro-batches, several buckets and the rebuild; with views they alias the
-// buckets (one block for all). Gloo has no bucket memory.
+// buckets (one block for all). Fresh gradients leave each rank's share of
+// a bucket uncopied, read by shm from the gradients. Gloo has no bucket
+// memory.
 TEST(CommHookTest, ShmBucketsLiveInSharedMemoryAndAverageOnTheReduction) {
   torch::manual_seed(3);
   Net init;
@@ -184,14 +193,24 @@ TEST(CommHookTest, ShmBucketsLiveInSharedMemoryAndAverageOnTheReduction) {
       auto results = RunDdp("shm", init, data, options, /*steps=*/3, set_to_none);
       const std::string what = absl::StrCat("shm, bucket view ", view, ", set_to_none ", set_to_none);
       ExpectGradsNear(results, expected, 1e-5, 1e-6, what);
-      for (const auto& r : results) {
+      const int world = static_cast<int>(results.size());
+      for (int rank = 0; rank < world; ++rank) {
+        const RankResult& r = results[rank];
         EXPECT_TRUE(r.buckets_in_comm_memory) << what;
         EXPECT_EQ(r.grads_share_one_storage, view) << what;
         EXPECT_GT(r.stats.buckets, 1) << what;
+        // A gradient that is not its slot already leaves the rank's own
+        // share of its bucket (the slice it reduces) to the communicator
+        // (reducer.h "Own share").
+        int64_t share_bytes = 0;
+        for (int64_t n : r.bucket_numels) share_bytes += (n * (rank + 1) / world - n * rank / world) * 4;
+        const int64_t in_place = r.stats.reducer.bytes_read_in_place;
+        EXPECT_EQ(in_place, view && !set_to_none ? 0 : share_bytes) << what << ", rank " << rank;
       }
     }
   }
   auto gloo = RunDdp("gloo", init, data, DdpOptions{});
+  EXPECT_EQ(gloo[0].stats.reducer.bytes_read_in_place, 0) << "Gloo reads every bucket whole";
   EXPECT_FALSE(gloo[0].buckets_in_comm_memory);
   EXPECT_TRUE(gloo[0].grads_share_one_storage) << "bucket views are the default";
 }

@@ -1,5 +1,9 @@
 #include "ddp/communicator.h"
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace lockstep {
@@ -113,6 +117,56 @@ Status CheckCpuAllReduce(const at::Tensor& t, ReduceOp op) {
     return absl::InvalidArgumentError("allreduce average needs a floating dtype");
   }
   return absl::OkStatus();
+}
+
+Status CheckInputPieces(const at::Tensor& tensor, std::vector<InputPiece>& pieces) {
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const InputPiece& p = pieces[i];
+    const std::string what = absl::StrCat("allreduce input piece ", i);
+    if (!p.source.defined() || !p.source.is_contiguous() || p.source.is_sparse()) {
+      return absl::InvalidArgumentError(what + ": its source is not a defined contiguous tensor");
+    }
+    if (p.source.scalar_type() != tensor.scalar_type() || p.source.device() != tensor.device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": its source is ", c10::toString(p.source.scalar_type()), " on ",
+          p.source.device().str(), ", the tensor ", c10::toString(tensor.scalar_type()), " on ",
+          tensor.device().str()));
+    }
+    if (p.offset < 0 || p.offset + p.source.numel() > tensor.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": elements [", p.offset, ", ",
+                                                     p.offset + p.source.numel(),
+                                                     ") are outside the tensor's ", tensor.numel()));
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(),
+            [](const InputPiece& a, const InputPiece& b) { return a.offset < b.offset; });
+  for (size_t i = 1; i < pieces.size(); ++i) {
+    const int64_t end = pieces[i - 1].offset + pieces[i - 1].source.numel();
+    if (pieces[i].offset < end) {
+      return absl::InvalidArgumentError(absl::StrCat("allreduce input pieces overlap: [",
+                                                     pieces[i - 1].offset, ", ", end, ") and [",
+                                                     pieces[i].offset, ", ...)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CopyInputPieces(const at::Tensor& tensor, const std::vector<InputPiece>& pieces) {
+  at::NoGradGuard no_grad;
+  const at::Tensor flat = tensor.view(-1);
+  for (const InputPiece& p : pieces) {
+    flat.narrow(0, p.offset, p.source.numel()).copy_(p.source.view(-1));
+  }
+}
+
+std::shared_ptr<Work> Communicator::AllReduceFrom(at::Tensor tensor, ReduceOp op,
+                                                  std::vector<InputPiece> pieces) {
+  if (Status s = CheckCollectiveTensor(tensor, "allreduce", device()); !s.ok()) {
+    return Work::Failed(s);
+  }
+  if (Status s = CheckInputPieces(tensor, pieces); !s.ok()) return Work::Failed(s);
+  CopyInputPieces(tensor, pieces);
+  return AllReduce(std::move(tensor), op);
 }
 
 }  // namespace ddp

@@ -44,6 +44,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/status.h"
@@ -110,6 +112,14 @@ class Work {
   std::function<Status()> stream_waiter_;  // Immutable once handed out.
 };
 
+// Part of an allreduce's input that is not in the tensor (AllReduceFrom):
+// the elements [offset, offset + source.numel()) of the flattened tensor are
+// read from `source` instead.
+struct InputPiece {
+  int64_t offset = 0;
+  at::Tensor source;  // Contiguous, with the tensor's dtype and device.
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -157,6 +167,27 @@ class Communicator {
   // on the reduction), so the Reducer need not divide each gradient by the
   // world size first. Default: false.
   virtual bool FusedAverage() const { return false; }
+
+  // The elements [first, second) of `tensor` whose input only this rank
+  // reads, while the allreduce runs (shm, a tensor in bucket memory: the
+  // slice this rank reduces). A caller may leave them out of the tensor and
+  // pass their sources to AllReduceFrom, saving the copy in. Default: none,
+  // {0, 0}.
+  virtual std::pair<int64_t, int64_t> OwnShare(const at::Tensor& tensor) const {
+    (void)tensor;
+    return {0, 0};
+  }
+
+  // AllReduce(tensor, op), with the input of the elements each piece covers
+  // read from the piece's source rather than from `tensor`: the result is
+  // what copying the sources in and then reducing would give, and lands in
+  // all of `tensor` as usual. The sources are only read, and are kept alive
+  // until the Work completes. Errors as AllReduce, and InvalidArgument for a
+  // piece outside the tensor, overlapping another, or of another dtype,
+  // device or layout. Default: copies the pieces in on the calling thread,
+  // then AllReduce. (shm reads the pieces inside its own share in place.)
+  virtual std::shared_ptr<Work> AllReduceFrom(at::Tensor tensor, ReduceOp op,
+                                              std::vector<InputPiece> pieces);
 };
 
 // Argument checks shared by the implementations, made before anything is
@@ -174,6 +205,12 @@ Status CheckBroadcastRoot(int root, int world_size);
 // holds world_size x input.numel() elements.
 Status CheckAllGather(const at::Tensor& input, const at::Tensor& output, int world_size,
                       c10::Device device = c10::Device(c10::DeviceType::CPU));
+// The pieces of AllReduceFrom: each a contiguous tensor of `tensor`'s dtype
+// and device inside its elements, none overlapping another. Sorts them by
+// offset.
+Status CheckInputPieces(const at::Tensor& tensor, std::vector<InputPiece>& pieces);
+// Copies every piece's source into its place in `tensor`.
+void CopyInputPieces(const at::Tensor& tensor, const std::vector<InputPiece>& pieces);
 // The CPU communicators' allreduce: a CPU tensor of float, double, float16,
 // bfloat16, int32 or int64; kAvg on floating dtypes only.
 Status CheckCpuAllReduce(const at::Tensor& t, ReduceOp op);

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ddp/fake_store.h"
@@ -127,6 +128,45 @@ TEST_P(CommunicatorConformanceTest, AllReduceSumsAndAveragesOverRanks) {
     RETURN_IF_ERROR(Expect(avg.eq(2.0).all().item<bool>(), "double average"));
     RETURN_IF_ERROR(Expect(ints.eq(6).all().item<bool>(), "int64 sum"));
     return Expect(w1->IsCompleted() && w1->started_at() <= w1->finished_at(), "timestamps");
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+// AllReduceFrom: the elements the pieces cover are read from the pieces
+// (the tensor holds NaN there), the result lands in all of the tensor, the
+// sources are left as they were; bad pieces are refused before anything
+// is queued, and the communicator goes on working.
+TEST_P(CommunicatorConformanceTest, AllReduceFromReadsPiecesInsteadOfTheTensor) {
+  constexpr int kWorld = 3;
+  auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, Connect(GetParam().name, store, rank, kWorld));
+    const int64_t n = 1000003;
+    const at::Tensor input = at::arange(n, at::kFloat).remainder(977) * (rank + 1);
+    at::Tensor t = input.clone();
+    // Two pieces, given out of order; a gap between them stays in `t`.
+    std::vector<InputPiece> pieces = {{600000, input.narrow(0, 600000, 1000).clone()},
+                                      {17, input.narrow(0, 17, 400000).clone()}};
+    const std::vector<at::Tensor> sources = {pieces[0].source.clone(), pieces[1].source.clone()};
+    t.narrow(0, 600000, 1000).fill_(NAN);
+    t.narrow(0, 17, 400000).fill_(NAN);
+    RETURN_IF_ERROR(comm->AllReduceFrom(t, ReduceOp::kSum, pieces)->Wait());
+    const at::Tensor want = at::arange(n, at::kFloat).remainder(977) * 6;
+    RETURN_IF_ERROR(Expect(t.equal(want), "sum with pieces"));
+    RETURN_IF_ERROR(Expect(pieces[0].source.equal(sources[0]) && pieces[1].source.equal(sources[1]),
+                           "the sources were written"));
+    // Refused: overlapping, outside, another dtype.
+    at::Tensor u = at::ones({100});
+    const std::vector<std::pair<std::vector<InputPiece>, std::string>> bad = {
+        {{{10, at::ones({20})}, {25, at::ones({5})}}, "overlap"},
+        {{{90, at::ones({20})}}, "outside the tensor"},
+        {{{0, at::ones({5}, at::kDouble)}}, "Double"}};
+    for (const auto& [p, word] : bad) {
+      const Status s = comm->AllReduceFrom(u, ReduceOp::kSum, p)->Wait();
+      RETURN_IF_ERROR(Expect(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), word),
+                             absl::StrCat("bad pieces (", word, "): ", s.ToString())));
+    }
+    RETURN_IF_ERROR(comm->AllReduce(u, ReduceOp::kSum)->Wait());
+    return Expect(u.eq(kWorld).all().item<bool>(), "allreduce after the refusals");
   });
   for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
 }
@@ -359,6 +399,59 @@ TEST(ShmCommunicatorTest, LargeFloatBucketsStreamWithExactResults) {
                                absl::StrCat(op == ReduceOp::kSum ? "sum" : "average", " of ", elems,
                                             " floats over ", world, " ranks")));
       }
+      return Expect(comm->in_place_allreduces() == 2, "both went in place");
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(results[r].ok()) << "world " << world << " rank " << r << ": " << results[r];
+    }
+  }
+}
+
+// In bucket memory shm reads the pieces inside this rank's slice in place
+// (the counter says how many elements), copies in the parts outside it, and
+// the results are exact; OwnShare names the slice only for float32 tensors
+// in bucket memory.
+TEST(ShmCommunicatorTest, AllReduceFromReadsTheOwnSliceInPlaceInBucketMemory) {
+  for (int world : {2, 3}) {
+    auto results = RunRanks(Mode::kProcesses, world, [world](int rank, rendezvous::Store* store) -> Status {
+      ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, world, ShmOptions{}));
+      const int64_t elems = 300007;
+      ASSIGN_OR_RETURN(at::Tensor region, comm->AllocateBucketMemory(elems + 3, at::kFloat));
+      RETURN_IF_ERROR(Expect(region.defined(), "bucket memory"));
+      at::Tensor bucket = region.narrow(0, 3, elems);
+      const int64_t lo = elems * rank / world, hi = elems * (rank + 1) / world;
+      const auto share = comm->OwnShare(bucket);
+      RETURN_IF_ERROR(Expect(share.first == lo && share.second == hi,
+                             absl::StrCat("own share [", share.first, ", ", share.second, ")")));
+      RETURN_IF_ERROR(Expect(comm->OwnShare(at::zeros({elems})) == std::make_pair(int64_t{0}, int64_t{0}),
+                             "a share of ordinary memory"));
+      ASSIGN_OR_RETURN(at::Tensor ints, comm->AllocateBucketMemory(64, at::kInt));
+      RETURN_IF_ERROR(Expect(comm->OwnShare(ints) == std::make_pair(int64_t{0}, int64_t{0}),
+                             "a share of an int32 tensor"));
+      const at::Tensor input = at::arange(elems, at::kFloat).remainder(1000) * (rank + 1);
+      // One piece from before the slice into it (rank 0: from its start),
+      // a gap of 10 elements left in the bucket, one piece from there to
+      // past the slice's end.
+      const int64_t a = std::max<int64_t>(0, lo - 100), mid = (lo + hi) / 2;
+      const int64_t b = std::min<int64_t>(elems, hi + 100);
+      std::vector<InputPiece> pieces = {{a, input.narrow(0, a, mid - a).clone()},
+                                        {mid + 10, input.narrow(0, mid + 10, b - mid - 10).clone()}};
+      uint64_t read_before = comm->elements_read_from_pieces();
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        bucket.copy_(input);
+        bucket.narrow(0, a, mid - a).fill_(NAN);
+        bucket.narrow(0, mid + 10, b - mid - 10).fill_(NAN);
+        RETURN_IF_ERROR(comm->AllReduceFrom(bucket, op, pieces)->Wait());
+        const double ranks_sum = world * (world + 1) / 2.0;
+        const at::Tensor pattern = at::arange(elems, at::kFloat).remainder(1000);
+        const at::Tensor want = op == ReduceOp::kSum ? pattern * ranks_sum : pattern * ranks_sum / world;
+        RETURN_IF_ERROR(Expect(op == ReduceOp::kSum ? bucket.equal(want) : bucket.allclose(want, 1e-6, 0),
+                               absl::StrCat(op == ReduceOp::kSum ? "sum" : "average", " over ", world,
+                                            " ranks with pieces")));
+      }
+      const uint64_t read = comm->elements_read_from_pieces() - read_before;
+      RETURN_IF_ERROR(Expect(read == static_cast<uint64_t>(2 * (hi - lo - 10)),
+                             absl::StrCat(read, " elements read in place, want ", 2 * (hi - lo - 10))));
       return Expect(comm->in_place_allreduces() == 2, "both went in place");
     });
     for (int r = 0; r < world; ++r) {

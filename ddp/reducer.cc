@@ -20,6 +20,12 @@ double MillisBetween(MonoTime a, MonoTime b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
+// A plain copy of part of a gradient into its slot (streamed when large).
+void CopyIntoSlot(const torch::Tensor& slot, const torch::Tensor& grad) {
+  if (slot.numel() == 0 || StreamingScaledCopy(slot, grad, 1.0f)) return;
+  slot.copy_(grad);
+}
+
 // Post-hook on a gradient accumulator: runs after the gradient of one
 // parameter has been accumulated into param.grad.
 class GradReadyHook : public torch::autograd::FunctionPostHook {
@@ -199,6 +205,11 @@ Status Reducer::BuildBuckets(const std::vector<size_t>& order) {
       }
     }
     bucket.pending = bucket.params.size();
+    // Only a plain copy can be left to the communicator: the gradients are
+    // read as they are.
+    if (options_.comm_hook.takes_deferred_inputs && !prescale_ && !options_.weight_by_samples) {
+      bucket.share = comm_->OwnShare(bucket.buffer);
+    }
   }
   buckets_ = std::move(buckets);
   priority_.assign(buckets_.size(), 0);
@@ -345,6 +356,7 @@ Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.work.reset();
+    b.deferred.clear();
     if (options_.weight_by_samples) {
       torch::NoGradGuard no_grad;
       b.buffer[b.grad_numel].fill_(local_samples);
@@ -403,11 +415,24 @@ void Reducer::MarkReadyLocked(size_t index) {
     torch::NoGradGuard no_grad;
     if (grad.defined()) {
       if (grad.data_ptr() != view.data_ptr()) {
-        // One pass: the scaling rides on the copy. Large float32 gradients
-        // stream into the slot (ddp/streaming.h): nothing reads the slot
-        // again before the bucket is complete.
-        if (StreamingScaledCopy(view, grad, static_cast<float>(slot_scale_))) {
-          // done
+        // The part of the slot in the bucket's own share, if any.
+        const int64_t start = bucket.offsets[pos], end = start + view.numel();
+        const int64_t from = std::max(start, bucket.share.first);
+        const int64_t to = std::min(end, bucket.share.second);
+        if (from < to && grad.is_contiguous() && grad.sizes() == view.sizes() &&
+            grad.scalar_type() == view.scalar_type()) {
+          // The communicator reads [from, to) from the gradient itself;
+          // the rest is copied in (slot_scale_ is 1 here, see BuildBuckets).
+          const torch::Tensor flat_grad = grad.view(-1), flat_slot = view.view(-1);
+          CopyIntoSlot(flat_slot.narrow(0, 0, from - start), flat_grad.narrow(0, 0, from - start));
+          CopyIntoSlot(flat_slot.narrow(0, to - start, end - to),
+                       flat_grad.narrow(0, to - start, end - to));
+          bucket.deferred.push_back({from, flat_grad.narrow(0, from - start, to - from)});
+          stats_.bytes_read_in_place += (to - from) * static_cast<int64_t>(view.element_size());
+        } else if (StreamingScaledCopy(view, grad, static_cast<float>(slot_scale_))) {
+          // One pass: the scaling rides on the copy. Large float32 gradients
+          // stream into the slot (ddp/streaming.h): nothing reads the slot
+          // again before the bucket is complete.
         } else if (slot_scale_ != 1.0) {
           at::mul_out(view, grad, slot_scale_tensor_);
         } else {
@@ -447,6 +472,9 @@ void Reducer::LaunchLocked(size_t b) {
   view.slots = bucket.views;
   view.prescaled = prescale_ && !options_.weight_by_samples;
   view.weighted = options_.weight_by_samples;
+  // The communicator holds the gradients from here until it has read them.
+  view.deferred_inputs = std::move(bucket.deferred);
+  bucket.deferred.clear();
   try {
     bucket.work = options_.comm_hook.run(view, *comm_);
   } catch (const std::exception& e) {

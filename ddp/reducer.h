@@ -33,6 +33,16 @@
 // slots), one allocation for all buckets at each (re)build; otherwise from
 // the ordinary allocator.
 //
+// Own share. A communicator may read part of a bucket's input straight from
+// this rank's gradients while it reduces (Communicator::OwnShare: shm, on
+// buckets in its bucket memory, reads the slice this rank reduces). When the
+// comm hook takes such inputs (CommHook::takes_deferred_inputs: the default
+// allreduce) and the copy into the slots is a plain copy (no scaling), a
+// gradient's elements inside that share are not copied in; the gradient
+// is kept as an InputPiece of the bucket (GradBucket::deferred_inputs)
+// until the communicator has read it. Over shm with two ranks that leaves
+// half of every gradient uncopied.
+//
 // Finalisation. The first hook of a backward queues a callback on the
 // autograd engine; it runs when backward ends, waits for every launched
 // bucket's BucketWork (this wait, continuations included, is the *exposed*
@@ -169,6 +179,9 @@ struct ReducerStepStats {
   // BucketWork::wire_bytes): the buckets' size for allreduce, half of it for
   // fp16/bf16 on float32 gradients.
   int64_t bytes_reduced = 0;
+  // Bytes of gradients not copied into the buckets: the communicator read
+  // them from the gradients themselves (see "Own share" above).
+  int64_t bytes_read_in_place = 0;
   int buckets = 0;
   MonoTime forward_end{};       // PrepareForBackward.
   MonoTime backward_end{};      // Finalisation callback starts.
@@ -266,6 +279,11 @@ class Reducer {
     std::vector<int64_t> offsets;       // Start of each slot in buffer.
     size_t pending = 0;
     std::shared_ptr<BucketWork> work;   // The comm hook's, once launched.
+    // The elements the communicator reads from this rank's own gradients
+    // (Communicator::OwnShare; empty unless the hook takes deferred inputs
+    // and the copy is plain), and, this step, the gradients' pieces there.
+    std::pair<int64_t, int64_t> share{0, 0};
+    std::vector<InputPiece> deferred;
   };
 
   Reducer(std::vector<NamedParam> params, Communicator* comm, ReducerOptions options);

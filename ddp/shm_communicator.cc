@@ -523,7 +523,7 @@ StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::Sc
 }
 
 std::shared_ptr<ShmCommunicator::Region> ShmCommunicator::RegionOf(const at::Tensor& tensor,
-                                                                   size_t* offset) {
+                                                                   size_t* offset) const {
   if (!tensor.is_contiguous()) return nullptr;
   const auto* p = static_cast<const uint8_t*>(tensor.data_ptr());
   std::lock_guard<std::mutex> lock(regions_mu_);
@@ -566,32 +566,60 @@ Status ShmCommunicator::CheckPlacements(uint64_t seq) const {
   return absl::OkStatus();
 }
 
-void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& tensor,
-                                     size_t offset, ReduceOp op) {
-  // Each rank reduces its 1/world of the elements, a cache-sized piece at a
-  // time: the sum is formed in this rank's own buffer, then copied into the
-  // peers' while it is still in this core's cache.
-  constexpr int64_t kPieceBytes = 512 << 10;
-  const int64_t es = static_cast<int64_t>(tensor.element_size());
-  const int64_t n = tensor.numel();
-  const int64_t world = world_size_;
-  const int64_t lo = n * rank_ / world, hi = n * (rank_ + 1) / world;
-  if (tensor.scalar_type() == at::kFloat && (hi - lo) * es >= kStreamingMinBytes) {
-    // float32 slices larger than the cache: one pass that adds this rank's
-    // slice and the peers' (in rank order), divides, and streams the result
-    // to every rank's buffer (ddp/streaming.h).
-    auto slice = [&](int r) {
-      return reinterpret_cast<float*>(region.buffer(r) + offset) + lo;
-    };
-    std::vector<const float*> ins = {slice(rank_)};
-    std::vector<float*> outs;
-    for (int r = 0; r < world_size_; ++r) {
-      if (r != rank_) ins.push_back(slice(r));
-      outs.push_back(slice(r));
-    }
-    const float divisor = op == ReduceOp::kAvg ? static_cast<float>(world) : 1.0f;
-    if (StreamingReduce(ins.data(), world_size_, divisor, outs.data(), world_size_, hi - lo)) return;
+std::pair<int64_t, int64_t> ShmCommunicator::SliceOf(int64_t numel) const {
+  return {numel * rank_ / world_size_, numel * (rank_ + 1) / world_size_};
+}
+
+std::pair<int64_t, int64_t> ShmCommunicator::OwnShare(const at::Tensor& tensor) const {
+  size_t offset = 0;
+  if (world_size_ < 2 || !tensor.defined() || tensor.scalar_type() != at::kFloat ||
+      !tensor.device().is_cpu() || RegionOf(tensor, &offset) == nullptr) {
+    return {0, 0};
   }
+  return SliceOf(tensor.numel());
+}
+
+void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& tensor,
+                                     size_t offset, ReduceOp op,
+                                     const std::vector<InputPiece>& pieces) {
+  const int64_t es = static_cast<int64_t>(tensor.element_size());
+  const int64_t world = world_size_;
+  const auto [lo, hi] = SliceOf(tensor.numel());
+  if (tensor.scalar_type() == at::kFloat) {
+    // One pass over this rank's slice: its own input (from its buffer, or
+    // from the pieces where they cover it) and the peers' added in rank
+    // order, divided, and written to every rank's buffer.
+    auto at_elem = [&](int r, int64_t i) {
+      return reinterpret_cast<float*>(region.buffer(r) + offset) + i;
+    };
+    const float divisor = op == ReduceOp::kAvg ? static_cast<float>(world) : 1.0f;
+    std::vector<const float*> ins(static_cast<size_t>(world_size_));
+    std::vector<float*> outs(static_cast<size_t>(world_size_));
+    auto reduce = [&](int64_t from, int64_t to, const float* own) {
+      if (to <= from) return;
+      ins[0] = own;
+      for (int r = 0, k = 1; r < world_size_; ++r) {
+        if (r != rank_) ins[static_cast<size_t>(k++)] = at_elem(r, from);
+        outs[static_cast<size_t>(r)] = at_elem(r, from);
+      }
+      ReduceToAll(ins.data(), world_size_, divisor, outs.data(), world_size_, to - from);
+    };
+    int64_t done = lo;
+    for (const InputPiece& p : pieces) {  // sorted, disjoint
+      const int64_t from = std::max(p.offset, lo), to = std::min(p.offset + p.source.numel(), hi);
+      if (to <= from) continue;
+      reduce(done, from, at_elem(rank_, done));
+      reduce(from, to, p.source.data_ptr<float>() + (from - p.offset));
+      elements_read_from_pieces_ += static_cast<uint64_t>(to - from);
+      done = to;
+    }
+    reduce(done, hi, at_elem(rank_, done));
+    return;
+  }
+  // Other dtypes: a cache-sized piece at a time, the sum formed in this
+  // rank's own buffer, then copied into the peers' while it is still in
+  // this core's cache.
+  constexpr int64_t kPieceBytes = 512 << 10;
   const auto dtype = at::TensorOptions().dtype(tensor.scalar_type());
   for (int64_t start = lo; start < hi; start += kPieceBytes / es) {
     const int64_t len = std::min(kPieceBytes / es, hi - start);
@@ -607,11 +635,35 @@ void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& ten
   }
 }
 
-Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint64_t seq,
+Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op,
+                                     const std::vector<InputPiece>& pieces, uint64_t seq,
                                      MonoTime deadline) {
   // Where the tensor is, for the peers to check against theirs.
   size_t offset = 0;
   const std::shared_ptr<Region> region = RegionOf(tensor, &offset);
+  // The pieces the reduction reads in place: in bucket memory, float32,
+  // inside this rank's slice. The rest of their input is copied in now,
+  // before the peers may read it.
+  std::vector<InputPiece> in_place;
+  if (region != nullptr && tensor.scalar_type() == at::kFloat) {
+    const auto [lo, hi] = SliceOf(tensor.numel());
+    std::vector<InputPiece> copy_in;
+    for (const InputPiece& p : pieces) {
+      const int64_t end = p.offset + p.source.numel();
+      const int64_t from = std::max(p.offset, lo), to = std::min(end, hi);
+      if (to <= from) {
+        copy_in.push_back(p);
+        continue;
+      }
+      const at::Tensor src = p.source.view(-1);
+      in_place.push_back({from, src.narrow(0, from - p.offset, to - from)});
+      if (p.offset < from) copy_in.push_back({p.offset, src.narrow(0, 0, from - p.offset)});
+      if (to < end) copy_in.push_back({to, src.narrow(0, to - p.offset, end - to)});
+    }
+    CopyInputPieces(tensor, copy_in);
+  } else {
+    CopyInputPieces(tensor, pieces);
+  }
   Control* me = segment_->control(rank_);
   me->kind.store(static_cast<uint32_t>(tensor.scalar_type()) << 8 | static_cast<uint32_t>(op),
                  std::memory_order_relaxed);
@@ -623,7 +675,7 @@ Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint
     // written everywhere once all arrive again.
     RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
     RETURN_IF_ERROR(CheckPlacements(seq));
-    ReduceInRegion(*region, tensor, offset, op);
+    ReduceInRegion(*region, tensor, offset, op, in_place);
     RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
     ++in_place_allreduces_;
     return absl::OkStatus();
@@ -696,7 +748,21 @@ std::shared_ptr<Work> ShmCommunicator::AllReduce(at::Tensor tensor, ReduceOp op)
   if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
   return Enqueue("allreduce", [this, tensor, op](uint64_t seq, MonoTime deadline) {
     if (tensor.numel() == 0 || world_size_ == 1) return absl::OkStatus();
-    return RunAllReduce(tensor, op, seq, deadline);
+    return RunAllReduce(tensor, op, {}, seq, deadline);
+  });
+}
+
+std::shared_ptr<Work> ShmCommunicator::AllReduceFrom(at::Tensor tensor, ReduceOp op,
+                                                     std::vector<InputPiece> pieces) {
+  if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
+  if (Status s = CheckInputPieces(tensor, pieces); !s.ok()) return Work::Failed(s);
+  return Enqueue("allreduce", [this, tensor, op, pieces = std::move(pieces)](
+                                  uint64_t seq, MonoTime deadline) {
+    if (tensor.numel() == 0 || world_size_ == 1) {
+      CopyInputPieces(tensor, pieces);  // the sum over one rank
+      return absl::OkStatus();
+    }
+    return RunAllReduce(tensor, op, pieces, seq, deadline);
   });
 }
 

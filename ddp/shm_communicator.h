@@ -132,9 +132,20 @@ class ShmCommunicator : public Communicator {
   // could not create or map it.
   StatusOr<at::Tensor> AllocateBucketMemory(int64_t numel, at::ScalarType dtype) override;
   bool FusedAverage() const override { return true; }
+  // A float32 tensor in bucket memory, with two ranks or more: the slice
+  // this rank reduces (see "Bucket memory"). Otherwise none.
+  std::pair<int64_t, int64_t> OwnShare(const at::Tensor& tensor) const override;
+  // In bucket memory (float32), the pieces inside this rank's slice are read
+  // in place by the reduction, once; the rest are copied in before the
+  // first barrier. Elsewhere all are copied in first.
+  std::shared_ptr<Work> AllReduceFrom(at::Tensor tensor, ReduceOp op,
+                                      std::vector<InputPiece> pieces) override;
   // Allreduces this rank ran in place in bucket memory (not through the
   // slots), for tests.
   uint64_t in_place_allreduces() const { return in_place_allreduces_.load(); }
+  // Elements of AllReduceFrom's pieces the reductions read in place (not
+  // copied in first), for tests.
+  uint64_t elements_read_from_pieces() const { return elements_read_from_pieces_.load(); }
 
   struct Segment;  // The mapping (shm_communicator.cc).
   struct Region;   // A bucket-memory region (shm_communicator.cc).
@@ -153,12 +164,19 @@ class ShmCommunicator : public Communicator {
   size_t NextHalf();
   uint8_t* HalfOf(int rank, size_t half) const;
 
-  Status RunAllReduce(const at::Tensor& tensor, ReduceOp op, uint64_t seq, MonoTime deadline);
+  // `pieces` (checked and sorted, see AllReduceFrom) may be empty.
+  Status RunAllReduce(const at::Tensor& tensor, ReduceOp op, const std::vector<InputPiece>& pieces,
+                      uint64_t seq, MonoTime deadline);
   // The allreduce of a tensor in `region`, at `offset` bytes into this
-  // rank's buffer (see "Bucket memory"), after the first barrier.
-  void ReduceInRegion(const Region& region, const at::Tensor& tensor, size_t offset, ReduceOp op);
+  // rank's buffer (see "Bucket memory"), after the first barrier. This
+  // rank's input for its slice comes from `pieces` where they cover it
+  // (float32 only; for other dtypes `pieces` must be empty).
+  void ReduceInRegion(const Region& region, const at::Tensor& tensor, size_t offset, ReduceOp op,
+                      const std::vector<InputPiece>& pieces);
+  // This rank's slice [lo, hi) of a `numel`-element tensor in bucket memory.
+  std::pair<int64_t, int64_t> SliceOf(int64_t numel) const;
   // The region holding all of `tensor` in this rank's buffer, or null.
-  std::shared_ptr<Region> RegionOf(const at::Tensor& tensor, size_t* offset);
+  std::shared_ptr<Region> RegionOf(const at::Tensor& tensor, size_t* offset) const;
   // After the first barrier: InvalidArgument unless every rank published
   // the same placement as this one.
   Status CheckPlacements(uint64_t seq) const;
@@ -173,10 +191,11 @@ class ShmCommunicator : public Communicator {
   std::unique_ptr<Segment> segment_;
   // Regions handed out and not yet gone (RegionOf looks them up from the
   // communicator thread; AllocateBucketMemory adds them).
-  std::mutex regions_mu_;
+  mutable std::mutex regions_mu_;
   std::vector<std::weak_ptr<Region>> regions_;  // GUARDED_BY(regions_mu_)
   uint64_t regions_made_ = 0;                   // GUARDED_BY(regions_mu_)
   std::atomic<uint64_t> in_place_allreduces_{0};
+  std::atomic<uint64_t> elements_read_from_pieces_{0};
   // Used only on the communicator thread.
   uint64_t phase_ = 0;
   uint64_t chunks_ = 0;

@@ -10,12 +10,22 @@ namespace lockstep {
 namespace ddp {
 namespace {
 
+// The reduction of ReduceToAll, one element at a time (the fallback, and the
+// tail of the AVX2 loop).
+void ReduceScalar(const float* const* ins, int num_ins, float divisor, float* const* outs,
+                  int num_outs, int64_t from, int64_t to) {
+  for (int64_t i = from; i < to; ++i) {
+    float v = ins[0][i];
+    for (int k = 1; k < num_ins; ++k) v += ins[k][i];
+    if (divisor != 1.0f) v /= divisor;
+    for (int k = 0; k < num_outs; ++k) outs[k][i] = v;
+  }
+}
+
 #if defined(__x86_64__)
 constexpr int64_t kLanes = 8;  // floats in a 256-bit register
 
 // Elements before `p` reaches a 32-byte boundary (streaming stores need it).
-// Every output handed to one call sits at the same offset from a page
-// boundary (bucket slots, shared-memory buffers), so one count serves all.
 int64_t HeadOf(const float* p, int64_t n) {
   const auto misaligned = reinterpret_cast<uintptr_t>(p) % 32;
   if (misaligned % sizeof(float) != 0) return n;  // never aligns: all scalar
@@ -39,29 +49,16 @@ __attribute__((target("avx2"))) void ScaledCopyAvx2(float* dst, const float* src
 __attribute__((target("avx2"))) void ReduceAvx2(const float* const* ins, int num_ins,
                                                 float divisor, float* const* outs, int num_outs,
                                                 int64_t n) {
-  // Same-offset outputs (see HeadOf); a misaligned set falls back to scalar.
-  int64_t head = HeadOf(outs[0], n);
-  for (int k = 1; k < num_outs; ++k) {
-    if (HeadOf(outs[k], n) != head) head = n;
-  }
   const bool divide = divisor != 1.0f;
-  auto scalar = [&](int64_t i) {
-    float v = ins[0][i];
-    for (int k = 1; k < num_ins; ++k) v += ins[k][i];
-    if (divide) v /= divisor;
-    for (int k = 0; k < num_outs; ++k) outs[k][i] = v;
-  };
-  int64_t i = 0;
-  for (; i < head; ++i) scalar(i);
   const __m256 d = _mm256_set1_ps(divisor);
+  int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     __m256 v = _mm256_loadu_ps(ins[0] + i);
     for (int k = 1; k < num_ins; ++k) v = _mm256_add_ps(v, _mm256_loadu_ps(ins[k] + i));
     if (divide) v = _mm256_div_ps(v, d);
-    for (int k = 0; k < num_outs; ++k) _mm256_stream_ps(outs[k] + i, v);
+    for (int k = 0; k < num_outs; ++k) _mm256_storeu_ps(outs[k] + i, v);
   }
-  for (; i < n; ++i) scalar(i);
-  _mm_sfence();
+  ReduceScalar(ins, num_ins, divisor, outs, num_outs, i, n);
 }
 #endif
 
@@ -91,15 +88,15 @@ bool StreamingScaledCopy(const at::Tensor& dst, const at::Tensor& src, float sca
 #endif
 }
 
-bool StreamingReduce(const float* const* ins, int num_ins, float divisor, float* const* outs,
-                     int num_outs, int64_t n) {
+void ReduceToAll(const float* const* ins, int num_ins, float divisor, float* const* outs,
+                 int num_outs, int64_t n) {
 #if defined(__x86_64__)
-  if (!StreamingAvailable() || num_ins < 1 || num_outs < 1) return false;
-  ReduceAvx2(ins, num_ins, divisor, outs, num_outs, n);
-  return true;
-#else
-  return false;
+  if (StreamingAvailable()) {
+    ReduceAvx2(ins, num_ins, divisor, outs, num_outs, n);
+    return;
+  }
 #endif
+  ReduceScalar(ins, num_ins, divisor, outs, num_outs, 0, n);
 }
 
 }  // namespace ddp

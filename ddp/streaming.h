@@ -1,15 +1,23 @@
 #ifndef LOCKSTEP_DDP_STREAMING_H_
 #define LOCKSTEP_DDP_STREAMING_H_
 
-// float32 copies and reductions that write with non-temporal stores, for
-// data much larger than the cache: a gradient copied into its bucket slot,
-// a bucket slice reduced in shared memory. An ordinary store first reads the
-// line it writes (read for ownership), so copying N bytes moves 3N through
-// memory; streaming stores move 2N. On the 2-core VM, with both ranks
-// copying at once, a 151 MB scaled copy took 20 ms with ordinary stores and
-// 13 ms streaming (bench/README.md "Streaming stores"). Below
-// kStreamingMinBytes the destination may still be read from the cache soon
-// (the next step of a small model), so callers keep ordinary stores there.
+// float32 kernels for the gradient path: a copy into a bucket slot that
+// writes with non-temporal stores, and the one-pass reduction shm uses on a
+// bucket slice.
+//
+// Streaming (non-temporal) stores skip reading the destination lines first
+// (read for ownership), so copying N bytes moves 2N through memory instead
+// of 3N. On the 2-core VM of 2026-11-25, with both ranks copying at once, a
+// 151 MB scaled copy took 20 ms with ordinary stores and 13 ms streaming
+// (bench/README.md "Streaming stores"). Below kStreamingMinBytes the
+// destination may still be read from the cache soon (the next step of a
+// small model), so callers keep ordinary stores there.
+//
+// The reduction does *not* stream. Its results are read right away (by the
+// peers' optimizers, from their own buffers), and on the AMD EPYC VM of
+// 2026-11-27 streaming them cost 35-70 ms per 33.6 MB slice in the training
+// step against 9-17 ms with ordinary stores (bench/README.md "shm: ordinary
+// stores and the own share").
 
 #include <ATen/ATen.h>
 
@@ -32,11 +40,12 @@ bool StreamingAvailable();
 bool StreamingScaledCopy(const at::Tensor& dst, const at::Tensor& src, float scale);
 
 // For i in [0, n): v = ins[0][i] + ins[1][i] + ... (added in that order),
-// divided by `divisor` when it is not 1, then stored to every outs[k][i].
-// An output may be one of the inputs (in-place). Returns false, having
-// written nothing, when !StreamingAvailable(); float32 only.
-bool StreamingReduce(const float* const* ins, int num_ins, float divisor, float* const* outs,
-                     int num_outs, int64_t n);
+// divided by `divisor` when it is not 1, then stored to every outs[k][i]
+// (ordinary stores; vectorised with AVX2 where the CPU has it). An output
+// may be one of the inputs (in-place). float32 only; any alignment.
+// REQUIRES: num_ins >= 1, num_outs >= 1.
+void ReduceToAll(const float* const* ins, int num_ins, float divisor, float* const* outs,
+                 int num_outs, int64_t n);
 
 }  // namespace ddp
 }  // namespace lockstep
