@@ -123,7 +123,7 @@ Status CheckInputPieces(const at::Tensor& tensor, std::vector<InputPiece>& piece
   for (size_t i = 0; i < pieces.size(); ++i) {
     const InputPiece& p = pieces[i];
     const std::string what = absl::StrCat("allreduce input piece ", i);
-    if (!p.source.defined() || !p.source.is_contiguous() || p.source.is_sparse()) {
+    if (!p.source.defined() || p.source.is_sparse() || !p.source.is_contiguous()) {
       return absl::InvalidArgumentError(what + ": its source is not a defined contiguous tensor");
     }
     if (p.source.scalar_type() != tensor.scalar_type() || p.source.device() != tensor.device()) {

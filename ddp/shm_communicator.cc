@@ -605,13 +605,11 @@ void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& ten
       ReduceToAll(ins.data(), world_size_, divisor, outs.data(), world_size_, to - from);
     };
     int64_t done = lo;
-    for (const InputPiece& p : pieces) {  // sorted, disjoint
-      const int64_t from = std::max(p.offset, lo), to = std::min(p.offset + p.source.numel(), hi);
-      if (to <= from) continue;
-      reduce(done, from, at_elem(rank_, done));
-      reduce(from, to, p.source.data_ptr<float>() + (from - p.offset));
-      elements_read_from_pieces_ += static_cast<uint64_t>(to - from);
-      done = to;
+    for (const InputPiece& p : pieces) {  // sorted, disjoint, inside [lo, hi)
+      reduce(done, p.offset, at_elem(rank_, done));
+      done = p.offset + p.source.numel();
+      reduce(p.offset, done, p.source.data_ptr<float>());
+      elements_read_from_pieces_ += static_cast<uint64_t>(p.source.numel());
     }
     reduce(done, hi, at_elem(rank_, done));
     return;

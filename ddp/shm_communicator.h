@@ -170,7 +170,8 @@ class ShmCommunicator : public Communicator {
   // The allreduce of a tensor in `region`, at `offset` bytes into this
   // rank's buffer (see "Bucket memory"), after the first barrier. This
   // rank's input for its slice comes from `pieces` where they cover it
-  // (float32 only; for other dtypes `pieces` must be empty).
+  // (sorted, disjoint and inside the slice; float32 only, for other dtypes
+  // `pieces` must be empty).
   void ReduceInRegion(const Region& region, const at::Tensor& tensor, size_t offset, ReduceOp op,
                       const std::vector<InputPiece>& pieces);
   // This rank's slice [lo, hi) of a `numel`-element tensor in bucket memory.

@@ -29,7 +29,8 @@ namespace ddp {
 // Copies of at least this many bytes stream.
 constexpr int64_t kStreamingMinBytes = int64_t{4} << 20;
 
-// Whether this CPU has the streaming kernels (x86-64 with AVX2).
+// Whether this CPU has the AVX2 kernels of this file (x86-64 with AVX2):
+// the streaming copy, and ReduceToAll's vectorised loop.
 bool StreamingAvailable();
 
 // dst = src * scale (scale 1: a plain copy), for contiguous float32 CPU
