@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The container image (tools/container.sh) built from Debian's packages and
 # run as coordinator + agent, with a job submitted from outside it:
-#   1. the Debian package (tools/package.sh, with the binaries given), then
-#      the image: a debootstrap root with the package installed, imported by
-#      podman as lockstep:<version>;
+#   1. the image, from the Debian package given (//deploy:deb, built by
+#      tools/package.sh): a debootstrap root with the package installed,
+#      imported by podman as lockstep:<version>;
 #   2. the image's own command line (its ENTRYPOINT and CMD, read back with
 #      `podman image inspect`) run with the state dir as a volume: under
 #      `podman run` where this machine can run containers; where it cannot
@@ -16,7 +16,7 @@
 #      volume: SUCCEEDED, workers as the job's own uid (70000-70999, the
 #      default), the job dir root's once it is over, identical parameters.
 #
-#   deploy/container_test.sh LOCKSTEPD LOCKSTEP TRAIN
+#   deploy/container_test.sh DEB LOCKSTEP      (LOCKSTEP: the host's CLI)
 #
 # Needs root, debootstrap, podman and Debian's mirror (skips without them).
 set -euo pipefail
@@ -26,7 +26,7 @@ else
   ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 fi
 abs() { [[ "$1" == /* ]] && echo "$1" || echo "$PWD/$1"; }
-LOCKSTEPD="$(abs "$1")" LOCKSTEP="$(abs "$2")" TRAIN="$(abs "$3")"
+DEB="$(abs "$1")" LOCKSTEP="$(abs "$2")"
 W="${TEST_TMPDIR:-$(mktemp -d)}/container"
 NS="lsct$$"
 HOST_IP=10.231.7.1
@@ -61,11 +61,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "building the package and the image"
-deb="$(LOCKSTEPD="$LOCKSTEPD" LOCKSTEP="$LOCKSTEP" TRAIN="$TRAIN" "$ROOT/tools/package.sh" "$W/deb" 2>"$W/package.log" | tail -n 1)" ||
-  { tail -n 30 "$W/package.log" >&2; fail "tools/package.sh failed"; }
+[ -f "$DEB" ] || fail "no package at $DEB"
+log "building the image from $(basename "$DEB") ($(dpkg-deb -f "$DEB" Version))"
 rc=0
-"$ROOT/tools/container.sh" --deb "$deb" --out "$W" >"$W/container.out" 2>"$W/container.log" || rc=$?
+"$ROOT/tools/container.sh" --deb "$DEB" --out "$W" >"$W/container.out" 2>"$W/container.log" || rc=$?
 if ((rc != 0)); then
   if grep -q "cannot be reached" "$W/container.log"; then skip "$(grep -m1 'cannot be reached' "$W/container.log")"; fi
   tail -n 30 "$W/container.log" >&2

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The Debian package on a fresh Debian: builds it (tools/package.sh, with the
-# binaries given), makes a fresh bookworm root with debootstrap, installs the
-# package there with apt (which pulls its Depends from Debian), then checks:
+# The Debian package on a fresh Debian: takes the package given (//deploy:deb,
+# built by tools/package.sh from the binaries, the units and
+# //deploy:cmake_stage), makes a fresh bookworm root with debootstrap,
+# installs the package there with apt (which pulls its Depends from Debian), then checks:
 #   - the maintainer scripts made the system user `lockstep` and
-#     /var/lib/lockstep (0711, root);
+#     /var/lib/lockstep (0711, root); the headers are files, no link dangles;
 #   - `systemd-analyze verify` passes on the installed units exactly as
 #     shipped, and `systemd-analyze security` rates both at most 4.0;
 #   - the installed lockstepd, started with the coordinator unit's own
@@ -15,7 +16,7 @@
 #     identical parameters on both ranks, the dir root's once it is over;
 #   - purging the package removes /var/lib/lockstep.
 #
-#   deploy/package_install_test.sh LOCKSTEPD LOCKSTEP TRAIN
+#   deploy/package_install_test.sh DEB
 #
 # Needs root, debootstrap, and Debian's mirror (the one in the host's apt
 # sources; packages the host already downloaded are taken from its apt
@@ -27,7 +28,7 @@ else
   ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 fi
 abs() { [[ "$1" == /* ]] && echo "$1" || echo "$PWD/$1"; }
-LOCKSTEPD="$(abs "$1")" LOCKSTEP="$(abs "$2")" TRAIN="$(abs "$3")"
+DEB="$(abs "$1")"
 W="${TEST_TMPDIR:-$(mktemp -d)}/package_install"
 R="$W/root"
 
@@ -55,10 +56,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "building the package"
-deb="$(LOCKSTEPD="$LOCKSTEPD" LOCKSTEP="$LOCKSTEP" TRAIN="$TRAIN" "$ROOT/tools/package.sh" "$W/deb" 2>"$W/package.log" | tail -n 1)" ||
-  { tail -n 30 "$W/package.log" >&2; fail "tools/package.sh failed"; }
-[ -f "$deb" ] || { tail -n 30 "$W/package.log" >&2; fail "tools/package.sh printed no .deb"; }
+[ -f "$DEB" ] || fail "no package at $DEB"
+deb="$W/$(dpkg-deb -f "$DEB" Package)_$(dpkg-deb -f "$DEB" Version)_$(dpkg-deb -f "$DEB" Architecture).deb"
+cp "$DEB" "$deb"
+log "the package: $(basename "$deb"), $(du -h "$deb" | cut -f1)"
 
 log "debootstrap bookworm from $(rootfs_mirror)"
 rc=0
@@ -72,6 +73,13 @@ rootfs_install "$R" "$W/apt.log" "$deb" systemd || fail "installing the package 
 in_root getent passwd lockstep >/dev/null || fail "postinst did not make the user lockstep"
 [ "$(stat -c '%a %U' "$R/var/lib/lockstep")" = "711 root" ] ||
   fail "/var/lib/lockstep is $(stat -c '%a %U' "$R/var/lib/lockstep"), want 711 root"
+
+# ---- The worker library's files are files (a header shipped as a link into
+# the build machine's tree dangles here) ----
+dangling="$(in_root find /usr/include/lockstep /usr/lib -xtype l -path '*lockstep*')"
+[ -z "$dangling" ] || fail "the package installed links to nowhere: $dangling"
+headers="$(in_root find /usr/include/lockstep -type f -name '*.h' | wc -l)"
+((headers >= 10)) || fail "only $headers headers under /usr/include/lockstep"
 
 # ---- The units, exactly as shipped ----
 units=(/lib/systemd/system/lockstepd-coordinator.service /lib/systemd/system/lockstepd-agent.service)

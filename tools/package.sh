@@ -12,16 +12,20 @@
 #
 #   tools/package.sh [OUT_DIR]        (default build/deb; about 6 min on 2 cores)
 #
+# Bazel builds it of its own binaries as //deploy:deb.
+#
 # Env: LOCKSTEPD, LOCKSTEP, TRAIN: prebuilt binaries to package instead of
 # building them with `bazel build --config=opt` (the tests pass theirs);
-# JOBS (CMake compile jobs, default 2).
+# STAGE: tools/cmake_stage.sh's tarball of the CMake package, instead of
+# building it here (//deploy:deb passes //deploy:cmake_stage); JOBS (CMake
+# compile jobs, default 2).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="$(realpath -m "${1:-$root/build/deb}")"
 JOBS="${JOBS:-2}"
 say() { echo "package: $*" >&2; }
 die() { echo "package: error: $*" >&2; exit 1; }
-for tool in dpkg-deb dpkg-shlibdeps cmake ninja file; do
+for tool in dpkg-deb dpkg-shlibdeps file; do
   command -v "$tool" >/dev/null || die "$tool is not installed (tools/setup.sh installs it)"
 done
 
@@ -43,17 +47,17 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 stage="$work/stage"
 
-# ---- The CMake package, into /usr ----
-say "CMake build of the worker library (Lockstep::ddp)"
-cmake -S "$root" -B "$work/cmake" -G Ninja -DCMAKE_INSTALL_PREFIX=/usr \
-  -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_RUNTIME=ON -DLOCKSTEP_NCCL=OFF >"$work/cmake.log" 2>&1 ||
-  { tail -n 40 "$work/cmake.log" >&2; die "CMake configure failed"; }
-ninja -C "$work/cmake" -j "$JOBS" >>"$work/cmake.log" 2>&1 ||
-  { tail -n 40 "$work/cmake.log" >&2; die "CMake build failed"; }
-DESTDIR="$stage" cmake --install "$work/cmake" >>"$work/cmake.log" 2>&1 ||
-  { tail -n 40 "$work/cmake.log" >&2; die "CMake install failed"; }
+# ---- The CMake package, into /usr (tools/cmake_stage.sh's tarball) ----
+if [ -z "${STAGE:-}" ]; then
+  say "CMake build of the worker library (Lockstep::ddp)"
+  STAGE="$work/cmake_stage.tar"
+  JOBS="$JOBS" "$root/tools/cmake_stage.sh" "$STAGE"
+fi
+[ -f "$STAGE" ] || die "no CMake stage tarball at '$STAGE'"
+mkdir -p "$stage"
+tar -C "$stage" -xf "$STAGE"
 [ -e "$stage/usr/lib/$multiarch/liblockstep.so" ] ||
-  die "the CMake install did not put liblockstep.so in /usr/lib/$multiarch"
+  die "the CMake stage $STAGE has no /usr/lib/$multiarch/liblockstep.so"
 
 # ---- Everything else ----
 install -D -m 0755 "$LOCKSTEPD" "$stage/usr/bin/lockstepd"

@@ -7,10 +7,24 @@
 #   rootfs_unmount                     undo every mount made here
 #
 # Needs root and debootstrap. Packages the host already downloaded come from
-# its apt cache (bind-mounted). rootfs_create returns 2 when Debian's mirror
-# cannot be reached (callers may skip), 1 on other failures; both print why.
+# its apt cache (bind-mounted), which debootstrap and apt write to: roots made
+# at the same time (the package and container tests) take turns on it
+# (flock on $ROOTFS_LOCK, at most ROOTFS_LOCK_WAIT seconds, default 900).
+# rootfs_create returns 2 when Debian's mirror cannot be reached (callers
+# may skip), 1 on other failures; both print why.
 
 ROOTFS_MOUNTS=()
+ROOTFS_LOCK=/var/cache/apt/archives/lockstep-rootfs.lock
+
+# rootfs_locked CMD...: CMD holding the apt cache's lock (see above).
+rootfs_locked() {
+  local rc=0
+  flock -w "${ROOTFS_LOCK_WAIT:-900}" -E 75 "$ROOTFS_LOCK" "$@" || rc=$?
+  if ((rc == 75)); then
+    echo "rootfs: waited ${ROOTFS_LOCK_WAIT:-900} s for $ROOTFS_LOCK (the apt cache), held by another root being made" >&2
+  fi
+  return "$rc"
+}
 
 # The host's Debian mirror (deb822 sources first, then sources.list).
 rootfs_mirror() {
@@ -27,7 +41,7 @@ rootfs_create() {
     echo "rootfs: debootstrap is not installed (apt-get install debootstrap)" >&2
     return 1
   fi
-  if ! debootstrap --variant=minbase --cache-dir=/var/cache/apt/archives bookworm "$dir" "$mirror" \
+  if ! rootfs_locked debootstrap --variant=minbase --cache-dir=/var/cache/apt/archives bookworm "$dir" "$mirror" \
        >"$log" 2>&1; then
     if grep -qiE "Failed getting release file|Temporary failure|Could not resolve|Connection (refused|timed out)" "$log"; then
       echo "rootfs: Debian's mirror $mirror cannot be reached: $(grep -m1 -iE 'fail|could not' "$log")" >&2
@@ -65,7 +79,7 @@ rootfs_install() {
              DEBIAN_FRONTEND=noninteractive)
   chroot "$dir" "${env[@]}" apt-get update -q >"$log" 2>&1 ||
     { tail -n 20 "$log" >&2; echo "rootfs: apt-get update failed" >&2; return 1; }
-  chroot "$dir" "${env[@]}" apt-get install -y -q --no-install-recommends \
+  rootfs_locked chroot "$dir" "${env[@]}" apt-get install -y -q --no-install-recommends \
     "/tmp/$(basename "$deb")" "$@" >>"$log" 2>&1 ||
     { tail -n 30 "$log" >&2; echo "rootfs: installing $(basename "$deb") failed" >&2; return 1; }
   rm -f "$dir/tmp/$(basename "$deb")"

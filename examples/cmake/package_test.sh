@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# The Lockstep CMake package as a user gets it: configure and build the
-# worker library from this tree with CMake, install it into a temporary
-# prefix, compile every installed header on its own against the package,
+# The Lockstep CMake package as a user gets it: the worker library built
+# from this tree with CMake and installed for /usr (tools/cmake_stage.sh's
+# tarball), unpacked under a temporary directory instead (the package must
+# not care where its prefix lies), every installed header compiled on its
+# own against the package,
 # build examples/cmake/ (a standalone project: find_package(Lockstep)), run
 # it as 2 ranks over the file store and check that both end with identical
 # parameters; then, given lockstepd and the CLI, run the same binary as a
 # 2-worker job under lockstepd: it succeeds and `status` shows each rank's
 # last step and loss, reported by the engine with no code in the program.
 #
-#   examples/cmake/package_test.sh [LOCKSTEPD LOCKSTEP]
+#   examples/cmake/package_test.sh [STAGE.tar|build [LOCKSTEPD LOCKSTEP]]
 #
-# Bazel runs it as //examples:cmake_package_test (exclusive: its compiles
-# would otherwise load the 2-core machine under timing-sensitive tests).
+# STAGE.tar: tools/cmake_stage.sh's tarball (Bazel's //deploy:cmake_stage);
+# `build` (the default) runs tools/cmake_stage.sh first. Bazel runs it as
+# //examples:cmake_package_test (exclusive: its compiles would otherwise load
+# the 2-core machine under timing-sensitive tests).
 # Env: JOBS (compile jobs, default 2), KEEP=1 keeps the work dir.
 set -euo pipefail
 
@@ -22,8 +26,10 @@ if [[ -n "${TEST_SRCDIR:-}" ]]; then
 else
   ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 fi
-LOCKSTEPD="${1:-}"
-LOCKSTEP="${2:-}"
+STAGE="${1:-build}"
+LOCKSTEPD="${2:-}"
+LOCKSTEP="${3:-}"
+[[ "$STAGE" == build || "$STAGE" == /* ]] || STAGE="$PWD/$STAGE"
 [[ -z "$LOCKSTEPD" || "$LOCKSTEPD" == /* ]] || LOCKSTEPD="$PWD/$LOCKSTEPD"
 [[ -z "$LOCKSTEP" || "$LOCKSTEP" == /* ]] || LOCKSTEP="$PWD/$LOCKSTEP"
 W="${TEST_TMPDIR:-$(mktemp -d)}/cmake_package"
@@ -47,21 +53,22 @@ for tool in cmake ninja; do
 done
 
 # ---- The package ----
-log "configure + build the worker library (cmake -S $ROOT)"
-run configure cmake -S "$ROOT" -B "$W/build" -G Ninja -DLOCKSTEP_BUILD_TESTS=OFF \
-  -DLOCKSTEP_RUNTIME=ON -DLOCKSTEP_GLOO=ON -DLOCKSTEP_NCCL=OFF
-run build ninja -C "$W/build" -j "$JOBS"
-run install cmake --install "$W/build" --prefix "$W/prefix"
-PREFIX="$W/prefix"
-for f in lib/liblockstep.so lib/cmake/Lockstep/LockstepConfig.cmake \
-         lib/cmake/Lockstep/LockstepConfigVersion.cmake include/lockstep/ddp/ddp.h \
-         include/lockstep/ddp/init.h include/lockstep/ddp/checkpoint.h; do
-  [ -e "$PREFIX/$f" ] || fail "the installed package lacks $f: $(cd "$PREFIX" && find . -type f | sort)"
-done
-# Nothing of the build tree leaks into the package's files.
-if grep -rl "$W/build" "$PREFIX/lib/cmake" >/dev/null; then
-  fail "the package config names the build tree: $(grep -r "$W/build" "$PREFIX/lib/cmake" | head -n 3)"
+if [[ "$STAGE" == build ]]; then
+  log "configure + build + install the worker library (tools/cmake_stage.sh)"
+  JOBS="$JOBS" run cmake_stage "$ROOT/tools/cmake_stage.sh" "$W/stage.tar"
+  STAGE="$W/stage.tar"
 fi
+mkdir -p "$W/root"
+run unpack tar -C "$W/root" -xf "$STAGE"
+PREFIX="$W/root/usr"
+multiarch="$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)"
+LIBDIR="$PREFIX/lib/$multiarch"
+log "the package, installed for /usr, unpacked at $PREFIX"
+for f in "$LIBDIR/liblockstep.so" "$LIBDIR/cmake/Lockstep/LockstepConfig.cmake" \
+         "$LIBDIR/cmake/Lockstep/LockstepConfigVersion.cmake" "$PREFIX/include/lockstep/ddp/ddp.h" \
+         "$PREFIX/include/lockstep/ddp/init.h" "$PREFIX/include/lockstep/ddp/checkpoint.h"; do
+  [ -e "$f" ] || fail "the installed package lacks $f: $(cd "$W/root" && find . -type f | sort)"
+done
 
 # ---- Every installed header compiles on its own ----
 # A header that includes one the package does not install, or that needs
@@ -95,7 +102,7 @@ run example_configure cmake -S "$ROOT/examples/cmake" -B "$W/example" -G Ninja \
   -DCMAKE_PREFIX_PATH="$PREFIX"
 run example_build ninja -C "$W/example"
 TRAIN="$W/example/cmake_train"
-grep -q "$PREFIX/lib/liblockstep.so" <<<"$(ldd "$TRAIN")" ||
+grep -q "$LIBDIR/liblockstep.so" <<<"$(ldd "$TRAIN")" ||
   fail "cmake_train does not load the installed liblockstep.so: $(ldd "$TRAIN" | grep lockstep)"
 
 # ---- 2 ranks, file store, identical parameters ----
