@@ -460,6 +460,37 @@ TEST(ShmCommunicatorTest, AllReduceFromReadsTheOwnSliceInPlaceInBucketMemory) {
   }
 }
 
+// The divided sum the hierarchical host step uses: in bucket memory and in
+// ordinary memory (through the slots), float32 and float64, the sum divided
+// by the divisor given, not by the world; a divisor below 1, or one on an
+// integer tensor, is refused naming it.
+TEST(ShmCommunicatorTest, AllReduceDividedFromDividesTheSumByTheDivisorGiven) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(Mode::kProcesses, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld, ShmOptions{}));
+    ASSIGN_OR_RETURN(at::Tensor region, comm->AllocateBucketMemory(100003, at::kFloat));
+    RETURN_IF_ERROR(Expect(region.defined(), "bucket memory"));
+    at::Tensor plain = at::empty({70001}, at::kDouble);
+    for (at::Tensor t : {region, plain}) {
+      t.fill_(double(rank + 1) * 5);  // 5 and 10: the sum is 15
+      RETURN_IF_ERROR(comm->AllReduceDividedFrom(t, 6.0, {})->Wait());
+      RETURN_IF_ERROR(Expect(t.eq(2.5).all().item<bool>(),
+                             absl::StrCat("15 / 6 in ", std::string(t.dtype().name()), ", got ",
+                                          t.flatten()[0].item<double>())));
+    }
+    at::Tensor ints = at::ones({8}, at::kInt);
+    Status s = comm->AllReduceDividedFrom(ints, 2.0, {})->Wait();
+    RETURN_IF_ERROR(Expect(absl::IsInvalidArgument(s), absl::StrCat("int32 divided: ", s.ToString())));
+    s = comm->AllReduceDividedFrom(region, 0.5, {})->Wait();
+    RETURN_IF_ERROR(Expect(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), "0.5"),
+                           absl::StrCat("divisor 0.5: ", s.ToString())));
+    region.fill_(1.0f);
+    RETURN_IF_ERROR(comm->AllReduce(region, ReduceOp::kAvg)->Wait());
+    return Expect(region.eq(1.0f).all().item<bool>(), "an average after the refusals");
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
 // Bucket memory that rank 0 cannot create (a file-size limit makes its
 // ftruncate fail) is refused on every rank alike: all get an undefined
 // tensor (the Reducer then uses ordinary memory), and the communicator
@@ -726,6 +757,55 @@ TEST(HierarchicalCommunicatorTest, BucketMemoryComesFromTheHostAndReducesGloball
     return Expect(avg.eq(3.0f).all().item<bool>(), "average in bucket memory");
   });
   for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+// The own share of a bucket is the slice this rank reduces on its host
+// (local rank of 2 there), and AllReduceFrom reads it from the pieces in
+// place: the bucket holds NaN where the pieces cover, yet every rank ends
+// with the global sum and average, and the host step counted exactly the
+// share's elements as read in place, per allreduce.
+TEST(HierarchicalCommunicatorTest, AllReduceFromReadsTheOwnShareOnTheHostInPlace) {
+  constexpr int kWorld = 4, kPerNode = 2;
+  auto results = RunRanks(Mode::kProcesses, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, ConnectHier(store, rank, kWorld / kPerNode, kPerNode));
+    const int64_t elems = 200003;
+    ASSIGN_OR_RETURN(at::Tensor region, comm->AllocateBucketMemory(elems + 5, at::kFloat));
+    RETURN_IF_ERROR(Expect(region.defined(), "bucket memory"));
+    at::Tensor bucket = region.narrow(0, 5, elems);
+    const int local = rank % kPerNode;
+    const int64_t lo = elems * local / kPerNode, hi = elems * (local + 1) / kPerNode;
+    const auto share = comm->OwnShare(bucket);
+    RETURN_IF_ERROR(Expect(share.first == lo && share.second == hi,
+                           absl::StrCat("own share [", share.first, ", ", share.second,
+                                        "), want the host slice [", lo, ", ", hi, ")")));
+    RETURN_IF_ERROR(Expect(comm->OwnShare(at::zeros({elems})) == std::make_pair(int64_t{0}, int64_t{0}),
+                           "a share of ordinary memory"));
+    const at::Tensor pattern = at::arange(elems, at::kFloat).remainder(997);
+    const at::Tensor input = pattern * (rank + 1);
+    std::vector<InputPiece> pieces = {{lo, input.narrow(0, lo, hi - lo).clone()}};
+    const uint64_t read_before = comm->host_elements_read_from_pieces();
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      bucket.copy_(input);
+      bucket.narrow(0, lo, hi - lo).fill_(NAN);
+      RETURN_IF_ERROR(comm->AllReduceFrom(bucket, op, pieces)->Wait());
+      const double ranks_sum = kWorld * (kWorld + 1) / 2.0;
+      const at::Tensor want = op == ReduceOp::kSum ? pattern * ranks_sum : pattern * ranks_sum / kWorld;
+      RETURN_IF_ERROR(Expect(bucket.allclose(want, 1e-6, 0),
+                             absl::StrCat(op == ReduceOp::kSum ? "sum" : "average",
+                                          " over 2 hosts with the own share as a piece")));
+    }
+    const uint64_t read = comm->host_elements_read_from_pieces() - read_before;
+    RETURN_IF_ERROR(Expect(read == static_cast<uint64_t>(2 * (hi - lo)),
+                           absl::StrCat(read, " elements read in place, want ", 2 * (hi - lo))));
+    // A piece the tensor cannot hold is refused before anything is queued,
+    // and the communicator still works.
+    auto bad = comm->AllReduceFrom(bucket, ReduceOp::kSum, {{elems - 1, at::zeros({2})}});
+    RETURN_IF_ERROR(Expect(absl::IsInvalidArgument(bad->Wait()), "a piece past the end"));
+    bucket.fill_(1.0f);
+    RETURN_IF_ERROR(comm->AllReduce(bucket, ReduceOp::kSum)->Wait());
+    return Expect(bucket.eq(float(kWorld)).all().item<bool>(), "an allreduce after the refusal");
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
 }
 
 // Rank 3 (node 1, local rank 1) never joins: its host's shm step names it in

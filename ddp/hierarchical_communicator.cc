@@ -57,7 +57,7 @@ StatusOr<std::unique_ptr<HierarchicalCommunicator>> HierarchicalCommunicator::Cr
 
 HierarchicalCommunicator::HierarchicalCommunicator(const HierarchicalLayout& layout,
                                                    HierarchicalOptions options,
-                                                   std::unique_ptr<Communicator> local,
+                                                   std::unique_ptr<ShmCommunicator> local,
                                                    std::unique_ptr<Communicator> leaders)
     : layout_(layout),
       options_(std::move(options)),
@@ -77,18 +77,40 @@ Status HierarchicalCommunicator::BetweenHosts(const std::shared_ptr<Work>& work,
                   absl::StrCat(what, " between hosts (node ranks of the leaders)"));
 }
 
+Status HierarchicalCommunicator::RunAllReduce(at::Tensor& tensor, ReduceOp op,
+                                              std::vector<InputPiece> pieces) {
+  // An average divides each host's sum by the whole world in the host step's
+  // own pass: the hosts' quotients then add up to the world's average.
+  const double divisor = op == ReduceOp::kAvg ? layout_.world_size : 1.0;
+  RETURN_IF_ERROR(
+      OnHost(local_->AllReduceDividedFrom(tensor, divisor, std::move(pieces)), "allreduce"));
+  if (leader()) {
+    RETURN_IF_ERROR(BetweenHosts(leaders_->AllReduce(tensor, ReduceOp::kSum), "allreduce"));
+  }
+  if (layout_.num_nodes > 1) {
+    RETURN_IF_ERROR(OnHost(local_->Broadcast(tensor, 0), "allreduce (result broadcast)"));
+  }
+  return absl::OkStatus();
+}
+
 std::shared_ptr<Work> HierarchicalCommunicator::AllReduce(at::Tensor tensor, ReduceOp op) {
   if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
   return queue_.Enqueue("allreduce", [this, tensor, op](uint64_t) mutable -> Status {
-    RETURN_IF_ERROR(OnHost(local_->AllReduce(tensor, ReduceOp::kSum), "allreduce"));
-    if (leader()) {
-      RETURN_IF_ERROR(BetweenHosts(leaders_->AllReduce(tensor, ReduceOp::kSum), "allreduce"));
-    }
-    if (layout_.num_nodes > 1) {
-      RETURN_IF_ERROR(OnHost(local_->Broadcast(tensor, 0), "allreduce (result broadcast)"));
-    }
-    if (op == ReduceOp::kAvg && layout_.world_size > 1) tensor.div_(layout_.world_size);
-    return absl::OkStatus();
+    return RunAllReduce(tensor, op, {});
+  });
+}
+
+std::pair<int64_t, int64_t> HierarchicalCommunicator::OwnShare(const at::Tensor& tensor) const {
+  return local_->OwnShare(tensor);
+}
+
+std::shared_ptr<Work> HierarchicalCommunicator::AllReduceFrom(at::Tensor tensor, ReduceOp op,
+                                                              std::vector<InputPiece> pieces) {
+  if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
+  if (Status s = CheckInputPieces(tensor, pieces); !s.ok()) return Work::Failed(s);
+  return queue_.Enqueue("allreduce", [this, tensor, op, pieces = std::move(pieces)](
+                                         uint64_t) mutable -> Status {
+    return RunAllReduce(tensor, op, std::move(pieces));
   });
 }
 

@@ -12,8 +12,13 @@
 // Collectives (each a sequence of sub-collectives run on this
 // communicator's thread, so every rank issues them in the same order):
 //   allreduce  shm allreduce on each host; the leaders allreduce over Gloo;
-//              shm broadcast from each leader (kAvg divides by the world at
-//              the end);
+//              shm broadcast from each leader (kAvg: the host step divides
+//              its sum by the whole world in its own pass, so the hosts'
+//              quotients add up to the average: FusedAverage). On a tensor
+//              in bucket memory the host step runs in place, and a rank's
+//              own share of it (OwnShare: the slice it reduces on its host)
+//              may be handed over as AllReduceFrom's pieces, read where they
+//              lie instead of copied in;
 //   broadcast  shm broadcast on the root's host from the root; Gloo
 //              broadcast among leaders from the root's node; shm broadcast
 //              from each leader on the other hosts;
@@ -31,13 +36,17 @@
 #ifndef LOCKSTEP_DDP_HIERARCHICAL_COMMUNICATOR_H_
 #define LOCKSTEP_DDP_HIERARCHICAL_COMMUNICATOR_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "ddp/collective_queue.h"
 #include "ddp/communicator.h"
 #include "ddp/missing_ranks.h"
+#include "ddp/shm_communicator.h"
 #include "rendezvous/store.h"
 
 namespace lockstep {
@@ -81,6 +90,7 @@ class HierarchicalCommunicator : public Communicator {
   int rank() const override { return layout_.rank; }
   int world_size() const override { return layout_.world_size; }
   std::string backend() const override { return "shm+gloo"; }
+  bool FusedAverage() const override { return true; }
 
   std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op) override;
   std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root) override;
@@ -91,11 +101,27 @@ class HierarchicalCommunicator : public Communicator {
   // leaders' Gloo step and the result broadcast read and write it like any
   // memory. Collective among this host's ranks; each host decides alone.
   StatusOr<at::Tensor> AllocateBucketMemory(int64_t numel, at::ScalarType dtype) override;
+  // The host step's share (ShmCommunicator::OwnShare): the slice of a
+  // float32 tensor in this host's bucket memory that this rank reduces
+  // there. {0, 0} on any other tensor.
+  std::pair<int64_t, int64_t> OwnShare(const at::Tensor& tensor) const override;
+  // The host step is the shm AllReduceFrom (pieces inside the own share
+  // read in place, others copied in); the steps between hosts and the
+  // result broadcast are as for AllReduce.
+  std::shared_ptr<Work> AllReduceFrom(at::Tensor tensor, ReduceOp op,
+                                      std::vector<InputPiece> pieces) override;
+
+  // Diagnostics: the host communicator's count of input elements it read
+  // from pieces in place (ShmCommunicator::elements_read_from_pieces).
+  uint64_t host_elements_read_from_pieces() const { return local_->elements_read_from_pieces(); }
 
  private:
   HierarchicalCommunicator(const HierarchicalLayout& layout, HierarchicalOptions options,
-                           std::unique_ptr<Communicator> local,
+                           std::unique_ptr<ShmCommunicator> local,
                            std::unique_ptr<Communicator> leaders);
+
+  // The allreduce's steps (AllReduce, AllReduceFrom), on the queue's thread.
+  Status RunAllReduce(at::Tensor& tensor, ReduceOp op, std::vector<InputPiece> pieces);
 
   // Waits for a sub-collective; annotates a failure with where it ran.
   Status OnHost(const std::shared_ptr<Work>& work, const char* what) const;
@@ -104,7 +130,7 @@ class HierarchicalCommunicator : public Communicator {
 
   const HierarchicalLayout layout_;
   const HierarchicalOptions options_;
-  std::unique_ptr<Communicator> local_;
+  std::unique_ptr<ShmCommunicator> local_;
   std::unique_ptr<Communicator> leaders_;  // Local rank 0 of a multi-node job only.
   CollectiveQueue queue_{"shm+gloo"};      // Last: stops before the sub-communicators go.
 };

@@ -580,10 +580,9 @@ std::pair<int64_t, int64_t> ShmCommunicator::OwnShare(const at::Tensor& tensor) 
 }
 
 void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& tensor,
-                                     size_t offset, ReduceOp op,
+                                     size_t offset, double divisor,
                                      const std::vector<InputPiece>& pieces) {
   const int64_t es = static_cast<int64_t>(tensor.element_size());
-  const int64_t world = world_size_;
   const auto [lo, hi] = SliceOf(tensor.numel());
   if (tensor.scalar_type() == at::kFloat) {
     // One pass over this rank's slice: its own input (from its buffer, or
@@ -592,7 +591,6 @@ void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& ten
     auto at_elem = [&](int r, int64_t i) {
       return reinterpret_cast<float*>(region.buffer(r) + offset) + i;
     };
-    const float divisor = op == ReduceOp::kAvg ? static_cast<float>(world) : 1.0f;
     std::vector<const float*> ins(static_cast<size_t>(world_size_));
     std::vector<float*> outs(static_cast<size_t>(world_size_));
     auto reduce = [&](int64_t from, int64_t to, const float* own) {
@@ -602,7 +600,8 @@ void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& ten
         if (r != rank_) ins[static_cast<size_t>(k++)] = at_elem(r, from);
         outs[static_cast<size_t>(r)] = at_elem(r, from);
       }
-      ReduceToAll(ins.data(), world_size_, divisor, outs.data(), world_size_, to - from);
+      ReduceToAll(ins.data(), world_size_, static_cast<float>(divisor), outs.data(), world_size_,
+                  to - from);
     };
     int64_t done = lo;
     for (const InputPiece& p : pieces) {  // sorted, disjoint, inside [lo, hi)
@@ -626,16 +625,18 @@ void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& ten
     for (int r = 0; r < world_size_; ++r) {
       if (r != rank_) acc.add_(at::from_blob(region.buffer(r) + at, {len}, dtype));
     }
-    if (op == ReduceOp::kAvg) acc.div_(world);
+    if (divisor != 1.0) acc.div_(divisor);
     for (int r = 0; r < world_size_; ++r) {
       if (r != rank_) std::memcpy(region.buffer(r) + at, acc.data_ptr(), static_cast<size_t>(len * es));
     }
   }
 }
 
-Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op,
+Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, double divisor,
                                      const std::vector<InputPiece>& pieces, uint64_t seq,
                                      MonoTime deadline) {
+  // The peers check the op: a divided sum is an average, whatever by.
+  const ReduceOp op = divisor != 1.0 ? ReduceOp::kAvg : ReduceOp::kSum;
   // Where the tensor is, for the peers to check against theirs.
   size_t offset = 0;
   const std::shared_ptr<Region> region = RegionOf(tensor, &offset);
@@ -673,7 +674,7 @@ Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op,
     // written everywhere once all arrive again.
     RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
     RETURN_IF_ERROR(CheckPlacements(seq));
-    ReduceInRegion(*region, tensor, offset, op, in_place);
+    ReduceInRegion(*region, tensor, offset, divisor, in_place);
     RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
     ++in_place_allreduces_;
     return absl::OkStatus();
@@ -697,7 +698,7 @@ Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, ReduceOp op,
       for (int r = 0; r < world_size_; ++r) {
         if (r != rank_) acc.add_(at::from_blob(HalfOf(r, half) + lo * es, {hi - lo}, dtype));
       }
-      if (op == ReduceOp::kAvg) acc.div_(world);
+      if (divisor != 1.0) acc.div_(divisor);
     }
     RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
     for (int r = 0; r < world_size_; ++r) {
@@ -744,23 +745,37 @@ Status ShmCommunicator::RunAllGather(const at::Tensor& input, const at::Tensor& 
 
 std::shared_ptr<Work> ShmCommunicator::AllReduce(at::Tensor tensor, ReduceOp op) {
   if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
-  return Enqueue("allreduce", [this, tensor, op](uint64_t seq, MonoTime deadline) {
+  const double divisor = op == ReduceOp::kAvg ? world_size_ : 1.0;
+  return Enqueue("allreduce", [this, tensor, divisor](uint64_t seq, MonoTime deadline) {
     if (tensor.numel() == 0 || world_size_ == 1) return absl::OkStatus();
-    return RunAllReduce(tensor, op, {}, seq, deadline);
+    return RunAllReduce(tensor, divisor, {}, seq, deadline);
   });
 }
 
 std::shared_ptr<Work> ShmCommunicator::AllReduceFrom(at::Tensor tensor, ReduceOp op,
                                                      std::vector<InputPiece> pieces) {
   if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
+  return AllReduceDividedFrom(std::move(tensor), op == ReduceOp::kAvg ? world_size_ : 1.0,
+                              std::move(pieces));
+}
+
+std::shared_ptr<Work> ShmCommunicator::AllReduceDividedFrom(at::Tensor tensor, double divisor,
+                                                            std::vector<InputPiece> pieces) {
+  const ReduceOp op = divisor != 1.0 ? ReduceOp::kAvg : ReduceOp::kSum;
+  if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
+  if (!(divisor >= 1.0)) {
+    return Work::Failed(absl::InvalidArgumentError(
+        absl::StrCat("shm allreduce: the divisor must be at least 1, got ", divisor)));
+  }
   if (Status s = CheckInputPieces(tensor, pieces); !s.ok()) return Work::Failed(s);
-  return Enqueue("allreduce", [this, tensor, op, pieces = std::move(pieces)](
+  return Enqueue("allreduce", [this, tensor, divisor, pieces = std::move(pieces)](
                                   uint64_t seq, MonoTime deadline) {
     if (tensor.numel() == 0 || world_size_ == 1) {
       CopyInputPieces(tensor, pieces);  // the sum over one rank
+      if (divisor != 1.0 && world_size_ == 1) tensor.div_(divisor);
       return absl::OkStatus();
     }
-    return RunAllReduce(tensor, op, pieces, seq, deadline);
+    return RunAllReduce(tensor, divisor, pieces, seq, deadline);
   });
 }
 

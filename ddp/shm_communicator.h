@@ -140,6 +140,13 @@ class ShmCommunicator : public Communicator {
   // first barrier. Elsewhere all are copied in first.
   std::shared_ptr<Work> AllReduceFrom(at::Tensor tensor, ReduceOp op,
                                       std::vector<InputPiece> pieces) override;
+  // AllReduceFrom's sum divided by `divisor` (at least 1; not 1 only for
+  // floating dtypes) in the same pass: kAvg is the divisor world_size().
+  // HierarchicalCommunicator's host step, where the divisor is the whole
+  // world's size: every host's sum divided by it adds up, between hosts, to
+  // the world's average, with no pass of its own.
+  std::shared_ptr<Work> AllReduceDividedFrom(at::Tensor tensor, double divisor,
+                                             std::vector<InputPiece> pieces);
   // Allreduces this rank ran in place in bucket memory (not through the
   // slots), for tests.
   uint64_t in_place_allreduces() const { return in_place_allreduces_.load(); }
@@ -165,14 +172,14 @@ class ShmCommunicator : public Communicator {
   uint8_t* HalfOf(int rank, size_t half) const;
 
   // `pieces` (checked and sorted, see AllReduceFrom) may be empty.
-  Status RunAllReduce(const at::Tensor& tensor, ReduceOp op, const std::vector<InputPiece>& pieces,
-                      uint64_t seq, MonoTime deadline);
+  Status RunAllReduce(const at::Tensor& tensor, double divisor,
+                      const std::vector<InputPiece>& pieces, uint64_t seq, MonoTime deadline);
   // The allreduce of a tensor in `region`, at `offset` bytes into this
   // rank's buffer (see "Bucket memory"), after the first barrier. This
   // rank's input for its slice comes from `pieces` where they cover it
   // (sorted, disjoint and inside the slice; float32 only, for other dtypes
   // `pieces` must be empty).
-  void ReduceInRegion(const Region& region, const at::Tensor& tensor, size_t offset, ReduceOp op,
+  void ReduceInRegion(const Region& region, const at::Tensor& tensor, size_t offset, double divisor,
                       const std::vector<InputPiece>& pieces);
   // This rank's slice [lo, hi) of a `numel`-element tensor in bucket memory.
   std::pair<int64_t, int64_t> SliceOf(int64_t numel) const;

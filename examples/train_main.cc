@@ -290,10 +290,11 @@ Status Run(const Config& cfg) {
           R"(,"forward_ms":%.3f,"backward_ms":%.3f,"comm_exposed_ms":%.3f,"bytes_reduced":%d,)"
           R"("buckets":%d,"first_bucket_launch_before_backward_end_ms":%.3f,)"
           R"("first_bucket_start_before_backward_end_ms":%.3f,"buckets_in_comm_memory":%d,)"
-          R"("first_layer_reduced_after_backward_end_ms":%.3f,"priority_agreements":%d)",
+          R"("first_layer_reduced_after_backward_end_ms":%.3f,"priority_agreements":%d,)"
+          R"("bytes_read_in_place":%d)",
           s.forward_ms, s.backward_ms, s.comm_exposed_ms, s.bytes_reduced, s.buckets, launch_ms,
           overlap_ms, model->reducer().buckets_in_comm_memory() ? 1 : 0, first_layer_ms,
-          s.reducer.priority_agreements);
+          s.reducer.priority_agreements, s.reducer.bytes_read_in_place);
     }
     line += "}";
     std::printf("%s\n", line.c_str());

@@ -52,6 +52,20 @@ for r in 2 3; do
     "$T/hostb/jobs/$job/rank-$r.stderr" ||
     fail "rank $r did not bind host b's address: $(grep connected "$T/hostb/jobs/$job/rank-$r.stderr")"
 done
+if [ "$BACKEND" = shm ]; then
+  # Each rank's own share of every bucket (the half it reduces on its host)
+  # was read from its gradients in place, not copied into bucket memory.
+  for r in 0 1 2 3; do
+    ls_cli logs "$job" --rank "$r" | grep '"step":' | tail -n 1 | python3 -c '
+import json, sys
+s = json.loads(sys.stdin.read())
+share = s["bytes_read_in_place"] / s["bytes_reduced"]
+sys.exit(0 if s["buckets_in_comm_memory"] == 1 and 0.45 < share < 0.55 else
+         "rank %d read %d of %d bytes in place (buckets in comm memory: %d), want about half"
+         % (s["rank"], s["bytes_read_in_place"], s["bytes_reduced"], s["buckets_in_comm_memory"]))
+' || fail "rank $r's own share was not read in place across hosts"
+  done
+fi
 grep -q "data plane $NET.1 from LOCKSTEP_NODE_ADDR" "$T/coord/jobs/$job/rank-0.stderr" ||
   fail "rank 0 did not bind host a's address"
 identical_on_four "$job"
