@@ -7,7 +7,8 @@
 #   /lib/systemd/system/lockstepd-{coordinator,agent}.service
 #   /etc/default/lockstep (conffile), /usr/share/doc/lockstep/
 # and maintainer scripts that make the system user `lockstep` (workers run
-# as it) and /var/lib/lockstep. Depends: is computed from the binaries'
+# as it where LOCKSTEP_RUN_AS=lockstep says so; by default each job has a
+# uid of its own) and /var/lib/lockstep. Depends: is computed from the binaries'
 # shared libraries (dpkg -S). Prints the .deb's path last.
 #
 #   tools/package.sh [OUT_DIR]        (default build/deb; about 6 min on 2 cores)
