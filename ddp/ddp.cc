@@ -196,8 +196,8 @@ Status DistributedDataParallel::PostForward(const std::vector<torch::Tensor>& ou
   if (options_.weight_by_samples && samples_pending_ <= 0) {
     return absl::FailedPreconditionError(
         "DDP: weight_by_samples, but no sample was counted for this step (Forward counts the "
-        "first dimension of its first tensor argument; with ForwardWith call CountSamples(n) "
-        "first). A rank with no data left calls JoinStep()");
+        "first dimension of its first argument when that is a tensor; otherwise, and with "
+        "ForwardWith, call CountSamples(n) first). A rank with no data left calls JoinStep()");
   }
   return reducer_->PrepareForBackward(outputs, samples_pending_);
 }

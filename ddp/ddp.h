@@ -447,8 +447,9 @@ class DistributedDataParallel {
 
   // Adds `n` samples to this step's count, for progress (samples/s) and
   // weight_by_samples. Forward counts the first dimension of its first
-  // tensor argument itself; code using ForwardWith, or whose batch is not the
-  // leading dimension, calls this instead (with weight_by_samples: before
+  // argument itself when that is a tensor; code using ForwardWith, whose
+  // first argument is not the batch, or whose batch is not the leading
+  // dimension, calls this instead (with weight_by_samples: before
   // ForwardWith returns; a synchronised forward with no sample counted is
   // FailedPrecondition, since its gradient would get weight 0).
   void CountSamples(int64_t n) { samples_pending_ += n; }
