@@ -564,8 +564,21 @@ class Cli {
           absl::StrCat("list takes no arguments, got \"", Printable((*rest)[0]), "\"")));
     }
     RETURN_IF_ERROR(Connect());
+    // Every page (the coordinator answers at most 16 MiB of jobs at a time).
     v1::ListJobsResponse resp;
-    RETURN_IF_ERROR(Check(coord_->ListJobs(Ctx().get(), {}, &resp), "list jobs"));
+    v1::ListJobsRequest req;
+    for (int page = 1;; ++page) {
+      v1::ListJobsResponse part;
+      RETURN_IF_ERROR(Check(coord_->ListJobs(Ctx().get(), req, &part),
+                            absl::StrCat("list jobs (page ", page, ")")));
+      if (part.jobs_size() == 0 && !part.next_page_token().empty()) {
+        return absl::InternalError(absl::StrCat("list jobs: page ", page,
+                                                " is empty but says more follow"));
+      }
+      for (auto& job : *part.mutable_jobs()) *resp.add_jobs() = std::move(job);
+      if (part.next_page_token().empty()) break;
+      req.set_page_token(part.next_page_token());
+    }
     if (common_.json) {
       PrintJson(resp);
       return 0;

@@ -2,14 +2,18 @@
 
 #include <grpcpp/alarm.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "daemon/grpc_auth.h"
 #include "daemon/job_spec.h"
 #include "daemon/token.h"
+#include "rendezvous/grpc_limits.h"
 #include "rendezvous/grpc_status.h"
 
 namespace lockstep {
@@ -186,11 +190,58 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerC
                                                            v1::ListJobsResponse* resp) {
   Status s = Authorize(*ctx, "ListJobs");
   if (!s.ok()) return Done(ctx, s);
+  if (req->page_size() < 0) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("page_size must be 0 (no count limit) or more, got ",
+                                      req->page_size())));
+  }
+  // A page continues after the job named by the token: "<submitted ms>:<job id>".
+  std::pair<int64_t, std::string> after;
+  const bool continues = !req->page_token().empty();
+  if (continues) {
+    const std::string& token = req->page_token();
+    const size_t colon = token.find(':');
+    if (colon == std::string::npos || colon + 1 == token.size() ||
+        !absl::SimpleAtoi(absl::string_view(token).substr(0, colon), &after.first)) {
+      return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
+                           "page_token ", QuoteForError(token),
+                           " is not one a ListJobs answer gave (its next_page_token)")));
+    }
+    after.second = token.substr(colon + 1);
+  }
   std::vector<v1::JobState> states;
   for (int st : req->states()) states.push_back(static_cast<v1::JobState>(st));
   auto jobs = core_->ListJobs(states);
   if (!jobs.ok()) return Done(ctx, jobs.status());
-  for (auto& job : *jobs) *resp->add_jobs() = std::move(job);
+  // Submit time, then job id: the order the job table is read back in after
+  // a restart, and the one the tokens name a place in, so a page continues
+  // exactly after its token's job even when that job is gone (deleted).
+  auto key = [](const v1::Job& job) { return std::make_pair(job.submitted_unix_ms(), job.job_id()); };
+  std::sort(jobs->begin(), jobs->end(),
+            [&](const v1::Job& a, const v1::Job& b) { return key(a) < key(b); });
+  size_t first = 0;
+  if (continues) {
+    first = static_cast<size_t>(
+        std::upper_bound(jobs->begin(), jobs->end(), after,
+                         [&](const std::pair<int64_t, std::string>& k, const v1::Job& job) {
+                           return k < key(job);
+                         }) -
+        jobs->begin());
+  }
+  size_t bytes = 0;
+  for (size_t i = first; i < jobs->size(); ++i) {
+    v1::Job& job = (*jobs)[i];
+    const size_t size = job.ByteSizeLong();
+    const bool full = (req->page_size() > 0 && resp->jobs_size() >= req->page_size()) ||
+                      (resp->jobs_size() > 0 && bytes + size > rendezvous::kListJobsPageBytes);
+    if (full) {
+      const v1::Job& last = resp->jobs(resp->jobs_size() - 1);
+      resp->set_next_page_token(absl::StrCat(last.submitted_unix_ms(), ":", last.job_id()));
+      break;
+    }
+    bytes += size;
+    *resp->add_jobs() = std::move(job);
+  }
   return Done(ctx, absl::OkStatus());
 }
 

@@ -2,9 +2,11 @@
 // long poll, and an agent driven by the coordinator through gRPC.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -128,6 +130,118 @@ TEST_F(ServicesTest, EveryCallNeedsTheToken) {
   EXPECT_EQ(agent_stub_->ReadLogs(Ctx("wrong").get(), {}, &lresp).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(coord_stub_->ListJobs(Ctx().get(), {}, &resp).ok());
+}
+
+// Jobs that stay PENDING (two nodes wanted, none registered), each with an
+// `pad_bytes` of arguments so the spec has a size.
+// Their ids in ListJobs order: submit time, then id.
+std::vector<std::string> SubmitPending(v1::CoordinatorService::Stub* stub,
+                                       const std::function<std::unique_ptr<grpc::ClientContext>()>& ctx,
+                                       int n, size_t pad_bytes) {
+  std::vector<std::pair<int64_t, std::string>> keys;
+  for (int i = 0; i < n; ++i) {
+    v1::SubmitJobRequest submit;
+    submit.mutable_spec()->set_min_nodes(2);
+    submit.mutable_spec()->set_max_nodes(2);
+    submit.mutable_spec()->set_nproc_per_node(1);
+    submit.mutable_spec()->add_command("/bin/true");
+    for (size_t left = pad_bytes; left > 0;) {  // arguments of at most 120 KiB (kMaxArgBytes)
+      const size_t n = std::min<size_t>(left, 120 * 1024);
+      submit.mutable_spec()->add_command(std::string(n, 'x'));
+      left -= n;
+    }
+    v1::SubmitJobResponse resp;
+    grpc::Status s = stub->SubmitJob(ctx().get(), submit, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    keys.emplace_back(resp.job().submitted_unix_ms(), resp.job().job_id());
+  }
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::string> ids;
+  for (auto& k : keys) ids.push_back(k.second);
+  return ids;
+}
+
+// ListJobs pages: by count, every job once and in submit order, the token
+// continuing after the last, also when that job was deleted meanwhile; bad
+// paging arguments are named.
+TEST_F(ServicesTest, ListJobsPagesByCountInSubmitOrder) {
+  const std::vector<std::string> ids = SubmitPending(coord_stub_.get(), [&] { return Ctx(); }, 5, 0);
+  v1::ListJobsRequest req;
+  req.set_page_size(2);
+  std::vector<std::string> listed;
+  std::vector<int> sizes;
+  for (int page = 0; page < 10; ++page) {
+    v1::ListJobsResponse resp;
+    ASSERT_TRUE(coord_stub_->ListJobs(Ctx(kViewerToken).get(), req, &resp).ok());
+    sizes.push_back(resp.jobs_size());
+    for (const auto& job : resp.jobs()) listed.push_back(job.job_id());
+    if (resp.next_page_token().empty()) break;
+    req.set_page_token(resp.next_page_token());
+  }
+  EXPECT_EQ(sizes, (std::vector<int>{2, 2, 1}));
+  EXPECT_EQ(listed, ids);
+
+  // The first page ends at ids[1]; cancelled and deleted, the next page
+  // still starts at ids[2].
+  req.clear_page_token();
+  v1::ListJobsResponse first;
+  ASSERT_TRUE(coord_stub_->ListJobs(Ctx().get(), req, &first).ok());
+  ASSERT_EQ(first.jobs_size(), 2);
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(ids[1]);
+  v1::CancelJobResponse cancelled;
+  ASSERT_TRUE(coord_stub_->CancelJob(Ctx().get(), cancel, &cancelled).ok());
+  v1::DeleteJobRequest del;
+  del.set_job_id(ids[1]);
+  v1::DeleteJobResponse deleted;
+  grpc::Status ds = coord_stub_->DeleteJob(Ctx().get(), del, &deleted);
+  ASSERT_TRUE(ds.ok()) << ds.error_message();
+  req.set_page_token(first.next_page_token());
+  v1::ListJobsResponse next;
+  ASSERT_TRUE(coord_stub_->ListJobs(Ctx().get(), req, &next).ok());
+  ASSERT_EQ(next.jobs_size(), 2);
+  EXPECT_EQ(next.jobs(0).job_id(), ids[2]);
+  EXPECT_EQ(next.jobs(1).job_id(), ids[3]);
+
+  v1::ListJobsResponse resp;
+  req.set_page_token("garbage");
+  grpc::Status s = coord_stub_->ListJobs(Ctx().get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("page_token \"garbage\""), std::string::npos) << s.error_message();
+  req.set_page_token("");
+  req.set_page_size(-1);
+  s = coord_stub_->ListJobs(Ctx().get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("page_size"), std::string::npos) << s.error_message();
+}
+
+// A table larger than one answer may hold: no page exceeds
+// kListJobsPageBytes (far below the message limit), and the pages together
+// hold every job once, in submit order.
+TEST_F(ServicesTest, ListJobsOfATableLargerThanOneAnswerComesInPages) {
+  // 70 specs of about 240 KiB (the largest is 256 KiB): 16.4 MiB of jobs.
+  constexpr int kJobs = 70;
+  constexpr size_t kPad = 240 * 1024;
+  const std::vector<std::string> ids =
+      SubmitPending(coord_stub_.get(), [&] { return Ctx(); }, kJobs, kPad);
+  v1::ListJobsRequest req;
+  std::vector<std::string> listed;
+  int pages = 0;
+  while (pages < kJobs) {
+    v1::ListJobsResponse resp;
+    grpc::Status s = coord_stub_->ListJobs(Ctx().get(), req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ++pages;
+    size_t bytes = 0;
+    for (const auto& job : resp.jobs()) bytes += job.ByteSizeLong();
+    EXPECT_LE(bytes, rendezvous::kListJobsPageBytes) << "page " << pages;
+    EXPECT_GT(resp.jobs_size(), 0) << "page " << pages;
+    for (const auto& job : resp.jobs()) listed.push_back(job.job_id());
+    if (resp.next_page_token().empty()) break;
+    req.set_page_token(resp.next_page_token());
+  }
+  EXPECT_GE(pages, 2) << "the table fit one page: make the jobs bigger";
+  EXPECT_EQ(listed, ids);
 }
 
 TEST_F(ServicesTest, ErrorsKeepTheirCanonicalCodes) {

@@ -27,6 +27,11 @@ namespace rendezvous {
 // RESOURCE_EXHAUSTED from gRPC.
 inline constexpr int kMaxGrpcMessageBytes = 64 * 1024 * 1024;
 
+// The most one ListJobs answer holds (serialized jobs): a quarter of the
+// message limit, so a page of jobs of the largest spec still fits. The rest
+// of the table comes in further pages (next_page_token).
+inline constexpr size_t kListJobsPageBytes = 16 * 1024 * 1024;
+
 // Channel arguments with kMaxGrpcMessageBytes both ways. Start from these
 // when a channel needs more arguments of its own.
 inline grpc::ChannelArguments LockstepChannelArguments() {

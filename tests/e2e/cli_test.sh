@@ -5,6 +5,7 @@
 #     without enum prefixes; `logs --json` carries the log as text;
 #   - torchrun's spellings (--nnodes, --nproc_per_node, --max_restarts) and
 #     short flags are accepted;
+#   - `list` reads a job table larger than one answer (several pages);
 #   - typos get "did you mean", extra arguments are refused, --version on
 #     both binaries, help does not contradict itself, a missing token file
 #     names --token-file, a token file's bad mode is printed in octal.
@@ -68,6 +69,23 @@ grep -q -- "--nodes, --nnodes" <<<"$help" || fail "submit --help does not show -
 if grep -q "(default [^:].*(default: " <<<"$help"; then
   fail "submit --help contradicts itself: $(echo "$help" | grep "(default [^:].*(default: ")"
 fi
+
+# A job table larger than one ListJobs answer (16 MiB of jobs): 70 jobs left
+# pending (3 nodes wanted) with 240 KiB of arguments each; list reads every
+# page, in order, with each job once.
+pad=$(python3 -c 'print("x" * 122880)')
+for i in $(seq 70); do
+  ls_cli submit --detach --nodes 3 -- /bin/true "$pad" "$pad" >/dev/null || fail "submitting pending job $i"
+done
+ls_cli list --json | python3 -c '
+import json, sys
+jobs = json.load(sys.stdin)["jobs"]
+ids = [j["job_id"] for j in jobs]
+assert len(ids) == 71 and len(set(ids)) == 71, "%d jobs, %d distinct, want 71" % (len(ids), len(set(ids)))
+assert [j["state"] for j in jobs].count("PENDING") == 70, [j["state"] for j in jobs]
+keys = [(int(j.get("submitted_unix_ms", 0)), j["job_id"]) for j in jobs]
+assert keys == sorted(keys), "not in submit order"' || fail "list --json over several pages"
+[ "$(ls_cli list | tail -n +2 | wc -l)" = 71 ] || fail "list does not show 71 jobs: $(ls_cli list | wc -l) lines"
 
 rc=0
 err=$("$LOCKSTEP" --coordinator "$COORD" --token-file "$T/no-such-token" list 2>&1) || rc=$?
