@@ -56,6 +56,7 @@ CommHook AllreduceHook() {
   hook.prescale_by_world = true;
   hook.prescale_optional = true;
   hook.takes_deferred_inputs = true;
+  hook.sums_weighted_buckets = true;
   hook.run = [](GradBucket& bucket, Communicator& comm) {
     const ReduceOp op = bucket.prescaled || bucket.weighted ? ReduceOp::kSum : ReduceOp::kAvg;
     std::shared_ptr<Work> work =

@@ -60,7 +60,7 @@ namespace ddp {
 
 // One bucket as a hook sees it.
 struct GradBucket {
-  size_t index = 0;   // Bucket index: the launch order of this step.
+  size_t index = 0;   // Bucket index (the launch order too, unless gradient_priority reorders).
   at::Tensor buffer;  // Flat, one dtype, on the communicator's device.
   // Per parameter in the bucket, in buffer order: the parameter's index in
   // the Reducer's parameter list, where its slot starts in `buffer`
@@ -151,6 +151,12 @@ struct CommHook {
   // share of a bucket uncopied (reducer.h "Own share"). A hook without it
   // always sees a complete buffer.
   bool takes_deferred_inputs = false;
+  // Default: false. True for a hook that, given a bucket with `weighted`
+  // set, allreduces the buffer with a plain sum in its own dtype (every
+  // element, the sample count included): what weight_by_samples needs.
+  // The Reducer refuses weight_by_samples with a hook without it (whatever
+  // its name). AllreduceHook sets it.
+  bool sums_weighted_buckets = false;
 };
 
 // The built-in hooks (see the top of this file).

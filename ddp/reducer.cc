@@ -52,9 +52,10 @@ StatusOr<std::unique_ptr<Reducer>> Reducer::Create(std::vector<NamedParam> param
     return absl::InvalidArgumentError(
         absl::StrCat("reducer: comm hook '", options.comm_hook.name, "' has no function"));
   }
-  if (options.weight_by_samples && options.comm_hook.name != "allreduce") {
+  if (options.weight_by_samples && !options.comm_hook.sums_weighted_buckets) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "reducer: weight_by_samples needs the summing 'allreduce' comm hook, not '",
+        "reducer: weight_by_samples needs a comm hook that sums weighted buckets (the "
+        "'allreduce' one; CommHook::sums_weighted_buckets), not '",
         options.comm_hook.name, "'"));
   }
   if (options.gradient_priority && !comm->device().is_cpu()) {

@@ -185,6 +185,23 @@ TEST(SampleWeightingTest, WeightingNeedsTheSummingHookAndJoinNeedsWeighting) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("weight_by_samples"));
 
+  // The name proves nothing: a user hook called "allreduce" that does not
+  // say it sums weighted buckets is refused too; one that says so is taken.
+  FakeStore store_named;
+  DdpOptions named = Weighted(false);
+  named.comm_hook = AllreduceHook();
+  named.comm_hook.sums_weighted_buckets = false;
+  auto impostor = SingleRank(&store_named, named);
+  ASSERT_FALSE(impostor.ok());
+  EXPECT_EQ(impostor.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(impostor.status().message()), HasSubstr("sums weighted buckets"));
+  FakeStore store_user;
+  DdpOptions user = Weighted(false);
+  user.comm_hook = AllreduceHook();
+  user.comm_hook.name = "mine";
+  auto taken = SingleRank(&store_user, user);
+  EXPECT_TRUE(taken.ok()) << taken.status();
+
   FakeStore store2;
   auto plain = SingleRank(&store2, DdpOptions{});
   ASSERT_TRUE(plain.ok()) << plain.status();
