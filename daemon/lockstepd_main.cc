@@ -352,9 +352,17 @@ int Run(int argc, char** argv) {
   if (tls.enabled()) {
     log.Info("mutual TLS: CA {}, certificate {}, key {} (re-read every {:.0f} s)", tls.ca_file,
              tls.cert_file, tls.key_file, ToSeconds(tls.refresh_interval));
-  } else if (!rendezvous::IsLoopbackHost(HostOfAddress(config.listen))) {
-    log.Warn("plaintext on {} (--insecure-plaintext): tokens and job data cross the network "
-             "unencrypted; give --tls-ca, --tls-cert and --tls-key", config.listen);
+  } else {
+    if (!rendezvous::IsLoopbackHost(HostOfAddress(config.listen))) {
+      log.Warn("plaintext on {} (--insecure-plaintext): tokens and job data cross the network "
+               "unencrypted; give --tls-ca, --tls-cert and --tls-key", config.listen);
+    }
+    if (config.agent && !config.coordinator_address.empty() &&
+        !rendezvous::IsLoopbackHost(HostOfAddress(config.coordinator_address))) {
+      log.Warn("plaintext to the coordinator {} (--insecure-plaintext): this agent's token "
+               "crosses the network unencrypted; give --tls-ca, --tls-cert and --tls-key",
+               config.coordinator_address);
+    }
   }
   for (const auto& dir : {config.state_dir, config.state_dir + "/jobs"}) {
     s = MakeDir(dir, log);

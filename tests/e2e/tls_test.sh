@@ -26,6 +26,14 @@ rc=0
 [ "$rc" = 2 ] || fail "lockstepd listened in plaintext on 0.0.0.0 (exit $rc): $(cat "$T/plain.log")"
 grep -q "is not a loopback address and TLS is off.*--insecure-plaintext" "$T/plain.log" ||
   fail "no clear error for plaintext on 0.0.0.0: $(cat "$T/plain.log")"
+# Forced with --insecure-plaintext, an agent dialling a coordinator beyond
+# loopback warns that its token crosses the network (0.0.0.0: this host,
+# nothing listens there, nothing leaves the machine).
+echo secret > "$T/plain-agent.token" && chmod 600 "$T/plain-agent.token"
+timeout 3 "$LOCKSTEPD" --listen 127.0.0.1:0 --state-dir "$T/plain-agent" --insecure-plaintext \
+  --coordinator-address 0.0.0.0:1 --token-file "$T/plain-agent.token" > "$T/plain-agent.log" 2>&1 || true
+grep -q "plaintext to the coordinator 0.0.0.0:1 (--insecure-plaintext)" "$T/plain-agent.log" ||
+  fail "an agent dialling 0.0.0.0 in plaintext did not warn: $(head -n 20 "$T/plain-agent.log")"
 rc=0
 err=$("$LOCKSTEP" --coordinator 192.0.2.1:7070 --token-file /dev/null nodes 2>&1) || rc=$?
 [ "$rc" != 0 ] && grep -q "coordinator 192.0.2.1:7070 is not a loopback address and TLS is off" <<<"$err" ||
