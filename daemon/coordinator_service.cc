@@ -216,7 +216,9 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerC
   // Submit time, then job id: the order the job table is read back in after
   // a restart, and the one the tokens name a place in, so a page continues
   // exactly after its token's job even when that job is gone (deleted).
-  auto key = [](const v1::Job& job) { return std::make_pair(job.submitted_unix_ms(), job.job_id()); };
+  auto key = [](const v1::Job& job) {
+    return std::make_pair(job.submitted_unix_ms(), job.job_id());
+  };
   std::sort(jobs->begin(), jobs->end(),
             [&](const v1::Job& a, const v1::Job& b) { return key(a) < key(b); });
   size_t first = 0;

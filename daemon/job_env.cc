@@ -95,7 +95,7 @@ Status CheckJobEnv(const v1::JobSpec& spec, const JobEnvPolicy& policy) {
           quoted, " is not in the job environment allow-list (the engine's own [",
           absl::StrJoin(kEngineEnv(), ", "), "]",
           policy.allowed.empty() ? "" : absl::StrCat(" and [", absl::StrJoin(policy.allowed, ", "), "]"),
-          "); the operator permits more with lockstepd --allowed-env NAME or PREFIX*"));
+          "); the operator permits more with lockstepd --allowed-env NAME, PREFIX* or *"));
     }
   }
   return absl::OkStatus();

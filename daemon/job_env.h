@@ -48,7 +48,7 @@ struct JobEnvPolicy {
 // a worker-contract name). InvalidArgument for a malformed pattern.
 Status CheckJobEnv(const v1::JobSpec& spec, const JobEnvPolicy& policy);
 
-// InvalidArgument naming a pattern that is not NAME or PREFIX* (for the flag).
+// InvalidArgument naming a pattern that is not NAME, PREFIX* or * (for the flag).
 Status ValidateEnvPatterns(const std::vector<std::string>& patterns);
 
 }  // namespace daemon

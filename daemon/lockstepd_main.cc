@@ -133,8 +133,8 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   flags.StringList("allowed-command", &c.allowed_commands,
                    "if given (repeatable), jobs may only run these programs (command[0])");
   flags.StringList("allowed-env", &c.allowed_env,
-                   "repeatable: a variable NAME or PREFIX* a job's --env may set, beyond the "
-                   "engine's own (daemon/README.md, job environment)");
+                   "repeatable: a variable NAME, PREFIX* or * (any) a job's --env may set, "
+                   "beyond the engine's own (daemon/README.md, job environment)");
   flags.Double("lease-s", &c.lease_s,
                "a node is dead this long after its last heartbeat; its agent stops its "
                "workers this long after sending it (daemon/README.md, leases and fencing)");
