@@ -175,32 +175,28 @@ TEST(SampleWeightingTest, FirstStepAsJoinStillMatches) {
 }
 
 TEST(SampleWeightingTest, WeightingNeedsTheSummingHookAndJoinNeedsWeighting) {
-  FakeStore store;
-  DdpOptions fp16 = Weighted(false);
-  auto hook = CommHookFromName("fp16");
-  ASSERT_TRUE(hook.ok());
-  fp16.comm_hook = *hook;
-  auto bad = SingleRank(&store, fp16);
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("weight_by_samples"));
+  auto create_with = [](const CommHook& hook) {
+    FakeStore store;
+    DdpOptions options = Weighted(false);
+    options.comm_hook = hook;
+    return SingleRank(&store, options).status();
+  };
+  auto fp16 = CommHookFromName("fp16");
+  ASSERT_TRUE(fp16.ok());
+  Status bad = create_with(*fp16);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("weight_by_samples"));
 
   // The name proves nothing: a user hook called "allreduce" that does not
   // say it sums weighted buckets is refused too; one that says so is taken.
-  FakeStore store_named;
-  DdpOptions named = Weighted(false);
-  named.comm_hook = AllreduceHook();
-  named.comm_hook.sums_weighted_buckets = false;
-  auto impostor = SingleRank(&store_named, named);
-  ASSERT_FALSE(impostor.ok());
-  EXPECT_EQ(impostor.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(impostor.status().message()), HasSubstr("sums weighted buckets"));
-  FakeStore store_user;
-  DdpOptions user = Weighted(false);
-  user.comm_hook = AllreduceHook();
-  user.comm_hook.name = "mine";
-  auto taken = SingleRank(&store_user, user);
-  EXPECT_TRUE(taken.ok()) << taken.status();
+  CommHook impostor = AllreduceHook();
+  impostor.sums_weighted_buckets = false;
+  bad = create_with(impostor);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("sums weighted buckets"));
+  CommHook mine = AllreduceHook();
+  mine.name = "mine";
+  EXPECT_TRUE(create_with(mine).ok()) << create_with(mine);
 
   FakeStore store2;
   auto plain = SingleRank(&store2, DdpOptions{});

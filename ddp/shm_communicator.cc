@@ -579,6 +579,14 @@ std::pair<int64_t, int64_t> ShmCommunicator::OwnShare(const at::Tensor& tensor) 
   return SliceOf(tensor.numel());
 }
 
+namespace {
+
+// The op the peers check and the dtype rules apply to: a divided sum is an
+// average, whatever the divisor.
+ReduceOp OpOfDivisor(double divisor) { return divisor != 1.0 ? ReduceOp::kAvg : ReduceOp::kSum; }
+
+}  // namespace
+
 void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& tensor,
                                      size_t offset, double divisor,
                                      const std::vector<InputPiece>& pieces) {
@@ -635,8 +643,7 @@ void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& ten
 Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, double divisor,
                                      const std::vector<InputPiece>& pieces, uint64_t seq,
                                      MonoTime deadline) {
-  // The peers check the op: a divided sum is an average, whatever by.
-  const ReduceOp op = divisor != 1.0 ? ReduceOp::kAvg : ReduceOp::kSum;
+  const ReduceOp op = OpOfDivisor(divisor);
   // Where the tensor is, for the peers to check against theirs.
   size_t offset = 0;
   const std::shared_ptr<Region> region = RegionOf(tensor, &offset);
@@ -744,12 +751,7 @@ Status ShmCommunicator::RunAllGather(const at::Tensor& input, const at::Tensor& 
 }
 
 std::shared_ptr<Work> ShmCommunicator::AllReduce(at::Tensor tensor, ReduceOp op) {
-  if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
-  const double divisor = op == ReduceOp::kAvg ? world_size_ : 1.0;
-  return Enqueue("allreduce", [this, tensor, divisor](uint64_t seq, MonoTime deadline) {
-    if (tensor.numel() == 0 || world_size_ == 1) return absl::OkStatus();
-    return RunAllReduce(tensor, divisor, {}, seq, deadline);
-  });
+  return AllReduceFrom(std::move(tensor), op, {});
 }
 
 std::shared_ptr<Work> ShmCommunicator::AllReduceFrom(at::Tensor tensor, ReduceOp op,
@@ -761,8 +763,7 @@ std::shared_ptr<Work> ShmCommunicator::AllReduceFrom(at::Tensor tensor, ReduceOp
 
 std::shared_ptr<Work> ShmCommunicator::AllReduceDividedFrom(at::Tensor tensor, double divisor,
                                                             std::vector<InputPiece> pieces) {
-  const ReduceOp op = divisor != 1.0 ? ReduceOp::kAvg : ReduceOp::kSum;
-  if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
+  if (Status s = CheckCpuAllReduce(tensor, OpOfDivisor(divisor)); !s.ok()) return Work::Failed(s);
   if (!(divisor >= 1.0)) {
     return Work::Failed(absl::InvalidArgumentError(
         absl::StrCat("shm allreduce: the divisor must be at least 1, got ", divisor)));
@@ -772,7 +773,7 @@ std::shared_ptr<Work> ShmCommunicator::AllReduceDividedFrom(at::Tensor tensor, d
                                   uint64_t seq, MonoTime deadline) {
     if (tensor.numel() == 0 || world_size_ == 1) {
       CopyInputPieces(tensor, pieces);  // the sum over one rank
-      if (divisor != 1.0 && world_size_ == 1) tensor.div_(divisor);
+      if (divisor != 1.0) tensor.div_(divisor);
       return absl::OkStatus();
     }
     return RunAllReduce(tensor, divisor, pieces, seq, deadline);

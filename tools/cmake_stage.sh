@@ -47,8 +47,8 @@ while IFS= read -r -d '' link; do
 done < <(find "$stage" -type l -print0)
 [ -e "$stage/usr/lib/$multiarch/liblockstep.so" ] ||
   die "the CMake install did not put liblockstep.so in /usr/lib/$multiarch: $(cd "$stage" && find . -type f | sort)"
-# Nothing installed names the build tree (or this checkout).
-if leak="$(grep -rlF -e "$build" -e "$work" "$stage")"; then
+# Nothing installed names the build tree.
+if leak="$(grep -rlF "$work" "$stage")"; then
   die "installed files name the build tree: $leak"
 fi
 tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 -C "$stage" -cf "$out" .
