@@ -35,6 +35,7 @@
 #include "common/flags.h"
 #include "client/json.h"
 #include "client/standalone.h"
+#include "client/state_lines.h"
 #include "client/text.h"
 #include "client/health_format.h"
 #include "client/watch.h"
@@ -400,7 +401,7 @@ class Cli {
       PrintRankLine(is_stderr ? std::cerr : std::cout, rank, line);
     });
     int64_t version = 0;
-    std::string last_line;
+    StateLines state_lines;
     bool cancelled = false;
     v1::Job job = resp.job();
     while (true) {
@@ -420,11 +421,7 @@ class Cli {
       if (s.ok()) {
         version = wresp.version();
         job = wresp.job();
-        if (!common_.json) {
-          const std::string line = StateLine(job);
-          if (line != last_line) std::cout << "lockstep: " << line << std::endl;
-          last_line = line;
-        }
+        if (!common_.json) state_lines.Print(job, std::cout);
       } else if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         RETURN_IF_ERROR(Check(s, "watch job " + id));
       }
@@ -784,7 +781,7 @@ class Cli {
     std::map<std::string, std::string> addresses;  // node -> agent
     std::map<std::string, std::unique_ptr<v1::AgentService::Stub>> agents;
     bool said_waiting = false;
-    std::string last_state;
+    StateLines state_lines;
     std::set<std::string> unreachable;  // agents whose last read failed (said once)
     while (true) {
       if (g_stop_signal != 0) return 128 + g_stop_signal;
@@ -798,11 +795,7 @@ class Cli {
       RETURN_IF_ERROR(got.status());
       const v1::Job& job = *got;
       const bool ended = IsTerminal(job.state());  // read before the logs: all is written
-      if (view.state_lines) {
-        const std::string line = StateLine(job);
-        if (line != last_state) std::cout << "lockstep: " << line << std::endl;
-        last_state = line;
-      }
+      if (view.state_lines) state_lines.Print(job, std::cout);
       std::vector<const v1::WorkerStatus*> workers;
       for (const auto& w : job.workers()) {
         if (view.all_ranks || w.rank() == view.rank) workers.push_back(&w);
@@ -1001,13 +994,6 @@ class Cli {
     return std::chrono::duration_cast<std::chrono::milliseconds>(
                std::chrono::system_clock::now().time_since_epoch())
         .count();
-  }
-
-  // "RUNNING  round 2  restarts 1/3  <message>": one line per state change.
-  static std::string StateLine(const v1::Job& job) {
-    return absl::StrCat(StateName(job.state()), "  round ", job.round(), "  restarts ",
-                        job.restart_count(), "/", job.spec().max_restarts(), "  ",
-                        Printable(job.message()));
   }
 
   // One line of rank `rank`'s output, prefixed "[R] "; escaped when `os`

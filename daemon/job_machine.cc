@@ -115,6 +115,7 @@ void JobMachine::AddEvent(v1::Job* job, const std::string& detail) const {
   e->set_state(job->state());
   e->set_round(job->current_round().number());
   e->set_detail(detail);
+  e->set_restart_count(job->restart_count());
   if (job->history_size() > kMaxHistory) job->mutable_history()->DeleteSubrange(1, 1);
 }
 
