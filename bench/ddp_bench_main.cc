@@ -38,6 +38,7 @@ struct Config {
   bool set_to_none = true;
   bool overlap_optimizer = false;
   bool gradient_priority = false;
+  bool overlap_forward = false;
   std::string comm_hook = "allreduce";
   std::string train = "";
   std::string backend = "gloo";
@@ -89,6 +90,7 @@ Status Run(const Config& cfg, const char* argv0) {
       args.push_back("--comm-hook=" + cfg.comm_hook);
       args.push_back(absl::StrCat("--overlap-optimizer=", cfg.overlap_optimizer ? "true" : "false"));
       args.push_back(absl::StrCat("--gradient-priority=", cfg.gradient_priority ? "true" : "false"));
+      args.push_back(absl::StrCat("--overlap-forward=", cfg.overlap_forward ? "true" : "false"));
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -132,7 +134,7 @@ Status Run(const Config& cfg, const char* argv0) {
       R"("samples_per_s":%.1f,"comm_exposed_ms_median":%.2f,"backward_ms_median":%.2f,)"
       R"("buckets":%d,"gradient_as_bucket_view":%s,"set_to_none":%s,"cpu_ms_median":%.2f,)"
       R"("comm_hook":"%s","bytes_reduced":%.0f,"buckets_in_comm_memory":%s,)"
-      R"("overlap_optimizer":%s,"gradient_priority":%s,)"
+      R"("overlap_optimizer":%s,"gradient_priority":%s,"overlap_forward":%s,)"
       R"("first_layer_reduced_after_backward_end_ms_median":%.2f})" "\n",
       cfg.model.c_str(), static_cast<int>(cfg.world), cfg.local ? "local" : cfg.backend.c_str(),
       cfg.bucket_mb,
@@ -143,7 +145,7 @@ Status Run(const Config& cfg, const char* argv0) {
       cfg.set_to_none ? "true" : "false", Median(cpu_ms),
       cfg.comm_hook.c_str(), cfg.local ? 0.0 : bytes_reduced, comm_memory > 0 ? "true" : "false",
       cfg.overlap_optimizer ? "true" : "false", cfg.gradient_priority ? "true" : "false",
-      cfg.local ? 0.0 : Median(first_layer_ms));
+      cfg.overlap_forward ? "true" : "false", cfg.local ? 0.0 : Median(first_layer_ms));
   return absl::OkStatus();
 }
 
@@ -170,6 +172,9 @@ int main(int argc, char** argv) {
              "DDP overlap_optimizer (each bucket's parameters stepped as it is reduced)");
   flags.Bool("gradient-priority", &cfg.gradient_priority,
              "DDP gradient_priority (first layers' buckets first on the wire)");
+  flags.Bool("overlap-forward", &cfg.overlap_forward,
+             "DDP overlap_forward (with --overlap-optimizer: the next forward overlaps the last "
+             "buckets)");
   flags.String("train", &cfg.train, "path of examples/train (default: from runfiles)");
   auto rest = flags.Parse(argc, argv);
   if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());

@@ -95,8 +95,15 @@ struct RankResult {
   int buckets = 0;
 };
 
+// How a training loop resets gradients before its forward.
+enum class Reset {
+  kZero,       // opt->zero_grad(): LibTorch 1.13 zeroes them in place.
+  kToNone,     // Each gradient reset to undefined (LibTorch 2.x's default).
+};
+
 // Trains kSteps steps on every rank with `options`.
-std::vector<RankResult> RunDdp(const Net& init, const Data& data, Kind kind, DdpOptions options) {
+std::vector<RankResult> RunDdp(const Net& init, const Data& data, Kind kind, DdpOptions options,
+                               Reset reset = Reset::kZero) {
   std::vector<RankResult> results(data.size());
   RunRanks(static_cast<int>(data.size()), init, options,
            [&](int rank, Net net, TypedDistributedDataParallel<Net>& ddp) -> Status {
@@ -104,13 +111,21 @@ std::vector<RankResult> RunDdp(const Net& init, const Data& data, Kind kind, Ddp
              Tensor extra = torch::ones({3}).requires_grad_();
              auto opt = MakeOptimizer(kind, net, extra);
              for (int s = 0; s < kSteps; ++s) {
-               opt->zero_grad();
+               if (reset == Reset::kZero) {
+                 opt->zero_grad();
+               } else {
+                 for (auto& group : opt->param_groups()) {
+                   for (auto& p : group.params()) p.mutable_grad().reset();
+                 }
+               }
                ASSIGN_OR_RETURN(Tensor out, ddp.Forward(data[rank][s].x));
                RETURN_IF_ERROR(ddp.Backward(torch::mse_loss(out, data[rank][s].y)));
                extra.mutable_grad() = torch::full({3}, 0.5 * (s + 1));
                ddp.OptimizerStep(*opt);
              }
-             // The last step's communication errors, if any.
+             // overlap_forward: the last step is still open. Then the last
+             // step's communication errors, if any.
+             RETURN_IF_ERROR(ddp.CompletePendingStep());
              RETURN_IF_ERROR(ddp.reducer().last_error());
              RankResult& result = results[rank];
              for (const auto& p : net->parameters()) result.params.push_back(p.detach().clone());
@@ -133,6 +148,35 @@ DdpOptions Options(bool overlap, bool bucket_view) {
   return options;
 }
 
+// overlap_optimizer with a hook that fails bucket 2 ("wire cut") and sums
+// the others.
+DdpOptions FailingBucketTwo() {
+  DdpOptions options = Options(true, true);
+  options.comm_hook.name = "failing";
+  options.comm_hook.run = [](GradBucket& bucket, Communicator& comm) {
+    if (bucket.index == 2) return BucketWork::Failed(absl::UnavailableError("wire cut"));
+    return BucketWork::Of(comm.AllReduce(bucket.buffer, ReduceOp::kSum), bucket.buffer, 0);
+  };
+  return options;
+}
+
+// Every rank of `got` ends with `want`'s parameters and extra tensor, bit
+// for bit (the same operations on the same values, only at another time),
+// and training moved them (the comparison is not of two no-ops).
+void ExpectSameParams(const std::vector<RankResult>& got, const std::vector<RankResult>& want,
+                      const Net& init, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t r = 0; r < want.size(); ++r) {
+    ASSERT_EQ(got[r].params.size(), want[r].params.size()) << what;
+    for (size_t p = 0; p < want[r].params.size(); ++p) {
+      EXPECT_TRUE(torch::equal(got[r].params[p], want[r].params[p]))
+          << "rank " << r << " tensor " << p << " " << what;
+    }
+    EXPECT_FALSE(torch::equal(got[r].params[0], init->parameters()[0])) << what;
+    EXPECT_FALSE(torch::equal(got[r].params.back(), torch::ones({3}))) << what;
+  }
+}
+
 TEST(OverlapOptimizerTest, SteppingBucketByBucketEqualsOneStepForSgdMomentumAndAdam) {
   torch::manual_seed(3);
   Net init;
@@ -141,21 +185,8 @@ TEST(OverlapOptimizerTest, SteppingBucketByBucketEqualsOneStepForSgdMomentumAndA
     for (bool bucket_view : {true, false}) {
       const auto plain = RunDdp(init, data, kind, Options(false, bucket_view));
       const auto overlapped = RunDdp(init, data, kind, Options(true, bucket_view));
-      ASSERT_EQ(plain.size(), 3u);
-      ASSERT_EQ(overlapped.size(), 3u);
-      for (size_t r = 0; r < 3; ++r) {
-        ASSERT_EQ(overlapped[r].params.size(), plain[r].params.size());
-        for (size_t p = 0; p < plain[r].params.size(); ++p) {
-          // Each parameter is updated by the same operations on the same
-          // values, only at another time: bit for bit equal.
-          EXPECT_TRUE(torch::equal(overlapped[r].params[p], plain[r].params[p]))
-              << "rank " << r << " tensor " << p << " kind " << static_cast<int>(kind)
-              << " bucket_view " << bucket_view;
-        }
-        // And training moved them (the comparison is not of two no-ops).
-        EXPECT_FALSE(torch::equal(overlapped[r].params[0], init->parameters()[0]));
-        EXPECT_FALSE(torch::equal(overlapped[r].params.back(), torch::ones({3})));
-      }
+      ExpectSameParams(overlapped, plain, init,
+                       absl::StrCat("kind ", static_cast<int>(kind), " bucket_view ", bucket_view));
     }
   }
 }
@@ -353,6 +384,227 @@ TEST(GradientPriorityTest, QueuedBucketsGoFirstLayersFirstOnEveryRank) {
   }
 }
 
+// overlap_forward: OptimizerStep leaves the step open and each bucket is
+// stepped when the training thread first reaches for its parameters.
+TEST(OverlapForwardTest, ParametersEqualTrainingWithoutIt) {
+  torch::manual_seed(9);
+  Net init;
+  const Data data = MakeData(3);
+  for (Kind kind : {Kind::kSgdMomentum, Kind::kAdam}) {
+    for (bool bucket_view : {true, false}) {
+      for (Reset reset : {Reset::kZero, Reset::kToNone}) {
+        const auto plain = RunDdp(init, data, kind, Options(false, bucket_view), reset);
+        for (bool priority : {false, true}) {
+          DdpOptions options = Options(true, bucket_view);
+          options.overlap_forward = true;
+          options.gradient_priority = priority;
+          // Each step before the forward that reads it.
+          ExpectSameParams(RunDdp(init, data, kind, options, reset), plain, init,
+                           absl::StrCat("kind ", static_cast<int>(kind), " bucket_view ",
+                                        bucket_view, " reset ", static_cast<int>(reset),
+                                        " priority ", priority));
+        }
+      }
+    }
+  }
+}
+
+// The last bucket launched in each step (one of fc1's, whose gradients come
+// last) is held back: step k's reports done only once the test allows k + 1
+// of them. A forward that uses fc2 first finds fc2's buckets stepped and
+// fc1's still pending; only then does it allow fc1's, and its use of fc1
+// waits for it.
+TEST(OverlapForwardTest, TheForwardWaitsOnlyForTheBucketsItReaches) {
+  torch::manual_seed(10);
+  Net init;
+  const Data data = MakeData(2);
+  constexpr int kWorld = 2;
+  std::array<std::atomic<int>, kWorld> stepped{};
+  std::array<std::atomic<int>, kWorld> last_done{};  // Held buckets done.
+  std::array<std::atomic<int>, kWorld> allowed{};    // Held buckets allowed to finish.
+  auto calls = std::make_shared<std::array<std::atomic<int>, kWorld>>();
+  CommHook hook;
+  hook.name = "held-last";
+  hook.prescale_by_world = true;
+  hook.run = [calls, &last_done, &allowed](GradBucket& bucket, Communicator& comm) {
+    const int rank = comm.rank();
+    std::shared_ptr<Work> work = comm.AllReduce(bucket.buffer, ReduceOp::kSum);
+    const int call = (*calls)[rank]++;
+    if (call % 4 != 3) return BucketWork::Of(work, bucket.buffer, bucket.buffer.nbytes());
+    const int held = call / 4;
+    auto late = std::make_shared<Work>();
+    std::thread([work, late, rank, held, &last_done, &allowed] {
+      Status s = work->Wait(std::chrono::seconds(30));
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (allowed[rank].load() <= held && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (allowed[rank].load() <= held) s = absl::DeadlineExceededError("never allowed");
+      ++last_done[rank];
+      late->Finish(s);
+    }).detach();
+    return BucketWork::Of(late, bucket.buffer, bucket.buffer.nbytes());
+  };
+  struct Probe {
+    int stepped = -1;    // Optimizer steps (buckets) when fc2 first ran.
+    int last_done = -1;  // Held buckets done by then, and after forward.
+    int last_done_after = -1;
+  };
+  std::array<std::vector<Probe>, kWorld> probes;
+  auto run = [&](bool overlap_forward) {
+    std::array<std::vector<Tensor>, kWorld> params;
+    for (int r = 0; r < kWorld; ++r) {
+      last_done[r] = 0;
+      allowed[r] = 0;
+      (*calls)[r] = 0;
+      probes[r].clear();
+    }
+    DdpOptions options = Options(true, true);
+    options.comm_hook = hook;
+    options.overlap_forward = overlap_forward;
+    RunRanks(kWorld, init, options,
+             [&](int rank, Net net, TypedDistributedDataParallel<Net>& ddp) -> Status {
+               NotifyingSgd opt(net->parameters(), &stepped[rank]);
+               for (int s = 0; s < kSteps; ++s) {
+                 for (auto& p : net->parameters()) p.mutable_grad().reset();
+                 // Step 3's forward re-packs the buckets (in the first
+                 // step's order), which completes step 2 before it starts.
+                 if (s == 2) allowed[rank] = s;
+                 Probe probe;
+                 ASSIGN_OR_RETURN(Tensor out, ddp.ForwardWith([&] {
+                   {
+                     // Outside the graph, so the gradients' order (and the
+                     // rebuilt buckets) stay those of the plain forward.
+                     torch::NoGradGuard no_grad;
+                     net->fc2(torch::zeros({1, test_net::kNetHidden}));
+                   }
+                   probe.stepped = stepped[rank].load();
+                   probe.last_done = last_done[rank].load();
+                   allowed[rank] = s;  // The previous step's held bucket.
+                   return net->forward(data[rank][s].x);
+                 }));
+                 probe.last_done_after = last_done[rank].load();
+                 probes[rank].push_back(probe);
+                 RETURN_IF_ERROR(ddp.Backward(torch::mse_loss(out, data[rank][s].y)));
+                 stepped[rank] = 0;
+                 if (!overlap_forward) allowed[rank] = s + 1;  // OptimizerStep waits for it.
+                 ddp.OptimizerStep(opt);
+               }
+               allowed[rank] = kSteps;
+               RETURN_IF_ERROR(ddp.CompletePendingStep());
+               for (const auto& p : net->parameters()) params[rank].push_back(p.detach().clone());
+               return ddp.reducer().last_error();
+             });
+    return params;
+  };
+  const auto gated = run(true);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(probes[r].size(), static_cast<size_t>(kSteps));
+    // Steps 2 and 4 overlap: fc2's two buckets (launched first) were
+    // stepped, fc1's held one not yet, until fc1 was used. (Step 1 has no
+    // open step before it; step 3 re-packs the buckets.)
+    for (int s : {1, 3}) {
+      const Probe& p = probes[r][s];
+      EXPECT_EQ(p.stepped, 2) << "rank " << r << " step " << s + 1;
+      EXPECT_EQ(p.last_done, s - 1) << "rank " << r << " step " << s + 1;
+      EXPECT_EQ(p.last_done_after, s) << "rank " << r << " step " << s + 1;
+    }
+    EXPECT_EQ(probes[r][2].stepped, 4) << "rank " << r;
+  }
+  const auto waited = run(false);
+  for (int r = 0; r < kWorld; ++r) {
+    // Without it OptimizerStep waited for every bucket.
+    for (int s = 1; s < kSteps; ++s) {
+      EXPECT_EQ(probes[r][s].stepped, 4) << "rank " << r << " step " << s + 1;
+      EXPECT_EQ(probes[r][s].last_done, s) << "rank " << r << " step " << s + 1;
+    }
+    ASSERT_EQ(gated[r].size(), waited[r].size());
+    for (size_t p = 0; p < waited[r].size(); ++p) {
+      EXPECT_TRUE(torch::equal(gated[r][p], waited[r][p])) << "rank " << r << " tensor " << p;
+    }
+  }
+}
+
+TEST(OverlapForwardTest, AForwardOnAnotherThreadCompletesTheStepFirst) {
+  torch::manual_seed(11);
+  Net init;
+  const Data data = MakeData(1);
+  auto train = [&](bool overlap_forward) -> std::vector<Tensor> {
+    FakeStore store;
+    auto comm = test_ranks::ConnectGloo(&store, 0, 1);
+    EXPECT_TRUE(comm.ok()) << comm.status();
+    if (!comm.ok()) return {};
+    DdpOptions options = Options(true, true);
+    options.overlap_forward = overlap_forward;
+    options.report_progress = false;
+    Net net = test_net::Replica(init);
+    auto ddp = DistributedDataParallel::Create(net, *comm, options);
+    EXPECT_TRUE(ddp.ok()) << ddp.status();
+    if (!ddp.ok()) return {};
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int s = 0; s < kSteps; ++s) {
+      for (auto& p : net->parameters()) p.mutable_grad().reset();
+      StatusOr<Tensor> out;
+      // Every other forward on a thread of its own, where no gate runs.
+      if (s % 2 == 1) {
+        std::thread([&] { out = (*ddp)->Forward(data[0][s].x); }).join();
+      } else {
+        out = (*ddp)->Forward(data[0][s].x);
+      }
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (!out.ok()) return {};
+      EXPECT_TRUE((*ddp)->Backward(torch::mse_loss(*out, data[0][s].y)).ok());
+      (*ddp)->OptimizerStep(opt);
+      EXPECT_EQ((*ddp)->reducer().step_open(), overlap_forward);
+    }
+    EXPECT_TRUE((*ddp)->CompletePendingStep().ok());
+    EXPECT_FALSE((*ddp)->reducer().step_open());
+    std::vector<Tensor> params;
+    for (const auto& p : net->parameters()) params.push_back(p.detach().clone());
+    return params;
+  };
+  const auto plain = train(false);
+  const auto gated = train(true);
+  ASSERT_EQ(gated.size(), plain.size());
+  ASSERT_FALSE(plain.empty());
+  for (size_t p = 0; p < plain.size(); ++p) {
+    EXPECT_TRUE(torch::equal(gated[p], plain[p])) << "tensor " << p;
+  }
+}
+
+TEST(OverlapForwardTest, AFailedBucketFailsTheForwardThatReachesForIt) {
+  FakeStore store;
+  DdpOptions options = FailingBucketTwo();
+  options.overlap_forward = true;
+  auto ddp = SingleRank(&store, options);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  Net net = (*ddp)->typed_module();
+  std::atomic<int> stepped{0};
+  NotifyingSgd opt(net->parameters(), &stepped);
+  auto out = (*ddp)->Forward(torch::randn({4, test_net::kNetIn}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());
+  (*ddp)->OptimizerStep(opt);
+  EXPECT_EQ(stepped.load(), 0);  // Nothing waited for yet.
+  EXPECT_TRUE((*ddp)->reducer().step_open());
+  auto next = (*ddp)->Forward(torch::randn({4, test_net::kNetIn}));
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(next.status().message()), HasSubstr("wire cut"));
+  EXPECT_EQ(stepped.load(), 2);  // Buckets 0 and 1, launched before the failed one.
+  EXPECT_FALSE((*ddp)->reducer().step_open());
+}
+
+TEST(OverlapForwardTest, NeedsOverlapOptimizer) {
+  FakeStore store;
+  DdpOptions options = Options(false, true);
+  options.overlap_forward = true;
+  auto ddp = SingleRank(&store, options);
+  ASSERT_FALSE(ddp.ok());
+  EXPECT_EQ(ddp.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ddp.status().message()), HasSubstr("overlap_optimizer"));
+}
+
 TEST(OverlapOptimizerTest, PlainOptimizerStepInsteadOfOptimizerStepFailsTheNextForward) {
   FakeStore store;
   auto ddp = SingleRank(&store, Options(true, true));
@@ -373,12 +625,7 @@ TEST(OverlapOptimizerTest, PlainOptimizerStepInsteadOfOptimizerStepFailsTheNextF
 
 TEST(OverlapOptimizerTest, AFailedBucketStopsTheSteppingAndFailsTheNextForward) {
   FakeStore store;
-  DdpOptions options = Options(true, true);
-  options.comm_hook.name = "failing";
-  options.comm_hook.run = [](GradBucket& bucket, Communicator& comm) {
-    if (bucket.index == 2) return BucketWork::Failed(absl::UnavailableError("wire cut"));
-    return BucketWork::Of(comm.AllReduce(bucket.buffer, ReduceOp::kSum), bucket.buffer, 0);
-  };
+  DdpOptions options = FailingBucketTwo();
   auto ddp = SingleRank(&store, options);
   ASSERT_TRUE(ddp.ok()) << ddp.status();
   Net net = (*ddp)->typed_module();

@@ -1,11 +1,17 @@
 #include "ddp/ddp.h"
 
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <atomic>
 #include <exception>
 #include <map>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "ddp/op_inputs.h"
 
 namespace lockstep {
 namespace ddp {
@@ -78,9 +84,95 @@ void CollectIValueTensors(const c10::IValue& value, std::vector<torch::Tensor>* 
   }
 }
 
+// overlap_forward's state (see DeferStep below).
+
+struct DistributedDataParallel::DeferredStep {
+  torch::optim::Optimizer* optimizer = nullptr;
+  std::thread::id thread;
+  // Parameter indices per bucket; each group's parameters split by bucket
+  // (parts[b][g]; parts[buckets][g]: those DDP does not reduce).
+  std::vector<std::vector<size_t>> layout;
+  std::vector<std::vector<std::vector<torch::Tensor>>> parts;
+  // The bucket of each parameter and of each gradient it had at
+  // OptimizerStep, by TensorImpl.
+  std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
+  // Those gradients, kept alive so that no new tensor takes an address in
+  // bucket_of while the step is open.
+  std::vector<torch::Tensor> grads;
+  std::vector<bool> done;     // Per bucket: stepped.
+  std::vector<bool> cleared;  // Per parameter: the program reset its gradient.
+  bool busy = false;          // Completing: the gate lets operators through.
+  StepCounts counts;          // Up to OptimizerStep.
+  MonoTime previous_end{};    // The step before ended here;
+  MonoTime end{};             // this one at OptimizerStep.
+  double optimizer_ms = 0;
+};
+
+// Shared by the object and its thread's callback list: the object may go
+// (or complete its step from another thread) while the list still holds it.
+struct DistributedDataParallel::Gate {
+  std::atomic<DistributedDataParallel*> ddp{nullptr};  // Null: closed.
+  std::thread::id thread;
+};
+
+// One thread-local at::RecordFunction callback per thread with an open
+// gate; it hands each operator's input tensors to the gates' objects.
+struct GateCallbacks {
+  using Gate = DistributedDataParallel::Gate;
+  static thread_local std::vector<std::shared_ptr<Gate>> gates;
+  static thread_local at::CallbackHandle handle;
+  static thread_local bool running;
+
+  static std::unique_ptr<at::ObserverContext> OnOperator(const at::RecordFunction& fn) {
+    if (running || gates.empty()) return nullptr;
+    running = true;
+    thread_local std::vector<const c10::TensorImpl*> inputs;
+    inputs.clear();
+    OpInputTensors(fn, &inputs);
+    if (!inputs.empty()) {
+      const std::vector<std::shared_ptr<Gate>> open = gates;  // A step may close meanwhile.
+      for (const auto& gate : open) {
+        if (DistributedDataParallel* ddp = gate->ddp.load()) ddp->BeforeOperator(inputs);
+      }
+    }
+    running = false;
+    return nullptr;
+  }
+
+  static void Add(const std::shared_ptr<Gate>& gate) {
+    if (std::find(gates.begin(), gates.end(), gate) == gates.end()) gates.push_back(gate);
+    if (handle == 0) {
+      handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&OnOperator)
+                                              .needsInputs(true)
+                                              .scopes({at::RecordScope::FUNCTION}));
+    }
+  }
+
+  // Drops the closed gates; the callback goes with the last one. Never
+  // from inside OnOperator.
+  static void Prune() {
+    gates.erase(std::remove_if(gates.begin(), gates.end(),
+                               [](const std::shared_ptr<Gate>& g) { return g->ddp.load() == nullptr; }),
+                gates.end());
+    if (gates.empty() && handle != 0) {
+      at::removeCallback(handle);
+      handle = 0;
+    }
+  }
+};
+
+thread_local std::vector<std::shared_ptr<DistributedDataParallel::Gate>> GateCallbacks::gates;
+thread_local at::CallbackHandle GateCallbacks::handle = 0;
+thread_local bool GateCallbacks::running = false;
+
 Status DistributedDataParallel::Init() {
   if (root_ == nullptr) return absl::InvalidArgumentError("DDP: the module is empty (null)");
   if (comm_ == nullptr) return absl::InvalidArgumentError("DDP: communicator is null");
+  if (options_.overlap_forward && !options_.overlap_optimizer) {
+    return absl::InvalidArgumentError(
+        "DDP: overlap_forward needs overlap_optimizer (the next forward overlaps the "
+        "communication that OptimizerStep would otherwise wait for)");
+  }
   if (!(options_.bucket_cap_mb > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("DDP: bucket_cap_mb must be positive, got ", options_.bucket_cap_mb));
@@ -120,6 +212,7 @@ Status DistributedDataParallel::Init() {
   reducer_options.timeout = opts.timeout;
   reducer_options.defer_wait = opts.overlap_optimizer;
   reducer_options.gradient_priority = opts.gradient_priority;
+  reducer_options.defer_launches = opts.overlap_forward;
   DistributedDataParallel* self = this;
   reducer_options.on_step = [self](const ReducerStepStats&) { self->OnReducerStep(); };
   reducer_options.on_wait = [self](int bucket) { self->OnBucketWait(bucket); };
@@ -135,10 +228,18 @@ Status DistributedDataParallel::PreForward() {
     forward_seen_ = true;
     first_forward_start_ = forward_start_;
   }
+  if (deferred_ != nullptr &&
+      (deferred_->thread != std::this_thread::get_id() || reducer_->rebuild_pending() ||
+       (options_.broadcast_buffers && !buffers_.empty()))) {
+    // No gate on this thread, a re-pack of the buckets, or a broadcast that
+    // must not interleave with gradient_priority's launches: the step first.
+    RETURN_IF_ERROR(CompletePendingStep());
+  }
   RETURN_IF_ERROR(reducer_->last_error());
   // The rebuild's and the buffers' broadcasts block on every peer.
   SetCollective(true, -1, "broadcast");
-  Status s = reducer_->RebuildBucketsIfNeeded();
+  // An open step here is overlap_forward's (no re-pack pending, see above).
+  Status s = deferred_ != nullptr ? absl::OkStatus() : reducer_->RebuildBucketsIfNeeded();
   if (s.ok() && options_.broadcast_buffers && !buffers_.empty()) {
     s = Annotate(BroadcastCoalesced(*comm_, buffers_, 0, options_.timeout),
                  "DDP: broadcasting buffers from rank 0");
@@ -191,7 +292,10 @@ void DistributedDataParallel::RecordBucketWaits(const ReducerStepStats& r) {
 }
 
 Status DistributedDataParallel::PostForward(const std::vector<torch::Tensor>& outputs) {
+  // overlap_forward: what forward did not reach of the open step.
+  const Status pending = CompletePendingStep();
   forward_ms_ = MillisSince(forward_start_);
+  RETURN_IF_ERROR(pending);
   if (!require_sync_ || !torch::GradMode::is_enabled()) return absl::OkStatus();
   if (options_.weight_by_samples && samples_pending_ <= 0) {
     return absl::FailedPreconditionError(
@@ -208,6 +312,7 @@ Status DistributedDataParallel::JoinStep() {
         "DDP: JoinStep needs DdpOptions::weight_by_samples (a joined rank has weight 0)");
   }
   RETURN_IF_ERROR(PreForward());
+  RETURN_IF_ERROR(CompletePendingStep());
   forward_ms_ = MillisSince(forward_start_);
   return reducer_->JoinStep();
 }
@@ -229,23 +334,26 @@ StepStats DistributedDataParallel::MakeStats(const ReducerStepStats& r) const {
 }
 
 void DistributedDataParallel::OnReducerStep() {
+  // overlap_forward: the step OptimizerStep left open ends now, in a later
+  // forward; it reports what was counted up to that OptimizerStep.
+  const DeferredStep* late = deferred_.get();
   ++steps_;
-  synced_forward_ms_ = forward_ms_;
+  synced_forward_ms_ = late ? late->counts.forward_ms : forward_ms_;
   if (progress_ != nullptr) {
     const MonoTime now = RealClock()->Now();
     const ReducerStepStats r = reducer_->last_stats();
     RecordBucketWaits(r);
+    const StepCounts counts = late ? late->counts : CurrentCounts();
     StepProgress p;
     p.step = steps_;
-    p.samples = samples_pending_;
-    if (loss_known_) p.loss = loss_pending_;
+    p.samples = counts.samples;
+    if (counts.loss_known) p.loss = counts.loss;
     p.forward_ms = synced_forward_ms_;
     p.backward_ms = r.backward_ms;
     p.exposed_comm_ms = r.comm_exposed_ms;
     p.bytes_reduced = r.bytes_reduced;
     p.buckets = r.buckets;
-    p.data_ms =
-        forward_seen_ ? std::max(0.0, MillisBetween(last_step_end_, first_forward_start_)) : 0;
+    p.data_ms = counts.data_ms;
     size_t buckets = 0;
     for (const auto& w : bucket_waits_) buckets = std::max(buckets, w.size());
     p.bucket_wait_ms.assign(buckets, 0.0);
@@ -260,26 +368,49 @@ void DistributedDataParallel::OnReducerStep() {
       if (n > 0) p.bucket_wait_ms[b] /= n;
     }
     p.wait_steps = static_cast<int>(bucket_waits_.size());
-    if (optimizer_marked_) {
+    if (late) {
+      // The step ended when OptimizerStep returned (DeferStep moved
+      // last_step_end_ there); its optimizer time is that of its parts.
+      p.optimizer_ms = late->optimizer_ms;
+      ReportStep(std::move(p), late->previous_end, late->end);
+    } else if (optimizer_marked_) {
       pending_ = std::move(p);
       step_pending_ = true;
     } else {
       FinishStep(std::move(p), now);
     }
   }
-  samples_pending_ = 0;
-  loss_pending_ = 0;
-  loss_known_ = true;
+  if (!late) {
+    samples_pending_ = 0;
+    loss_pending_ = 0;
+    loss_known_ = true;
+  }
   if (options_.on_step) options_.on_step(MakeStats(reducer_->last_stats()));
+}
+
+DistributedDataParallel::StepCounts DistributedDataParallel::CurrentCounts() const {
+  StepCounts c;
+  c.samples = samples_pending_;
+  c.loss = loss_pending_;
+  c.loss_known = loss_known_;
+  c.forward_ms = forward_ms_;
+  c.data_ms =
+      forward_seen_ ? std::max(0.0, MillisBetween(last_step_end_, first_forward_start_)) : 0;
+  return c;
 }
 
 void DistributedDataParallel::FinishStep(StepProgress p, MonoTime end) {
   // Wall clock from the previous step's end: data loading, the optimizer
   // and everything else the program does per step count.
-  p.step_ms = std::max(0.0, MillisBetween(last_step_end_, end));
-  p.samples_per_s = p.step_ms > 0 ? p.samples * 1000.0 / p.step_ms : 0;
+  const MonoTime previous_end = last_step_end_;
   last_step_end_ = end;
   forward_seen_ = false;
+  ReportStep(std::move(p), previous_end, end);
+}
+
+void DistributedDataParallel::ReportStep(StepProgress p, MonoTime previous_end, MonoTime end) {
+  p.step_ms = std::max(0.0, MillisBetween(previous_end, end));
+  p.samples_per_s = p.step_ms > 0 ? p.samples * 1000.0 / p.step_ms : 0;
   progress_->Report(p);
 }
 
@@ -346,7 +477,149 @@ StepStats DistributedDataParallel::last_stats() const {
   return steps_ > 0 ? MakeStats(reducer_->last_stats()) : StepStats{};
 }
 
+// ---------------------------------------------------------------------------
+// overlap_forward: the step OptimizerStep leaves open, and the gate.
+
+DistributedDataParallel::~DistributedDataParallel() {
+  if (gate_ != nullptr) {
+    gate_->ddp.store(nullptr);
+    if (gate_->thread == std::this_thread::get_id() && !GateCallbacks::running) {
+      GateCallbacks::Prune();
+    }
+  }
+  // The Reducer's destructor waits for an open step's buckets.
+}
+
+void DistributedDataParallel::DeferStep(torch::optim::Optimizer& optimizer) {
+  auto d = std::make_shared<DeferredStep>();
+  d->optimizer = &optimizer;
+  d->thread = std::this_thread::get_id();
+  d->layout = reducer_->bucket_indices();
+  const size_t buckets = d->layout.size();
+  const auto& params = reducer_->params();
+  std::unordered_map<const c10::TensorImpl*, size_t> param_bucket;
+  for (size_t b = 0; b < buckets; ++b) {
+    for (size_t i : d->layout[b]) {
+      const torch::Tensor& param = params[i].tensor;
+      param_bucket[param.unsafeGetTensorImpl()] = b;
+      d->bucket_of[param.unsafeGetTensorImpl()] = b;
+      if (param.grad().defined()) {
+        d->bucket_of[param.grad().unsafeGetTensorImpl()] = b;
+        d->grads.push_back(param.grad());
+      }
+    }
+  }
+  auto& groups = optimizer.param_groups();
+  d->parts.assign(buckets + 1, std::vector<std::vector<torch::Tensor>>(groups.size()));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const torch::Tensor& p : groups[g].params()) {
+      auto it = param_bucket.find(p.unsafeGetTensorImpl());
+      d->parts[it == param_bucket.end() ? buckets : it->second][g].push_back(p);
+    }
+  }
+  d->done.assign(buckets, false);
+  d->cleared.assign(params.size(), false);
+  // The step's counts end here; the next forward counts for the next step.
+  d->counts = CurrentCounts();
+  samples_pending_ = 0;
+  loss_pending_ = 0;
+  loss_known_ = true;
+  deferred_ = std::move(d);
+  // The parameters DDP does not reduce have their final gradients now.
+  StepDeferredPart(buckets);
+  deferred_->previous_end = last_step_end_;
+  deferred_->end = RealClock()->Now();
+  last_step_end_ = deferred_->end;
+  forward_seen_ = false;
+  if (gate_ != nullptr && gate_->thread != std::this_thread::get_id()) {
+    gate_->ddp.store(nullptr);  // Left in another thread's list, closed.
+    gate_ = nullptr;
+  }
+  if (gate_ == nullptr) {
+    gate_ = std::make_shared<Gate>();
+    gate_->thread = std::this_thread::get_id();
+  }
+  gate_->ddp.store(this);
+  GateCallbacks::Add(gate_);
+}
+
+void DistributedDataParallel::StepDeferredPart(size_t b) {
+  DeferredStep& d = *deferred_;
+  if (!deferred_error_.ok()) return;  // The optimizer failed: no more steps.
+  auto& groups = d.optimizer->param_groups();
+  std::vector<std::vector<torch::Tensor>> all(groups.size());
+  bool any = false;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    all[g] = std::move(groups[g].params());
+    groups[g].params() = d.parts[b][g];
+    any = any || !d.parts[b][g].empty();
+  }
+  const MonoTime start = RealClock()->Now();
+  try {
+    if (any) d.optimizer->step();
+  } catch (const std::exception& e) {
+    deferred_error_ = absl::InternalError(
+        absl::StrCat("DDP: the optimizer threw while stepping bucket ", b, " (overlap_forward): ",
+                     internal::ExceptionMessage(e)));
+  }
+  d.optimizer_ms += MillisSince(start);
+  for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = std::move(all[g]);
+  if (b >= d.layout.size()) return;
+  d.done[b] = true;
+  for (size_t i : d.layout[b]) {
+    if (d.cleared[i]) reducer_->params()[i].tensor.mutable_grad().reset();
+  }
+}
+
+void DistributedDataParallel::BeforeOperator(const std::vector<const c10::TensorImpl*>& inputs) {
+  for (const c10::TensorImpl* impl : inputs) {
+    if (deferred_ == nullptr || deferred_->busy) return;
+    auto it = deferred_->bucket_of.find(impl);
+    if (it != deferred_->bucket_of.end() && !deferred_->done[it->second]) {
+      CompleteDeferred(static_cast<int>(it->second));
+    }
+  }
+}
+
+void DistributedDataParallel::CompleteDeferred(int through) {
+  if (deferred_ == nullptr || deferred_->busy) return;
+  DeferredStep& d = *deferred_;
+  d.busy = true;
+  // A gradient the program reset since OptimizerStep (zero_grad to
+  // undefined) is written back for the step, then reset again.
+  const auto& params = reducer_->params();
+  for (size_t b : reducer_->pending_buckets()) {
+    for (size_t i : d.layout[b]) d.cleared[i] = !params[i].tensor.grad().defined();
+  }
+  const Status s =
+      reducer_->CompleteStep([this](size_t b) { StepDeferredPart(b); }, through);
+  d.busy = false;
+  if (!s.ok() && deferred_error_.ok()) deferred_error_ = s;
+  if (!reducer_->step_open()) {
+    deferred_.reset();
+    if (gate_ != nullptr) gate_->ddp.store(nullptr);
+  }
+}
+
+Status DistributedDataParallel::CompletePendingStep() {
+  CompleteDeferred(-1);
+  ReleaseGate();
+  Status s = std::move(deferred_error_);
+  deferred_error_ = absl::OkStatus();
+  return s;
+}
+
+void DistributedDataParallel::ReleaseGate() {
+  if (gate_ != nullptr && gate_->ddp.load() == nullptr &&
+      gate_->thread == std::this_thread::get_id() && !GateCallbacks::running) {
+    GateCallbacks::Prune();
+  }
+}
+
 Status DistributedDataParallel::Backward(const torch::Tensor& loss) {
+  // overlap_forward: a backward with no DDP forward since OptimizerStep
+  // would accumulate into buckets still on the wire.
+  if (deferred_ != nullptr) RETURN_IF_ERROR(CompletePendingStep());
   if (progress_ != nullptr) {
     // A CPU scalar costs nothing to read; a device one would make the host
     // wait for the GPU, so its value stays unknown.

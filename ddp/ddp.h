@@ -146,6 +146,33 @@ struct DdpOptions {
   // closure). An optimizer that is not a torch::optim::Optimizer is stepped
   // once, after every bucket.
   bool overlap_optimizer = false;
+  // Default false. When true, the next forward overlaps the end of the
+  // gradients' communication too (REQUIRES overlap_optimizer): OptimizerStep
+  // returns without waiting for any bucket (it steps the optimizer's
+  // parameters that DDP does not reduce), and each bucket is waited for and
+  // its parameters stepped when the training thread first reaches for
+  // them: the first operator there whose input is a parameter or gradient
+  // of a bucket not yet done (the next forward's use of a layer, a
+  // zero_grad() that zeroes in place) waits for that bucket and those
+  // launched before it, steps their parameters, then runs; later buckets
+  // stay on the wire while forward computes the first layers. The end of
+  // the next forward completes the rest. With gradient_priority the first
+  // layers' buckets go on the wire first, so forward starts after them
+  // alone. Gradients a program resets to undefined between OptimizerStep
+  // and the next forward are used for the step and reset again. How: a
+  // thread-local at::RecordFunction callback sees each operator's inputs on
+  // that thread while a step is open. REQUIRES (besides overlap_optimizer's):
+  // a torch::optim::Optimizer that lives until the step is done; code that
+  // reads parameters without an operator (torch::save, data_ptr, a
+  // checkpoint) calls CompletePendingStep() first, and so does code that
+  // issues collectives of its own on the communicator (with
+  // gradient_priority, Backward returns before the scheduler has launched
+  // the last buckets, and it launches them during the next forward). A
+  // forward on another thread, a JoinStep and a bucket rebuild complete the
+  // step before they start; so does a forward of a model with buffers and
+  // broadcast_buffers (the broadcast is a collective), which then gains
+  // nothing.
+  bool overlap_forward = false;
   // Default true: each synchronised step goes to the process's progress
   // sink (ddp/progress.h; under lockstepd, the agent: `lockstep status`).
   bool report_progress = true;
@@ -385,7 +412,10 @@ class DistributedDataParallel {
   static StatusOr<std::unique_ptr<TypedDistributedDataParallel<ModuleType>>> Create(
       ModuleType module, std::shared_ptr<Communicator> comm, DdpOptions options = {});
 
-  virtual ~DistributedDataParallel() = default;
+  // With overlap_forward, waits for an open step's buckets without
+  // stepping their parameters (the optimizer may be gone): call
+  // CompletePendingStep() after the last OptimizerStep to keep that step.
+  virtual ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
@@ -495,8 +525,16 @@ class DistributedDataParallel {
   template <typename Optimizer>
   auto OptimizerStep(Optimizer& optimizer) -> decltype(optimizer.step()) {
     const MonoTime start = RealClock()->Now();
+    // overlap_forward: a step still open from the last OptimizerStep (no
+    // forward since) is done first; its error goes to the next Forward.
+    CompleteDeferred(-1);
+    ReleaseGate();
     if (reducer_->step_open()) {
       if constexpr (std::is_base_of<torch::optim::Optimizer, Optimizer>::value) {
+        if (options_.overlap_forward) {
+          DeferStep(optimizer);
+          return {};
+        }
         const double waited_ms = StepOverlapped(optimizer);
         EndOptimizerStep(start, waited_ms);
         return {};
@@ -520,6 +558,12 @@ class DistributedDataParallel {
       return result;
     }
   }
+
+  // overlap_forward: completes the step OptimizerStep left open, waiting
+  // for its remaining buckets and stepping their parameters. OK and nothing
+  // done when none is open. Errors: the step's communication error (the
+  // next Forward returns it too).
+  Status CompletePendingStep();
 
   // RAII: while alive, Forward does not prepare synchronisation, so the
   // following backward only accumulates local gradients; the next
@@ -567,11 +611,37 @@ class DistributedDataParallel {
   // bucket's parameters (then the optimizer's other parameters). Returns
   // the ms it waited on buckets (0 when the step failed).
   double StepOverlapped(torch::optim::Optimizer& optimizer);
+  // overlap_forward: leaves the step open with `optimizer` to step each
+  // bucket when it is needed, and starts gating this thread's operators.
+  void DeferStep(torch::optim::Optimizer& optimizer);
+  // The gate: an operator on the training thread is about to read `inputs`.
+  void BeforeOperator(const std::vector<const c10::TensorImpl*>& inputs);
+  // Completes the deferred step through bucket `through` (-1: all of it).
+  // A failure (the communication's, or the optimizer's) is kept in
+  // deferred_error_ for CompletePendingStep.
+  void CompleteDeferred(int through);
+  // Steps the parameters of bucket `b` (b == buckets: those DDP does not
+  // reduce) with the deferred step's optimizer.
+  void StepDeferredPart(size_t b);
+  // Takes this thread's operators out of the gate once no step is open.
+  void ReleaseGate();
   // Step timing (see progress.h for the split). `waited_ms` of the time
   // since `start` was spent waiting on buckets (overlap_optimizer): exposed
   // communication, not optimizer time.
   void EndOptimizerStep(MonoTime start, double waited_ms = 0);
+  // What a step counted for its progress report, up to its end.
+  struct StepCounts {
+    int64_t samples = 0;
+    double loss = 0;
+    bool loss_known = true;
+    double forward_ms = 0;
+    double data_ms = 0;
+  };
+  StepCounts CurrentCounts() const;
+  // Reports the step ending at `end` and makes it the last step's end.
   void FinishStep(StepProgress p, MonoTime end);
+  // Reports a step that ran from `previous_end` to `end`.
+  void ReportStep(StepProgress p, MonoTime previous_end, MonoTime end);
   void RecordBucketWaits(const ReducerStepStats& r);
   void OnBucketWait(int bucket);
   void SetCollective(bool active, int bucket, const char* op);
@@ -604,6 +674,14 @@ class DistributedDataParallel {
   std::vector<std::vector<double>> bucket_waits_;
   bool waiting_ = false;             // In the end-of-backward bucket wait.
   std::chrono::steady_clock::time_point wait_since_{};
+  // overlap_forward: the step OptimizerStep left open (ddp.cc), and the
+  // state its thread's operator callback shares with this object.
+  struct DeferredStep;
+  struct Gate;
+  std::shared_ptr<DeferredStep> deferred_;  // Sole owner (shared_ptr: an incomplete type here).
+  std::shared_ptr<Gate> gate_;
+  Status deferred_error_;
+  friend struct GateCallbacks;
 };
 
 // What DistributedDataParallel::Create returns: the same object, typed by

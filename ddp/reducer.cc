@@ -294,6 +294,9 @@ Status Reducer::BeginStepLocked(std::unique_lock<std::mutex>& lock) {
     (void)AwaitScheduledLocked(lock, /*abort=*/true);
   }
   launch_order_.clear();
+  finished_ = 0;
+  finish_status_ = absl::OkStatus();
+  finish_waited_ = Duration{};
   step_aborted_ = false;
   expect_sync_ = true;
   finalizer_queued_ = false;
@@ -488,6 +491,7 @@ void Reducer::LaunchLocked(size_t b) {
   }
   stats_.bucket_launched[b] = RealClock()->Now();
   launch_order_.push_back(b);
+  cv_.notify_all();  // FinishBuckets may wait for this launch (defer_launches).
 }
 
 void Reducer::SchedulerLoop() {
@@ -575,6 +579,11 @@ void Reducer::Finalize() {
         " was never reduced. If the model does not use every parameter in every step, "
         "set find_unused_parameters = true."));
   }
+  if (options_.defer_wait && options_.defer_launches && status.ok()) {
+    // The scheduler launches the rest; CompleteStep waits for each launch.
+    step_open_ = true;
+    return;
+  }
   Status scheduled = AwaitScheduledLocked(lock, /*abort=*/!status.ok());
   if (status.ok()) status = scheduled;
   if (options_.defer_wait && status.ok()) {
@@ -592,18 +601,46 @@ bool Reducer::step_open() const {
   return step_open_;
 }
 
-Status Reducer::CompleteStep(const BucketDone& on_bucket) {
+Status Reducer::CompleteStep(const BucketDone& on_bucket, int through) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!step_open_) return error_;
-    step_open_ = false;
   }
-  return FinishBuckets(absl::OkStatus(), on_bucket);
+  return FinishBuckets(absl::OkStatus(), on_bucket, through);
 }
 
-Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket) {
+std::vector<size_t> Reducer::pending_buckets() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!step_open_) return {};
+  std::vector<bool> done(buckets_.size(), false);
+  for (size_t k = 0; k < finished_; ++k) done[launch_order_[k]] = true;
+  std::vector<size_t> pending;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!done[b]) pending.push_back(b);
+  }
+  return pending;
+}
+
+bool Reducer::rebuild_pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !rebuilt_ && have_arrival_order_;
+}
+
+Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket, int through) {
   std::unique_lock<std::mutex> lock(mu_);
-  // In the order the wire took them.
+  // In the order the wire took them, from the first not yet done.
+  size_t k = finished_;
+  if (through >= 0) {
+    const auto done_end = launch_order_.begin() + static_cast<std::ptrdiff_t>(k);
+    if (std::find(launch_order_.begin(), done_end, static_cast<size_t>(through)) != done_end) {
+      return finish_status_;
+    }
+  }
+  if (!status.ok() && finish_status_.ok()) finish_status_ = status;
+  status = finish_status_;
+  // defer_launches: the scheduler may still be launching this step's
+  // buckets; the k-th is awaited when the loop reaches it.
+  const bool launching = options_.gradient_priority && scheduled_step_ != step_seq_;
   std::vector<size_t> order = launch_order_;
   std::vector<std::shared_ptr<BucketWork>> works;
   for (size_t b : order) works.push_back(buckets_[b].work);
@@ -619,7 +656,22 @@ Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket) {
   // `on_bucket`) as soon as it is reduced, while later ones may still be on
   // the wire.
   Duration waited{};
-  for (size_t k = 0; k < works.size(); ++k) {
+  bool stopped = false;
+  for (; !stopped; ++k) {
+    if (k >= works.size()) {
+      if (!launching) break;
+      lock.lock();
+      const MonoTime wait_start = RealClock()->Now();
+      cv_.wait(lock, [&] { return launch_order_.size() > k || scheduled_step_ == step_seq_; });
+      waited += RealClock()->Now() - wait_start;
+      const bool more = launch_order_.size() > k;
+      if (more) {
+        order = launch_order_;
+        for (size_t j = works.size(); j < order.size(); ++j) works.push_back(buckets_[order[j]].work);
+      }
+      lock.unlock();
+      if (!more) break;  // The scheduler stopped (an error) or launched all.
+    }
     const size_t b = order[k];
     const std::shared_ptr<Work>& collective = works[k]->work();
     if (options_.on_wait && collective && !collective->IsCompleted()) {
@@ -637,9 +689,21 @@ Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket) {
     status = WriteBackLocked(b, *r);
     lock.unlock();
     if (status.ok() && on_bucket) on_bucket(b);
+    stopped = status.ok() && through >= 0 && b == static_cast<size_t>(through);
   }
   if (options_.on_wait) options_.on_wait(-1);
   lock.lock();
+  finished_ = k;
+  finish_waited_ += waited;
+  if (!status.ok() && finish_status_.ok()) finish_status_ = status;
+  if (stopped && (k < launch_order_.size() || (launching && scheduled_step_ != step_seq_))) {
+    return absl::OkStatus();  // Stopped after `through`; more to come.
+  }
+  if (launching) {
+    Status scheduled = AwaitScheduledLocked(lock, /*abort=*/!status.ok());
+    if (status.ok()) status = scheduled;
+  }
+  step_open_ = false;
   if (!status.ok()) {
     if (error_.ok()) error_ = status;
     return status;
@@ -649,11 +713,11 @@ Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket) {
   }
   stats_.buckets = static_cast<int>(buckets_.size());
   stats_.launch_order.assign(order.begin(), order.end());
-  stats_.comm_exposed_ms = std::chrono::duration<double, std::milli>(waited).count();
+  stats_.comm_exposed_ms = std::chrono::duration<double, std::milli>(finish_waited_).count();
   stats_.backward_ms = MillisBetween(stats_.forward_end, RealClock()->Now());
   last_stats_ = stats_;
   last_works_.assign(buckets_.size(), nullptr);
-  for (size_t k = 0; k < works.size(); ++k) last_works_[order[k]] = works[k]->work();
+  for (size_t j = 0; j < works.size(); ++j) last_works_[order[j]] = works[j]->work();
   ReducerStepStats done = stats_;
   lock.unlock();
   if (options_.on_step) options_.on_step(done);

@@ -159,6 +159,12 @@ struct ReducerOptions {
   // wait for the buckets: the step stays open until CompleteStep, which waits
   // for them one by one (see "Deferred completion").
   bool defer_wait = false;
+  // Default: false. With defer_wait and gradient_priority, the end of
+  // backward does not wait for the scheduler to launch the last buckets
+  // either (it launches one when the one on the wire is done): CompleteStep
+  // waits for each launch in turn. REQUIRES: no collective of the caller's
+  // own while the step is open (the scheduler's would interleave with it).
+  bool defer_launches = false;
   // Called at the end of each successful finalisation, on the autograd
   // thread (with defer_wait: CompleteStep's), with no Reducer lock held.
   std::function<void(const struct ReducerStepStats&)> on_step;
@@ -225,9 +231,20 @@ class Reducer {
   // (DDP's overlap_optimizer steps the bucket's parameters there). A failure stops the callbacks; the
   // remaining buckets are still waited for. Returns the step's error (also
   // kept in last_error()); OK and nothing done when no step is open.
+  // With `through` a bucket index, CompleteStep stops once that bucket is
+  // done (waiting for the buckets launched before it, in launch order) and
+  // the step stays open for the rest; it returns at once when that bucket is
+  // already done. After a failure it waits for every bucket, as without
+  // `through`. (DDP's overlap_forward completes the buckets a forward needs
+  // as it reaches them.)
   using BucketDone = std::function<void(size_t bucket)>;
-  Status CompleteStep(const BucketDone& on_bucket);
+  Status CompleteStep(const BucketDone& on_bucket, int through = -1);
   bool step_open() const;
+  // The open step's buckets not yet done, launched or not (empty when no
+  // step is open).
+  std::vector<size_t> pending_buckets() const;
+  // True when the next RebuildBucketsIfNeeded will re-pack the buckets.
+  bool rebuild_pending() const;
 
   // Called after forward when the coming backward must synchronise.
   // `outputs` are the forward outputs (used with find_unused_parameters).
@@ -305,9 +322,11 @@ class Reducer {
   // (nothing launched, sync expected, stats reset). `lock` holds mu_.
   Status BeginStepLocked(std::unique_lock<std::mutex>& lock);
   void Finalize();  // The autograd callback: throws on failure.
-  // Waits for the launched buckets and writes them back (see CompleteStep);
-  // records and returns the first error, `status` first when not OK.
-  Status FinishBuckets(Status status, const BucketDone& on_bucket);
+  // Waits for the launched buckets not yet done and writes them back (see
+  // CompleteStep), stopping after bucket `through` (>= 0) when all is well;
+  // once every bucket is done, finalises the step. Records and returns the
+  // first error, `status` first when not OK.
+  Status FinishBuckets(Status status, const BucketDone& on_bucket, int through = -1);
   // Checks the hook's result for bucket `b` and writes it into param.grad.
   Status WriteBackLocked(size_t b, const torch::Tensor& result);
 
@@ -337,6 +356,11 @@ class Reducer {
   bool shutdown_ = false;                         // GUARDED_BY(mu_)
   Status schedule_error_;                         // GUARDED_BY(mu_)
   bool step_open_ = false;                        // GUARDED_BY(mu_); see defer_wait.
+  // The step's buckets done so far (a prefix of launch_order_), the first
+  // error among them and the time spent waiting on them.
+  size_t finished_ = 0;                           // GUARDED_BY(mu_)
+  Status finish_status_;                          // GUARDED_BY(mu_)
+  Duration finish_waited_{};                      // GUARDED_BY(mu_)
   bool expect_sync_ = false;                      // GUARDED_BY(mu_)
   bool finalizer_queued_ = false;                 // GUARDED_BY(mu_)
   bool rebuilt_ = false;                          // GUARDED_BY(mu_)

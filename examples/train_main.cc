@@ -59,6 +59,7 @@ struct Config {
   bool set_to_none = true;
   bool overlap_optimizer = false;
   bool gradient_priority = false;
+  bool overlap_forward = false;
   std::string comm_hook = "allreduce";
   bool weight_by_samples = false;
   std::string batch_sizes;
@@ -205,6 +206,7 @@ Status Run(const Config& cfg) {
     options.weight_by_samples = cfg.weight_by_samples;
     options.overlap_optimizer = cfg.overlap_optimizer;
     options.gradient_priority = cfg.gradient_priority;
+    options.overlap_forward = cfg.overlap_forward;
     options.broadcast_buffers = cfg.broadcast_buffers;
     options.timeout = FromSeconds(cfg.timeout_s);
     ASSIGN_OR_RETURN(model, ddp::DistributedDataParallel::Create(w.module, group->communicator(),
@@ -300,10 +302,14 @@ Status Run(const Config& cfg) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
     if (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) {
+      // --overlap-forward: this step's buckets are stepped before saving.
+      if (model) RETURN_IF_ERROR(model->CompletePendingStep());
       RETURN_IF_ERROR(ddp::SaveCheckpoint(cfg.checkpoint_dir, rank, {step, round, world}, *w.root,
                                           &opt));
     }
   }
+  // --overlap-forward: the last step's buckets, before the checksum.
+  if (model) RETURN_IF_ERROR(model->CompletePendingStep());
   double sum = 0, abs_sum = 0;
   int64_t count = 0;
   for (const auto& p : params) {
@@ -348,6 +354,9 @@ int main(int argc, char** argv) {
   flags.Bool("gradient-priority", &cfg.gradient_priority,
              "DDP gradient_priority: the first layers' buckets go on the wire before later "
              "layers' buckets that are still queued");
+  flags.Bool("overlap-forward", &cfg.overlap_forward,
+             "DDP overlap_forward (needs --overlap-optimizer): the next forward starts before "
+             "the last buckets are reduced; each bucket is stepped when forward reaches it");
   flags.Int("seed", &cfg.seed, "model and data seed");
   flags.Int("micro-batches", &cfg.micro_batches,
             "split each step into this many micro-batches; all but the last under no_sync");

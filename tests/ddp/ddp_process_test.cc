@@ -224,6 +224,15 @@ TEST(DdpParityTest, GradientsInTheirOwnMemoryMatchOneProcess) {
   ExpectParity("mlp_small", 2, {}, 8, {"--gradient-as-bucket-view=false"});
 }
 
+// overlap_forward: each step's buckets are stepped as the next forward
+// reaches their parameters (several buckets of 0.05 MB), the first layers'
+// first on the wire with priority; over Gloo and over shm.
+TEST(DdpParityTest, OverlappedForwardMatchesOneProcess) {
+  ExpectParity("transformer_small", 2, {}, 8,
+               {"--overlap-optimizer", "--overlap-forward", "--gradient-priority"});
+  ExpectParity("mlp_small", 2, {}, 8, {"--overlap-optimizer", "--overlap-forward"}, "shm");
+}
+
 TEST(DdpNoSyncTest, ThreeNoSyncMicroBatchesThenSyncedStepEqualsOneStepOnAllData) {
   // DDP ranks split each step's 8 samples into 4 micro-batches (3 under
   // no_sync); the reference takes one step on all 16 samples at once.
