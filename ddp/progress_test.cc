@@ -151,6 +151,42 @@ TEST_F(ProgressTest, OptimizerStepEndsTheStepAndSplitsItsTime) {
   }
 }
 
+// overlap_forward: a step ends at OptimizerStep but its buckets are done
+// during the next forward; it is reported then, once, with its own counts
+// (not the next forward's samples), and the last one by CompletePendingStep.
+TEST_F(ProgressTest, OverlappedForwardReportsEachStepOnceWithItsOwnCounts) {
+  torch::nn::Linear model(4, 2);
+  DdpOptions options;
+  options.overlap_optimizer = true;
+  options.overlap_forward = true;
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>(), options);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  const int batches[] = {8, 5, 6};
+  std::vector<double> losses;
+  for (int i = 0; i < 3; ++i) {
+    losses.push_back(Step(**ddp, 1, batches[i]));
+    (*ddp)->OptimizerStep(opt);
+    std::lock_guard<std::mutex> lock(recorded_.mu);
+    // Step i + 1 is still open: reported are those before it.
+    EXPECT_EQ(recorded_.reports.size(), static_cast<size_t>(i));
+    EXPECT_TRUE((*ddp)->reducer().step_open());
+  }
+  ASSERT_TRUE((*ddp)->CompletePendingStep().ok());
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  ASSERT_EQ(recorded_.reports.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const StepProgress& p = recorded_.reports[i];
+    SCOPED_TRACE(i);
+    EXPECT_EQ(p.step, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(p.samples, batches[i]);
+    EXPECT_NEAR(p.loss, losses[i], 1e-9);
+    EXPECT_GT(p.step_ms, 0);
+    EXPECT_GE(p.optimizer_ms, 0);
+    EXPECT_NEAR(p.samples_per_s, p.samples * 1000.0 / p.step_ms, 1e-6);
+  }
+}
+
 TEST_F(ProgressTest, WithoutOptimizerStepEachStepEndsAtGradientSync) {
   torch::nn::Linear model(4, 2);
   auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>());
