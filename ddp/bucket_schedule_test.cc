@@ -595,6 +595,34 @@ TEST(OverlapForwardTest, AFailedBucketFailsTheForwardThatReachesForIt) {
   EXPECT_FALSE((*ddp)->reducer().step_open());
 }
 
+TEST(OverlapForwardTest, DestroyedWithAStepOpenWaitsForItWithoutSteppingIt) {
+  FakeStore store;
+  DdpOptions options = Options(true, true);
+  options.overlap_forward = true;
+  int reported = 0;
+  options.on_step = [&reported](const StepStats&) { ++reported; };
+  auto ddp = SingleRank(&store, options);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  Net net = (*ddp)->typed_module();
+  std::atomic<int> stepped{0};
+  NotifyingSgd opt(net->parameters(), &stepped);
+  auto out = (*ddp)->Forward(torch::randn({4, test_net::kNetIn}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());
+  // Read before OptimizerStep: after it, an operator on them would run the
+  // gate and complete the step.
+  std::vector<Tensor> before;
+  for (const auto& p : net->parameters()) before.push_back(p.detach().clone());
+  (*ddp)->OptimizerStep(opt);
+  EXPECT_TRUE((*ddp)->reducer().step_open());
+  ddp->reset();
+  EXPECT_EQ(reported, 1);  // The step ended, reported to a live object.
+  EXPECT_EQ(stepped.load(), 0);
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(torch::equal(net->parameters()[i], before[i])) << "parameter " << i;
+  }
+}
+
 TEST(OverlapForwardTest, NeedsOverlapOptimizer) {
   FakeStore store;
   DdpOptions options = Options(false, true);

@@ -487,7 +487,10 @@ DistributedDataParallel::~DistributedDataParallel() {
       GateCallbacks::Prune();
     }
   }
-  // The Reducer's destructor waits for an open step's buckets.
+  // An open step's buckets are waited for (not stepped) here, while the
+  // members its end reports to are alive; the Reducer's destructor would
+  // run after them.
+  if (reducer_ != nullptr && reducer_->step_open()) (void)reducer_->CompleteStep(nullptr);
 }
 
 void DistributedDataParallel::DeferStep(torch::optim::Optimizer& optimizer) {
