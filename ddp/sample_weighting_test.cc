@@ -76,7 +76,8 @@ struct RankResult {
 };
 
 // Each rank trains on its batches with SGD; once out of data it calls
-// JoinStep until AllDone.
+// JoinStep until AllDone. With overlap_optimizer the optimizer runs through
+// OptimizerStep.
 std::vector<RankResult> RunDdp(const Net& init, const Data& data, DdpOptions options) {
   std::vector<RankResult> results(data.size());
   RunRanks(static_cast<int>(data.size()), init, options,
@@ -99,8 +100,13 @@ std::vector<RankResult> RunDdp(const Net& init, const Data& data, DdpOptions opt
                  RETURN_IF_ERROR(ddp.JoinStep());
                  if (ddp.AllDone()) break;
                }
-               opt.step();
+               if (options.overlap_optimizer) {
+                 ddp.OptimizerStep(opt);
+               } else {
+                 opt.step();
+               }
              }
+             RETURN_IF_ERROR(ddp.CompletePendingStep());  // overlap_forward's last step.
              for (const auto& p : net->parameters()) result.params.push_back(p.detach().clone());
              return absl::OkStatus();
            });
@@ -115,9 +121,11 @@ double MaxError(const std::vector<Tensor>& got, const std::vector<Tensor>& want)
   return err;
 }
 
-DdpOptions Weighted(bool bucket_view) {
+DdpOptions Weighted(bool bucket_view, bool overlap_forward = false) {
   DdpOptions options;
   options.weight_by_samples = true;
+  options.overlap_optimizer = overlap_forward;
+  options.overlap_forward = overlap_forward;
   options.gradient_as_bucket_view = bucket_view;
   options.bucket_cap_mb = 100.0 / (1024 * 1024);  // ~100 bytes: several buckets, each with [n, done].
   return options;
@@ -150,13 +158,17 @@ TEST(SampleWeightingTest, UnevenInputsOf5And7And9BatchesJoinAndMatchOneProcess) 
                               std::vector<int64_t>(9, 8)});
   const std::vector<Tensor> expected = TrainOnConcatenation(init, data);
   for (bool bucket_view : {false, true}) {
-    auto results = RunDdp(init, data, Weighted(bucket_view));
-    for (size_t r = 0; r < results.size(); ++r) {
-      ASSERT_EQ(results[r].params.size(), expected.size());
-      EXPECT_LT(MaxError(results[r].params, expected), 1e-5)
-          << "rank " << r << " bucket_view " << bucket_view;
-      // 9 steps with data somewhere, then the join step where all are done.
-      EXPECT_EQ(results[r].iterations, 10) << "rank " << r;
+    // overlap_forward: each step's buckets stepped as the next forward (or
+    // JoinStep, which completes the step first) reaches them.
+    for (bool overlap_forward : {false, true}) {
+      auto results = RunDdp(init, data, Weighted(bucket_view, overlap_forward));
+      for (size_t r = 0; r < results.size(); ++r) {
+        ASSERT_EQ(results[r].params.size(), expected.size());
+        EXPECT_LT(MaxError(results[r].params, expected), 1e-5)
+            << "rank " << r << " bucket_view " << bucket_view << " overlap " << overlap_forward;
+        // 9 steps with data somewhere, then the join step where all are done.
+        EXPECT_EQ(results[r].iterations, 10) << "rank " << r;
+      }
     }
   }
 }
