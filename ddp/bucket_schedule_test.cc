@@ -221,6 +221,23 @@ struct NotifyingSgd : torch::optim::SGD {
   std::atomic<int>* counter;
 };
 
+// One rank over Gloo with a NotifyingSgd over its Net, after one
+// synchronised forward and backward (the step's buckets launched).
+struct OneBackward {
+  Status Run(DdpOptions options) {
+    ASSIGN_OR_RETURN(ddp, SingleRank(&store, options));
+    net = ddp->typed_module();
+    opt = std::make_unique<NotifyingSgd>(net->parameters(), &stepped);
+    ASSIGN_OR_RETURN(Tensor out, ddp->Forward(torch::randn({4, test_net::kNetIn})));
+    return ddp->Backward(out.sum());
+  }
+  FakeStore store;
+  std::unique_ptr<test_ranks::Ddp> ddp;
+  Net net{nullptr};
+  std::atomic<int> stepped{0};
+  std::unique_ptr<NotifyingSgd> opt;
+};
+
 // A hook that sums (the buckets are prescaled) and, when the last bucket's
 // continuation runs (inside its wait), records how many optimizer steps its
 // rank has taken in this step: the earlier buckets must have been stepped
@@ -573,53 +590,39 @@ TEST(OverlapForwardTest, AForwardOnAnotherThreadCompletesTheStepFirst) {
 }
 
 TEST(OverlapForwardTest, AFailedBucketFailsTheForwardThatReachesForIt) {
-  FakeStore store;
   DdpOptions options = FailingBucketTwo();
   options.overlap_forward = true;
-  auto ddp = SingleRank(&store, options);
-  ASSERT_TRUE(ddp.ok()) << ddp.status();
-  Net net = (*ddp)->typed_module();
-  std::atomic<int> stepped{0};
-  NotifyingSgd opt(net->parameters(), &stepped);
-  auto out = (*ddp)->Forward(torch::randn({4, test_net::kNetIn}));
-  ASSERT_TRUE(out.ok()) << out.status();
-  ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());
-  (*ddp)->OptimizerStep(opt);
-  EXPECT_EQ(stepped.load(), 0);  // Nothing waited for yet.
-  EXPECT_TRUE((*ddp)->reducer().step_open());
-  auto next = (*ddp)->Forward(torch::randn({4, test_net::kNetIn}));
+  OneBackward t;
+  ASSERT_TRUE(t.Run(options).ok());
+  t.ddp->OptimizerStep(*t.opt);
+  EXPECT_EQ(t.stepped.load(), 0);  // Nothing waited for yet.
+  EXPECT_TRUE(t.ddp->reducer().step_open());
+  auto next = t.ddp->Forward(torch::randn({4, test_net::kNetIn}));
   ASSERT_FALSE(next.ok());
   EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(next.status().message()), HasSubstr("wire cut"));
-  EXPECT_EQ(stepped.load(), 2);  // Buckets 0 and 1, launched before the failed one.
-  EXPECT_FALSE((*ddp)->reducer().step_open());
+  EXPECT_EQ(t.stepped.load(), 2);  // Buckets 0 and 1, launched before the failed one.
+  EXPECT_FALSE(t.ddp->reducer().step_open());
 }
 
 TEST(OverlapForwardTest, DestroyedWithAStepOpenWaitsForItWithoutSteppingIt) {
-  FakeStore store;
   DdpOptions options = Options(true, true);
   options.overlap_forward = true;
   int reported = 0;
   options.on_step = [&reported](const StepStats&) { ++reported; };
-  auto ddp = SingleRank(&store, options);
-  ASSERT_TRUE(ddp.ok()) << ddp.status();
-  Net net = (*ddp)->typed_module();
-  std::atomic<int> stepped{0};
-  NotifyingSgd opt(net->parameters(), &stepped);
-  auto out = (*ddp)->Forward(torch::randn({4, test_net::kNetIn}));
-  ASSERT_TRUE(out.ok()) << out.status();
-  ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());
+  OneBackward t;
+  ASSERT_TRUE(t.Run(options).ok());
   // Read before OptimizerStep: after it, an operator on them would run the
   // gate and complete the step.
   std::vector<Tensor> before;
-  for (const auto& p : net->parameters()) before.push_back(p.detach().clone());
-  (*ddp)->OptimizerStep(opt);
-  EXPECT_TRUE((*ddp)->reducer().step_open());
-  ddp->reset();
+  for (const auto& p : t.net->parameters()) before.push_back(p.detach().clone());
+  t.ddp->OptimizerStep(*t.opt);
+  EXPECT_TRUE(t.ddp->reducer().step_open());
+  t.ddp.reset();
   EXPECT_EQ(reported, 1);  // The step ended, reported to a live object.
-  EXPECT_EQ(stepped.load(), 0);
+  EXPECT_EQ(t.stepped.load(), 0);
   for (size_t i = 0; i < before.size(); ++i) {
-    EXPECT_TRUE(torch::equal(net->parameters()[i], before[i])) << "parameter " << i;
+    EXPECT_TRUE(torch::equal(t.net->parameters()[i], before[i])) << "parameter " << i;
   }
 }
 
@@ -652,19 +655,11 @@ TEST(OverlapOptimizerTest, PlainOptimizerStepInsteadOfOptimizerStepFailsTheNextF
 }
 
 TEST(OverlapOptimizerTest, AFailedBucketStopsTheSteppingAndFailsTheNextForward) {
-  FakeStore store;
-  DdpOptions options = FailingBucketTwo();
-  auto ddp = SingleRank(&store, options);
-  ASSERT_TRUE(ddp.ok()) << ddp.status();
-  Net net = (*ddp)->typed_module();
-  std::atomic<int> stepped{0};
-  NotifyingSgd opt(net->parameters(), &stepped);
-  auto out = (*ddp)->Forward(torch::randn({4, test_net::kNetIn}));
-  ASSERT_TRUE(out.ok()) << out.status();
-  ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());  // Nothing waited for yet.
-  (*ddp)->OptimizerStep(opt);
-  EXPECT_EQ(stepped.load(), 2);  // Buckets 0 and 1; not 2, 3 or the rest.
-  auto next = (*ddp)->Forward(torch::randn({4, test_net::kNetIn}));
+  OneBackward t;
+  ASSERT_TRUE(t.Run(FailingBucketTwo()).ok());  // Nothing waited for yet.
+  t.ddp->OptimizerStep(*t.opt);
+  EXPECT_EQ(t.stepped.load(), 2);  // Buckets 0 and 1; not 2, 3 or the rest.
+  auto next = t.ddp->Forward(torch::randn({4, test_net::kNetIn}));
   ASSERT_FALSE(next.ok());
   EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(next.status().message()), HasSubstr("wire cut"));
