@@ -129,11 +129,10 @@ struct GateCallbacks {
     thread_local std::vector<const c10::TensorImpl*> inputs;
     inputs.clear();
     OpInputTensors(fn, &inputs);
-    if (!inputs.empty()) {
-      const std::vector<std::shared_ptr<Gate>> open = gates;  // A step may close meanwhile.
-      for (const auto& gate : open) {
-        if (DistributedDataParallel* ddp = gate->ddp.load()) ddp->BeforeOperator(inputs);
-      }
+    // The list only changes in Add and Prune, never from in here (a step
+    // that closes meanwhile only clears its gate's pointer).
+    for (size_t k = 0; k < gates.size() && !inputs.empty(); ++k) {
+      if (DistributedDataParallel* ddp = gates[k]->ddp.load()) ddp->BeforeOperator(inputs);
     }
     running = false;
     return nullptr;
@@ -238,8 +237,7 @@ Status DistributedDataParallel::PreForward() {
   RETURN_IF_ERROR(reducer_->last_error());
   // The rebuild's and the buffers' broadcasts block on every peer.
   SetCollective(true, -1, "broadcast");
-  // An open step here is overlap_forward's (no re-pack pending, see above).
-  Status s = deferred_ != nullptr ? absl::OkStatus() : reducer_->RebuildBucketsIfNeeded();
+  Status s = reducer_->RebuildBucketsIfNeeded();
   if (s.ok() && options_.broadcast_buffers && !buffers_.empty()) {
     s = Annotate(BroadcastCoalesced(*comm_, buffers_, 0, options_.timeout),
                  "DDP: broadcasting buffers from rank 0");
@@ -414,44 +412,71 @@ void DistributedDataParallel::ReportStep(StepProgress p, MonoTime previous_end, 
   progress_->Report(p);
 }
 
-double DistributedDataParallel::StepOverlapped(torch::optim::Optimizer& optimizer) {
-  // Which bucket each parameter is in, and each group's parameters split by
-  // bucket (parts[b][g]; parts[buckets][g]: those DDP does not reduce).
+namespace {
+
+// Each of the optimizer's groups split by the Reducer's buckets:
+// parts[b][g] for bucket b, parts[buckets][g] the parameters DDP does not
+// reduce.
+using BucketParts = std::vector<std::vector<std::vector<torch::Tensor>>>;
+BucketParts SplitByBucket(const Reducer& reducer, torch::optim::Optimizer& optimizer) {
+  const std::vector<std::vector<size_t>> layout = reducer.bucket_indices();
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
-  const std::vector<std::vector<size_t>> layout = reducer_->bucket_indices();
   for (size_t b = 0; b < layout.size(); ++b) {
-    for (size_t i : layout[b]) bucket_of[reducer_->params()[i].tensor.unsafeGetTensorImpl()] = b;
+    for (size_t i : layout[b]) bucket_of[reducer.params()[i].tensor.unsafeGetTensorImpl()] = b;
   }
   auto& groups = optimizer.param_groups();
-  std::vector<std::vector<torch::Tensor>> all(groups.size());
-  std::vector<std::vector<std::vector<torch::Tensor>>> parts(
-      layout.size() + 1, std::vector<std::vector<torch::Tensor>>(groups.size()));
+  BucketParts parts(layout.size() + 1, std::vector<std::vector<torch::Tensor>>(groups.size()));
   for (size_t g = 0; g < groups.size(); ++g) {
-    all[g] = groups[g].params();
-    for (const torch::Tensor& p : all[g]) {
+    for (const torch::Tensor& p : groups[g].params()) {
       auto it = bucket_of.find(p.unsafeGetTensorImpl());
       parts[it == bucket_of.end() ? layout.size() : it->second][g].push_back(p);
     }
   }
-  // The optimizer sees one part at a time; its state is keyed by tensor, so
-  // stepping the parts one after another is one step of the whole.
+  return parts;
+}
+
+// One optimizer step over `part` (its parameters per group) alone: the
+// groups are narrowed to it, then restored, also when step() throws. The
+// optimizer's state is keyed by tensor, so stepping the parts one after
+// another is one step of the whole.
+void StepPart(torch::optim::Optimizer& optimizer,
+              const std::vector<std::vector<torch::Tensor>>& part) {
+  bool any = false;
+  for (const auto& params : part) any = any || !params.empty();
+  if (!any) return;
+  auto& groups = optimizer.param_groups();
+  std::vector<std::vector<torch::Tensor>> all(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    all[g] = std::move(groups[g].params());
+    groups[g].params() = part[g];
+  }
+  auto restore = [&] {
+    for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = std::move(all[g]);
+  };
+  try {
+    optimizer.step();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
+}  // namespace
+
+double DistributedDataParallel::StepOverlapped(torch::optim::Optimizer& optimizer) {
+  const BucketParts parts = SplitByBucket(*reducer_, optimizer);
   std::exception_ptr thrown;
   auto step_part = [&](size_t b) {
     if (thrown) return;
-    bool any = false;
-    for (size_t g = 0; g < groups.size(); ++g) {
-      groups[g].params() = parts[b][g];
-      any = any || !parts[b][g].empty();
-    }
     try {
-      if (any) optimizer.step();
+      StepPart(optimizer, parts[b]);
     } catch (...) {
       thrown = std::current_exception();
     }
   };
   const Status s = reducer_->CompleteStep(step_part);
-  if (s.ok()) step_part(layout.size());
-  for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = std::move(all[g]);
+  if (s.ok()) step_part(parts.size() - 1);
   if (thrown) std::rethrow_exception(thrown);
   return s.ok() ? reducer_->last_stats().comm_exposed_ms : 0;
 }
@@ -498,26 +523,17 @@ void DistributedDataParallel::DeferStep(torch::optim::Optimizer& optimizer) {
   d->optimizer = &optimizer;
   d->thread = std::this_thread::get_id();
   d->layout = reducer_->bucket_indices();
+  d->parts = SplitByBucket(*reducer_, optimizer);
   const size_t buckets = d->layout.size();
   const auto& params = reducer_->params();
-  std::unordered_map<const c10::TensorImpl*, size_t> param_bucket;
   for (size_t b = 0; b < buckets; ++b) {
     for (size_t i : d->layout[b]) {
       const torch::Tensor& param = params[i].tensor;
-      param_bucket[param.unsafeGetTensorImpl()] = b;
       d->bucket_of[param.unsafeGetTensorImpl()] = b;
       if (param.grad().defined()) {
         d->bucket_of[param.grad().unsafeGetTensorImpl()] = b;
         d->grads.push_back(param.grad());
       }
-    }
-  }
-  auto& groups = optimizer.param_groups();
-  d->parts.assign(buckets + 1, std::vector<std::vector<torch::Tensor>>(groups.size()));
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (const torch::Tensor& p : groups[g].params()) {
-      auto it = param_bucket.find(p.unsafeGetTensorImpl());
-      d->parts[it == param_bucket.end() ? buckets : it->second][g].push_back(p);
     }
   }
   d->done.assign(buckets, false);
@@ -549,24 +565,15 @@ void DistributedDataParallel::DeferStep(torch::optim::Optimizer& optimizer) {
 void DistributedDataParallel::StepDeferredPart(size_t b) {
   DeferredStep& d = *deferred_;
   if (!deferred_error_.ok()) return;  // The optimizer failed: no more steps.
-  auto& groups = d.optimizer->param_groups();
-  std::vector<std::vector<torch::Tensor>> all(groups.size());
-  bool any = false;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    all[g] = std::move(groups[g].params());
-    groups[g].params() = d.parts[b][g];
-    any = any || !d.parts[b][g].empty();
-  }
   const MonoTime start = RealClock()->Now();
   try {
-    if (any) d.optimizer->step();
+    StepPart(*d.optimizer, d.parts[b]);
   } catch (const std::exception& e) {
     deferred_error_ = absl::InternalError(
         absl::StrCat("DDP: the optimizer threw while stepping bucket ", b, " (overlap_forward): ",
                      internal::ExceptionMessage(e)));
   }
   d.optimizer_ms += MillisSince(start);
-  for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = std::move(all[g]);
   if (b >= d.layout.size()) return;
   d.done[b] = true;
   for (size_t i : d.layout[b]) {

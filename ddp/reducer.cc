@@ -766,8 +766,9 @@ Status Reducer::RebuildBucketsIfNeeded() {
   std::vector<size_t> order;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (step_open_) return error_ = OpenStepError();
     if (rebuilt_ || !have_arrival_order_) return absl::OkStatus();
+    // A re-pack moves every gradient: not while a step is open.
+    if (step_open_) return error_ = OpenStepError();
     order = arrival_order_;
   }
   const int64_t n = static_cast<int64_t>(params_.size());

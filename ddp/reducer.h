@@ -273,7 +273,8 @@ class Reducer {
 
   // Called before forward; broadcasts rank 0's arrival order and re-packs
   // buckets after the first synchronised backward (once). Blocks on one
-  // broadcast, bounded by the timeout.
+  // broadcast, bounded by the timeout. OK with nothing to do, also while a
+  // step is open; a re-pack due while one is open is FailedPrecondition.
   Status RebuildBucketsIfNeeded();
 
   // Bucket layout (parameter indices per bucket), for tests and logs.
