@@ -19,6 +19,13 @@ void AddEvent(v1::Job* job, int64_t ms, v1::JobState state, int round, int resta
   e->set_detail(detail);
 }
 
+// The job's snapshot fields, as a status poll returns them.
+void SetSnapshot(v1::Job* job, v1::JobState state, int round, const std::string& message) {
+  job->set_state(state);
+  job->set_round(round);
+  job->set_message(message);
+}
+
 // A job that failed once: round 1 runs and fails, round 2 runs and succeeds.
 // The follower's first snapshot is round 1 RUNNING; its second is already
 // SUCCEEDED. The RESTARTING, round 2's RENDEZVOUS and RUNNING in between
@@ -30,9 +37,7 @@ TEST(StateLinesTest, StatesBetweenTwoSnapshotsArePrintedFromTheHistory) {
   AddEvent(&job, 2, v1::JOB_STATE_RENDEZVOUS, 1, 0, "round 1 opened");
   AddEvent(&job, 3, v1::JOB_STATE_RENDEZVOUS, 1, 0, "round 1 closed");
   AddEvent(&job, 4, v1::JOB_STATE_RUNNING, 1, 0, "all 2 ranks started");
-  job.set_state(v1::JOB_STATE_RUNNING);
-  job.set_round(1);
-  job.set_message("all 2 ranks started");
+  SetSnapshot(&job, v1::JOB_STATE_RUNNING, 1, "all 2 ranks started");
   StateLines lines;
   std::ostringstream first;
   lines.Print(job, first);
@@ -51,10 +56,8 @@ TEST(StateLinesTest, StatesBetweenTwoSnapshotsArePrintedFromTheHistory) {
   AddEvent(&job, 6, v1::JOB_STATE_RENDEZVOUS, 2, 1, "round 2 opened");
   AddEvent(&job, 7, v1::JOB_STATE_RUNNING, 2, 1, "all 2 ranks started");
   AddEvent(&job, 8, v1::JOB_STATE_SUCCEEDED, 2, 1, "all 2 ranks exited 0");
-  job.set_state(v1::JOB_STATE_SUCCEEDED);
-  job.set_round(2);
+  SetSnapshot(&job, v1::JOB_STATE_SUCCEEDED, 2, "all 2 ranks exited 0");
   job.set_restart_count(1);
-  job.set_message("all 2 ranks exited 0");
   std::ostringstream second;
   lines.Print(job, second);
   EXPECT_EQ(second.str(),
@@ -71,9 +74,7 @@ TEST(StateLinesTest, AMessageChangeWithinAStateIsALineAndAnEventAloneIsNot) {
   v1::Job job;
   job.mutable_spec()->set_max_restarts(0);
   AddEvent(&job, 1, v1::JOB_STATE_RENDEZVOUS, 1, 0, "round 1 opened");
-  job.set_state(v1::JOB_STATE_RENDEZVOUS);
-  job.set_round(1);
-  job.set_message("waiting for 1..1 nodes");
+  SetSnapshot(&job, v1::JOB_STATE_RENDEZVOUS, 1, "waiting for 1..1 nodes");
   StateLines lines;
   std::ostringstream out;
   lines.Print(job, out);
