@@ -233,6 +233,32 @@ TEST(DdpParityTest, OverlappedForwardMatchesOneProcess) {
   ExpectParity("mlp_small", 2, {}, 8, {"--overlap-optimizer", "--overlap-forward"}, "shm");
 }
 
+// overlap_forward leaves the last step open when the trainer checkpoints:
+// the checkpoint must hold the stepped parameters. A run resumed from the
+// step-5 checkpoint (nothing left to train) ends with the parameters the
+// first run ended with.
+TEST(DdpCheckpointTest, OverlappedForwardCheckpointHoldsTheSteppedParameters) {
+  const std::string dir = TempDir();
+  const std::vector<std::string> args = {
+      "--model", "mlp_small", "--steps", "5", "--batch", "8", "--bucket-mb", "0.05",
+      "--overlap-optimizer", "--overlap-forward", "--checkpoint-dir", dir + "/ckpt",
+      "--checkpoint-every", "5", "--dump-params"};
+  std::vector<std::string> first = args;
+  first.push_back(dir + "/first");
+  auto procs = Spawn(RankEnvs(2, TempDir()), first, dir);  // A store per run.
+  for (const auto& p : procs) ASSERT_EQ(p.exit_code, 0) << Describe(procs);
+  std::vector<std::string> resumed = args;
+  resumed.push_back(dir + "/resumed");
+  procs = Spawn(RankEnvs(2, TempDir()), resumed, dir);
+  for (const auto& p : procs) ASSERT_EQ(p.exit_code, 0) << Describe(procs);
+  EXPECT_NE(procs[0].err.find("resumed from step 5"), std::string::npos) << Describe(procs);
+  for (int r = 0; r < 2; ++r) {
+    const auto want = ReadParams(absl::StrCat(dir, "/first.", r));
+    ASSERT_FALSE(want.empty());
+    EXPECT_EQ(ReadParams(absl::StrCat(dir, "/resumed.", r)), want) << "rank " << r;
+  }
+}
+
 TEST(DdpNoSyncTest, ThreeNoSyncMicroBatchesThenSyncedStepEqualsOneStepOnAllData) {
   // DDP ranks split each step's 8 samples into 4 micro-batches (3 under
   // no_sync); the reference takes one step on all 16 samples at once.
