@@ -638,7 +638,8 @@ class Cli {
     RETURN_IF_ERROR(written.status());
     for (const std::string& path : *written) std::cout << "wrote " << path << "\n";
     std::cout << "lockstepd on HOST: --tls-ca " << out << "/ca.pem --tls-cert " << out
-              << "/HOST.pem --tls-key " << out << "/HOST.key\n"
+              << "/HOST.pem --tls-key " << out << "/HOST.key --tls-worker-cert " << out
+              << "/worker.pem --tls-worker-key " << out << "/worker.key\n"
               << "lockstep: --tls-ca " << out << "/ca.pem --tls-cert " << out
               << "/client.pem --tls-key " << out << "/client.key (or LOCKSTEP_TLS_CA, "
               << "LOCKSTEP_TLS_CERT, LOCKSTEP_TLS_KEY)\n"

@@ -251,7 +251,7 @@ StatusOr<std::vector<std::string>> WriteClusterCerts(const std::string& dir,
   if (hosts.empty()) return absl::InvalidArgumentError("no hosts: name every node's address");
   if (days < 1) return absl::InvalidArgumentError(absl::StrCat("days must be >= 1, got ", days));
   for (const std::string& host : hosts) {
-    if (host.empty() || host == "ca" || host == "client" || host.find('/') != std::string::npos ||
+    if (host.empty() || host == "ca" || host == "client" || host == "worker" || host.find('/') != std::string::npos ||
         host[0] == '.') {
       return absl::InvalidArgumentError(absl::StrCat(
           "host '", host, "' cannot name a certificate file (want a DNS name or an IP address)"));
@@ -303,6 +303,10 @@ StatusOr<std::vector<std::string>> WriteClusterCerts(const std::string& dir,
   client.common_name = "lockstep client";
   client.server_auth = false;
   RETURN_IF_ERROR(issue("client", client));
+  CertOptions worker;
+  worker.common_name = "lockstep worker";
+  worker.server_auth = false;
+  RETURN_IF_ERROR(issue("worker", worker));
   return written;
 }
 
@@ -336,6 +340,35 @@ Status CheckTlsMaterial(const std::string& ca_pem, const std::string& cert_pem,
       why += " (it was not issued by " + ca_what + ")";
     }
     return absl::InvalidArgumentError(absl::StrCat("certificate ", cert_what, ": ", why));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckClientOnly(const std::string& cert_pem, const std::string& what) {
+  ASSIGN_OR_RETURN(X509Ptr cert, ParseCert(cert_pem, what));
+  // Computes the cached extension flags; 0 for a certificate OpenSSL
+  // cannot interpret.
+  const uint32_t flags = X509_get_extension_flags(cert.get());
+  if ((flags & EXFLAG_INVALID) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("certificate ", what, ": invalid extensions"));
+  }
+  if ((flags & EXFLAG_XKUSAGE) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("certificate ", what,
+                     " has no extendedKeyUsage, so it is good for a server too; give one for "
+                     "clientAuth only (lockstep certs writes worker.pem)"));
+  }
+  const uint32_t usage = X509_get_extended_key_usage(cert.get());
+  if ((usage & (XKU_SSL_SERVER | XKU_ANYEKU)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("certificate ", what,
+                     " is good for a server (extendedKeyUsage serverAuth): a worker holding its "
+                     "key could pass for a node; give one for clientAuth only (lockstep certs "
+                     "writes worker.pem)"));
+  }
+  if ((usage & XKU_SSL_CLIENT) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "certificate ", what, " lacks extendedKeyUsage clientAuth: servers would refuse it"));
   }
   return absl::OkStatus();
 }

@@ -9,6 +9,9 @@
 //   HOST.pem, HOST.key      one per host: serverAuth + clientAuth, subjectAltName HOST
 //                           (DNS name or IP address); lockstepd's --tls-cert/--tls-key
 //   client.pem, client.key  clientAuth only: the CLI's --tls-cert/--tls-key
+//   worker.pem, worker.key  clientAuth only: what lockstepd hands its workers
+//                           (--tls-worker-cert/--tls-worker-key), so a job's code holds
+//                           a key that cannot serve as a node (CheckClientOnly)
 // Keys are written 0600, certificates 0644, each through a temporary file
 // and a rename, so a daemon watching the files never reads half of one.
 // With ca.pem and ca.key already in DIR the CA is reused: running the
@@ -78,6 +81,14 @@ Status CheckTlsMaterial(const std::string& ca_pem, const std::string& cert_pem,
                         const std::string& key_pem, SystemTime now,
                         const std::string& ca_what, const std::string& cert_what,
                         const std::string& key_what);
+
+// InvalidArgument unless `cert_pem` can only serve as a client's
+// certificate: its extendedKeyUsage has clientAuth and neither serverAuth
+// nor anyExtendedKeyUsage (a certificate without the extension is good for
+// any purpose, a server's included). `what` names it in messages.
+// lockstepd's --tls-worker-cert: a worker's code must not be able to pass
+// for a node to the CLI or to agents (they would send it their tokens).
+Status CheckClientOnly(const std::string& cert_pem, const std::string& what);
 
 }  // namespace certs
 }  // namespace lockstep

@@ -1,5 +1,6 @@
 #include "common/certs.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -66,8 +67,8 @@ TEST(CertsTest, WriteClusterCertsWritesEveryFileAndReusesTheCa) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/certs_", ::getpid());
   auto written = WriteClusterCerts(dir, {"node1", "10.0.0.2"}, 30);
   ASSERT_TRUE(written.ok()) << written.status();
-  EXPECT_EQ(written->size(), 8u);
-  for (const char* f : {"ca.key", "node1.key", "10.0.0.2.key", "client.key"}) {
+  EXPECT_EQ(written->size(), 10u);
+  for (const char* f : {"ca.key", "node1.key", "10.0.0.2.key", "client.key", "worker.key"}) {
     EXPECT_EQ(Mode(dir + "/" + f), 0600) << f;
   }
   EXPECT_EQ(Mode(dir + "/ca.pem"), 0644);
@@ -85,6 +86,40 @@ TEST(CertsTest, WriteClusterCertsWritesEveryFileAndReusesTheCa) {
   EXPECT_EQ(WriteClusterCerts(dir, {"a/b"}, 30).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WriteClusterCerts(dir, {"x"}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteClusterCerts(dir, {"worker"}, 30).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a host named worker would overwrite the workers' certificate";
+}
+
+// The workers' certificate is a client's only; a node's, or one with no
+// extendedKeyUsage (good for anything), is refused with the reason.
+TEST(CertsTest, CheckClientOnlyAcceptsOnlyClientCertificates) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/client_only_", ::getpid());
+  ASSERT_TRUE(WriteClusterCerts(dir, {"node1"}, 30).ok());
+  const std::string ca = Read(dir + "/ca.pem");
+  const auto now = std::chrono::system_clock::now();
+  EXPECT_TRUE(CheckTlsMaterial(ca, Read(dir + "/worker.pem"), Read(dir + "/worker.key"), now, "ca",
+                               "c", "k")
+                  .ok());
+  EXPECT_TRUE(CheckClientOnly(Read(dir + "/worker.pem"), "w").ok());
+  EXPECT_TRUE(CheckClientOnly(Read(dir + "/client.pem"), "c").ok());
+  Status node = CheckClientOnly(Read(dir + "/node1.pem"), "--tls-worker-cert node1.pem");
+  EXPECT_EQ(node.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(node.message()),
+              ::testing::HasSubstr("--tls-worker-cert node1.pem is good for a server"));
+
+  KeyAndCert authority{Read(dir + "/ca.key"), ca};
+  CertOptions any;
+  any.common_name = "no usage";
+  any.server_auth = false;
+  any.client_auth = false;
+  any.not_before = now - std::chrono::hours(1);
+  any.not_after = now + std::chrono::hours(1);
+  auto unrestricted = IssueCert(authority, any);
+  ASSERT_TRUE(unrestricted.ok()) << unrestricted.status();
+  Status s = CheckClientOnly(unrestricted->cert_pem, "x.pem");
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("x.pem has no extendedKeyUsage"));
+  EXPECT_FALSE(CheckClientOnly("garbage", "g").ok());
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/address.h"
+#include "common/certs.h"
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -93,9 +94,47 @@ struct Config {
   std::string tls_ca;
   std::string tls_cert;
   std::string tls_key;
+  // What the workers get instead of tls_cert/tls_key (clientAuth only);
+  // empty: the daemon's own, with a warning.
+  std::string tls_worker_cert;
+  std::string tls_worker_key;
   double tls_refresh_s = ToSeconds(rendezvous::kDefaultTlsRefreshInterval);
   bool insecure_plaintext = false;
 };
+
+// The TLS material the workers get (LOCKSTEP_TLS_*_PEM), read now: the CA
+// and --tls-worker-cert/--tls-worker-key, checked (they chain to the CA,
+// match, are valid now, and are a client's only: certs::CheckClientOnly),
+// or without those flags this daemon's own certificate and key. Called at
+// start and at each launch, so renewed files reach the next workers.
+StatusOr<WorkerTlsPem> ReadWorkerTls(const rendezvous::TlsConfig& tls, const Config& config) {
+  const bool own = config.tls_worker_cert.empty();
+  if (own) RETURN_IF_ERROR(rendezvous::CheckTlsConfig(tls, /*need_identity=*/true));
+  const std::string cert_flag = own ? "--tls-cert" : "--tls-worker-cert";
+  const std::string key_flag = own ? "--tls-key" : "--tls-worker-key";
+  const std::string& cert_file = own ? tls.cert_file : config.tls_worker_cert;
+  const std::string& key_file = own ? tls.key_file : config.tls_worker_key;
+  WorkerTlsPem pem;
+  for (auto [path, out] : {std::pair{&tls.ca_file, &pem.ca}, std::pair{&cert_file, &pem.cert},
+                           std::pair{&key_file, &pem.key}}) {
+    std::ifstream in(*path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    *out = text.str();
+    if (!in || out->empty()) {
+      return absl::UnavailableError(absl::StrCat("cannot read ", *path, " for the workers"));
+    }
+  }
+  if (!own) {
+    const std::string cert_what = absl::StrCat(cert_flag, " ", cert_file);
+    RETURN_IF_ERROR(certs::CheckTlsMaterial(pem.ca, pem.cert, pem.key,
+                                            std::chrono::system_clock::now(),
+                                            absl::StrCat("--tls-ca ", tls.ca_file), cert_what,
+                                            absl::StrCat(key_flag, " ", key_file)));
+    RETURN_IF_ERROR(certs::CheckClientOnly(pem.cert, cert_what));
+  }
+  return pem;
+}
 
 StatusOr<Config> ParseFlags(int argc, char** argv) {
   Config c;
@@ -157,6 +196,12 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
                "mutual TLS: this daemon's certificate (PEM), served and presented to the "
                "coordinator; re-read when it changes");
   flags.String("tls-key", &c.tls_key, "mutual TLS: the key of --tls-cert (PEM)");
+  flags.String("tls-worker-cert", &c.tls_worker_cert,
+               "mutual TLS: the certificate this daemon's workers present (PEM, clientAuth "
+               "only: worker.pem from `lockstep certs`); re-read at each launch. Default: "
+               "--tls-cert, so a job holds this node's key (warned at start)");
+  flags.String("tls-worker-key", &c.tls_worker_key,
+               "mutual TLS: the key of --tls-worker-cert (PEM)");
   flags.Double("tls-refresh-s", &c.tls_refresh_s,
                "re-read the --tls-* files this often (whole seconds, at least 1)");
   flags.Bool("insecure-plaintext", &c.insecure_plaintext,
@@ -167,6 +212,14 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   if (!rest.empty()) return absl::InvalidArgumentError("unexpected argument: " + rest[0]);
   if (!c.coordinator && !c.agent) {
     return absl::InvalidArgumentError("--no-agent needs --coordinator: nothing to run");
+  }
+  if (c.tls_worker_cert.empty() != c.tls_worker_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-worker-cert and --tls-worker-key go together: give both or neither");
+  }
+  if (!c.tls_worker_cert.empty() && c.tls_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-worker-cert and --tls-worker-key need --tls-ca, --tls-cert and --tls-key");
   }
   if (!c.coordinator && c.coordinator_address.empty()) {
     return absl::InvalidArgumentError("--coordinator-address is required without --coordinator");
@@ -348,10 +401,25 @@ int Run(int argc, char** argv) {
     log.Error("{}", std::string(s.message()));
     return 2;
   }
+  if (tls.enabled() && config.agent) {
+    auto workers = ReadWorkerTls(tls, config);
+    if (!workers.ok()) {
+      log.Error("{}", std::string(workers.status().message()));
+      return 2;
+    }
+  }
   rendezvous::SetProcessTls(tls);
   if (tls.enabled()) {
     log.Info("mutual TLS: CA {}, certificate {}, key {} (re-read every {:.0f} s)", tls.ca_file,
              tls.cert_file, tls.key_file, ToSeconds(tls.refresh_interval));
+    if (config.agent && config.tls_worker_cert.empty()) {
+      log.Warn("workers get this daemon's own TLS certificate and key (--tls-key), so a job's "
+               "code could pass for this node to the CLI and to agents; give "
+               "--tls-worker-cert and --tls-worker-key (worker.pem and worker.key from "
+               "`lockstep certs`)");
+    } else if (config.agent) {
+      log.Info("workers present {} (--tls-worker-cert)", config.tls_worker_cert);
+    }
   } else {
     if (!rendezvous::IsLoopbackHost(HostOfAddress(config.listen))) {
       log.Warn("plaintext on {} (--insecure-plaintext): tokens and job data cross the network "
@@ -526,22 +594,7 @@ int Run(int argc, char** argv) {
     options.lease = FromSeconds(config.lease_s);
     if (tls.enabled()) {
       // Read at each launch: a renewed certificate reaches the next workers.
-      options.worker_tls = [tls]() -> StatusOr<WorkerTlsPem> {
-        RETURN_IF_ERROR(rendezvous::CheckTlsConfig(tls, /*need_identity=*/true));
-        WorkerTlsPem pem;
-        for (auto [path, out] : {std::pair{&tls.ca_file, &pem.ca},
-                                 std::pair{&tls.cert_file, &pem.cert},
-                                 std::pair{&tls.key_file, &pem.key}}) {
-          std::ifstream in(*path, std::ios::binary);
-          std::stringstream text;
-          text << in.rdbuf();
-          *out = text.str();
-          if (!in || out->empty()) {
-            return absl::UnavailableError(absl::StrCat("cannot read ", *path, " for the workers"));
-          }
-        }
-        return pem;
-      };
+      options.worker_tls = [tls, config] { return ReadWorkerTls(tls, config); };
     }
     options.on_worker_exit = [&worker_exits](const std::string&, const v1::WorkerStatus& w) {
       worker_exits.Count(w);

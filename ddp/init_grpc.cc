@@ -7,9 +7,11 @@
 // the job's store token) as its bearer token when the variable is set.
 // It also registers the progress sink (ddp/progress.h) that sends each DDP
 // step to this node's agent (client/progress_reporter.h; none without
-// LOCKSTEP_AGENT). Under a lockstepd with TLS all of them (store client,
-// rank 0's store server, progress reporter) use the TLS material the agent
-// gave in LOCKSTEP_TLS_*_PEM (rendezvous/tls.h, ProcessTls).
+// LOCKSTEP_AGENT). With LOCKSTEP_TLS_*_PEM set all of them (store client,
+// rank 0's store server, progress reporter) use that TLS material
+// (rendezvous/tls.h, ProcessTls). Under lockstepd it is a client's only
+// (--tls-worker-cert) and LOCKSTEP_STORE is always set, so no worker
+// serves a store there.
 // Link //ddp:init_from_env_grpc (alwayslink) into the binary to enable it.
 #include <algorithm>
 #include <cstdlib>

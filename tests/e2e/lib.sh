@@ -69,6 +69,21 @@ start_daemon() {
   log "daemon $name pid $pid at $(cat "$T/$name.addr")"
 }
 
+# cluster_tls HOST...: makes a cluster's certificates in $T/certs with
+# `lockstep certs` (sets CERTS) and points the CLI at client.pem.
+# node_tls HOST: lockstepd's mutual TLS flags for HOST, its workers given
+# worker.pem (clientAuth only), as deploy/README.md recommends.
+cluster_tls() {
+  CERTS="$T/certs"
+  "$LOCKSTEP" certs --out "$CERTS" --hosts "$(IFS=,; echo "$*")" > /dev/null || fail "lockstep certs failed"
+  export LOCKSTEP_TLS_CA="$CERTS/ca.pem" LOCKSTEP_TLS_CERT="$CERTS/client.pem" \
+    LOCKSTEP_TLS_KEY="$CERTS/client.key"
+}
+node_tls() {
+  echo --tls-ca "$CERTS/ca.pem" --tls-cert "$CERTS/$1.pem" --tls-key "$CERTS/$1.key" \
+    --tls-worker-cert "$CERTS/worker.pem" --tls-worker-key "$CERTS/worker.key"
+}
+
 # start_coordinator [flags]: a coordinator daemon named "coord"; sets
 # COORD and TOKEN for the CLI.
 start_coordinator() {

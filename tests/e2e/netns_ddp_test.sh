@@ -20,16 +20,13 @@ two_hosts ld "$NET"
 
 # Mutual TLS between the hosts (as netns_test): the workers' store and
 # progress clients use it too; Gloo's data plane is not gRPC and stays plain.
-C="$T/certs"
-"$LOCKSTEP" certs --out "$C" --hosts "$NET.1,$NET.2" > /dev/null
-tls() { echo --tls-ca "$C/ca.pem" --tls-cert "$C/$1.pem" --tls-key "$C/$1.key"; }
-export LOCKSTEP_TLS_CA="$C/ca.pem" LOCKSTEP_TLS_CERT="$C/client.pem" LOCKSTEP_TLS_KEY="$C/client.key"
+cluster_tls "$NET.1" "$NET.2"
 
 DAEMON_PREFIX=(ip netns exec "$NSA")
 CLI_PREFIX=(ip netns exec "$NSA")
-start_coordinator --listen "$NET.1:0" $(tls "$NET.1")
+start_coordinator --listen "$NET.1:0" $(node_tls "$NET.1")
 DAEMON_PREFIX=(ip netns exec "$NSB")
-start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" --token-file "$TOKEN" $(tls "$NET.2")
+start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" --token-file "$TOKEN" $(node_tls "$NET.2")
 
 # checksums JOB: the final checksum line of each rank's log, one per line.
 checksums() {

@@ -15,18 +15,16 @@ NET="10.213.$(($$ % 250))"
 two_hosts ls "$NET"
 
 # Mutual TLS between the hosts, with certificates from `lockstep certs`:
-# each daemon's names its own address, the CLI presents client.pem.
-C="$T/certs"
-"$LOCKSTEP" certs --out "$C" --hosts "$NET.1,$NET.2" > /dev/null
-tls() { echo --tls-ca "$C/ca.pem" --tls-cert "$C/$1.pem" --tls-key "$C/$1.key"; }
-export LOCKSTEP_TLS_CA="$C/ca.pem" LOCKSTEP_TLS_CERT="$C/client.pem" LOCKSTEP_TLS_KEY="$C/client.key"
+# each daemon's names its own address, the CLI presents client.pem, the
+# workers worker.pem (clientAuth only).
+cluster_tls "$NET.1" "$NET.2"
 
 DAEMON_PREFIX=(ip netns exec "$NSA")
 CLI_PREFIX=(ip netns exec "$NSA")
-start_coordinator --listen "$NET.1:0" $(tls "$NET.1")
-grep -q "mutual TLS: CA $C/ca.pem" "$T/coord.log" || fail "the coordinator does not serve TLS"
+start_coordinator --listen "$NET.1:0" $(node_tls "$NET.1")
+grep -q "mutual TLS: CA $CERTS/ca.pem" "$T/coord.log" || fail "the coordinator does not serve TLS"
 DAEMON_PREFIX=(ip netns exec "$NSB")
-start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" --token-file "$TOKEN" $(tls "$NET.2")
+start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" --token-file "$TOKEN" $(node_tls "$NET.2")
 job=$(submit --nodes 1:2 --nproc-per-node 1 --max-restarts 2 --last-call-s 0.5 \
   --env TRAINER_STEPS=300 --env TRAINER_STEPS_LATER=10 --env TRAINER_STEP_MS=100)
 wait_state "$job" RUNNING 30

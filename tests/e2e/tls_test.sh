@@ -3,7 +3,11 @@
 # second agent serve TLS only, a 2-node job whose workers reach the store
 # and their agent's progress service over mTLS (LOCKSTEP_TLS_*_PEM) runs to
 # SUCCEEDED, logs are read from both agents over mTLS, and a certificate
-# renewed on disk is picked up without a restart. Refused, each with an
+# renewed on disk is picked up without a restart. Workers hold the
+# clientAuth-only worker.pem (--tls-worker-cert), not their node's key: a
+# job that serves what it was given is refused by the CLI, where one with
+# the node's certificate would be trusted; a daemon given a server's
+# certificate for its workers refuses to start, one given none warns. Refused, each with an
 # error that says why: a CLI with another cluster's CA, with a certificate
 # from another CA, without a client certificate, without TLS; a daemon
 # whose certificate is from another CA (at start), a daemon of another
@@ -14,11 +18,20 @@ source tests/e2e/lib.sh "$@"
 
 C="$T/certs"
 "$LOCKSTEP" certs --out "$C" --hosts 127.0.0.1,localhost --days 2 > "$T/certs.out"
-for f in ca.pem ca.key 127.0.0.1.pem 127.0.0.1.key client.pem client.key; do
+for f in ca.pem ca.key 127.0.0.1.pem 127.0.0.1.key client.pem client.key worker.pem worker.key; do
   [ -s "$C/$f" ] || fail "lockstep certs did not write $f: $(cat "$T/certs.out")"
 done
-[ "$(stat -c %a "$C/127.0.0.1.key")" = 600 ] || fail "keys must be 0600"
-TLS_FLAGS=(--tls-ca "$C/ca.pem" --tls-cert "$C/127.0.0.1.pem" --tls-key "$C/127.0.0.1.key" --tls-refresh-s 1)
+[ "$(stat -c %a "$C/127.0.0.1.key")" = 600 ] && [ "$(stat -c %a "$C/worker.key")" = 600 ] ||
+  fail "keys must be 0600"
+NODE_TLS=(--tls-ca "$C/ca.pem" --tls-cert "$C/127.0.0.1.pem" --tls-key "$C/127.0.0.1.key" --tls-refresh-s 1)
+TLS_FLAGS=("${NODE_TLS[@]}" --tls-worker-cert "$C/worker.pem" --tls-worker-key "$C/worker.key")
+
+# A server's certificate for the workers is refused at start, with why.
+rc=0
+"$LOCKSTEPD" --coordinator --listen 127.0.0.1:0 --state-dir "$T/serverworker" "${NODE_TLS[@]}" \
+  --tls-worker-cert "$C/127.0.0.1.pem" --tls-worker-key "$C/127.0.0.1.key" > "$T/serverworker.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "tls-worker-cert $C/127.0.0.1.pem is good for a server" "$T/serverworker.log" ||
+  fail "a daemon handed its workers a server certificate (exit $rc): $(cat "$T/serverworker.log")"
 
 # Plaintext beyond loopback is refused at start, saying how to fix it.
 rc=0
@@ -57,6 +70,38 @@ grep -q "met 4 peers through the store" "$T/nodeb/jobs/$job/rank-3.stdout" ||
 [ "$(job_field "$job" 'j["workers"][3]["progress"]["step"]')" = 10 ] ||
   fail "rank 3's progress did not reach its agent over mTLS"
 grep -q "^rank 3 step 10 " <<<"$(ls_cli logs "$job" --rank 3)" || fail "logs from nodeb over mTLS"
+grep -q "workers present $C/worker.pem (--tls-worker-cert)" "$T/coord.log" ||
+  fail "the coordinator's agent did not say what its workers present"
+
+# What a job's code holds: worker.pem and its key, not the node's.
+mkdir -p "$T/held"
+ls_cli submit --nodes 1 --nproc-per-node 1 --max-restarts 0 --wait -- /bin/sh -c \
+  "printf '%s' \"\$LOCKSTEP_TLS_CERT_PEM\" > $T/held/cert.pem; printf '%s' \"\$LOCKSTEP_TLS_KEY_PEM\" > $T/held/key.pem" \
+  > "$T/held.out" || fail "the job that reads its TLS material failed: $(cat "$T/held.out")"
+cmp -s "$T/held/key.pem" "$C/worker.key" || fail "a worker was not given worker.key"
+if cmp -s "$T/held/key.pem" "$C/127.0.0.1.key"; then fail "a worker holds the node's key"; fi
+# Served by a job as if it were a node: the CLI refuses that certificate.
+# The node's certificate, served the same way, passes the CLI's check (it
+# would have sent its token): what makes the difference is the certificate.
+impostor() {  # CERT KEY: an openssl s_server with them; sets IMPOSTOR_PORT, IMPOSTOR_PID
+  IMPOSTOR_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  openssl s_server -accept "127.0.0.1:$IMPOSTOR_PORT" -cert "$1" -key "$2" -alpn h2 -quiet \
+    < /dev/null > "$T/impostor-$IMPOSTOR_PORT.log" 2>&1 &
+  IMPOSTOR_PID=$!
+  wait_for 10 bash -c "echo > /dev/tcp/127.0.0.1/$IMPOSTOR_PORT" 2>/dev/null ||
+    fail "openssl s_server did not listen: $(cat "$T/impostor-$IMPOSTOR_PORT.log")"
+}
+dial_impostor() {
+  "$LOCKSTEP" --coordinator "127.0.0.1:$IMPOSTOR_PORT" --token-file "$TOKEN" nodes 2>&1 || true
+  kill "$IMPOSTOR_PID" 2>/dev/null || true
+}
+impostor "$T/held/cert.pem" "$T/held/key.pem"
+err=$(dial_impostor)
+grep -q "the server's certificate did not verify: unsuitable certificate purpose" <<<"$err" ||
+  fail "the CLI did not refuse a server presenting a worker's certificate: $err"
+impostor "$C/127.0.0.1.pem" "$C/127.0.0.1.key"
+err=$(dial_impostor)
+if grep -q "did not verify" <<<"$err"; then fail "control: the node's certificate did not verify: $err"; fi
 
 # Refused, with the reason. Another cluster's CA and client certificate:
 "$LOCKSTEP" certs --out "$T/other" --hosts 127.0.0.1 > /dev/null
@@ -97,6 +142,9 @@ wait_for 30 grep -q "cannot register with the coordinator:.*TLS handshake with $
   fail "a daemon of another CA did not say why it cannot register: $(tail -n 5 "$T/other-d.log")"
 kill -TERM "${DAEMON_PIDS[-1]}"
 if ls_cli nodes | grep -q "^other "; then fail "the stranger registered"; fi
+# Started without --tls-worker-cert, it said its workers would get its key.
+grep -q "workers get this daemon's own TLS certificate and key (--tls-key)" "$T/other-d.log" ||
+  fail "a daemon handing its workers its own key did not warn: $(head -n 20 "$T/other-d.log")"
 
 # Renewal: new certificates from the same CA, written over the old files,
 # are served without a restart (the coordinator re-reads every second).
