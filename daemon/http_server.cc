@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -9,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -20,17 +23,173 @@ namespace lockstep {
 namespace daemon {
 namespace {
 
-// Sends all of `data` (MSG_NOSIGNAL: a client gone mid-response is not a
-// SIGPIPE). Best effort: a failed send ends the connection.
-void SendAll(int fd, const std::string& data) {
-  size_t sent = 0;
-  while (sent < data.size()) {
-    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    sent += static_cast<size_t>(n);
+using SslCtx = std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)>;
+
+// OpenSSL's queued errors as one line (and clears the queue).
+std::string SslErrors() {
+  std::string out;
+  while (unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    absl::StrAppend(&out, out.empty() ? "" : "; ", buf);
   }
+  return out.empty() ? "no OpenSSL error queued" : out;
 }
+
+// A server context from the PEM files in `o`, read now; InvalidArgument
+// naming the file that does not load.
+StatusOr<SslCtx> ServerContext(const HttpServerOptions& o) {
+  SslCtx ctx(SSL_CTX_new(TLS_server_method()), SSL_CTX_free);
+  if (!ctx) return absl::InternalError("SSL_CTX_new: " + SslErrors());
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  if (SSL_CTX_use_certificate_chain_file(ctx.get(), o.tls_cert_file.c_str()) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("certificate ", o.tls_cert_file, ": ", SslErrors()));
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx.get(), o.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(ctx.get()) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("key ", o.tls_key_file, ": ", SslErrors()));
+  }
+  STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(o.tls_ca_file.c_str());
+  if (names == nullptr || SSL_CTX_load_verify_locations(ctx.get(), o.tls_ca_file.c_str(),
+                                                        nullptr) != 1) {
+    if (names != nullptr) sk_X509_NAME_pop_free(names, X509_NAME_free);
+    return absl::InvalidArgumentError(absl::StrCat("CA ", o.tls_ca_file, ": ", SslErrors()));
+  }
+  SSL_CTX_set_client_CA_list(ctx.get(), names);  // takes `names`
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  return ctx;
+}
+
+// One accepted connection, plain or TLS. Every wait is bounded by a
+// deadline. Writes are best effort: a client gone mid-response ends it
+// (MSG_NOSIGNAL, and OpenSSL writes through send with it as well).
+class Connection {
+ public:
+  explicit Connection(int fd) : fd_(fd) {}
+  ~Connection() {
+    if (ssl_ != nullptr) SSL_free(ssl_);
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // The server side of a TLS handshake over this connection, by `deadline`.
+  // The reason, with OpenSSL's errors, when it fails.
+  Status AcceptTls(SSL_CTX* ctx, MonoTime deadline) {
+    const int flags = ::fcntl(fd_, F_GETFL);
+    ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
+    ssl_ = SSL_new(ctx);
+    if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1) {
+      return absl::InternalError("SSL_new: " + SslErrors());
+    }
+    for (;;) {
+      const int rc = SSL_accept(ssl_);
+      if (rc == 1) return absl::OkStatus();
+      const int err = SSL_get_error(ssl_, rc);
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        if (!Wait(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) {
+          return absl::DeadlineExceededError("the handshake did not end in time");
+        }
+        continue;
+      }
+      std::string why = err == SSL_ERROR_SYSCALL ? "the client closed the connection"
+                                                 : SslErrors();
+      const long verify = SSL_get_verify_result(ssl_);
+      if (verify != X509_V_OK) {
+        why = absl::StrCat("the client's certificate did not verify: ",
+                           X509_verify_cert_error_string(verify));
+      }
+      SSL_free(ssl_);  // nothing to shut down: no close_notify after a failed handshake
+      ssl_ = nullptr;
+      ERR_clear_error();
+      return absl::UnauthenticatedError(why);
+    }
+  }
+
+  // Reads up to `n` bytes: how many, 0 when the client closed or failed,
+  // -1 at the deadline.
+  ssize_t Read(char* buf, size_t n, MonoTime deadline) {
+    for (;;) {
+      if (ssl_ == nullptr) {
+        if (!Wait(POLLIN, deadline)) return -1;
+        const ssize_t got = ::recv(fd_, buf, n, 0);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        return got < 0 ? 0 : got;
+      }
+      const int got = SSL_read(ssl_, buf, static_cast<int>(n));
+      if (got > 0) return got;
+      const int err = SSL_get_error(ssl_, got);
+      if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
+        ERR_clear_error();
+        return 0;
+      }
+      if (!Wait(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) return -1;
+    }
+  }
+
+  void WriteAll(const std::string& data, MonoTime deadline) {
+    size_t sent = 0;
+    while (sent < data.size()) {
+      if (ssl_ == nullptr) {
+        const ssize_t n = ::send(fd_, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return;
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      const int n = SSL_write(ssl_, data.data() + sent, static_cast<int>(data.size() - sent));
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      const int err = SSL_get_error(ssl_, n);
+      if ((err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) ||
+          !Wait(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) {
+        ERR_clear_error();
+        return;
+      }
+    }
+  }
+
+  // Ends the answer: close_notify (TLS) and FIN. With `drain`, the rest of
+  // the client's input is read and dropped first (at most 1 MiB or 200 ms):
+  // closing a socket with unread input sends a RST, which can destroy the
+  // answer in flight.
+  void Finish(bool drain) {
+    if (ssl_ != nullptr) {
+      (void)SSL_shutdown(ssl_);  // sends close_notify; the client's is not awaited
+      ERR_clear_error();
+    }
+    ::shutdown(fd_, SHUT_WR);
+    if (!drain) return;
+    char buf[4096];
+    size_t dropped = 0;
+    while (dropped < (1u << 20) && Wait(POLLIN, std::chrono::steady_clock::now() +
+                                                    std::chrono::milliseconds(200))) {
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) break;
+      dropped += static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  // Waits for `events` until `deadline`: false when it passed first.
+  bool Wait(short events, MonoTime deadline) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd_, events, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (ready > 0) return true;
+      if (ready < 0 && errno != EINTR) return false;
+    }
+  }
+
+  const int fd_;
+  SSL* ssl_ = nullptr;
+};
 
 std::string Serialize(const HttpResponse& r, bool with_body) {
   std::string out = absl::StrCat("HTTP/1.1 ", r.code, " ", HttpReason(r.code),
@@ -42,22 +201,6 @@ std::string Serialize(const HttpResponse& r, bool with_body) {
 }
 
 HttpResponse Error(int code) { return {code, "text/plain; charset=utf-8", HttpReason(code) + "\n"}; }
-
-// Answers `code` and closes gracefully: closing a socket with unread input
-// sends a RST, which can destroy the answer in flight, so the rest of the
-// client's request is read and dropped first (at most 1 MiB or 200 ms).
-void Reject(int fd, int code) {
-  SendAll(fd, Serialize(Error(code), true));
-  ::shutdown(fd, SHUT_WR);
-  char buf[4096];
-  size_t dropped = 0;
-  pollfd p{fd, POLLIN, 0};
-  while (dropped < (1u << 20) && ::poll(&p, 1, 200) > 0) {
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    dropped += static_cast<size_t>(n);
-  }
-}
 
 }  // namespace
 
@@ -82,6 +225,12 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& addre
   if (port.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": '", address, "' has no port (want host:port)"));
+  }
+  if (!options.tls_ca_file.empty()) {
+    auto ctx = ServerContext(options);
+    if (!ctx.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", ctx.status().message()));
+    }
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -174,54 +323,64 @@ void HttpServer::Serve() {
   }
 }
 
-// Reads until the blank line that ends the headers, within the size bound
-// and the read deadline, then answers once.
+// With TLS, the handshake first; then reads until the blank line that
+// ends the headers, within the size bound and the read deadline, and
+// answers once.
 void HttpServer::HandleConnection(int fd) {
   const MonoTime deadline = std::chrono::steady_clock::now() + options_.read_timeout;
+  Connection conn(fd);
+  if (!options_.tls_ca_file.empty()) {
+    auto ctx = ServerContext(options_);
+    Status s = ctx.ok() ? conn.AcceptTls(ctx->get(), deadline) : ctx.status();
+    if (!s.ok()) {
+      log_.Info("refused a TLS connection: {}", std::string(s.message()));
+      return;
+    }
+  }
+  auto reject = [&](int code) {
+    conn.WriteAll(Serialize(Error(code), true),
+                  std::chrono::steady_clock::now() + options_.read_timeout);
+    conn.Finish(/*drain=*/true);
+  };
   std::string request;
   char buf[2048];
   size_t header_end = std::string::npos;
   while (header_end == std::string::npos) {
     if (request.size() > options_.max_request_bytes) {
-      Reject(fd, 431);
+      reject(431);
       return;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      Reject(fd, 408);
+    const ssize_t n = conn.Read(buf, sizeof(buf), deadline);
+    if (n < 0) {
+      reject(408);
       return;
     }
-    pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready == 0) continue;  // the deadline check above answers 408
     if (stopped_.load()) return;
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // closed before a full request: nobody to answer
+    if (n == 0) return;  // closed before a full request: nobody to answer
     request.append(buf, static_cast<size_t>(n));
     header_end = request.find("\r\n\r\n");
     if (header_end == std::string::npos) header_end = request.find("\n\n");  // lenient
   }
   if (header_end > options_.max_request_bytes) {
-    Reject(fd, 431);
+    reject(431);
     return;
   }
   const std::string line = request.substr(0, request.find_first_of("\r\n"));
   std::vector<std::string> parts = absl::StrSplit(line, ' ');
   if (parts.size() != 3 || !absl::StartsWith(parts[2], "HTTP/1.") || parts[1].empty() ||
       parts[1][0] != '/') {
-    Reject(fd, 400);
+    reject(400);
     return;
   }
   const bool head = parts[0] == "HEAD";
   if (parts[0] != "GET" && !head) {
-    Reject(fd, 405);
+    reject(405);
     return;
   }
   const std::string path = parts[1].substr(0, parts[1].find('?'));
-  SendAll(fd, Serialize(handler_(path), !head));
+  conn.WriteAll(Serialize(handler_(path), !head),
+                std::chrono::steady_clock::now() + options_.read_timeout);
+  conn.Finish(/*drain=*/false);
 }
 
 }  // namespace daemon

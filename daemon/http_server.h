@@ -1,5 +1,13 @@
 // HttpServer: the smallest HTTP/1.1 server that serves lockstepd's
-// Prometheus endpoint (GET /metrics). Plain sockets, no library.
+// Prometheus endpoint (GET /metrics). Plain sockets, and OpenSSL for HTTPS.
+//
+// HTTPS (HttpServerOptions::tls_*): mutual TLS, as lockstepd's gRPC ports:
+// the server presents its certificate and requires a client certificate
+// that chains to the CA (TLS 1.2 or later); a client without one, with
+// another CA's, or speaking plain HTTP is dropped in the handshake, which
+// must end within read_timeout, and the refusal is logged with OpenSSL's
+// reason. The files are read at each connection, so renewed files serve
+// the next scrape.
 //
 // Protocol: one request per connection (the response says Connection:
 // close). The request line and headers must arrive within
@@ -44,6 +52,12 @@ struct HttpResponse {
 struct HttpServerOptions {
   size_t max_request_bytes = kDefaultMaxHttpRequestBytes;
   Duration read_timeout = kDefaultHttpReadTimeout;
+  // HTTPS with mutual TLS when all three are set (PEM files): the CA a
+  // client's certificate must chain to, this server's certificate and its
+  // key. Default: none (HTTP).
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class HttpServer {
@@ -54,7 +68,8 @@ class HttpServer {
   // Binds `address` ("host:port"; port 0 picks one) and starts serving.
   // Unavailable naming `what`, the address and why ("Address already in
   // use (another process listens there)") when it cannot bind;
-  // InvalidArgument for an address without a port.
+  // InvalidArgument for an address without a port, or TLS files that do not
+  // load (naming the file and OpenSSL's reason).
   static StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& address,
                                                      Handler handler, const std::string& what,
                                                      HttpServerOptions options = {});

@@ -3,6 +3,9 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <openssl/bn.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/certs.h"
 
 namespace lockstep {
 namespace daemon {
@@ -108,7 +112,9 @@ TEST_F(HttpServerTest, OversizedRequestIsRefusedWithoutReadingItAll) {
 }
 
 TEST_F(HttpServerTest, SilentClientGetsRequestTimeoutThenOthersAreServed) {
-  Start({kDefaultMaxHttpRequestBytes, std::chrono::milliseconds(200)});
+  HttpServerOptions options;
+  options.read_timeout = std::chrono::milliseconds(200);
+  Start(options);
   EXPECT_TRUE(absl::StartsWith(Exchange(server_->port(), "GET /metrics HTTP/1.1\r\n"),
                                "HTTP/1.1 408 Request Timeout\r\n"));
   EXPECT_TRUE(absl::StartsWith(Exchange(server_->port(), "GET /metrics HTTP/1.1\r\n\r\n"),
@@ -143,6 +149,141 @@ TEST(HttpServerStartTest, StopIsIdempotentAndPortIsFreedAfterDestruction) {
   auto again = HttpServer::Start(absl::StrCat("127.0.0.1:", port),
                                  [](const std::string&) { return HttpResponse{}; }, "metrics");
   EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// HTTPS with mutual TLS, certificates from `lockstep certs`
+// (certs::WriteClusterCerts).
+struct TlsGetResult {
+  std::string response;       // what came back before the server closed
+  std::string error;          // OpenSSL's errors when the handshake or the read failed
+  std::string server_serial;  // the certificate the server presented, hex
+};
+
+// GET /metrics over TLS, checking the server against `ca`; `cert`/`key`
+// empty: no client certificate.
+TlsGetResult TlsGet(int port, const std::string& ca, const std::string& cert,
+                    const std::string& key) {
+  TlsGetResult out;
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  EXPECT_EQ(SSL_CTX_load_verify_locations(ctx, ca.c_str(), nullptr), 1);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  if (!cert.empty()) {
+    EXPECT_EQ(SSL_CTX_use_certificate_file(ctx, cert.c_str(), SSL_FILETYPE_PEM), 1);
+    EXPECT_EQ(SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM), 1);
+  }
+  const int fd = Connect(port);
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, fd);
+  auto errors = [] {
+    std::string e;
+    while (unsigned long code = ERR_get_error()) {
+      char buf[256];
+      ERR_error_string_n(code, buf, sizeof(buf));
+      absl::StrAppend(&e, buf, "; ");
+    }
+    return e.empty() ? std::string("closed") : e;
+  };
+  if (SSL_connect(ssl) != 1) {
+    out.error = errors();
+  } else {
+    if (X509* peer = SSL_get1_peer_certificate(ssl)) {
+      BIGNUM* bn = ASN1_INTEGER_to_BN(X509_get0_serialNumber(peer), nullptr);
+      char* hex = BN_bn2hex(bn);
+      out.server_serial = hex;
+      OPENSSL_free(hex);
+      BN_free(bn);
+      X509_free(peer);
+    }
+    const std::string request = "GET /metrics HTTP/1.1\r\n\r\n";
+    SSL_write(ssl, request.data(), static_cast<int>(request.size()));
+    char buf[4096];
+    int n;
+    while ((n = SSL_read(ssl, buf, sizeof(buf))) > 0) out.response.append(buf, n);
+    if (out.response.empty()) out.error = errors();
+  }
+  SSL_free(ssl);
+  SSL_CTX_free(ctx);
+  ::close(fd);
+  return out;
+}
+
+class HttpsTest : public HttpServerTest {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/https_", ::getpid());
+    other_ = dir_ + "_other";
+    ASSERT_TRUE(certs::WriteClusterCerts(dir_, {"127.0.0.1"}, 2).ok());
+    ASSERT_TRUE(certs::WriteClusterCerts(other_, {"127.0.0.1"}, 2).ok());
+    StartTls(std::chrono::seconds(5));
+  }
+  void StartTls(Duration read_timeout) {
+    HttpServerOptions options;
+    options.read_timeout = read_timeout;
+    options.tls_ca_file = dir_ + "/ca.pem";
+    options.tls_cert_file = dir_ + "/127.0.0.1.pem";
+    options.tls_key_file = dir_ + "/127.0.0.1.key";
+    Start(options);
+  }
+  TlsGetResult Get(const std::string& client) {
+    return TlsGet(server_->port(), dir_ + "/ca.pem", client.empty() ? "" : client + ".pem",
+                  client.empty() ? "" : client + ".key");
+  }
+  std::string dir_, other_;
+};
+
+TEST_F(HttpsTest, ServesAClientCertificateFromTheCa) {
+  for (const char* who : {"client", "worker"}) {
+    TlsGetResult r = Get(dir_ + "/" + who);
+    EXPECT_TRUE(absl::StartsWith(r.response, "HTTP/1.1 200 OK\r\n")) << who << ": " << r.error;
+    EXPECT_TRUE(absl::EndsWith(r.response, "\r\n\r\nup 1\n")) << r.response;
+  }
+}
+
+// No client certificate, one from another CA, or plain HTTP: no answer
+// (the handshake fails), and the server goes on serving.
+TEST_F(HttpsTest, RefusesClientsWithoutACertificateFromTheCa) {
+  TlsGetResult none = Get("");
+  EXPECT_EQ(none.response, "");
+  EXPECT_NE(none.error.find("certificate required"), std::string::npos) << none.error;
+  TlsGetResult stranger = Get(other_ + "/client");
+  EXPECT_EQ(stranger.response, "");
+  EXPECT_NE(stranger.error.find("unknown ca"), std::string::npos) << stranger.error;
+  EXPECT_EQ(Exchange(server_->port(), "GET /metrics HTTP/1.1\r\n\r\n").find("up 1"),
+            std::string::npos);
+  EXPECT_TRUE(absl::StartsWith(Get(dir_ + "/client").response, "HTTP/1.1 200 OK\r\n"));
+}
+
+// A client that connects and never starts the handshake holds the server
+// for read_timeout at most.
+TEST_F(HttpsTest, SilentClientIsDroppedThenOthersAreServed) {
+  StartTls(std::chrono::milliseconds(200));
+  const int silent = Connect(server_->port());
+  EXPECT_TRUE(absl::StartsWith(Get(dir_ + "/client").response, "HTTP/1.1 200 OK\r\n"));
+  ::close(silent);
+}
+
+// The files are read at each connection: certificates renewed on disk
+// serve the next one, without a restart.
+TEST_F(HttpsTest, RenewedCertificateServesTheNextConnection) {
+  const std::string before = Get(dir_ + "/client").server_serial;
+  ASSERT_FALSE(before.empty());
+  ASSERT_TRUE(certs::WriteClusterCerts(dir_, {"127.0.0.1"}, 2).ok());
+  TlsGetResult after = Get(dir_ + "/client");
+  EXPECT_TRUE(absl::StartsWith(after.response, "HTTP/1.1 200 OK\r\n")) << after.error;
+  EXPECT_NE(after.server_serial, before);
+}
+
+TEST(HttpsStartTest, FilesThatDoNotLoadAreNamed) {
+  HttpServerOptions options;
+  options.tls_ca_file = "/nonexistent/ca.pem";
+  options.tls_cert_file = "/nonexistent/cert.pem";
+  options.tls_key_file = "/nonexistent/key.pem";
+  auto s = HttpServer::Start("127.0.0.1:0", [](const std::string&) { return HttpResponse{}; },
+                             "metrics", options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(s.status().message(), "metrics: certificate /nonexistent/cert.pem: "))
+      << s.status();
 }
 
 }  // namespace

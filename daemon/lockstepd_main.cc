@@ -187,8 +187,9 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
                "on SIGTERM: workers get this long after SIGTERM before SIGKILL");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error (default LOCKSTEP_LOG_LEVEL or info)");
   flags.String("metrics-listen", &c.metrics_listen,
-               "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 = pick one, logged; "
-               "default: off; daemon/README.md, Metrics)");
+               "serve Prometheus metrics at http://HOST:PORT/metrics, https with --tls-* (a "
+               "client certificate required); port 0 = pick one, logged; default: off; "
+               "daemon/README.md, Metrics");
   flags.String("tls-ca", &c.tls_ca,
                "mutual TLS: the cluster CA (PEM) that peers' certificates must chain to "
                "(make one with `lockstep certs`; default: no TLS)");
@@ -613,20 +614,34 @@ int Run(int argc, char** argv) {
     if (coordinator) metrics.AddCollector(CoordinatorCollector(coordinator.get()));
     if (agent) metrics.AddCollector(AgentCollector(agent.get(), &worker_exits));
     metrics.AddCollector([&rpc_stats](std::vector<MetricFamily>* out) { rpc_stats.AppendTo(out); });
+    // With TLS, HTTPS and a client certificate from the cluster's CA, as
+    // on the gRPC port.
+    HttpServerOptions metrics_options;
+    if (tls.enabled()) {
+      metrics_options.tls_ca_file = tls.ca_file;
+      metrics_options.tls_cert_file = tls.cert_file;
+      metrics_options.tls_key_file = tls.key_file;
+    }
     auto served = HttpServer::Start(
         config.metrics_listen,
         [&metrics](const std::string& path) {
           if (path != "/metrics") return HttpResponse{404, "text/plain; charset=utf-8", "try /metrics\n"};
           return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", metrics.Render()};
         },
-        "lockstepd metrics");
+        "lockstepd metrics", metrics_options);
     if (!served.ok()) {
       log.Error("{}", std::string(served.status().message()));
       return 1;
     }
     metrics_server = std::move(*served);
-    log.Info("metrics: serving http://{}:{}/metrics", HostOfAddress(config.metrics_listen),
-             metrics_server->port());
+    if (tls.enabled()) {
+      log.Info("metrics: serving https://{}:{}/metrics (mutual TLS: scrapers present a "
+               "certificate from --tls-ca)",
+               HostOfAddress(config.metrics_listen), metrics_server->port());
+    } else {
+      log.Info("metrics: serving http://{}:{}/metrics", HostOfAddress(config.metrics_listen),
+               metrics_server->port());
+    }
   }
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   if (metrics_server) interceptors.push_back(NewRpcMetricsInterceptor(&rpc_stats));

@@ -11,6 +11,9 @@
 #   - the RPC histogram answers the dashboard's p99 query;
 #   - after `lockstep cancel`, lockstep_job_state shows CANCELLED and the
 #     agent counted two stopped workers.
+# A second daemon with mutual TLS serves /metrics over HTTPS: Prometheus
+# scrapes it with client.pem from `lockstep certs`; curl without a client
+# certificate, or in plain HTTP, gets no metrics.
 # Logs Prometheus's scrape_duration_seconds for the daemon (a figure).
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
@@ -32,6 +35,23 @@ timeout 20 "$LOCKSTEPD" --coordinator --state-dir "$T/second" --listen 127.0.0.1
 grep -q "lockstepd metrics cannot listen on 127.0.0.1:$mport: Address already in use" "$T/second.out" ||
   fail "the error does not name the metrics port: $(tail -n 2 "$T/second.out")"
 
+# With mutual TLS the endpoint is HTTPS and wants a client certificate.
+cluster_tls 127.0.0.1
+start_daemon secure --coordinator --no-agent --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+  $(node_tls 127.0.0.1)
+sport=$(sed -n 's|.*metrics: serving https://127.0.0.1:\([0-9]*\)/metrics (mutual TLS.*|\1|p' "$T/secure.log" | head -n 1)
+[ -n "$sport" ] || fail "the TLS daemon did not log an https metrics port: $(grep metrics "$T/secure.log")"
+curl -sf --max-time 5 --cacert "$CERTS/ca.pem" --cert "$CERTS/client.pem" --key "$CERTS/client.key" \
+  "https://127.0.0.1:$sport/metrics" | grep -q "^lockstep_nodes_known " ||
+  fail "curl with client.pem got no metrics over https"
+if curl -s --max-time 5 --cacert "$CERTS/ca.pem" "https://127.0.0.1:$sport/metrics" | grep -q lockstep_; then
+  fail "metrics served over https to a client without a certificate"
+fi
+if curl -s --max-time 5 "http://127.0.0.1:$sport/metrics" | grep -q lockstep_; then
+  fail "metrics served in plain HTTP on the TLS daemon's port"
+fi
+grep -q "refused a TLS connection" "$T/secure.log" || fail "the refusals were not logged"
+
 # A free loopback port for Prometheus (bound and released by the kernel).
 pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cat >"$T/prometheus.yml" <<YML
@@ -43,6 +63,14 @@ scrape_configs:
   - job_name: lockstepd
     static_configs:
       - targets: ['127.0.0.1:$mport']
+  - job_name: lockstepd_tls
+    scheme: https
+    tls_config:
+      ca_file: $CERTS/ca.pem
+      cert_file: $CERTS/client.pem
+      key_file: $CERTS/client.key
+    static_configs:
+      - targets: ['127.0.0.1:$sport']
 YML
 "$PROMETHEUS" --config.file="$T/prometheus.yml" --storage.tsdb.path="$T/tsdb" \
   --web.listen-address="127.0.0.1:$pport" >>"$T/prometheus.log" 2>&1 &
@@ -67,6 +95,13 @@ expect_query() {  # SECONDS PROMQL PYEXPR
   wait_for "$1" query "$2" "$3" || fail "query $2: never $3; last answer: $(query "$2" True)"
   log "query $2: $(query "$2" True | cut -c1-300)"
 }
+
+expect_query 30 'lockstep_nodes_known{job="lockstepd_tls"}' "len(r) == 1"
+# The rest is the plaintext daemon's: the TLS one goes (its series go
+# stale at the next failed scrape), and the CLI talks without TLS.
+kill -TERM "$PID_secure"
+expect_query 30 'lockstep_nodes_known' "len(r) == 1 and r[0]['metric']['job'] == 'lockstepd'"
+unset LOCKSTEP_TLS_CA LOCKSTEP_TLS_CERT LOCKSTEP_TLS_KEY
 
 job=$(ls_cli submit --json --detach --nodes 1 --nproc-per-node 2 -- \
   "$TRAIN" --model mlp_small --steps 100000 --step-delay-ms 20 --timeout-s 60 |
