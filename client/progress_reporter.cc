@@ -38,7 +38,7 @@ class GrpcReporter : public ProgressReporter {
         thread_([this] { Loop(); }) {}
 
   ~GrpcReporter() override {
-    Flush(kReportDeadline);
+    Flush(kFinalFlushTimeout);
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -125,9 +125,26 @@ class GrpcReporter : public ProgressReporter {
       if (!s.ok() && limiter.Allow()) {
         log.Warn("progress report to the agent failed: {}", s.error_message());
       }
+      // A report lost on the way (a deadline, the agent unreachable or
+      // overloaded) is sent again, unless a newer one replaced it, after a
+      // pause that doubles up to a beat. Any other answer is final (a stale
+      // round, a wrong token).
+      const grpc::StatusCode code = s.error_code();
+      const bool lost = code == grpc::StatusCode::UNAVAILABLE ||
+                        code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                        code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                        code == grpc::StatusCode::UNKNOWN;
       lock.lock();
-      sent_ = std::max(sent_, seq);
-      done_cv_.notify_all();
+      if (!lost) {
+        sent_ = std::max(sent_, seq);
+        retry_pause_ = kFirstRetryPause;
+        done_cv_.notify_all();
+        continue;
+      }
+      if (!pending_) pending_ = p;
+      if (stop_) return;
+      cv_.wait_for(lock, retry_pause_, [&] { return stop_; });
+      retry_pause_ = std::min<std::chrono::milliseconds>(2 * retry_pause_, kBeatInterval);
       if (stop_) return;
     }
   }
@@ -145,7 +162,8 @@ class GrpcReporter : public ProgressReporter {
   bool have_beat_ = false;           // GUARDED_BY(mu_); something to beat with.
   ddp::CollectiveState collective_;  // GUARDED_BY(mu_)
   int64_t reported_ = 0;             // GUARDED_BY(mu_)
-  int64_t sent_ = 0;                 // GUARDED_BY(mu_)
+  int64_t sent_ = 0;                 // GUARDED_BY(mu_); delivered (or refused) up to
+  std::chrono::milliseconds retry_pause_ = kFirstRetryPause;  // GUARDED_BY(mu_)
   bool stop_ = false;                // GUARDED_BY(mu_)
   std::thread thread_;
 };

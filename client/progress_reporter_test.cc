@@ -19,13 +19,17 @@ class RecordingAgent : public v1::AgentService::Service {
   grpc::Status ReportProgress(grpc::ServerContext*, const v1::ReportProgressRequest* req,
                               v1::ReportProgressResponse*) override {
     std::lock_guard<std::mutex> lock(mu);
-    last = *req;
     ++calls;
+    if (calls <= fail_first) return grpc::Status(fail_with, "not now");
+    last = *req;
     return grpc::Status::OK;
   }
   std::mutex mu;
   v1::ReportProgressRequest last;
   int calls = 0;
+  // The first `fail_first` calls answer `fail_with` and are not recorded.
+  int fail_first = 0;
+  grpc::StatusCode fail_with = grpc::StatusCode::UNAVAILABLE;
 };
 
 // Serves `agent` on a free loopback port and points LOCKSTEP_AGENT at it.
@@ -98,6 +102,53 @@ TEST(ProgressReporterTest, BeatsResendTheLatestReportWithTheCollectiveWait) {
   EXPECT_EQ(got.collective_op(), "allreduce");
   EXPECT_GE(got.collective_wait_ms(), 2000);
   r.reset();
+  server->Shutdown();
+}
+
+// A report lost on the way is sent again: Flush returns once the last one
+// arrived, and the destructor (a worker's exit) delivers the final step.
+TEST(ProgressReporterTest, LostReportsAreSentAgainUntilTheyArrive) {
+  RecordingAgent agent;
+  agent.fail_first = 3;
+  auto server = Serve(&agent);
+  auto r = ProgressReporter::FromEnv();
+  r->Report({.step = 5});
+  r->Flush(std::chrono::seconds(20));
+  {
+    std::lock_guard<std::mutex> lock(agent.mu);
+    EXPECT_EQ(agent.last.progress().step(), 5) << agent.calls << " calls";
+    EXPECT_GE(agent.calls, 4);
+    agent.fail_first = agent.calls + 2;
+  }
+  r->Report({.step = 6});
+  r.reset();
+  std::lock_guard<std::mutex> lock(agent.mu);
+  EXPECT_EQ(agent.last.progress().step(), 6) << "the final step was lost at exit";
+  server->Shutdown();
+}
+
+// A refusal (a wrong token, a stale round) is final: Flush returns after
+// it, where sending it again would have kept Flush retrying (every 50 ms,
+// doubling) for its whole timeout. At most one beat (a second) may follow.
+TEST(ProgressReporterTest, RefusedReportIsNotSentAgain) {
+  RecordingAgent agent;
+  agent.fail_first = 1000;
+  auto server = Serve(&agent);
+  for (auto code : {grpc::StatusCode::PERMISSION_DENIED, grpc::StatusCode::ABORTED}) {
+    {
+      std::lock_guard<std::mutex> lock(agent.mu);
+      agent.calls = 0;
+      agent.fail_with = code;
+    }
+    auto r = ProgressReporter::FromEnv();
+    r->Report({.step = 5});
+    r->Flush(std::chrono::seconds(20));
+    {
+      std::lock_guard<std::mutex> lock(agent.mu);
+      EXPECT_LE(agent.calls, 2) << code;
+    }
+    r.reset();
+  }
   server->Shutdown();
 }
 
