@@ -26,6 +26,7 @@
 #include <tuple>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -899,8 +900,14 @@ class Cli {
         resp.set_data(data);
         PrintJson(resp);
       } else if (view.prefixed) {
-        TakeLines(&cursor->partial, data,
-                  [&](const std::string& line) { PrintRankLine(out, rank, line); });
+        // The agent heads both of a worker's files with the same line
+        // (daemon/agent.cc, "=== lockstep: job J round N rank R restart K
+        // ==="): shown once, from stdout.
+        const std::string header = absl::StrCat("=== lockstep: job ", id, " round ");
+        TakeLines(&cursor->partial, data, [&](const std::string& line) {
+          if (is_stderr && absl::StartsWith(line, header) && absl::EndsWith(line, " ===")) return;
+          PrintRankLine(out, rank, line);
+        });
         out << std::flush;
       } else {
         // Raw into a pipe or file; escaped on a terminal, where a worker's

@@ -21,6 +21,9 @@ for round in 1 2; do
   for r in 0 1; do
     grep -q "^\[$r\] === lockstep: job $job round $round rank $r " "$T/sub.out" ||
       fail "round $round of rank $r missing from submit's output: $(cat "$T/sub.out")"
+    # The agent heads stdout and stderr alike; submit shows the header once.
+    [ "$(cat "$T/sub.out" "$T/sub.err" | grep -c "^\[$r\] === lockstep: job $job round $round rank $r ")" = 1 ] ||
+      fail "round $round of rank $r headed more than once: $(grep -h '=== lockstep' "$T/sub.out" "$T/sub.err")"
   done
 done
 for r in 0 1; do
