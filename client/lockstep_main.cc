@@ -399,7 +399,9 @@ class Cli {
     if (!common_.json) std::cout << "submitted job " << id << std::endl;
     RankLogTail tail(daemon->job_dir(id), [&](int rank, bool is_stderr, const std::string& line) {
       if (common_.json) return;  // stdout carries the job's JSON only
-      PrintRankLine(is_stderr ? std::cerr : std::cout, rank, line);
+      if (!RepeatedHeader(id, is_stderr, line)) {
+        PrintRankLine(is_stderr ? std::cerr : std::cout, rank, line);
+      }
     });
     int64_t version = 0;
     StateLines state_lines;
@@ -900,13 +902,8 @@ class Cli {
         resp.set_data(data);
         PrintJson(resp);
       } else if (view.prefixed) {
-        // The agent heads both of a worker's files with the same line
-        // (daemon/agent.cc, "=== lockstep: job J round N rank R restart K
-        // ==="): shown once, from stdout.
-        const std::string header = absl::StrCat("=== lockstep: job ", id, " round ");
         TakeLines(&cursor->partial, data, [&](const std::string& line) {
-          if (is_stderr && absl::StartsWith(line, header) && absl::EndsWith(line, " ===")) return;
-          PrintRankLine(out, rank, line);
+          if (!RepeatedHeader(id, is_stderr, line)) PrintRankLine(out, rank, line);
         });
         out << std::flush;
       } else {
@@ -1006,6 +1003,14 @@ class Cli {
 
   // One line of rank `rank`'s output, prefixed "[R] "; escaped when `os`
   // is a terminal.
+  // The agent heads both of a worker's files with the same line
+  // (daemon/agent.cc: "=== lockstep: job J round N rank R restart K ==="):
+  // the streamed views show it once, from stdout.
+  static bool RepeatedHeader(const std::string& job, bool is_stderr, const std::string& line) {
+    return is_stderr && absl::StartsWith(line, absl::StrCat("=== lockstep: job ", job, " round ")) &&
+           absl::EndsWith(line, " ===");
+  }
+
   static void PrintRankLine(std::ostream& os, int rank, const std::string& line) {
     const bool tty = ::isatty(&os == &std::cerr ? 2 : 1);
     os << "[" << rank << "] " << (tty ? Printable(line) : line) << "\n";

@@ -37,6 +37,11 @@ sums=$(sed -n 's/^\[[01]\] .*"checksum":\([^,]*\),"abs_checksum":\([^,]*\),.*/\1
 [ "$(echo "$sums" | sort -u | wc -l)" = 1 ] || fail "ranks ended with different parameters: $sums"
 grep -q '^\[0\] .*connected gloo communicator of 2 ranks' "$T/run1.err" ||
   fail "rank 0's stderr was not streamed with its prefix: $(head -n 5 "$T/run1.err")"
+# The agent heads each rank's stdout and stderr alike: shown once.
+for r in 0 1; do
+  [ "$(cat "$T/run1.out" "$T/run1.err" | grep -c "^\[$r\] === lockstep: job ")" = 1 ] ||
+    fail "rank $r's header shown other than once: $(grep -h '=== lockstep' "$T/run1.out" "$T/run1.err")"
+done
 [ -s "$T/run1/coordinator.db" ] || fail "the state dir was not kept"
 assert_nothing_left "a run that succeeded"
 
