@@ -157,7 +157,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServer
     WriteDigests(*roles_, resp);
     for (v1::AgentCommand& cmd : *resp->mutable_commands()) {
       if (cmd.kind() == v1::AgentCommand::KIND_START) {
-        cmd.set_store_token(JobStoreToken(admin_token_, cmd.job_id()));
+        cmd.set_store_token(JobStoreToken(store_key_, cmd.job_id()));
       }
     }
   }

@@ -41,9 +41,9 @@ StatusOr<std::chrono::milliseconds> WatchTimeout(int64_t timeout_ms);
 class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
  public:
   // `core` and `roles` must outlive the service and the server.
-  // `admin_token` keys the jobs' store tokens (JobStoreToken).
-  CoordinatorGrpcService(Coordinator* core, const RoleTokens* roles, std::string admin_token)
-      : core_(core), roles_(roles), admin_token_(std::move(admin_token)) {}
+  // `store_key` keys the jobs' store tokens (JobStoreToken).
+  CoordinatorGrpcService(Coordinator* core, const RoleTokens* roles, std::string store_key)
+      : core_(core), roles_(roles), store_key_(std::move(store_key)) {}
 
   grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
                                          const v1::RegisterNodeRequest* req,
@@ -78,7 +78,7 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
 
   Coordinator* const core_;
   const RoleTokens* const roles_;
-  const std::string admin_token_;
+  const std::string store_key_;
 };
 
 }  // namespace daemon

@@ -10,7 +10,13 @@ namespace daemon {
 void GrpcCoordinatorClient::Prepare(grpc::ClientContext* ctx, Duration timeout) const {
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::duration_cast<std::chrono::system_clock::duration>(timeout));
+  MutexLock lock(&mu_);
   ctx->AddMetadata(kAuthorizationHeader, "Bearer " + token_);
+}
+
+void GrpcCoordinatorClient::SetToken(std::string token) {
+  MutexLock lock(&mu_);
+  token_ = std::move(token);
 }
 
 StatusOr<v1::RegisterNodeResponse> GrpcCoordinatorClient::RegisterNode(

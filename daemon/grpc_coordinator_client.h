@@ -1,5 +1,6 @@
 // GrpcCoordinatorClient: CoordinatorClient over a gRPC channel, sending the
-// bearer token with every call. Thread-safe.
+// bearer token with every call (SetToken changes it for the next calls: a
+// rotation). Thread-safe.
 #ifndef LOCKSTEP_DAEMON_GRPC_COORDINATOR_CLIENT_H_
 #define LOCKSTEP_DAEMON_GRPC_COORDINATOR_CLIENT_H_
 
@@ -8,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "common/mutex.h"
 #include "daemon/coordinator_client.h"
 #include "lockstep/v1/coordinator.grpc.pb.h"
 
@@ -25,11 +27,13 @@ class GrpcCoordinatorClient : public CoordinatorClient {
                                                   Duration timeout) override;
   StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
                                             Duration timeout) override;
+  void SetToken(std::string token) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Prepare(grpc::ClientContext* ctx, Duration timeout) const;
+  void Prepare(grpc::ClientContext* ctx, Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
-  const std::string token_;
+  mutable Mutex mu_;
+  std::string token_ ABSL_GUARDED_BY(mu_);
   const std::string address_;
 };
 

@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/address.h"
 #include "common/certs.h"
@@ -48,6 +49,7 @@
 #include "daemon/roles.h"
 #include "daemon/sqlite_job_store.h"
 #include "daemon/token.h"
+#include "daemon/token_files.h"
 #include "daemon/uid_lease.h"
 #include "rendezvous/grpc_limits.h"
 #include "rendezvous/malformed_request.h"
@@ -292,6 +294,9 @@ class DeferredCoordinatorClient : public CoordinatorClient {
     client_ = std::make_unique<GrpcCoordinatorClient>(
         rendezvous::CreateLockstepChannel(address), token, address);
   }
+  // The token the next calls present (a rotation: daemon/token_files.h).
+  // REQUIRES: Connect was called.
+  void SetToken(const std::string& token) { client_->SetToken(token); }
   // A registration that fails UNAVAILABLE says why when the cause is TLS
   // (rendezvous::ExplainTlsFailure: one handshake of our own per failure).
   StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& request,
@@ -456,9 +461,12 @@ int Run(int argc, char** argv) {
     (void)!::write(lock_fd, pid.data(), pid.size());
   }
   // Roles (daemon/roles.h): a coordinator owns the admin, viewer and agent
-  // tokens; an agent-only daemon holds just the token it registers with.
-  for (const std::string* path :
-       {&config.token_file, &config.viewer_token_file, &config.agent_token_file}) {
+  // tokens, and the key of its jobs' store tokens; an agent-only daemon
+  // holds just the token it registers with.
+  const std::string store_key_file = config.state_dir + "/store.key";
+  for (const std::string* path : std::initializer_list<const std::string*>{
+           &config.token_file, &config.viewer_token_file, &config.agent_token_file,
+           &store_key_file}) {
     s = RefuseStateSymlink(config.state_dir, *path);
     if (!s.ok()) {
       log.Error("{}", s.ToString());
@@ -472,25 +480,49 @@ int Run(int argc, char** argv) {
     return 1;
   }
   std::string agent_token = *token;  // what this daemon's agent registers with
+  std::string store_key;
   RoleTokens roles;
   if (config.coordinator) {
     auto viewer = LoadToken(config.viewer_token_file, /*create=*/true);
     auto agent_tok = LoadToken(config.agent_token_file, /*create=*/true);
-    for (const auto* t : {&viewer, &agent_tok}) {
+    auto key = LoadToken(store_key_file, /*create=*/true);
+    for (const auto* t : {&viewer, &agent_tok, &key}) {
       if (!t->ok()) {
         log.Error("{}", t->status().ToString());
         return 1;
       }
     }
-    roles.SetToken(Role::kAdmin, *token);
-    roles.SetToken(Role::kViewer, *viewer);
-    roles.SetToken(Role::kAgent, *agent_tok);
     agent_token = *agent_tok;
-    log.Info("tokens: admin {}, viewer {}, agent {} (daemon/README.md, Roles)", config.token_file,
-             config.viewer_token_file, config.agent_token_file);
+    store_key = *key;
+    log.Info("tokens: admin {}, viewer {}, agent {} (daemon/README.md, Roles); re-read when they "
+             "change or on SIGHUP", config.token_file, config.viewer_token_file,
+             config.agent_token_file);
   } else {
     log.Info("token: {} (presented to the coordinator at {}; it must be the coordinator's "
-             "agent or admin token)", config.token_file, config.coordinator_address);
+             "agent or admin token); re-read when it changes or on SIGHUP", config.token_file,
+             config.coordinator_address);
+  }
+  // Read again on SIGHUP and when a file changes (the main loop below):
+  // a coordinator's files set what each role admits, and the current agent
+  // token is what its own agent presents; an agent-only daemon presents
+  // its file's current token.
+  DeferredCoordinatorClient coordinator_client;
+  bool agent_connected = false;  // coordinator_client.Connect was called
+  std::vector<std::string> watched = {config.token_file};
+  if (config.coordinator) watched = {config.token_file, config.viewer_token_file, config.agent_token_file};
+  TokenFiles token_files(watched, [&](const std::vector<std::vector<std::string>>& t) {
+    if (config.coordinator) {
+      roles.SetTokens(Role::kAdmin, t[0]);
+      roles.SetTokens(Role::kViewer, t[1]);
+      roles.SetTokens(Role::kAgent, t[2]);
+    }
+    agent_token = t.back().front();
+    if (agent_connected) coordinator_client.SetToken(agent_token);
+  });
+  s = token_files.Load();
+  if (!s.ok()) {
+    log.Error("{}", s.ToString());
+    return 1;
   }
 
   // Block termination signals before any thread starts; main waits on them.
@@ -498,6 +530,7 @@ int Run(int argc, char** argv) {
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   // Coordinator side.
@@ -533,22 +566,21 @@ int Run(int argc, char** argv) {
       return 1;
     }
     coordinator_service =
-        std::make_unique<CoordinatorGrpcService>(coordinator.get(), &roles, *token);
+        std::make_unique<CoordinatorGrpcService>(coordinator.get(), &roles, store_key);
     // Workers hold their job's store token (LOCKSTEP_STORE_TOKEN), tools
     // the admin token; viewer and agent tokens are refused (roles.h).
     store_service = std::make_unique<rendezvous::StoreGrpcService>(
         store_core.get(),
-        [&roles, admin = *token](const std::multimap<grpc::string_ref, grpc::string_ref>& md,
-                                 absl::string_view ns) {
+        [&roles, store_key](const std::multimap<grpc::string_ref, grpc::string_ref>& md,
+                            absl::string_view ns) {
           auto [value, present] = AuthorizationHeader(md);
-          return AuthorizeStoreCall(roles, admin, value, present, ns);
+          return AuthorizeStoreCall(roles, store_key, value, present, ns);
         });
   }
 
   // Agent side. Its own address (and, with --coordinator, the
   // coordinator's) is known only after bind; it starts after that.
   std::unique_ptr<ProcessLauncher> launcher = NewPosixProcessLauncher();
-  DeferredCoordinatorClient coordinator_client;
   WorkerExitCounter worker_exits;  // outlives the agent that feeds it
   std::unique_ptr<Agent> agent;
   std::unique_ptr<AgentGrpcService> agent_service;
@@ -711,6 +743,7 @@ int Run(int argc, char** argv) {
   });
   if (agent) {
     coordinator_client.Connect(coordinator_address, agent_token);
+    agent_connected = true;
     agent->SetAgentAddress(advertise);
     agent->Start();
   }
@@ -733,8 +766,25 @@ int Run(int argc, char** argv) {
     }
   });
 
+  // Until SIGTERM or SIGINT; SIGHUP, or a token file changed on disk
+  // (looked at every kTokenCheckInterval), re-reads the tokens.
   int sig = 0;
-  sigwait(&sigs, &sig);
+  std::string reload_error;  // logged once until it changes
+  while (true) {
+    const timespec wait{kTokenCheckInterval.count(), 0};
+    sig = sigtimedwait(&sigs, nullptr, &wait);
+    if (sig == SIGTERM || sig == SIGINT) break;
+    if (sig != SIGHUP && !token_files.Changed()) continue;
+    Status loaded = token_files.Load();
+    if (loaded.ok()) {
+      reload_error.clear();
+      log.Info("tokens re-read ({}): {}", sig == SIGHUP ? "SIGHUP" : "a file changed",
+               absl::StrJoin(token_files.paths(), ", "));
+    } else if (loaded.ToString() != reload_error || sig == SIGHUP) {
+      reload_error = loaded.ToString();
+      log.Error("tokens not re-read, the ones in use stay: {}", reload_error);
+    }
+  }
   log.Info("signal {}: shutting down", sig);
   stop = true;
   if (metrics_server) metrics_server->Stop();

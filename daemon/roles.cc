@@ -1,5 +1,6 @@
 #include "daemon/roles.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -123,12 +124,28 @@ std::string TokenSha256(absl::string_view token) {
   return out;
 }
 
-void RoleTokens::SetDigest(Role role, std::string sha256_hex) {
+void RoleTokens::SetDigests(Role role, std::vector<std::string> sha256_hex) {
+  sha256_hex.erase(std::remove(sha256_hex.begin(), sha256_hex.end(), std::string()),
+                   sha256_hex.end());
   MutexLock lock(&mu_);
   digests_[Slot(role)] = std::move(sha256_hex);
 }
 
+void RoleTokens::SetTokens(Role role, const std::vector<std::string>& tokens) {
+  std::vector<std::string> digests;
+  for (const std::string& t : tokens) {
+    if (!t.empty()) digests.push_back(TokenSha256(t));
+  }
+  SetDigests(role, std::move(digests));
+}
+
 std::string RoleTokens::Digest(Role role) const {
+  MutexLock lock(&mu_);
+  const auto& d = digests_[Slot(role)];
+  return d.empty() ? std::string() : d.front();
+}
+
+std::vector<std::string> RoleTokens::Digests(Role role) const {
   MutexLock lock(&mu_);
   return digests_[Slot(role)];
 }
@@ -139,9 +156,10 @@ std::optional<Role> RoleTokens::RoleOf(absl::string_view token) const {
   std::optional<Role> found;
   MutexLock lock(&mu_);
   for (Role role : {Role::kAdmin, Role::kViewer, Role::kAgent}) {
-    const std::string& want = digests_[Slot(role)];
-    // Every role is compared, so the time does not tell which one matched.
-    if (SecretsEqual(digest, want) && !want.empty() && !found) found = role;
+    // Every digest is compared, so the time does not tell which one matched.
+    for (const std::string& want : digests_[Slot(role)]) {
+      if (SecretsEqual(digest, want) && !found) found = role;
+    }
   }
   return found;
 }
@@ -175,18 +193,19 @@ Status AuthorizeRpc(const RoleTokens& roles, absl::string_view method,
                                                   " (needs ", RoleList(*allowed), ")"));
 }
 
-Status AuthorizeStoreCall(const RoleTokens& roles, const std::string& admin_token,
+Status AuthorizeStoreCall(const RoleTokens& roles, const std::string& store_key,
                           absl::string_view header_value, bool present, absl::string_view ns) {
   constexpr absl::string_view kPrefix = "Bearer ";
   if (present && absl::StartsWith(header_value, kPrefix)) {
     std::optional<Role> role = roles.RoleOf(header_value.substr(kPrefix.size()));
+    if (role == Role::kAdmin) return absl::OkStatus();
     if (role == Role::kViewer || role == Role::kAgent) {
       return absl::PermissionDeniedError(absl::StrCat(
           WithArticle(*role), " token cannot use the store (namespace ", QuoteForError(ns),
           " needs admin or its job's store token)"));
     }
   }
-  return AuthorizeStore(header_value, present, admin_token, ns);
+  return AuthorizeStore(header_value, present, store_key, ns);
 }
 
 }  // namespace daemon

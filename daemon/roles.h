@@ -23,7 +23,9 @@
 // Tokens are compared by SHA-256 digest in constant time (SecretsEqual):
 // the coordinator digests its own tokens; an agent learns the admin and
 // viewer digests from the coordinator (RegisterNodeResponse and each
-// HeartbeatResponse), so it never holds those tokens. Plain C++, no gRPC.
+// HeartbeatResponse), so it never holds those tokens. A role may admit
+// several tokens at once: its current one and those still listed after it
+// in its token file during a rotation (token.h). Plain C++, no gRPC.
 #ifndef LOCKSTEP_DAEMON_ROLES_H_
 #define LOCKSTEP_DAEMON_ROLES_H_
 
@@ -56,39 +58,63 @@ std::vector<std::string> TableMethods();
 std::string TokenSha256(absl::string_view token);
 
 // The digests of the bearer-token roles (admin, viewer, agent) a daemon
-// admits. Thread safe: an agent's loop thread updates it while the gRPC
-// threads read it.
+// admits. Thread safe: an agent's loop thread, or a coordinator re-reading
+// its token files, updates it while the gRPC threads read it.
 class RoleTokens {
  public:
-  // Sets the role's token digest (TokenSha256); empty: no token has it.
+  // Sets the digests (TokenSha256) the role admits, its current one first;
+  // empty entries are dropped, none: no token has the role.
   // REQUIRES: role != kWorker (worker tokens are per job, see above).
-  void SetDigest(Role role, std::string sha256_hex);
-  void SetToken(Role role, absl::string_view token) { SetDigest(role, TokenSha256(token)); }
-  // The role's digest, empty when unset.
+  void SetDigests(Role role, std::vector<std::string> sha256_hex);
+  void SetDigest(Role role, std::string sha256_hex) { SetDigests(role, {std::move(sha256_hex)}); }
+  // The same from the tokens themselves.
+  void SetTokens(Role role, const std::vector<std::string>& tokens);
+  void SetToken(Role role, absl::string_view token) { SetTokens(role, {std::string(token)}); }
+  // The role's current digest (the first), empty when unset.
   std::string Digest(Role role) const;
+  // Every digest the role admits, the current one first.
+  std::vector<std::string> Digests(Role role) const;
   // The role whose token `token` is; nullopt when none (or `token` is
-  // empty). Compares against every role, each in constant time.
+  // empty). Compares against every digest of every role, each in constant
+  // time.
   std::optional<Role> RoleOf(absl::string_view token) const;
 
  private:
   mutable Mutex mu_;
-  std::string digests_[3] ABSL_GUARDED_BY(mu_);  // admin, viewer, agent
+  std::vector<std::string> digests_[3] ABSL_GUARDED_BY(mu_);  // admin, viewer, agent
 };
 
 // The coordinator's token digests travel in every RegisterNodeResponse and
-// HeartbeatResponse (their *_token_sha256 fields): written from the
-// coordinator's RoleTokens, read into the agent's.
+// HeartbeatResponse (their *_token_sha256 fields the current ones, the
+// *_token_sha256_also fields those still admitted during a rotation):
+// written from the coordinator's RoleTokens, read into the agent's.
 template <typename Response>
 void WriteDigests(const RoleTokens& roles, Response* resp) {
-  resp->set_admin_token_sha256(roles.Digest(Role::kAdmin));
-  resp->set_viewer_token_sha256(roles.Digest(Role::kViewer));
-  resp->set_agent_token_sha256(roles.Digest(Role::kAgent));
+  auto write = [](std::vector<std::string> digests, std::string* current, auto* also) {
+    current->clear();
+    also->Clear();
+    if (digests.empty()) return;
+    *current = digests.front();
+    for (size_t i = 1; i < digests.size(); ++i) *also->Add() = digests[i];
+  };
+  write(roles.Digests(Role::kAdmin), resp->mutable_admin_token_sha256(),
+        resp->mutable_admin_token_sha256_also());
+  write(roles.Digests(Role::kViewer), resp->mutable_viewer_token_sha256(),
+        resp->mutable_viewer_token_sha256_also());
+  write(roles.Digests(Role::kAgent), resp->mutable_agent_token_sha256(),
+        resp->mutable_agent_token_sha256_also());
 }
 template <typename Response>
 void ReadDigests(const Response& resp, RoleTokens* roles) {
-  roles->SetDigest(Role::kAdmin, resp.admin_token_sha256());
-  roles->SetDigest(Role::kViewer, resp.viewer_token_sha256());
-  roles->SetDigest(Role::kAgent, resp.agent_token_sha256());
+  auto read = [](const std::string& current, const auto& also) {
+    std::vector<std::string> digests{current};
+    digests.insert(digests.end(), also.begin(), also.end());
+    return digests;
+  };
+  roles->SetDigests(Role::kAdmin, read(resp.admin_token_sha256(), resp.admin_token_sha256_also()));
+  roles->SetDigests(Role::kViewer,
+                    read(resp.viewer_token_sha256(), resp.viewer_token_sha256_also()));
+  roles->SetDigests(Role::kAgent, read(resp.agent_token_sha256(), resp.agent_token_sha256_also()));
 }
 
 // Authorizes a call of `method` ("Service/Method") carrying the
@@ -100,11 +126,11 @@ void ReadDigests(const Response& resp, RoleTokens* roles) {
 Status AuthorizeRpc(const RoleTokens& roles, absl::string_view method,
                     absl::string_view header_value, bool present);
 
-// Authorizes a store call on namespace `ns`: AuthorizeStore with
-// `admin_token` (the admin token or the job's store token), except that a
-// viewer or agent token gets PermissionDenied naming its role rather than
-// the namespace.
-Status AuthorizeStoreCall(const RoleTokens& roles, const std::string& admin_token,
+// Authorizes a store call on namespace `ns`: an admin token opens every
+// namespace; otherwise AuthorizeStore with `store_key` (the job's store
+// token), except that a viewer or agent token gets PermissionDenied naming
+// its role rather than the namespace.
+Status AuthorizeStoreCall(const RoleTokens& roles, const std::string& store_key,
                           absl::string_view header_value, bool present, absl::string_view ns);
 
 }  // namespace daemon

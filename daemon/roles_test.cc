@@ -11,6 +11,7 @@
 
 #include "daemon/token.h"
 #include "lockstep/v1/agent.pb.h"
+#include "lockstep/v1/common.pb.h"
 #include "lockstep/v1/coordinator.pb.h"
 #include "lockstep/v1/store.pb.h"
 
@@ -145,19 +146,50 @@ TEST_F(RolesTest, MethodMissingFromTheTableIsRefusedEvenToAdmin) {
 }
 
 TEST_F(RolesTest, StoreAdmitsAdminAndTheJobsStoreTokenOnly) {
-  const std::string admin = kAdmin;
-  EXPECT_TRUE(AuthorizeStoreCall(roles_, admin, "Bearer admin-secret", true, "job-1/0").ok());
-  const std::string worker = "Bearer " + JobStoreToken(kAdmin, "job-1");
-  EXPECT_TRUE(AuthorizeStoreCall(roles_, admin, worker, true, "job-1/0").ok());
-  EXPECT_EQ(AuthorizeStoreCall(roles_, admin, worker, true, "job-2/0").code(),
+  const std::string key = "store-key";
+  EXPECT_TRUE(AuthorizeStoreCall(roles_, key, "Bearer admin-secret", true, "job-1/0").ok());
+  const std::string worker = "Bearer " + JobStoreToken(key, "job-1");
+  EXPECT_TRUE(AuthorizeStoreCall(roles_, key, worker, true, "job-1/0").ok());
+  EXPECT_EQ(AuthorizeStoreCall(roles_, key, worker, true, "job-2/0").code(),
             absl::StatusCode::kPermissionDenied);
   for (const char* t : {kViewer, kAgent}) {
-    Status s = AuthorizeStoreCall(roles_, admin, std::string("Bearer ") + t, true, "job-1/0");
+    Status s = AuthorizeStoreCall(roles_, key, std::string("Bearer ") + t, true, "job-1/0");
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << t;
     EXPECT_NE(s.message().find("token cannot use the store"), absl::string_view::npos) << s;
   }
-  EXPECT_EQ(AuthorizeStoreCall(roles_, admin, "", false, "job-1/0").code(),
+  EXPECT_EQ(AuthorizeStoreCall(roles_, key, "", false, "job-1/0").code(),
             absl::StatusCode::kUnauthenticated);
+  // A job's store token does not change when the admin token rotates.
+  roles_.SetTokens(Role::kAdmin, {"admin-2"});
+  EXPECT_TRUE(AuthorizeStoreCall(roles_, key, worker, true, "job-1/0").ok());
+  EXPECT_TRUE(AuthorizeStoreCall(roles_, key, "Bearer admin-2", true, "job-9/0").ok());
+  EXPECT_EQ(AuthorizeStoreCall(roles_, key, "Bearer admin-secret", true, "job-1/0").code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// During a rotation a role admits its current token and those listed after
+// it; the agents learn both from the coordinator's responses.
+TEST_F(RolesTest, ARoleAdmitsEveryListedTokenAndAgentsLearnThem) {
+  roles_.SetTokens(Role::kViewer, {"viewer-2", "viewer-secret"});
+  EXPECT_EQ(roles_.RoleOf("viewer-2"), Role::kViewer);
+  EXPECT_EQ(roles_.RoleOf("viewer-secret"), Role::kViewer);
+  EXPECT_EQ(roles_.Digest(Role::kViewer), TokenSha256("viewer-2"));
+  v1::HeartbeatResponse resp;
+  WriteDigests(roles_, &resp);
+  EXPECT_EQ(resp.viewer_token_sha256(), TokenSha256("viewer-2"));
+  ASSERT_EQ(resp.viewer_token_sha256_also_size(), 1);
+  RoleTokens agent;
+  ReadDigests(resp, &agent);
+  EXPECT_EQ(agent.RoleOf("viewer-secret"), Role::kViewer);
+  EXPECT_EQ(agent.RoleOf("viewer-2"), Role::kViewer);
+  EXPECT_EQ(agent.RoleOf(kAdmin), Role::kAdmin);
+  // The old one dropped: refused, here and at the agent after the next response.
+  roles_.SetTokens(Role::kViewer, {"viewer-2"});
+  WriteDigests(roles_, &resp);
+  ReadDigests(resp, &agent);
+  EXPECT_FALSE(roles_.RoleOf("viewer-secret").has_value());
+  EXPECT_FALSE(agent.RoleOf("viewer-secret").has_value());
+  EXPECT_EQ(agent.RoleOf("viewer-2"), Role::kViewer);
 }
 
 TEST_F(RolesTest, UnsetDigestsAdmitNobody) {

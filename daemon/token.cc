@@ -19,12 +19,18 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/unique_fd.h"
 
 namespace lockstep {
 namespace daemon {
 
 StatusOr<std::string> LoadToken(const std::string& path, bool create) {
+  ASSIGN_OR_RETURN(std::vector<std::string> tokens, LoadTokens(path, create));
+  return tokens.front();
+}
+
+StatusOr<std::vector<std::string>> LoadTokens(const std::string& path, bool create) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     if (errno != ENOENT || !create) {
@@ -37,14 +43,14 @@ StatusOr<std::string> LoadToken(const std::string& path, bool create) {
         return absl::PermissionDeniedError(
             absl::StrCat("token file ", path, ": cannot create: ", std::strerror(errno)));
       }
-      return LoadToken(path, false);  // lost a race with another starter
+      return LoadTokens(path, false);  // lost a race with another starter
     }
     std::string line = token + "\n";
     bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
     ok = (::fsync(fd) == 0) && ok;
     ::close(fd);
     if (!ok) return absl::UnavailableError(absl::StrCat("token file ", path, ": write failed"));
-    return token;
+    return std::vector<std::string>{token};
   }
   // Judged on the file that is read (a symlink is followed: a Kubernetes
   // Secret volume is made of them), through one descriptor, so the file
@@ -68,23 +74,31 @@ StatusOr<std::string> LoadToken(const std::string& path, bool create) {
         "token file ", path, " is owned by uid ", st.st_uid, ", not by this process's uid ",
         ::geteuid(), ": whoever owns it can change the token; chown it"));
   }
-  std::string content(4096, '\0');
+  std::string content(kMaxTokenFileBytes + 1, '\0');
   const ssize_t n = ::read(fd.get(), content.data(), content.size());
   if (n < 0) {
     return absl::PermissionDeniedError(
         absl::StrCat("token file ", path, ": cannot read: ", std::strerror(errno)));
   }
+  if (static_cast<size_t>(n) > kMaxTokenFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is over ",
+                                                   kMaxTokenFileBytes, " bytes"));
+  }
   content.resize(static_cast<size_t>(n));
-  std::string token(absl::StripAsciiWhitespace(content.substr(0, content.find('\n'))));
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
-  return token;
+  std::vector<std::string> tokens;
+  for (absl::string_view line : absl::StrSplit(content, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!line.empty()) tokens.emplace_back(line);
+  }
+  if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+  return tokens;
 }
 
-std::string JobStoreToken(absl::string_view admin_token, absl::string_view job_id) {
+std::string JobStoreToken(absl::string_view store_key, absl::string_view job_id) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int mac_len = 0;
   unsigned char* ok =
-      HMAC(EVP_sha256(), admin_token.data(), static_cast<int>(admin_token.size()),
+      HMAC(EVP_sha256(), store_key.data(), static_cast<int>(store_key.size()),
            reinterpret_cast<const unsigned char*>(job_id.data()), job_id.size(), mac, &mac_len);
   if (ok == nullptr) std::abort();  // only on allocation failure inside libcrypto
   static const char kHex[] = "0123456789abcdef";
@@ -97,7 +111,7 @@ std::string JobStoreToken(absl::string_view admin_token, absl::string_view job_i
   return out;
 }
 
-Status AuthorizeStore(absl::string_view value, bool present, const std::string& admin_token,
+Status AuthorizeStore(absl::string_view value, bool present, const std::string& store_key,
                       absl::string_view ns) {
   constexpr absl::string_view kPrefix = "Bearer ";
   if (!present || !absl::StartsWith(value, kPrefix)) {
@@ -106,10 +120,8 @@ Status AuthorizeStore(absl::string_view value, bool present, const std::string& 
         ": missing `authorization: Bearer <token>` metadata (workers get LOCKSTEP_STORE_TOKEN)"));
   }
   absl::string_view got = value.substr(kPrefix.size());
-  if (!admin_token.empty() && SecretsEqual(got, admin_token)) return absl::OkStatus();
   absl::string_view job = ns.substr(0, ns.find('/'));
-  if (!admin_token.empty() && !job.empty() &&
-      SecretsEqual(got, JobStoreToken(admin_token, job))) {
+  if (!store_key.empty() && !job.empty() && SecretsEqual(got, JobStoreToken(store_key, job))) {
     return absl::OkStatus();
   }
   return absl::PermissionDeniedError(

@@ -5,10 +5,19 @@
 // viewer.token, agent.token), each created with mode 0600 at the first
 // start; the CLI and agents read a copy of the one they need. RPCs carry a
 // token as metadata `authorization: Bearer <t>`.
+//
+// A token file holds one token per line. The first is the one a client
+// presents; the others are still admitted by a coordinator that reads the
+// file (a rotation: the new token first, the old one after it until every
+// holder has the new one). lockstepd re-reads its files when they change
+// (daemon/README.md, Rotating tokens). The jobs' store tokens are keyed by
+// a secret of their own (store.key), so rotating the admin token leaves
+// running jobs alone.
 #ifndef LOCKSTEP_DAEMON_TOKEN_H_
 #define LOCKSTEP_DAEMON_TOKEN_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "common/status.h"
@@ -17,6 +26,8 @@ namespace lockstep {
 namespace daemon {
 
 inline constexpr char kAuthorizationHeader[] = "authorization";
+// Largest token file read (a few dozen tokens of 64 characters).
+inline constexpr size_t kMaxTokenFileBytes = 4096;
 
 // Reads the token at `path`, creating it (mode 0600, 32 random bytes as
 // hex) when `create` and it does not exist. Errors: NotFound (missing and
@@ -26,6 +37,9 @@ inline constexpr char kAuthorizationHeader[] = "authorization";
 // it leads to is judged; the daemon refuses symlinks for the token files in
 // its state dir itself (lockstepd_main.cc).
 StatusOr<std::string> LoadToken(const std::string& path, bool create);
+// Every token of the file (see above), the first one first; the same
+// errors as LoadToken.
+StatusOr<std::vector<std::string>> LoadTokens(const std::string& path, bool create);
 
 // A secret: `prefix` + 32 bytes from OpenSSL's CSPRNG (RAND_bytes) as
 // lowercase hex. Aborts the process if the CSPRNG fails (no weak fallback).
@@ -36,20 +50,21 @@ std::string NewSecret(absl::string_view prefix);
 bool SecretsEqual(absl::string_view a, absl::string_view b);
 
 // The store token of job `job_id`: lowercase hex of
-// HMAC-SHA256(key = admin_token, message = job_id), 64 characters.
-// Deterministic, so anyone holding the admin token (the coordinator, every
-// agent) derives the same value, before and after a restart, with nothing
-// stored. Agents hand it to workers as LOCKSTEP_STORE_TOKEN; it opens only
-// store namespaces "<job_id>/..." (workers never see the admin token).
-std::string JobStoreToken(absl::string_view admin_token, absl::string_view job_id);
+// HMAC-SHA256(key = store_key, message = job_id), 64 characters, where
+// store_key is the coordinator's store.key (a secret no client holds).
+// Deterministic, so the coordinator derives the same value before and
+// after a restart, with nothing stored per job. Agents hand it to workers
+// as LOCKSTEP_STORE_TOKEN; it opens only store namespaces "<job_id>/...".
+std::string JobStoreToken(absl::string_view store_key, absl::string_view job_id);
 
 // Authorizes a store call on namespace `ns` ("<job>/<round>") given its
-// `authorization` metadata (`present` false when absent): the admin token
-// opens every namespace; JobStoreToken(admin_token, job) opens those whose
-// part before the first '/' is `job`. Unauthenticated naming the store when
-// no token is sent (or it is not a Bearer token); PermissionDenied naming
-// the namespace for any other token.
-Status AuthorizeStore(absl::string_view header_value, bool present, const std::string& admin_token,
+// `authorization` metadata (`present` false when absent):
+// JobStoreToken(store_key, job) opens the namespaces whose part before the
+// first '/' is `job` (the admin token, checked by role, opens every one:
+// AuthorizeStoreCall). Unauthenticated naming the store when no token is
+// sent (or it is not a Bearer token); PermissionDenied naming the
+// namespace for any other token.
+Status AuthorizeStore(absl::string_view header_value, bool present, const std::string& store_key,
                       absl::string_view ns);
 
 }  // namespace daemon

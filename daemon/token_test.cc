@@ -80,13 +80,13 @@ TEST(TokenTest, SecretsAreCsprngHexAndCompareOnlyWhenEqual) {
   EXPECT_TRUE(SecretsEqual("", ""));
 }
 
-TEST(JobStoreTokenTest, IsDeterministicHexAndDiffersPerJobAndPerAdminToken) {
-  std::string t = JobStoreToken("admin", "job-a");
+TEST(JobStoreTokenTest, IsDeterministicHexAndDiffersPerJobAndPerKey) {
+  std::string t = JobStoreToken("key", "job-a");
   EXPECT_EQ(t.size(), 64u);
   EXPECT_EQ(t.find_first_not_of("0123456789abcdef"), std::string::npos) << t;
-  EXPECT_EQ(t, JobStoreToken("admin", "job-a"));
-  EXPECT_NE(t, JobStoreToken("admin", "job-b"));
-  EXPECT_NE(t, JobStoreToken("admin2", "job-a"));
+  EXPECT_EQ(t, JobStoreToken("key", "job-a"));
+  EXPECT_NE(t, JobStoreToken("key", "job-b"));
+  EXPECT_NE(t, JobStoreToken("key2", "job-a"));
   // RFC 4231 test case 2: HMAC-SHA256(key "Jefe", "what do ya want for nothing?").
   EXPECT_EQ(JobStoreToken("Jefe", "what do ya want for nothing?"),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
@@ -100,21 +100,47 @@ TEST(AuthorizeStoreTest, MissingOrNonBearerTokenIsUnauthenticatedNamingStore) {
             absl::StatusCode::kUnauthenticated);
 }
 
-TEST(AuthorizeStoreTest, AdminTokenOpensEveryNamespaceJobTokenOnlyItsJob) {
-  std::string job_a = "Bearer " + JobStoreToken("admin", "job-a");
-  EXPECT_TRUE(AuthorizeStore("Bearer admin", true, "admin", "job-b/3").ok());
-  EXPECT_TRUE(AuthorizeStore(job_a, true, "admin", "job-a/0").ok());
-  EXPECT_TRUE(AuthorizeStore(job_a, true, "admin", "job-a/7/sub").ok());
-  Status other = AuthorizeStore(job_a, true, "admin", "job-b/0");
+// The admin token opens every namespace by its role (roles_test).
+TEST(AuthorizeStoreTest, JobTokenOpensOnlyItsJob) {
+  std::string job_a = "Bearer " + JobStoreToken("key", "job-a");
+  EXPECT_TRUE(AuthorizeStore(job_a, true, "key", "job-a/0").ok());
+  EXPECT_TRUE(AuthorizeStore(job_a, true, "key", "job-a/7/sub").ok());
+  Status other = AuthorizeStore(job_a, true, "key", "job-b/0");
   EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(other.message().find("job-b/0"), std::string::npos) << other;
   // A prefix of the job id is not the job.
-  EXPECT_EQ(AuthorizeStore(job_a, true, "admin", "job-a2/0").code(),
+  EXPECT_EQ(AuthorizeStore(job_a, true, "key", "job-a2/0").code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(AuthorizeStore("Bearer wrong", true, "admin", "job-a/0").code(),
+  EXPECT_EQ(AuthorizeStore("Bearer wrong", true, "key", "job-a/0").code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(AuthorizeStore(job_a, true, "other-admin", "job-a/0").code(),
+  EXPECT_EQ(AuthorizeStore(job_a, true, "other-key", "job-a/0").code(),
             absl::StatusCode::kPermissionDenied);
+  // The key itself is no bearer token.
+  EXPECT_EQ(AuthorizeStore("Bearer key", true, "key", "job-a/0").code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// One token per line: the first is presented, all are admitted; blank
+// lines and surrounding spaces do not count.
+TEST(TokenTest, FileListsTheCurrentTokenFirst) {
+  std::string path = Path("rotating.token");
+  ::unlink(path.c_str());
+  {
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs("  new-token \n\nold-token\n", f);
+    std::fclose(f);
+  }
+  ::chmod(path.c_str(), 0600);
+  auto all = LoadTokens(path, false);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*all, (std::vector<std::string>{"new-token", "old-token"}));
+  EXPECT_EQ(*LoadToken(path, false), "new-token");
+  {
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(std::string(kMaxTokenFileBytes + 1, 'x').c_str(), f);
+    std::fclose(f);
+  }
+  EXPECT_EQ(LoadTokens(path, false).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #     the job's own uid from 70000-70999 (leased in /run/lockstep/job-uids)
 #     in a job dir that uid owns (their checkpoints land there), with
 #     identical parameters on both ranks, the dir root's once it is over;
+#   - the unit's ExecReload makes that lockstepd re-read its tokens;
 #   - purging the package removes /var/lib/lockstep.
 #
 #   deploy/package_install_test.sh DEB
@@ -169,6 +170,15 @@ sums="$(for r in 0 1; do sed -n 's/.*"checksum":\([^,]*\),.*/\1/p' "$jobdir/rank
 [ "$(wc -l <<<"$sums")" = 2 ] && [ "$(sort -u <<<"$sums" | wc -l)" = 1 ] ||
   fail "the ranks did not end with one checksum: $sums"
 log "job $job SUCCEEDED as uid $uid; checksums $(head -n 1 <<<"$sums")"
+
+# The unit's ExecReload, as systemd runs it with MAINPID set.
+reload="$(sed -n 's/^ExecReload=//p' "$unit")"
+[ "$reload" = '/bin/kill -HUP $MAINPID' ] || fail "unexpected ExecReload: $reload"
+MAINPID=$DAEMON bash -c "exec $reload"
+for _ in $(seq 100); do grep -q "tokens re-read (SIGHUP)" "$W/lockstepd.log" && break; sleep 0.1; done
+grep -q "tokens re-read (SIGHUP)" "$W/lockstepd.log" || fail "ExecReload did not re-read the tokens"
+cli nodes >/dev/null || fail "the CLI's token stopped working after a reload"
+log "ExecReload re-read the tokens"
 
 kill -TERM "$DAEMON"
 wait "$DAEMON" || true

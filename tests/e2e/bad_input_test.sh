@@ -54,8 +54,11 @@ except grpc.RpcError as e:
     sys.exit(1)
 PY
 }
-other_job_token=$(/usr/bin/python3 -c 'import hmac,hashlib,sys; print(hmac.new(sys.argv[1].encode(), b"j-other", hashlib.sha256).hexdigest())' "$(cat "$TOKEN")")
-own_job_token=$(/usr/bin/python3 -c 'import hmac,hashlib,sys; print(hmac.new(sys.argv[1].encode(), b"j-mine", hashlib.sha256).hexdigest())' "$(cat "$TOKEN")")
+# A job's store token: HMAC-SHA256 of its id keyed by the coordinator's store.key.
+store_key=$(cat "$(dirname "$TOKEN")/store.key")
+other_job_token=$(/usr/bin/python3 -c 'import hmac,hashlib,sys; print(hmac.new(sys.argv[1].encode(), b"j-other", hashlib.sha256).hexdigest())' "$store_key")
+own_job_token=$(/usr/bin/python3 -c 'import hmac,hashlib,sys; print(hmac.new(sys.argv[1].encode(), b"j-mine", hashlib.sha256).hexdigest())' "$store_key")
+expect_error "PERMISSION_DENIED.*j-mine/0" raw_call /lockstep.v1.StoreService/Set "$store_key" j-mine/0
 expect_error "UNAUTHENTICATED.*store" raw_call /lockstep.v1.StoreService/Set "" j-mine/0
 expect_error "PERMISSION_DENIED.*j-mine/0" raw_call /lockstep.v1.StoreService/Set "$other_job_token" j-mine/0
 expect_error "PERMISSION_DENIED.*j-mine/0" raw_call /lockstep.v1.StoreService/Set "$(cat "$T/wrong-token")" j-mine/0

@@ -67,7 +67,7 @@ expect_refused PERMISSION_DENIED "an agent token cannot CancelJob (needs admin)"
 
 # Worker: the job's store token opens no control RPC.
 python3 -c 'import hmac,hashlib,sys; print(hmac.new(sys.argv[1].encode(), sys.argv[2].encode(), hashlib.sha256).hexdigest())' \
-  "$(cat "$TOKEN")" "$job" >"$T/store-token"
+  "$(cat "$(dirname "$TOKEN")/store.key")" "$job" >"$T/store-token"
 chmod 600 "$T/store-token"
 expect_refused UNAUTHENTICATED "wrong bearer token" "$LOCKSTEP" --coordinator "$COORD" --token-file "$T/store-token" list
 expect_refused UNAUTHENTICATED "wrong bearer token" "$LOCKSTEP" --coordinator "$COORD" --token-file "$T/store-token" cancel "$job"
