@@ -171,10 +171,14 @@ sums="$(for r in 0 1; do sed -n 's/.*"checksum":\([^,]*\),.*/\1/p' "$jobdir/rank
   fail "the ranks did not end with one checksum: $sums"
 log "job $job SUCCEEDED as uid $uid; checksums $(head -n 1 <<<"$sums")"
 
-# The unit's ExecReload, as systemd runs it with MAINPID set.
+# The unit's ExecReload, in the installed root, ${MAINPID} replaced as
+# systemd does (by lockstepd's pid, from its lock file: $DAEMON is the
+# shell that started it).
 reload="$(sed -n 's/^ExecReload=//p' "$unit")"
-[ "$reload" = '/bin/kill -HUP $MAINPID' ] || fail "unexpected ExecReload: $reload"
-MAINPID=$DAEMON bash -c "exec $reload"
+[ "$reload" = '/bin/sh -c "kill -HUP ${MAINPID}"' ] || fail "unexpected ExecReload: $reload"
+mainpid="$(cat "$R/var/lib/lockstep/lockstepd.lock")"
+[[ "$mainpid" =~ ^[0-9]+$ ]] && grep -q lockstepd "/proc/$mainpid/comm" || fail "no lockstepd pid in its lock file: $mainpid"
+eval "chroot \"$R\" ${reload//'${MAINPID}'/$mainpid}"
 for _ in $(seq 100); do grep -q "tokens re-read (SIGHUP)" "$W/lockstepd.log" && break; sleep 0.1; done
 grep -q "tokens re-read (SIGHUP)" "$W/lockstepd.log" || fail "ExecReload did not re-read the tokens"
 cli nodes >/dev/null || fail "the CLI's token stopped working after a reload"
