@@ -1049,7 +1049,8 @@ constexpr char kUsage[] =
     "  nodes\n"
     "  watch JOB [--interval-s S]\n"
     "  certs --out DIR --hosts HOST,IP,... [--days N]   (a cluster CA and mutual TLS\n"
-    "         certificates: ca.pem, HOST.pem/.key per host, client.pem/.key)\n"
+    "         certificates: ca.pem, HOST.pem/.key per host, client.pem/.key,\n"
+    "         worker.pem/.key)\n"
     "Each command takes --help. A viewer token (the coordinator's viewer.token) runs\n"
     "status, list, logs, nodes and watch; submit, cancel and delete need the admin token.\n";
 
