@@ -75,9 +75,13 @@ grep -q "workers present $C/worker.pem (--tls-worker-cert)" "$T/coord.log" ||
 
 # What a job's code holds: worker.pem and its key, not the node's.
 mkdir -p "$T/held"
-ls_cli submit --nodes 1 --nproc-per-node 1 --max-restarts 0 --wait -- /bin/sh -c \
-  "printf '%s' \"\$LOCKSTEP_TLS_CERT_PEM\" > $T/held/cert.pem; printf '%s' \"\$LOCKSTEP_TLS_KEY_PEM\" > $T/held/key.pem" \
-  > "$T/held.out" || fail "the job that reads its TLS material failed: $(cat "$T/held.out")"
+held_material() {  # a job writes its LOCKSTEP_TLS_CERT_PEM and _KEY_PEM into $T/held
+  rm -f "$T/held"/*
+  ls_cli submit --nodes 1 --nproc-per-node 1 --max-restarts 0 --wait -- /bin/sh -c \
+    "printf '%s' \"\$LOCKSTEP_TLS_CERT_PEM\" > $T/held/cert.pem; printf '%s' \"\$LOCKSTEP_TLS_KEY_PEM\" > $T/held/key.pem" \
+    > "$T/held.out" || fail "the job that reads its TLS material failed: $(cat "$T/held.out")"
+}
+held_material
 cmp -s "$T/held/key.pem" "$C/worker.key" || fail "a worker was not given worker.key"
 if cmp -s "$T/held/key.pem" "$C/127.0.0.1.key"; then fail "a worker holds the node's key"; fi
 # Served by a job as if it were a node: the CLI refuses that certificate.
@@ -147,7 +151,8 @@ grep -q "workers get this daemon's own TLS certificate and key (--tls-key)" "$T/
   fail "a daemon handing its workers its own key did not warn: $(head -n 20 "$T/other-d.log")"
 
 # Renewal: new certificates from the same CA, written over the old files,
-# are served without a restart (the coordinator re-reads every second).
+# are served without a restart (the coordinator re-reads every second), and
+# the workers launched next get the new worker.pem.
 old_serial=$(openssl x509 -noout -serial -in "$C/127.0.0.1.pem")
 "$LOCKSTEP" certs --out "$C" --hosts 127.0.0.1 > /dev/null
 new_serial=$(openssl x509 -noout -serial -in "$C/127.0.0.1.pem")
@@ -159,4 +164,8 @@ served_serial() {
 serial_is() { [ "$(served_serial)" = "$1" ]; }
 wait_for 30 serial_is "$new_serial" || fail "the coordinator still serves the old certificate ($(served_serial))"
 ls_cli nodes > /dev/null || fail "the CLI cannot talk to the coordinator after renewal"
+# The next job's workers get the renewed worker.pem (read at each launch).
+held_material
+cmp -s "$T/held/cert.pem" "$C/worker.pem" && cmp -s "$T/held/key.pem" "$C/worker.key" ||
+  fail "a job launched after renewal did not get the renewed worker.pem"
 log "PASS"
