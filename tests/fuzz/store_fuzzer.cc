@@ -5,7 +5,7 @@
 // unary RPCs carry the same request messages), and steps that move the fake
 // clock, drop namespaces as the coordinator does, or set the stream's
 // `authorization` metadata. Each op goes the way StoreGrpcService's Session
-// sends it: authorize (daemon::AuthorizeStore, as lockstepd installs it),
+// sends it: authorize (daemon::AuthorizeStoreCall, as lockstepd installs it),
 // clamp the timeout (StoreWaitTimeout), then StoreCore, here with small
 // quotas so inputs reach them and without its expiry thread.
 //
@@ -30,6 +30,7 @@
 
 #include "absl/strings/numbers.h"
 #include "common/clock.h"
+#include "daemon/roles.h"
 #include "daemon/token.h"
 #include "lockstep/v1/store.pb.h"
 #include "rendezvous/store.h"
@@ -47,7 +48,23 @@ using fuzz::CheckErrorMessage;
 // quoted to at most 64 bytes (4 when escaped) plus "...(N bytes)": under 3
 // KiB; every other message quotes one or two values.
 constexpr size_t kMaxErrorBytes = 4096;
+// What lockstepd's store admits: its admin token (by role), a job's store
+// token (keyed by store.key); viewer and agent tokens are refused by role.
 constexpr char kAdminToken[] = "fuzz-admin-token";
+constexpr char kViewerToken[] = "fuzz-viewer-token";
+constexpr char kAgentToken[] = "fuzz-agent-token";
+constexpr char kStoreKey[] = "fuzz-store-key";
+
+const daemon::RoleTokens& Roles() {
+  static const daemon::RoleTokens* roles = [] {
+    auto* r = new daemon::RoleTokens;
+    r->SetToken(daemon::Role::kAdmin, kAdminToken);
+    r->SetToken(daemon::Role::kViewer, kViewerToken);
+    r->SetToken(daemon::Role::kAgent, kAgentToken);
+    return r;
+  }();
+  return *roles;
+}
 
 StoreCore::Options SmallQuotas() {
   StoreCore::Options options;
@@ -176,16 +193,16 @@ class Session {
   // ------------------------------------------------------------- the ops
   Status Authorize(const std::string& ns) const {
     if (!authorization_) return absl::OkStatus();  // an open store (tests, StoreServer)
-    Status s = daemon::AuthorizeStore(*authorization_, true, kAdminToken, ns);
-    CheckErrorMessage(s, kMaxErrorBytes, "AuthorizeStore");
+    Status s = daemon::AuthorizeStoreCall(Roles(), kStoreKey, *authorization_, true, ns);
+    CheckErrorMessage(s, kMaxErrorBytes, "AuthorizeStoreCall");
     const std::string& header = *authorization_;
     const bool bearer = header.rfind("Bearer ", 0) == 0;
     const std::string got = bearer ? header.substr(7) : "";
     const std::string job = Owner(ns);
     const bool opens =
-        bearer && (got == kAdminToken || (!job.empty() && got == daemon::JobStoreToken(kAdminToken, job)));
-    FUZZ_CHECK(s.ok() == opens, "AuthorizeStore(" + QuoteForError(header) + ", " + QuoteForError(ns) +
-                                    ") = " + s.ToString());
+        bearer && (got == kAdminToken || (!job.empty() && got == daemon::JobStoreToken(kStoreKey, job)));
+    FUZZ_CHECK(s.ok() == opens, "AuthorizeStoreCall(" + QuoteForError(header) + ", " +
+                                    QuoteForError(ns) + ") = " + s.ToString());
     FUZZ_CHECK(s.ok() || (bearer ? absl::IsPermissionDenied(s) : absl::IsUnauthenticated(s)), s.ToString());
     return s;
   }
