@@ -24,10 +24,11 @@ job=$(submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --env TRAINER_STEPS=3
 wait_state "$job" RUNNING 30
 
 # rotate FILE [NEW...]: writes the tokens given, one per line, as a new
-# file renamed over FILE (mode 0600): what an operator's script does.
+# file renamed over FILE (umask 077: mode 0600 from the start), as
+# daemon/README.md's commands do.
 rotate() {
   local file=$1; shift
-  printf '%s\n' "$@" > "$file.new" && chmod 600 "$file.new" && mv "$file.new" "$file"
+  (umask 077; printf '%s\n' "$@" > "$file.new") && mv "$file.new" "$file"
 }
 with_token() {  # TOKEN CLI-ARGS...: the CLI presenting TOKEN
   local f="$T/cli-$RANDOM.token"
