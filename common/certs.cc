@@ -36,17 +36,6 @@ using openssl::X509Ptr;
 using openssl::X509StoreCtx;
 using openssl::X509StorePtr;
 
-// OpenSSL's queued errors as one line (and clears the queue).
-std::string OpenSslErrors() {
-  std::vector<std::string> parts;
-  while (unsigned long e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    parts.emplace_back(buf);
-  }
-  return parts.empty() ? "no OpenSSL error queued" : absl::StrJoin(parts, "; ");
-}
-
 Status SslError(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", OpenSslErrors()));
 }
@@ -202,6 +191,16 @@ StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+std::string OpenSslErrors() {
+  std::vector<std::string> parts;
+  while (unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    parts.emplace_back(buf);
+  }
+  return parts.empty() ? "no OpenSSL error queued" : absl::StrJoin(parts, "; ");
+}
 
 StatusOr<KeyAndCert> MakeCa(const std::string& common_name, SystemTime not_before,
                             SystemTime not_after) {

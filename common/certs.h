@@ -53,6 +53,10 @@ struct CertOptions {
   SystemTime not_after;
 };
 
+// OpenSSL's queued errors (this thread's) as one line, "; "-separated;
+// clears the queue. "no OpenSSL error queued" when there is none.
+std::string OpenSslErrors();
+
 // A self-signed CA valid from `not_before` to `not_after`.
 // Internal if OpenSSL fails (the message carries its error).
 StatusOr<KeyAndCert> MakeCa(const std::string& common_name, SystemTime not_before,

@@ -18,43 +18,34 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/address.h"
+#include "common/certs.h"
 
 namespace lockstep {
 namespace daemon {
 namespace {
 
+using certs::OpenSslErrors;
 using SslCtx = std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)>;
-
-// OpenSSL's queued errors as one line (and clears the queue).
-std::string SslErrors() {
-  std::string out;
-  while (unsigned long e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    absl::StrAppend(&out, out.empty() ? "" : "; ", buf);
-  }
-  return out.empty() ? "no OpenSSL error queued" : out;
-}
 
 // A server context from the PEM files in `o`, read now; InvalidArgument
 // naming the file that does not load.
 StatusOr<SslCtx> ServerContext(const HttpServerOptions& o) {
   SslCtx ctx(SSL_CTX_new(TLS_server_method()), SSL_CTX_free);
-  if (!ctx) return absl::InternalError("SSL_CTX_new: " + SslErrors());
+  if (!ctx) return absl::InternalError("SSL_CTX_new: " + OpenSslErrors());
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
   if (SSL_CTX_use_certificate_chain_file(ctx.get(), o.tls_cert_file.c_str()) != 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("certificate ", o.tls_cert_file, ": ", SslErrors()));
+        absl::StrCat("certificate ", o.tls_cert_file, ": ", OpenSslErrors()));
   }
   if (SSL_CTX_use_PrivateKey_file(ctx.get(), o.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
       SSL_CTX_check_private_key(ctx.get()) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("key ", o.tls_key_file, ": ", SslErrors()));
+    return absl::InvalidArgumentError(absl::StrCat("key ", o.tls_key_file, ": ", OpenSslErrors()));
   }
   STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(o.tls_ca_file.c_str());
   if (names == nullptr || SSL_CTX_load_verify_locations(ctx.get(), o.tls_ca_file.c_str(),
                                                         nullptr) != 1) {
     if (names != nullptr) sk_X509_NAME_pop_free(names, X509_NAME_free);
-    return absl::InvalidArgumentError(absl::StrCat("CA ", o.tls_ca_file, ": ", SslErrors()));
+    return absl::InvalidArgumentError(absl::StrCat("CA ", o.tls_ca_file, ": ", OpenSslErrors()));
   }
   SSL_CTX_set_client_CA_list(ctx.get(), names);  // takes `names`
   SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
@@ -80,20 +71,20 @@ class Connection {
     ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
     ssl_ = SSL_new(ctx);
     if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1) {
-      return absl::InternalError("SSL_new: " + SslErrors());
+      return absl::InternalError("SSL_new: " + OpenSslErrors());
     }
     for (;;) {
       const int rc = SSL_accept(ssl_);
       if (rc == 1) return absl::OkStatus();
       const int err = SSL_get_error(ssl_, rc);
-      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
-        if (!Wait(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) {
+      if (Retryable(err)) {
+        if (!WaitFor(err, deadline)) {
           return absl::DeadlineExceededError("the handshake did not end in time");
         }
         continue;
       }
       std::string why = err == SSL_ERROR_SYSCALL ? "the client closed the connection"
-                                                 : SslErrors();
+                                                 : OpenSslErrors();
       const long verify = SSL_get_verify_result(ssl_);
       if (verify != X509_V_OK) {
         why = absl::StrCat("the client's certificate did not verify: ",
@@ -119,11 +110,11 @@ class Connection {
       const int got = SSL_read(ssl_, buf, static_cast<int>(n));
       if (got > 0) return got;
       const int err = SSL_get_error(ssl_, got);
-      if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
+      if (!Retryable(err)) {
         ERR_clear_error();
         return 0;
       }
-      if (!Wait(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) return -1;
+      if (!WaitFor(err, deadline)) return -1;
     }
   }
 
@@ -143,8 +134,7 @@ class Connection {
         continue;
       }
       const int err = SSL_get_error(ssl_, n);
-      if ((err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) ||
-          !Wait(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) {
+      if (!Retryable(err) || !WaitFor(err, deadline)) {
         ERR_clear_error();
         return;
       }
@@ -174,6 +164,15 @@ class Connection {
   }
 
  private:
+  // Whether an SSL call that failed with `err` (SSL_get_error) only waits
+  // for the socket (non-blocking).
+  static bool Retryable(int err) {
+    return err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE;
+  }
+  // Waits until the socket is ready for what a Retryable `err` asks for.
+  bool WaitFor(int err, MonoTime deadline) {
+    return Wait(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline);
+  }
   // Waits for `events` until `deadline`: false when it passed first.
   bool Wait(short events, MonoTime deadline) {
     for (;;) {

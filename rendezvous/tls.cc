@@ -36,7 +36,6 @@
 
 namespace lockstep {
 namespace rendezvous {
-namespace {
 
 StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag) {
   std::ifstream in(path, std::ios::binary);
@@ -48,6 +47,8 @@ StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag) 
   ss << in.rdbuf();
   return ss.str();
 }
+
+namespace {
 
 unsigned RefreshSeconds(const TlsConfig& config) {
   const auto s = std::chrono::duration_cast<std::chrono::seconds>(config.refresh_interval).count();
