@@ -117,16 +117,9 @@ StatusOr<WorkerTlsPem> ReadWorkerTls(const rendezvous::TlsConfig& tls, const Con
   const std::string& cert_file = own ? tls.cert_file : config.tls_worker_cert;
   const std::string& key_file = own ? tls.key_file : config.tls_worker_key;
   WorkerTlsPem pem;
-  for (auto [path, out] : {std::pair{&tls.ca_file, &pem.ca}, std::pair{&cert_file, &pem.cert},
-                           std::pair{&key_file, &pem.key}}) {
-    std::ifstream in(*path, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    *out = text.str();
-    if (!in || out->empty()) {
-      return absl::UnavailableError(absl::StrCat("cannot read ", *path, " for the workers"));
-    }
-  }
+  ASSIGN_OR_RETURN(pem.ca, rendezvous::ReadPem(tls.ca_file, "--tls-ca"));
+  ASSIGN_OR_RETURN(pem.cert, rendezvous::ReadPem(cert_file, cert_flag));
+  ASSIGN_OR_RETURN(pem.key, rendezvous::ReadPem(key_file, key_flag));
   if (!own) {
     const std::string cert_what = absl::StrCat(cert_flag, " ", cert_file);
     RETURN_IF_ERROR(certs::CheckTlsMaterial(pem.ca, pem.cert, pem.key,
@@ -479,7 +472,7 @@ int Run(int argc, char** argv) {
               config.coordinator ? "" : " (copy the coordinator's agent.token here)");
     return 1;
   }
-  std::string agent_token = *token;  // what this daemon's agent registers with
+  std::string agent_token;  // what this daemon's agent presents: set by token_files below
   std::string store_key;
   RoleTokens roles;
   if (config.coordinator) {
@@ -492,7 +485,6 @@ int Run(int argc, char** argv) {
         return 1;
       }
     }
-    agent_token = *agent_tok;
     store_key = *key;
     log.Info("tokens: admin {}, viewer {}, agent {} (daemon/README.md, Roles); re-read when they "
              "change or on SIGHUP", config.token_file, config.viewer_token_file,
