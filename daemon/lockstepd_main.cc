@@ -282,14 +282,18 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
 // is known (after bind, when this daemon is the coordinator).
 class DeferredCoordinatorClient : public CoordinatorClient {
  public:
-  void Connect(const std::string& address, const std::string& token) {
+  // Presents the last SetToken's token.
+  void Connect(const std::string& address) {
     address_ = address;
     client_ = std::make_unique<GrpcCoordinatorClient>(
-        rendezvous::CreateLockstepChannel(address), token, address);
+        rendezvous::CreateLockstepChannel(address), token_, address);
   }
-  // The token the next calls present (a rotation: daemon/token_files.h).
-  // REQUIRES: Connect was called.
-  void SetToken(const std::string& token) { client_->SetToken(token); }
+  // The token the calls present, before and after Connect (a rotation:
+  // daemon/token_files.h). Called on the main thread only.
+  void SetToken(const std::string& token) {
+    token_ = token;
+    if (client_) client_->SetToken(token);
+  }
   // A registration that fails UNAVAILABLE says why when the cause is TLS
   // (rendezvous::ExplainTlsFailure: one handshake of our own per failure).
   StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& request,
@@ -305,6 +309,7 @@ class DeferredCoordinatorClient : public CoordinatorClient {
 
  private:
   std::string address_;
+  std::string token_;
   std::unique_ptr<GrpcCoordinatorClient> client_;  // set before the agent starts
 };
 
@@ -472,7 +477,6 @@ int Run(int argc, char** argv) {
               config.coordinator ? "" : " (copy the coordinator's agent.token here)");
     return 1;
   }
-  std::string agent_token;  // what this daemon's agent presents: set by token_files below
   std::string store_key;
   RoleTokens roles;
   if (config.coordinator) {
@@ -499,17 +503,17 @@ int Run(int argc, char** argv) {
   // token is what its own agent presents; an agent-only daemon presents
   // its file's current token.
   DeferredCoordinatorClient coordinator_client;
-  bool agent_connected = false;  // coordinator_client.Connect was called
   std::vector<std::string> watched = {config.token_file};
-  if (config.coordinator) watched = {config.token_file, config.viewer_token_file, config.agent_token_file};
+  if (config.coordinator) {
+    watched = {config.token_file, config.viewer_token_file, config.agent_token_file};
+  }
   TokenFiles token_files(watched, [&](const std::vector<std::vector<std::string>>& t) {
     if (config.coordinator) {
       roles.SetTokens(Role::kAdmin, t[0]);
       roles.SetTokens(Role::kViewer, t[1]);
       roles.SetTokens(Role::kAgent, t[2]);
     }
-    agent_token = t.back().front();
-    if (agent_connected) coordinator_client.SetToken(agent_token);
+    coordinator_client.SetToken(t.back().front());
   });
   s = token_files.Load();
   if (!s.ok()) {
@@ -734,8 +738,7 @@ int Run(int argc, char** argv) {
     }
   });
   if (agent) {
-    coordinator_client.Connect(coordinator_address, agent_token);
-    agent_connected = true;
+    coordinator_client.Connect(coordinator_address);
     agent->SetAgentAddress(advertise);
     agent->Start();
   }
