@@ -141,8 +141,11 @@ daemon_log() { if [ -n "${CONTAINER:-}" ]; then podman logs "$CONTAINER" 2>&1; e
 uid="$(daemon_log | sed -n "s/.*job=$job .*workers run as uid \([0-9]*\) (--job-uids).*/\1/p" | head -n 1)"
 [[ "$uid" =~ ^70[0-9][0-9][0-9]$ ]] || fail "no uid from 70000-70999 for job $job: $(daemon_log | grep "$job" | head -n 5)"
 ls "$jobdir"/ckpt/* >/dev/null 2>&1 || fail "no checkpoint in the job dir: uid $uid could not write its cwd"
-for _ in $(seq 100); do daemon_log | grep -q "uid $uid returned" && break; sleep 0.1; done
-daemon_log | grep -q "uid $uid returned" || fail "uid $uid was not returned within 10 s of SUCCEEDED"
+# The log is read whole before it is searched: `daemon_log | grep -q` under
+# pipefail fails when grep exits before the log's last write (SIGPIPE).
+returned() { grep -q "uid $uid returned" <<<"$(daemon_log)"; }
+for _ in $(seq 100); do returned && break; sleep 0.1; done
+returned || fail "uid $uid was not returned within 10 s of SUCCEEDED"
 others="$(find "$jobdir" ! -uid 0)"
 [ -z "$others" ] || fail "not given back to root: $others"
 log "job $job SUCCEEDED; workers ran as uid $uid; checksums $(head -n 1 <<<"$sums")"

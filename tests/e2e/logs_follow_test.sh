@@ -33,7 +33,7 @@ tail -n 1 "$T/follow.err" | grep -q "job $job SUCCEEDED" ||
 for r in 0 1; do
   grep -q "^\[$r\] rank $r step 6 " "$T/all.out" || fail "--all-ranks lacks rank $r's last step: $(cat "$T/all.out")"
 done
-if grep -v '^\[[01]\] ' "$T/all.out" | grep -q .; then
+if [ -n "$(grep -v '^\[[01]\] ' "$T/all.out" || true)" ]; then
   fail "--all-ranks printed unprefixed lines: $(grep -v '^\[[01]\] ' "$T/all.out" | head -n 3)"
 fi
 

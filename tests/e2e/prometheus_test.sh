@@ -41,13 +41,19 @@ start_daemon secure --coordinator --no-agent --listen 127.0.0.1:0 --metrics-list
   $(node_tls 127.0.0.1)
 sport=$(sed -n 's|.*metrics: serving https://127.0.0.1:\([0-9]*\)/metrics (mutual TLS.*|\1|p' "$T/secure.log" | head -n 1)
 [ -n "$sport" ] || fail "the TLS daemon did not log an https metrics port: $(grep metrics "$T/secure.log")"
-curl -sf --max-time 5 --cacert "$CERTS/ca.pem" --cert "$CERTS/client.pem" --key "$CERTS/client.key" \
-  "https://127.0.0.1:$sport/metrics" | grep -q "^lockstep_nodes_known " ||
+# Each answer is read whole before it is searched: `curl | grep -q` under
+# pipefail fails when grep exits before curl's last write (SIGPIPE), and the
+# answer (4.3 KB) takes curl two writes.
+got=$(curl -sf --max-time 5 --cacert "$CERTS/ca.pem" --cert "$CERTS/client.pem" \
+  --key "$CERTS/client.key" "https://127.0.0.1:$sport/metrics") ||
   fail "curl with client.pem got no metrics over https"
-if curl -s --max-time 5 --cacert "$CERTS/ca.pem" "https://127.0.0.1:$sport/metrics" | grep -q lockstep_; then
+grep -q "^lockstep_nodes_known " <<<"$got" || fail "no lockstep_nodes_known over https: $got"
+got=$(curl -s --max-time 5 --cacert "$CERTS/ca.pem" "https://127.0.0.1:$sport/metrics" || true)
+if grep -q lockstep_ <<<"$got"; then
   fail "metrics served over https to a client without a certificate"
 fi
-if curl -s --max-time 5 "http://127.0.0.1:$sport/metrics" | grep -q lockstep_; then
+got=$(curl -s --max-time 5 "http://127.0.0.1:$sport/metrics" || true)
+if grep -q lockstep_ <<<"$got"; then
   fail "metrics served in plain HTTP on the TLS daemon's port"
 fi
 grep -q "refused a TLS connection" "$T/secure.log" || fail "the refusals were not logged"

@@ -145,7 +145,7 @@ start_stranger
 wait_for 30 grep -q "cannot register with the coordinator:.*TLS handshake with $COORD failed: the server's certificate did not verify" "$T/other-d.log" ||
   fail "a daemon of another CA did not say why it cannot register: $(tail -n 5 "$T/other-d.log")"
 kill -TERM "${DAEMON_PIDS[-1]}"
-if ls_cli nodes | grep -q "^other "; then fail "the stranger registered"; fi
+if grep -q "^other " <<<"$(ls_cli nodes)"; then fail "the stranger registered"; fi
 # Started without --tls-worker-cert, it said its workers would get its key.
 grep -q "workers get this daemon's own TLS certificate and key (--tls-key)" "$T/other-d.log" ||
   fail "a daemon handing its workers its own key did not warn: $(head -n 20 "$T/other-d.log")"

@@ -64,7 +64,8 @@ wait_for 20 answers "$WRONG" "$old_agent" nodes || fail "the dropped agent token
 # would have had it declared dead after one).
 deadline=$((SECONDS + 2 * LEASE_S + 1))
 while ((SECONDS < deadline)); do
-  ls_cli nodes | grep -q "^nodeb .* yes " || fail "nodeb is not alive: $(ls_cli nodes)"
+  nodes=$(ls_cli nodes)
+  grep -q "^nodeb .* yes " <<<"$nodes" || fail "nodeb is not alive: $nodes"
   sleep 0.5
 done
 

@@ -22,6 +22,9 @@ EXTRA_CLEANUP='kill -CONT "$PID_coord" 2>/dev/null || true; "${TM[@]}" kill-serv
 "${TM[@]}" new-session -d -x 80 -y 24 -s w \
   "TERM=xterm '$LOCKSTEP' --coordinator '$COORD' --token-file '$TOKEN' watch '$job' --interval-s 0.3; echo \"watch exited \$?\"; sleep 600"
 screen() { "${TM[@]}" capture-pane -p -t w; }
+# Whether the screen has a line matching $1 (read whole first: `screen |
+# grep -q` under pipefail fails when grep exits before tmux's last write).
+screen_has() { grep -q "$1" <<<"$(screen)"; }
 history_size() { "${TM[@]}" display-message -p -t w '#{history_size}'; }
 # The step rank R shows on screen now (empty if none).
 step_of() { screen | awk -v r="$1" '$1 == r && $3 == "RUNNING" { print $4 }'; }
@@ -42,15 +45,15 @@ if grep -q STALE "$T/screen1.txt"; then fail "fresh data marked STALE"; fi
 
 log "stopping the coordinator"
 kill -STOP "$PID_coord"
-wait_for 15 eval 'screen | grep -q "^STALE: coordinator $COORD unreachable for"' ||
+wait_for 15 screen_has "^STALE: coordinator $COORD unreachable for" ||
   fail "watch did not mark the data stale: $(screen)"
-screen | grep -q "^RUNNING (stale)" || fail "the state line is not marked stale: $(screen)"
+screen_has "^RUNNING (stale)" || fail "the state line is not marked stale: $(screen)"
 [ "$(history_size)" = 0 ] || fail "the stale screen scrolled"
 kill -CONT "$PID_coord"
-wait_for 15 eval '! screen | grep -q STALE' || fail "STALE stayed after the coordinator came back: $(screen)"
+wait_for 15 eval '! screen_has STALE' || fail "STALE stayed after the coordinator came back: $(screen)"
 
 ls_cli cancel "$job" >/dev/null
-wait_for 30 eval 'screen | grep -q "watch exited 3"' || fail "watch did not end with exit 3: $(screen)"
-screen | grep -q "^CANCELLED " || fail "the last frame does not show CANCELLED: $(screen)"
+wait_for 30 screen_has "watch exited 3" || fail "watch did not end with exit 3: $(screen)"
+screen_has "^CANCELLED " || fail "the last frame does not show CANCELLED: $(screen)"
 wait_for 20 no_workers || fail "workers left: $(describe_workers)"
 log "PASS"
