@@ -12,8 +12,7 @@
 //
 // The daemon runs apart (its pid for RSS, its address and admin token):
 //   lockstepd --coordinator --listen 127.0.0.1:0 --state-dir D --address-file A &
-//   bazel run --config=opt //bench:daemon_load -- --address $(cat A) \
-//       --token-file D/token --pid $!
+//   bazel run --config=opt //bench:daemon_load -- --address $(cat A) --token-file D/token --pid $!
 // bench/daemon_load.sh does that for one lockstepd binary.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <mutex>
 #include <thread>
 
@@ -32,6 +33,14 @@ class RecordingAgent : public v1::AgentService::Service {
   grpc::StatusCode fail_with = grpc::StatusCode::UNAVAILABLE;
 };
 
+// A report of `step` with `loss` (NaN: unknown).
+Progress AtStep(int64_t step, double loss = std::nan("")) {
+  Progress p;
+  p.step = step;
+  p.loss = loss;
+  return p;
+}
+
 // Serves `agent` on a free loopback port and points LOCKSTEP_AGENT at it.
 std::unique_ptr<grpc::Server> Serve(RecordingAgent* agent) {
   grpc::ServerBuilder builder;
@@ -47,7 +56,7 @@ TEST(ProgressReporterTest, DisabledWithoutAgentAddress) {
   ::unsetenv("LOCKSTEP_AGENT");
   auto r = ProgressReporter::FromEnv();
   EXPECT_FALSE(r->enabled());
-  r->Report({.step = 1});
+  r->Report(AtStep(1));
   r->Flush(std::chrono::milliseconds(10));
 }
 
@@ -60,7 +69,7 @@ TEST(ProgressReporterTest, SendsTheLatestReportWithRunIdentity) {
   ::setenv("LOCKSTEP_RANK", "2", 1);
   auto r = ProgressReporter::FromEnv();
   ASSERT_TRUE(r->enabled());
-  for (int i = 1; i <= 5; ++i) r->Report({.step = i, .loss = 1.0 / i});
+  for (int i = 1; i <= 5; ++i) r->Report(AtStep(i, 1.0 / i));
   r->Flush(std::chrono::seconds(5));
   std::lock_guard<std::mutex> lock(agent.mu);
   EXPECT_GE(agent.calls, 1);
@@ -76,7 +85,7 @@ TEST(ProgressReporterTest, BeatsResendTheLatestReportWithTheCollectiveWait) {
   RecordingAgent agent;
   auto server = Serve(&agent);
   auto r = ProgressReporter::FromEnv();
-  r->Report({.step = 7});
+  r->Report(AtStep(7));
   ddp::CollectiveState c;
   c.active = true;
   c.step = 8;
@@ -112,7 +121,7 @@ TEST(ProgressReporterTest, LostReportsAreSentAgainUntilTheyArrive) {
   agent.fail_first = 3;
   auto server = Serve(&agent);
   auto r = ProgressReporter::FromEnv();
-  r->Report({.step = 5});
+  r->Report(AtStep(5));
   r->Flush(std::chrono::seconds(20));
   {
     std::lock_guard<std::mutex> lock(agent.mu);
@@ -120,7 +129,7 @@ TEST(ProgressReporterTest, LostReportsAreSentAgainUntilTheyArrive) {
     EXPECT_GE(agent.calls, 4);
     agent.fail_first = agent.calls + 2;
   }
-  r->Report({.step = 6});
+  r->Report(AtStep(6));
   r.reset();
   std::lock_guard<std::mutex> lock(agent.mu);
   EXPECT_EQ(agent.last.progress().step(), 6) << "the final step was lost at exit";
@@ -141,7 +150,7 @@ TEST(ProgressReporterTest, RefusedReportIsNotSentAgain) {
       agent.fail_with = code;
     }
     auto r = ProgressReporter::FromEnv();
-    r->Report({.step = 5});
+    r->Report(AtStep(5));
     r->Flush(std::chrono::seconds(20));
     {
       std::lock_guard<std::mutex> lock(agent.mu);
@@ -156,7 +165,7 @@ TEST(ProgressReporterTest, UnreachableAgentNeverBlocksReport) {
   ::setenv("LOCKSTEP_AGENT", "127.0.0.1:1", 1);
   auto r = ProgressReporter::FromEnv();
   auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 1000; ++i) r->Report({.step = i});
+  for (int i = 0; i < 1000; ++i) r->Report(AtStep(i));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
 }
 

@@ -133,7 +133,11 @@ int main() {
     double loss = 1.0 / step;
     std::printf("rank %d step %d loss %.4f\n", rank, step, loss);
     std::fflush(stdout);
-    reporter->Report({.step = step, .samples_per_s = 32.0 * 1000 / step_ms, .loss = loss});
+    client::Progress p;
+    p.step = step;
+    p.samples_per_s = 32.0 * 1000 / step_ms;
+    p.loss = loss;
+    reporter->Report(p);
   }
   reporter->Flush(std::chrono::seconds(1));
   if (!out_dir.empty()) {
