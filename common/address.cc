@@ -1,5 +1,8 @@
 #include "common/address.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 namespace lockstep {
 namespace {
 
@@ -32,6 +35,30 @@ std::string HostOfAddress(const std::string& address) {
 std::string PortOfAddress(const std::string& address) {
   const auto colon = PortColon(address);
   return colon == std::string::npos ? "" : address.substr(colon + 1);
+}
+
+std::string NumericHost(const sockaddr_storage& address) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  const void* raw = nullptr;
+  if (address.ss_family == AF_INET) {
+    raw = &reinterpret_cast<const sockaddr_in&>(address).sin_addr;
+  } else if (address.ss_family == AF_INET6) {
+    raw = &reinterpret_cast<const sockaddr_in6&>(address).sin6_addr;
+  } else {
+    return "";
+  }
+  if (inet_ntop(address.ss_family, raw, buf, sizeof(buf)) == nullptr) return "";
+  return buf;
+}
+
+std::string NumericAddress(const sockaddr_storage& address) {
+  const std::string host = NumericHost(address);
+  if (host.empty()) return "";
+  const in_port_t port = address.ss_family == AF_INET
+                             ? reinterpret_cast<const sockaddr_in&>(address).sin_port
+                             : reinterpret_cast<const sockaddr_in6&>(address).sin6_port;
+  const std::string port_text = std::to_string(ntohs(port));
+  return address.ss_family == AF_INET6 ? "[" + host + "]:" + port_text : host + ":" + port_text;
 }
 
 }  // namespace lockstep

@@ -2,6 +2,8 @@
 #ifndef LOCKSTEP_COMMON_ADDRESS_H_
 #define LOCKSTEP_COMMON_ADDRESS_H_
 
+#include <sys/socket.h>
+
 #include <string>
 
 namespace lockstep {
@@ -12,6 +14,15 @@ std::string HostOfAddress(const std::string& address);
 
 // The port of "host:port" or "[v6]:port"; "" when there is none.
 std::string PortOfAddress(const std::string& address);
+
+// The numeric host of a socket address ("127.0.0.1", "::1"); "" for a
+// family other than AF_INET and AF_INET6.
+std::string NumericHost(const sockaddr_storage& address);
+
+// The numeric "host:port" of a socket address ("127.0.0.1:43210",
+// "[::1]:43210"), as HostOfAddress and PortOfAddress read it back; "" for a
+// family other than AF_INET and AF_INET6.
+std::string NumericAddress(const sockaddr_storage& address);
 
 }  // namespace lockstep
 

@@ -1,6 +1,8 @@
 #include "common/address.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 
 namespace lockstep {
 namespace {
@@ -15,6 +17,37 @@ TEST(AddressTest, HostAndPort) {
   EXPECT_EQ(HostOfAddress("fe80::1"), "fe80::1");
   EXPECT_EQ(PortOfAddress("fe80::1"), "");
   EXPECT_EQ(HostOfAddress("[fe80::1]"), "fe80::1");
+}
+
+// A socket address of `family` holding `host` (numeric) and `port`.
+sockaddr_storage SocketAddress(int family, const char* host, uint16_t port) {
+  sockaddr_storage ss{};
+  ss.ss_family = static_cast<sa_family_t>(family);
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  void* raw = family == AF_INET ? static_cast<void*>(&v4->sin_addr) : &v6->sin6_addr;
+  EXPECT_EQ(inet_pton(family, host, raw), 1) << host;
+  (family == AF_INET ? v4->sin_port : v6->sin6_port) = htons(port);
+  return ss;
+}
+
+TEST(AddressTest, NumericFormsOfSocketAddresses) {
+  const sockaddr_storage v4 = SocketAddress(AF_INET, "127.0.0.1", 43210);
+  EXPECT_EQ(NumericHost(v4), "127.0.0.1");
+  EXPECT_EQ(NumericAddress(v4), "127.0.0.1:43210");
+  const sockaddr_storage v6 = SocketAddress(AF_INET6, "fe80::1", 29500);
+  EXPECT_EQ(NumericHost(v6), "fe80::1");
+  EXPECT_EQ(NumericAddress(v6), "[fe80::1]:29500");
+  // Read back by the parsers.
+  EXPECT_EQ(HostOfAddress(NumericAddress(v6)), "fe80::1");
+  EXPECT_EQ(PortOfAddress(NumericAddress(v6)), "29500");
+}
+
+TEST(AddressTest, OtherFamiliesHaveNoNumericForm) {
+  sockaddr_storage unix_address{};
+  unix_address.ss_family = AF_UNIX;
+  EXPECT_EQ(NumericHost(unix_address), "");
+  EXPECT_EQ(NumericAddress(unix_address), "");
 }
 
 }  // namespace

@@ -315,9 +315,12 @@ void HttpServer::Serve() {
       return;
     }
     if (fds[1].revents != 0) return;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof(peer);
+    const int fd =
+        ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_len, SOCK_CLOEXEC);
     if (fd < 0) continue;  // the client gave up (ECONNABORTED) or EINTR
-    HandleConnection(fd);
+    HandleConnection(fd, NumericAddress(peer));
     ::close(fd);
   }
 }
@@ -325,14 +328,14 @@ void HttpServer::Serve() {
 // With TLS, the handshake first; then reads until the blank line that
 // ends the headers, within the size bound and the read deadline, and
 // answers once.
-void HttpServer::HandleConnection(int fd) {
+void HttpServer::HandleConnection(int fd, const std::string& peer) {
   const MonoTime deadline = std::chrono::steady_clock::now() + options_.read_timeout;
   Connection conn(fd);
   if (!options_.tls_ca_file.empty()) {
     auto ctx = ServerContext(options_);
     Status s = ctx.ok() ? conn.AcceptTls(ctx->get(), deadline) : ctx.status();
     if (!s.ok()) {
-      log_.Info("refused a TLS connection: {}", std::string(s.message()));
+      log_.Info("refused a TLS connection from {}: {}", peer, std::string(s.message()));
       return;
     }
   }

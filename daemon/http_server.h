@@ -84,7 +84,9 @@ class HttpServer {
   HttpServer(int listen_fd, int wake_fd_read, int wake_fd_write, int port, Handler handler,
              HttpServerOptions options);
   void Serve();
-  void HandleConnection(int fd);
+  // Serves one accepted connection; `peer` (numeric host:port) names the
+  // client in the log lines.
+  void HandleConnection(int fd, const std::string& peer);
 
   const int listen_fd_;
   const int wake_read_;   // a pipe: Stop writes, poll in Serve wakes

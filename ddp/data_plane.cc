@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 
 namespace lockstep {
 namespace ddp {
@@ -38,16 +39,6 @@ StatusOr<std::vector<sockaddr_storage>> Resolve(const std::string& host) {
   freeaddrinfo(found);
   v4.insert(v4.end(), v6.begin(), v6.end());
   return v4;
-}
-
-std::string Numeric(const sockaddr_storage& ss) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (ss.ss_family == AF_INET) {
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(ss).sin_addr, buf, sizeof(buf));
-  } else {
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr, buf, sizeof(buf));
-  }
-  return buf;
 }
 
 bool IsLoopback(const sockaddr_storage& ss) {
@@ -76,7 +67,7 @@ StatusOr<std::string> LocalAddressTowards(const std::string& host) {
                     getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0;
     if (!ok) last_error = std::strerror(errno);
     close(fd);
-    if (ok) return Numeric(local);
+    if (ok) return NumericHost(local);
   }
   return absl::UnavailableError(absl::StrCat("no route to '", host, "': ", last_error));
 }
@@ -89,7 +80,7 @@ bool ResolvesToLoopback(const std::string& host) {
 std::string InterfaceOf(const std::string& address) {
   auto wanted = Resolve(address);
   if (!wanted.ok() || wanted->empty()) return "";
-  const std::string numeric = Numeric(wanted->front());
+  const std::string numeric = NumericHost(wanted->front());
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return "";
   std::string name;
@@ -99,7 +90,7 @@ std::string InterfaceOf(const std::string& address) {
     if (family != AF_INET && family != AF_INET6) continue;
     sockaddr_storage ss{};
     std::memcpy(&ss, ifa->ifa_addr, family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
-    if (Numeric(ss) == numeric) name = ifa->ifa_name;
+    if (NumericHost(ss) == numeric) name = ifa->ifa_name;
   }
   freeifaddrs(list);
   return name;
@@ -116,7 +107,7 @@ StatusOr<DataPlaneAddress> ChooseDataPlaneAddress(const DataPlaneInputs& in) {
     bool peers_off_host = false;
     for (const auto& [host, why] : targets) peers_off_host |= !ResolvesToLoopback(host);
     if (!IsLoopback(addrs.front()) || !peers_off_host) {
-      return DataPlaneAddress{Numeric(addrs.front()), "LOCKSTEP_NODE_ADDR"};
+      return DataPlaneAddress{NumericHost(addrs.front()), "LOCKSTEP_NODE_ADDR"};
     }
   }
   for (const auto& [host, why] : targets) {

@@ -56,7 +56,9 @@ got=$(curl -s --max-time 5 "http://127.0.0.1:$sport/metrics" || true)
 if grep -q lockstep_ <<<"$got"; then
   fail "metrics served in plain HTTP on the TLS daemon's port"
 fi
-grep -q "refused a TLS connection" "$T/secure.log" || fail "the refusals were not logged"
+# Each refusal names the client (curl's loopback address and port).
+grep -Eq "refused a TLS connection from 127\.0\.0\.1:[0-9]+: " "$T/secure.log" ||
+  fail "the refusals were not logged with the client's address: $(grep refused "$T/secure.log")"
 
 # A free loopback port for Prometheus (bound and released by the kernel).
 pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
