@@ -88,9 +88,11 @@ Status Run(const Config& cfg, const char* argv0) {
                                   cfg.grad_as_bucket_view ? "true" : "false"));
       args.push_back(absl::StrCat("--set-to-none=", cfg.set_to_none ? "true" : "false"));
       args.push_back("--comm-hook=" + cfg.comm_hook);
-      args.push_back(absl::StrCat("--overlap-optimizer=", cfg.overlap_optimizer ? "true" : "false"));
-      args.push_back(absl::StrCat("--gradient-priority=", cfg.gradient_priority ? "true" : "false"));
-      args.push_back(absl::StrCat("--overlap-forward=", cfg.overlap_forward ? "true" : "false"));
+      // Options that are off by default go only when set, so an older train
+      // without them still runs the default configuration (A/B runs).
+      if (cfg.overlap_optimizer) args.push_back("--overlap-optimizer");
+      if (cfg.gradient_priority) args.push_back("--gradient-priority");
+      if (cfg.overlap_forward) args.push_back("--overlap-forward");
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);

@@ -36,4 +36,25 @@ done
 if "$bench" --train "$train" --model mlp_small --world 1 --steps 1 --comm-hook=fp8 2>/dev/null; then
   echo "FAIL: an unknown comm hook was accepted"; exit 1
 fi
+# The options that are off by default reach train only when set: a train
+# that refuses them (as one built before they existed does) runs the default
+# configuration, and is refused when --overlap-forward is asked for.
+strict="${TEST_TMPDIR:-$(mktemp -d)}/strict_train"
+cat >"$strict" <<SH
+#!/usr/bin/env bash
+for a in "\$@"; do
+  case "\$a" in
+    --overlap-optimizer*|--gradient-priority*|--overlap-forward*)
+      echo "strict_train: unknown flag \$a" >&2; exit 2 ;;
+  esac
+done
+exec "$(realpath "$train")" "\$@"
+SH
+chmod +x "$strict"
+"$bench" --train "$strict" --model mlp_small --world 2 --steps 2 --warmup 1 --bucket-mb 1 >/dev/null ||
+  { echo "FAIL: the default run passed an option that is off by default"; exit 1; }
+err=$("$bench" --train "$strict" --model mlp_small --world 2 --steps 2 --warmup 1 --bucket-mb 1 \
+  --overlap-forward 2>&1 >/dev/null) && { echo "FAIL: --overlap-forward was not passed on"; exit 1; }
+grep -q "strict_train: unknown flag --overlap-forward" <<<"$err" ||
+  { echo "FAIL: --overlap-forward did not reach train: $err"; exit 1; }
 echo PASS
