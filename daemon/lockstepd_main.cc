@@ -111,23 +111,22 @@ struct Config {
 // start and at each launch, so renewed files reach the next workers.
 StatusOr<WorkerTlsPem> ReadWorkerTls(const rendezvous::TlsConfig& tls, const Config& config) {
   const bool own = config.tls_worker_cert.empty();
-  if (own) RETURN_IF_ERROR(rendezvous::CheckTlsConfig(tls, /*need_identity=*/true));
   const std::string cert_flag = own ? "--tls-cert" : "--tls-worker-cert";
   const std::string key_flag = own ? "--tls-key" : "--tls-worker-key";
   const std::string& cert_file = own ? tls.cert_file : config.tls_worker_cert;
   const std::string& key_file = own ? tls.key_file : config.tls_worker_key;
+  // Read once, and what was read is what is checked and handed out: a file
+  // rewritten meanwhile cannot go out unchecked.
   WorkerTlsPem pem;
   ASSIGN_OR_RETURN(pem.ca, rendezvous::ReadPem(tls.ca_file, "--tls-ca"));
   ASSIGN_OR_RETURN(pem.cert, rendezvous::ReadPem(cert_file, cert_flag));
   ASSIGN_OR_RETURN(pem.key, rendezvous::ReadPem(key_file, key_flag));
-  if (!own) {
-    const std::string cert_what = absl::StrCat(cert_flag, " ", cert_file);
-    RETURN_IF_ERROR(certs::CheckTlsMaterial(pem.ca, pem.cert, pem.key,
-                                            std::chrono::system_clock::now(),
-                                            absl::StrCat("--tls-ca ", tls.ca_file), cert_what,
-                                            absl::StrCat(key_flag, " ", key_file)));
-    RETURN_IF_ERROR(certs::CheckClientOnly(pem.cert, cert_what));
-  }
+  const std::string cert_what = absl::StrCat(cert_flag, " ", cert_file);
+  RETURN_IF_ERROR(certs::CheckTlsMaterial(pem.ca, pem.cert, pem.key,
+                                          std::chrono::system_clock::now(),
+                                          absl::StrCat("--tls-ca ", tls.ca_file), cert_what,
+                                          absl::StrCat(key_flag, " ", key_file)));
+  if (!own) RETURN_IF_ERROR(certs::CheckClientOnly(pem.cert, cert_what));
   return pem;
 }
 

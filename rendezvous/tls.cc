@@ -45,6 +45,9 @@ StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag) 
   }
   std::stringstream ss;
   ss << in.rdbuf();
+  if (ss.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": the file is empty"));
+  }
   return ss.str();
 }
 

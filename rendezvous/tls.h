@@ -67,12 +67,13 @@ struct TlsConfig {
 // it is valid now and chains to the CA). OK for a config without TLS.
 // InvalidArgument naming the flag (`flag_prefix` + "ca", e.g. "--tls-ca")
 // and the file.
-// The text of the PEM file `path`; InvalidArgument "<flag> <path>: cannot
-// read: <errno text>" when it cannot be read.
-StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag);
-
 Status CheckTlsConfig(const TlsConfig& config, bool need_identity,
                       const std::string& flag_prefix = "--tls-");
+
+// The text of the PEM file `path`; InvalidArgument "<flag> <path>: cannot
+// read: <errno text>" when it cannot be read, "<flag> <path>: the file is
+// empty" when it holds nothing (every caller wants a PEM).
+StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag);
 
 // Credentials for `config`: TLS as described above, or insecure when
 // !config.enabled(). REQUIRES: CheckTlsConfig passed.

@@ -239,6 +239,19 @@ TEST(TlsConfigTest, IncompleteSettingsAreRefusedNamingTheFlag) {
   EXPECT_NE(s.message().find("--tls-ca /nonexistent/ca.pem: cannot read"), std::string::npos) << s;
 }
 
+TEST(TlsConfigTest, EmptyFileIsRefusedNamingTheFlag) {
+  const std::string empty = testing::TempDir() + "/empty.pem";
+  { std::ofstream(empty).flush(); }
+  auto read = ReadPem(empty, "--tls-worker-cert");
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(read.status().message(), "--tls-worker-cert " + empty + ": the file is empty");
+  TlsConfig config;
+  config.ca_file = empty;
+  Status s = CheckTlsConfig(config, false);
+  EXPECT_NE(s.message().find("--tls-ca " + empty + ": the file is empty"), std::string::npos) << s;
+}
+
 TEST(TlsConfigTest, PlaintextOnlyOnLoopbackUnlessForced) {
   TlsConfig none;
   EXPECT_TRUE(CheckPlaintextAllowed(none, "127.0.0.1:7070", "listen address", false).ok());
