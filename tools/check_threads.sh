@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Lock discipline: builds the core targets with clang's -Wthread-safety
+# Lock discipline: compiles the core targets with clang's -Wthread-safety
 # (warnings are errors) and runs the core tests under ThreadSanitizer.
 # Usage: tools/check_threads.sh [thread-safety|tsan]   (default: both)
+#
+# Both in one clang build: --config=tsan carries -Werror=thread-safety too,
+# so every core target is compiled once under it without linking (the
+# analysis is the compiler's: compilation_outputs), and the TSan tests then
+# link and run from the same objects. `thread-safety` alone builds
+# --config=thread-safety (unoptimised, no sanitizer: the quick check).
 #
 # The thread-safety build covers every target of common/, rendezvous/,
 # daemon/ and client/ (gRPC shells included; ddp/ and examples/ are LibTorch).
@@ -27,10 +33,18 @@ tsan_tests() {
 
 command -v clang >/dev/null || { echo "check_threads: clang is missing (tools/setup.sh)" >&2; exit 2; }
 which=${1:-both}
-if [[ $which == both || $which == thread-safety ]]; then
-  echo "check_threads: clang -Wthread-safety -Werror=thread-safety"
-  bazel build --config=thread-safety "${CORE[@]}"
-fi
+case $which in
+  both)
+    echo "check_threads: clang -Wthread-safety -Werror=thread-safety, every core target (TSan build)"
+    bazel build --config=tsan --output_groups=compilation_outputs "${CORE[@]}"
+    ;;
+  thread-safety)
+    echo "check_threads: clang -Wthread-safety -Werror=thread-safety"
+    bazel build --config=thread-safety "${CORE[@]}"
+    ;;
+  tsan) ;;
+  *) echo "usage: tools/check_threads.sh [thread-safety|tsan]" >&2; exit 2 ;;
+esac
 if [[ $which == both || $which == tsan ]]; then
   echo "check_threads: ThreadSanitizer"
   mapfile -t tests < <(tsan_tests)
