@@ -51,14 +51,21 @@ std::string NumericHost(const sockaddr_storage& address) {
   return buf;
 }
 
+int NumericPort(const sockaddr_storage& address) {
+  if (address.ss_family == AF_INET) {
+    return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
+  }
+  if (address.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
+  }
+  return 0;
+}
+
 std::string NumericAddress(const sockaddr_storage& address) {
   const std::string host = NumericHost(address);
   if (host.empty()) return "";
-  const in_port_t port = address.ss_family == AF_INET
-                             ? reinterpret_cast<const sockaddr_in&>(address).sin_port
-                             : reinterpret_cast<const sockaddr_in6&>(address).sin6_port;
-  const std::string port_text = std::to_string(ntohs(port));
-  return address.ss_family == AF_INET6 ? "[" + host + "]:" + port_text : host + ":" + port_text;
+  const std::string port = std::to_string(NumericPort(address));
+  return address.ss_family == AF_INET6 ? "[" + host + "]:" + port : host + ":" + port;
 }
 
 }  // namespace lockstep

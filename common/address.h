@@ -19,6 +19,10 @@ std::string PortOfAddress(const std::string& address);
 // family other than AF_INET and AF_INET6.
 std::string NumericHost(const sockaddr_storage& address);
 
+// The port of a socket address in host byte order; 0 for a family other
+// than AF_INET and AF_INET6.
+int NumericPort(const sockaddr_storage& address);
+
 // The numeric "host:port" of a socket address ("127.0.0.1:43210",
 // "[::1]:43210"), as HostOfAddress and PortOfAddress read it back; "" for a
 // family other than AF_INET and AF_INET6.

@@ -34,9 +34,11 @@ sockaddr_storage SocketAddress(int family, const char* host, uint16_t port) {
 TEST(AddressTest, NumericFormsOfSocketAddresses) {
   const sockaddr_storage v4 = SocketAddress(AF_INET, "127.0.0.1", 43210);
   EXPECT_EQ(NumericHost(v4), "127.0.0.1");
+  EXPECT_EQ(NumericPort(v4), 43210);
   EXPECT_EQ(NumericAddress(v4), "127.0.0.1:43210");
   const sockaddr_storage v6 = SocketAddress(AF_INET6, "fe80::1", 29500);
   EXPECT_EQ(NumericHost(v6), "fe80::1");
+  EXPECT_EQ(NumericPort(v6), 29500);
   EXPECT_EQ(NumericAddress(v6), "[fe80::1]:29500");
   // Read back by the parsers.
   EXPECT_EQ(HostOfAddress(NumericAddress(v6)), "fe80::1");
@@ -47,6 +49,7 @@ TEST(AddressTest, OtherFamiliesHaveNoNumericForm) {
   sockaddr_storage unix_address{};
   unix_address.ss_family = AF_UNIX;
   EXPECT_EQ(NumericHost(unix_address), "");
+  EXPECT_EQ(NumericPort(unix_address), 0);
   EXPECT_EQ(NumericAddress(unix_address), "");
 }
 

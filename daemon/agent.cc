@@ -2,7 +2,6 @@
 
 #include <ftw.h>
 #include <netdb.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -103,9 +102,7 @@ StatusOr<int> PickFreePort(const std::string& host) {
     socklen_t len = sizeof(bound);
     if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
         getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
-      port = ntohs(bound.ss_family == AF_INET
-                       ? reinterpret_cast<sockaddr_in&>(bound).sin_port
-                       : reinterpret_cast<sockaddr_in6&>(bound).sin6_port);
+      port = NumericPort(bound);
     } else {
       why = std::strerror(errno);
     }

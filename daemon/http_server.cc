@@ -4,7 +4,6 @@
 #include <netdb.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -270,9 +269,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& addre
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  const int bound_port = bound.ss_family == AF_INET6
-                             ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                             : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const int bound_port = NumericPort(bound);
   int wake[2];
   if (::pipe2(wake, O_CLOEXEC) != 0) {
     ::close(fd);
