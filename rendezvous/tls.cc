@@ -45,10 +45,11 @@ StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag) 
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  if (ss.str().empty()) {
+  std::string text = ss.str();
+  if (text.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": the file is empty"));
   }
-  return ss.str();
+  return text;
 }
 
 namespace {
