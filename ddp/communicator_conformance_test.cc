@@ -637,7 +637,9 @@ std::set<std::string> DevShmEntries() {
 TEST(ShmCommunicatorTest, SegmentHasNoNameInDevShm) {
   PrivateDevShm shm;
   const auto before = DevShmEntries();
-  if (shm.is_private()) EXPECT_EQ(before, (std::set<std::string>{".", ".."}));
+  if (shm.is_private()) {
+    EXPECT_EQ(before, (std::set<std::string>{".", ".."}));
+  }
   FakeStore store;
   std::unique_ptr<ShmCommunicator> comms[2];
   std::thread other([&] {
@@ -669,7 +671,9 @@ TEST(ShmCommunicatorTest, SegmentHasNoNameInDevShm) {
 TEST(ShmCommunicatorTest, StopAtAnyMomentOfTheBootstrapLeavesDevShmAsItWas) {
   PrivateDevShm shm;
   const auto before = DevShmEntries();
-  if (shm.is_private()) EXPECT_EQ(before, (std::set<std::string>{".", ".."}));
+  if (shm.is_private()) {
+    EXPECT_EQ(before, (std::set<std::string>{".", ".."}));
+  }
   auto spawn = [](const std::string& dir, int rank) {
     pid_t pid = fork();
     if (pid == 0) {
