@@ -4,7 +4,6 @@
 
 #include <cctype>
 #include <cstdlib>
-#include <mutex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -38,17 +37,26 @@ Status InitLogging(absl::string_view level) {
   std::string name = level.empty() ? EnvOr("LOCKSTEP_LOG_LEVEL", "info")
                                    : std::string(level);
   ASSIGN_OR_RETURN(spdlog::level::level_enum parsed, ParseLogLevel(name));
-  static std::once_flag once;
-  std::call_once(once, [] {
-    auto logger = spdlog::stderr_logger_mt("lockstep");
+  LockstepLogger()->set_level(parsed);
+  return absl::OkStatus();
+}
+
+spdlog::logger* LockstepLogger() {
+  static spdlog::logger* const logger = [] {
+    auto* made = new spdlog::logger("lockstep", std::make_shared<spdlog::sinks::stderr_sink_mt>());
     // UTC with its zone, as the CLI prints times: lines from hosts in
     // different zones sort and compare as they are.
-    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %L %v", spdlog::pattern_time_type::utc);
-    spdlog::set_default_logger(logger);
-  });
-  spdlog::set_level(parsed);
-  spdlog::default_logger_raw()->flush_on(spdlog::level::warn);
-  return absl::OkStatus();
+    made->set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %L %v", spdlog::pattern_time_type::utc);
+    made->flush_on(spdlog::level::warn);
+    const std::string name = EnvOr("LOCKSTEP_LOG_LEVEL", "info");
+    StatusOr<spdlog::level::level_enum> parsed = ParseLogLevel(name);
+    made->set_level(parsed.ok() ? *parsed : spdlog::level::info);
+    if (!parsed.ok()) {
+      made->warn("[logging] LOCKSTEP_LOG_LEVEL: {}; logging at info", std::string(parsed.status().message()));
+    }
+    return made;  // Never freed: loggers may log from static destructors.
+  }();
+  return logger;
 }
 
 Logger::Logger(std::string component) : component_(std::move(component)) {

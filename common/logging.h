@@ -1,8 +1,13 @@
 // Logging facade over spdlog: one logger per component, job id and rank in
 // every line, level from a flag or LOCKSTEP_LOG_LEVEL.
 //
-// Line format:
-//   2026-11-22 23:10:00.123 I [agent] job=j-1a2b rank=3 worker exited code=1
+// Line format (UTC with its zone):
+//   2026-11-24T00:40:12.345Z I [agent] job=j-3f9c0a1b2c3d4e5f rank=3 worker pid 4242 exited with code 1 (on its own)
+//
+// Every Logger writes to LockstepLogger(), not to spdlog's default logger:
+// a program that links the worker library gets this format and
+// LOCKSTEP_LOG_LEVEL without calling anything, and keeps its own spdlog
+// setup untouched.
 //
 // Thread safety: Logger is immutable after construction and may be shared.
 #ifndef LOCKSTEP_COMMON_LOGGING_H_
@@ -25,10 +30,17 @@ namespace lockstep {
 // Returns InvalidArgument naming the value otherwise.
 StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name);
 
-// Sets the process-wide level: `level` if non-empty, else LOCKSTEP_LOG_LEVEL,
-// else info. Logs go to stderr. Safe to call more than once.
-// Returns InvalidArgument for an unknown level name.
+// Sets LockstepLogger()'s level: `level` if non-empty, else
+// LOCKSTEP_LOG_LEVEL, else info. Logs go to stderr. Safe to call more than
+// once. Returns InvalidArgument for an unknown level name (the level is then
+// left as it was).
 Status InitLogging(absl::string_view level = "");
+
+// The spdlog logger every Logger writes to, made at first use: stderr, the
+// line format above, flushed at warn and above, its level from
+// LOCKSTEP_LOG_LEVEL (info when unset; an unknown name gives info and one
+// warning saying so) until InitLogging sets it. Not registered with spdlog.
+spdlog::logger* LockstepLogger();
 
 class Logger {
  public:
@@ -64,7 +76,7 @@ class Logger {
   template <typename... Args>
   void Log(spdlog::level::level_enum level, fmt::format_string<Args...> f,
            Args&&... args) const {
-    auto* sink = spdlog::default_logger_raw();
+    spdlog::logger* sink = LockstepLogger();
     if (!sink->should_log(level)) return;
     sink->log(level, "{}{}", prefix_, fmt::format(f, std::forward<Args>(args)...));
   }

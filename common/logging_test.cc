@@ -29,7 +29,7 @@ TEST(LoggingTest, EveryLineCarriesComponentJobAndRank) {
   std::ostringstream out;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
   sink->set_pattern("%v");
-  auto& sinks = spdlog::default_logger()->sinks();
+  auto& sinks = LockstepLogger()->sinks();
   sinks.push_back(sink);
   Logger log("agent", "j-1", 3);
   log.Info("worker exited code={}", 7);
@@ -54,7 +54,7 @@ TEST(LoggingTest, LinesCarryUtcTimestampsWithTheZone) {
   ::dup2(fd, 2);
   const std::time_t before = std::time(nullptr);
   Logger("clock").Warn("what time is it");
-  spdlog::default_logger()->flush();
+  LockstepLogger()->flush();
   ::dup2(saved, 2);
   ::close(fd);
   ::close(saved);
