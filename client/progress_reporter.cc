@@ -2,13 +2,12 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
 #include <cstdlib>
-#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/worker_env.h"
 #include "lockstep/v1/agent.grpc.pb.h"
 #include "rendezvous/grpc_limits.h"
@@ -40,10 +39,10 @@ class GrpcReporter : public ProgressReporter {
   ~GrpcReporter() override {
     Flush(kFinalFlushTimeout);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     thread_.join();
   }
 
@@ -51,34 +50,43 @@ class GrpcReporter : public ProgressReporter {
 
   void Report(const Progress& p) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       pending_ = p;
       ++reported_;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   void SetCollective(const ddp::CollectiveState& c) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     collective_ = c;
     if (c.active) have_beat_ = true;
   }
 
   void Flush(std::chrono::milliseconds timeout) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    int64_t target = reported_;
-    done_cv_.wait_for(lock, timeout, [&] { return sent_ >= target || stop_; });
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    MutexLock lock(&mu_);
+    const int64_t target = reported_;
+    while (sent_ < target && !stop_) {
+      if (done_cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
   }
 
  private:
-  void Loop() {
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_) {
     Logger log("progress");
     RateLimiter limiter(std::chrono::seconds(10));
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     while (true) {
-      const bool woken = cv_.wait_for(lock, kBeatInterval,
-                                      [&] { return stop_ || pending_.has_value(); });
-      if (stop_ && !pending_) return;
+      const auto beat_end = std::chrono::steady_clock::now() + kBeatInterval;
+      while (!stop_ && !pending_.has_value()) {
+        if (cv_.WaitWithDeadline(&mu_, beat_end)) break;
+      }
+      const bool woken = stop_ || pending_.has_value();
+      if (stop_ && !pending_) {
+        mu_.Unlock();
+        return;
+      }
       // No new report within a beat: resend the latest (a liveness beat).
       if (!woken && !have_beat_) continue;
       if (pending_) {
@@ -89,7 +97,7 @@ class GrpcReporter : public ProgressReporter {
       pending_.reset();
       const ddp::CollectiveState c = collective_;
       int64_t seq = reported_;
-      lock.unlock();
+      mu_.Unlock();
       v1::ReportProgressRequest req;
       req.set_job_id(job_id_);
       req.set_round(round_);
@@ -134,18 +142,23 @@ class GrpcReporter : public ProgressReporter {
                         code == grpc::StatusCode::DEADLINE_EXCEEDED ||
                         code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
                         code == grpc::StatusCode::UNKNOWN;
-      lock.lock();
+      mu_.Lock();
       if (!lost) {
         sent_ = std::max(sent_, seq);
         retry_pause_ = kFirstRetryPause;
-        done_cv_.notify_all();
+        done_cv_.SignalAll();
         continue;
       }
       if (!pending_) pending_ = p;
-      if (stop_) return;
-      cv_.wait_for(lock, retry_pause_, [&] { return stop_; });
+      const auto pause_end = std::chrono::steady_clock::now() + retry_pause_;
+      while (!stop_) {
+        if (cv_.WaitWithDeadline(&mu_, pause_end)) break;
+      }
       retry_pause_ = std::min<std::chrono::milliseconds>(2 * retry_pause_, kBeatInterval);
-      if (stop_) return;
+      if (stop_) {
+        mu_.Unlock();
+        return;
+      }
     }
   }
 
@@ -154,17 +167,17 @@ class GrpcReporter : public ProgressReporter {
   const std::string job_id_;
   const int round_;
   const int rank_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::condition_variable done_cv_;
-  std::optional<Progress> pending_;  // GUARDED_BY(mu_)
-  Progress latest_;                  // GUARDED_BY(mu_); the last one sent.
-  bool have_beat_ = false;           // GUARDED_BY(mu_); something to beat with.
-  ddp::CollectiveState collective_;  // GUARDED_BY(mu_)
-  int64_t reported_ = 0;             // GUARDED_BY(mu_)
-  int64_t sent_ = 0;                 // GUARDED_BY(mu_); delivered (or refused) up to
-  std::chrono::milliseconds retry_pause_ = kFirstRetryPause;  // GUARDED_BY(mu_)
-  bool stop_ = false;                // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  CondVar done_cv_;
+  std::optional<Progress> pending_ ABSL_GUARDED_BY(mu_);
+  Progress latest_ ABSL_GUARDED_BY(mu_);  // The last one sent.
+  bool have_beat_ ABSL_GUARDED_BY(mu_) = false;  // Something to beat with.
+  ddp::CollectiveState collective_ ABSL_GUARDED_BY(mu_);
+  int64_t reported_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;  // Reports delivered (or refused) so far.
+  std::chrono::milliseconds retry_pause_ ABSL_GUARDED_BY(mu_) = kFirstRetryPause;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

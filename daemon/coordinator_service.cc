@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <mutex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/grpc_auth.h"
 #include "daemon/job_spec.h"
@@ -54,7 +54,7 @@ class WatchReactor : public grpc::ServerUnaryReactor {
       FinishOnce(ToGrpcStatus(handle.status()));
       return;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     handle_ = *handle;
     if (cancelled_ && handle_ > 0 && core_->Unwatch(handle_)) {
       FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
@@ -69,7 +69,7 @@ class WatchReactor : public grpc::ServerUnaryReactor {
     alarm_set_.store(true);
   }
   void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cancelled_ = true;
     if (handle_ > 0 && core_->Unwatch(handle_)) {
       FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
@@ -78,8 +78,8 @@ class WatchReactor : public grpc::ServerUnaryReactor {
   void OnDone() override { Unref(); }
 
  private:
-  void TimeOut(std::chrono::milliseconds timeout) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void TimeOut(std::chrono::milliseconds timeout) ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     if (handle_ > 0 && core_->Unwatch(handle_)) {
       FinishOnce(grpc::Status(
           grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -110,9 +110,9 @@ class WatchReactor : public grpc::ServerUnaryReactor {
   std::atomic<bool> finished_{false};
   std::atomic<int> refs_{1};  // OnDone, plus the alarm's callback once set
   grpc::Alarm alarm_;
-  std::mutex mu_;
-  int64_t handle_ = 0;       // GUARDED_BY(mu_)
-  bool cancelled_ = false;   // GUARDED_BY(mu_)
+  Mutex mu_;
+  int64_t handle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> alarm_set_{false};
 };
 

@@ -3,9 +3,9 @@
 #ifndef LOCKSTEP_DAEMON_FAKE_COORDINATOR_CLIENT_H_
 #define LOCKSTEP_DAEMON_FAKE_COORDINATOR_CLIENT_H_
 
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/coordinator_client.h"
 
 namespace lockstep {
@@ -15,7 +15,7 @@ class FakeCoordinatorClient : public CoordinatorClient {
  public:
   StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& request,
                                                   Duration) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     registrations_.push_back(request);
     if (!fail_.ok()) return fail_;
     v1::RegisterNodeResponse resp;
@@ -25,7 +25,7 @@ class FakeCoordinatorClient : public CoordinatorClient {
   }
   StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
                                             Duration) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     heartbeats_.push_back(request);
     if (!fail_.ok()) return fail_;
     v1::HeartbeatResponse resp = response_;
@@ -34,33 +34,33 @@ class FakeCoordinatorClient : public CoordinatorClient {
   }
 
   void SetResponse(const v1::HeartbeatResponse& resp) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     response_ = resp;
   }
   void SetFailure(Status s) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     fail_ = std::move(s);
   }
   void SetLease(double s) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     lease_s_ = s;
   }
   std::vector<v1::HeartbeatRequest> heartbeats() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return heartbeats_;
   }
   std::vector<v1::RegisterNodeRequest> registrations() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return registrations_;
   }
 
  private:
-  std::mutex mu_;
-  v1::HeartbeatResponse response_;
-  Status fail_;
-  double lease_s_ = 10;
-  std::vector<v1::HeartbeatRequest> heartbeats_;
-  std::vector<v1::RegisterNodeRequest> registrations_;
+  Mutex mu_;
+  v1::HeartbeatResponse response_ ABSL_GUARDED_BY(mu_);
+  Status fail_ ABSL_GUARDED_BY(mu_);
+  double lease_s_ ABSL_GUARDED_BY(mu_) = 10;
+  std::vector<v1::HeartbeatRequest> heartbeats_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::RegisterNodeRequest> registrations_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace daemon

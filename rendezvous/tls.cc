@@ -23,13 +23,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
 #include "common/certs.h"
+#include "common/mutex.h"
 #include "common/openssl_ptr.h"
 #include "common/unique_fd.h"
 #include "common/worker_env.h"
@@ -76,10 +76,10 @@ std::shared_ptr<grpc::experimental::CertificateProviderInterface> Provider(
 }
 
 struct ProcessState {
-  std::mutex mu;
-  TlsConfig config;
-  std::shared_ptr<grpc::ServerCredentials> server;
-  std::shared_ptr<grpc::ChannelCredentials> channel;
+  Mutex mu;
+  TlsConfig config ABSL_GUARDED_BY(mu);
+  std::shared_ptr<grpc::ServerCredentials> server ABSL_GUARDED_BY(mu);
+  std::shared_ptr<grpc::ChannelCredentials> channel ABSL_GUARDED_BY(mu);
 };
 
 // Starts from the worker contract's LOCKSTEP_TLS_*_PEM, so a worker's
@@ -88,6 +88,7 @@ ProcessState& State() {
   static auto* state = [] {
     auto* s = new ProcessState;
     const WorkerTlsPem pem = ReadWorkerTlsPem(std::getenv);
+    MutexLock lock(&s->mu);
     s->config.ca_pem = pem.ca;
     s->config.cert_pem = pem.cert;
     s->config.key_pem = pem.key;
@@ -318,7 +319,7 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(const TlsConfig&
 
 void SetProcessTls(const TlsConfig& config) {
   ProcessState& s = State();
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(&s.mu);
   s.config = config;
   s.server.reset();
   s.channel.reset();
@@ -326,20 +327,20 @@ void SetProcessTls(const TlsConfig& config) {
 
 TlsConfig ProcessTls() {
   ProcessState& s = State();
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(&s.mu);
   return s.config;
 }
 
 std::shared_ptr<grpc::ServerCredentials> LockstepServerCredentials() {
   ProcessState& s = State();
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(&s.mu);
   if (!s.server) s.server = ServerCredentialsFor(s.config);
   return s.server;
 }
 
 std::shared_ptr<grpc::ChannelCredentials> LockstepChannelCredentials() {
   ProcessState& s = State();
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(&s.mu);
   if (!s.channel) s.channel = ChannelCredentialsFor(s.config);
   return s.channel;
 }
