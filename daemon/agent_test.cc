@@ -414,11 +414,11 @@ TEST_F(AgentTest, SelfFencesWhenTheLeaseCannotBeRenewed) {
 }
 
 TEST_F(AgentTest, NewRoundStartsOnlyAfterOldWorkersAreGone) {
-  Command({Start("j1", 1, "trap 'sleep 0.3; exit 0' TERM; while true; do sleep 0.05; done", 1)});
+  // "trapped" is printed once the shell has installed its trap.
+  Command({Start("j1", 1, "trap 'sleep 0.3; exit 0' TERM; echo trapped; while true; do sleep 0.05; done", 1)});
   ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STARTING, 1); }));
   int64_t old_pid = Workers("j1")[0].pid();
-  ASSERT_TRUE(RunUntil([&] { return Output("j1", 1).find("===") != std::string::npos; }));
-  std::this_thread::sleep_for(milliseconds(100));  // let the shell install its trap
+  ASSERT_TRUE(RunUntil([&] { return Output("j1", 1).find("trapped") != std::string::npos; }));
   Command({Start("j1", 2, "echo round $LOCKSTEP_ROUND; sleep 60", 1)});
   bool overlapped = false;
   ASSERT_TRUE(RunUntil([&] {
@@ -470,8 +470,8 @@ TEST_F(AgentTest, ShutdownFromTheLoopThreadGivesWorkersTheirGrace) {
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(20));
   }
+  // "up" is printed after the trap is installed.
   ASSERT_NE(Output("j1", 1).find("up"), std::string::npos);
-  std::this_thread::sleep_for(milliseconds(100));  // let the shell install its trap
   agent_->Shutdown(seconds(5));
   EXPECT_NE(Output("j1", 1).find("got TERM"), std::string::npos)
       << "the worker was killed without its SIGTERM grace";

@@ -57,7 +57,7 @@ struct CountingSgd : torch::optim::SGD {
   int seen = 0;
 };
 
-enum class Kind { kSgdMomentum, kAdam, kCounting };
+enum class Kind { kSgdMomentum, kAdam, kAdamW, kRmsprop, kAdagrad, kCounting };
 
 // Two parameter groups (fc1 and fc2 with their own learning rates) and one
 // tensor that is not in the model, so the optimizer holds parameters DDP
@@ -84,6 +84,24 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(Kind kind, Net& net, Tens
       groups.emplace_back(second, std::make_unique<torch::optim::AdamOptions>(
                                       torch::optim::AdamOptions(0.02)));
       return std::make_unique<torch::optim::Adam>(groups, torch::optim::AdamOptions(0.01));
+    case Kind::kAdamW:
+      groups.emplace_back(first, std::make_unique<torch::optim::AdamWOptions>(
+                                     torch::optim::AdamWOptions(0.01).weight_decay(0.1)));
+      groups.emplace_back(second, std::make_unique<torch::optim::AdamWOptions>(
+                                      torch::optim::AdamWOptions(0.02).amsgrad(true)));
+      return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(0.01));
+    case Kind::kRmsprop:
+      groups.emplace_back(first, std::make_unique<torch::optim::RMSpropOptions>(
+                                     torch::optim::RMSpropOptions(0.01).momentum(0.5)));
+      groups.emplace_back(second, std::make_unique<torch::optim::RMSpropOptions>(
+                                      torch::optim::RMSpropOptions(0.02).centered(true)));
+      return std::make_unique<torch::optim::RMSprop>(groups, torch::optim::RMSpropOptions(0.01));
+    case Kind::kAdagrad:
+      groups.emplace_back(first, std::make_unique<torch::optim::AdagradOptions>(
+                                     torch::optim::AdagradOptions(0.1)));
+      groups.emplace_back(second, std::make_unique<torch::optim::AdagradOptions>(
+                                      torch::optim::AdagradOptions(0.05).lr_decay(0.01)));
+      return std::make_unique<torch::optim::Adagrad>(groups, torch::optim::AdagradOptions(0.1));
   }
   return nullptr;
 }
@@ -177,11 +195,13 @@ void ExpectSameParams(const std::vector<RankResult>& got, const std::vector<Rank
   }
 }
 
-TEST(OverlapOptimizerTest, SteppingBucketByBucketEqualsOneStepForSgdMomentumAndAdam) {
+// Every torch::optim optimizer but LBFGS (which needs a closure), each with
+// two parameter groups of different options.
+TEST(OverlapOptimizerTest, SteppingBucketByBucketEqualsOneStepForEveryTorchOptimizer) {
   torch::manual_seed(3);
   Net init;
   const Data data = MakeData(3);
-  for (Kind kind : {Kind::kSgdMomentum, Kind::kAdam}) {
+  for (Kind kind : {Kind::kSgdMomentum, Kind::kAdam, Kind::kAdamW, Kind::kRmsprop, Kind::kAdagrad}) {
     for (bool bucket_view : {true, false}) {
       const auto plain = RunDdp(init, data, kind, Options(false, bucket_view));
       const auto overlapped = RunDdp(init, data, kind, Options(true, bucket_view));

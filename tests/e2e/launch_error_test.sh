@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A launch that cannot succeed on retry (a missing or non-executable
-# program, a missing working dir) fails the job at once, naming the cause,
+# program, a missing working dir, an unknown user) fails the job at once, naming the cause,
 # with its restart budget untouched. The CLI resolves a relative program
 # against the directory it runs in (or --working-dir).
 source tests/e2e/lib.sh "$@"
@@ -41,6 +41,10 @@ expect_launch_error "$job" "launch /bin/true: chdir to working dir $T/no-such-di
 
 job=$(submit_cmd --max-restarts 3 -- lockstep-no-such-program "$MARKER")
 expect_launch_error "$job" 'exec "lockstep-no-such-program": No such file or directory (not found in PATH='
+
+# A user the node does not know (looked up before any switch, root or not).
+job=$(submit_cmd --max-restarts 3 --run-as lockstep-no-such-user -- /bin/true "$MARKER")
+expect_launch_error "$job" 'run_as: no such user "lockstep-no-such-user"'
 
 # ./ok.sh from the directory that holds it: the CLI sends the absolute path.
 mkdir -p "$T/proj/sub"
