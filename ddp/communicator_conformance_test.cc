@@ -379,9 +379,11 @@ TEST(ShmCommunicatorTest, BucketMemoryIsReducedInPlaceWithExactResults) {
   }
 }
 
-// float32 buckets whose per-rank slice is at least kStreamingMinBytes are
-// reduced in one streaming pass (ddp/streaming.h): sums and averages of
-// whole numbers are exact there, and every rank ends with every slice.
+// float32 buckets whose per-rank slice is at least kStreamingMinBytes (the
+// size from which the copy into the slots streams, ddp/streaming.h; the
+// reduction itself writes with ordinary stores) are reduced in one pass:
+// sums and averages of whole numbers are exact there, and every rank ends
+// with every slice.
 TEST(ShmCommunicatorTest, LargeFloatBucketsStreamWithExactResults) {
   for (int world : {2, 3}) {
     auto results = RunRanks(Mode::kProcesses, world, [world](int rank, rendezvous::Store* store) -> Status {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what the GPU machine lacks for the CMake build of ddp/ (see
-# ddp/README.md "CMake build (GPU machine)"): Debian bookworm's abseil and
+# ddp/README.md "CMake build and the Lockstep package"): Debian bookworm's abseil and
 # GoogleTest/gMock, headers and static libraries, into .gpudeps/ at the repo
 # root (git-ignored), where ddp/CMakeLists.txt looks when no installed
 # abseil/GoogleTest is found.
