@@ -12,9 +12,11 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +87,22 @@ TEST(GlooBootstrapTest, StrayConnectionToAPairPortIsSurvived) {
   ASSERT_TRUE(wb->Wait().ok());
   EXPECT_TRUE(a.equal(at::full({1000}, 3.0f)));
   EXPECT_TRUE(b.equal(at::full({1000}, 3.0f)));
+  // Once the mesh is up no pair port listens (ddp/README.md): a connection
+  // to any address either rank published, in either mesh, is refused.
+  for (const char* key : {"gloo/mesh0/0", "gloo/mesh0/1", "gloo/mesh1/0", "gloo/mesh1/1"}) {
+    auto blob = store.Get(key, std::chrono::seconds(0));
+    ASSERT_TRUE(blob.ok()) << key << ": " << blob.status();
+    sockaddr_in address = PairAddress(*blob);
+    // (The stray above reached a port parsed the same way.)
+    ASSERT_NE(address.sin_port, 0) << key;
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    const int rc = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    const int error = errno;
+    close(fd);
+    EXPECT_EQ(rc, -1) << key << ": port " << ntohs(address.sin_port) << " still listens";
+    EXPECT_EQ(error, ECONNREFUSED) << key << ": " << std::strerror(error);
+  }
 }
 
 // Ranks as processes; rank 1 is SIGKILLed after one allreduce. Rank 0 then
