@@ -5,14 +5,18 @@
 #   deploy/local_demo.sh                       # the e2e test trainer
 #   deploy/local_demo.sh -- bazel-bin/examples/<trainer> ARGS   # any trainer
 #
-# Env: STATE (default /tmp/lockstep-demo), NPROC (2), NODES (1).
-# Run from the repository root after `bazel build //daemon:lockstepd
-# //client:lockstep //tests/e2e:test_trainer`.
+# Env: STATE (default /tmp/lockstep-demo), NPROC (2), NODES (1), LOCKSTEPD
+# and LOCKSTEP (the binaries; default bazel-bin/daemon/lockstepd and
+# bazel-bin/client/lockstep). Run after `bazel build //daemon:lockstepd
+# //client:lockstep //tests/e2e:test_trainer`. //deploy:local_demo_test runs
+# it as tools/demo.sh does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE="${STATE:-/tmp/lockstep-demo}"
 NPROC="${NPROC:-2}"
 NODES="${NODES:-1}"
+LOCKSTEPD="${LOCKSTEPD:-bazel-bin/daemon/lockstepd}"
+LOCKSTEP="${LOCKSTEP:-bazel-bin/client/lockstep}"
 if [ "${1:-}" = "--" ]; then shift; fi
 if [ $# -eq 0 ]; then set -- "$PWD/bazel-bin/tests/e2e/test_trainer"; fi
 
@@ -26,13 +30,13 @@ if [ "$(id -u)" = 0 ] && [ -f "$1" ]; then
   install -m 0755 "$1" "$STATE/bin/$(basename "$1")"
   set -- "$STATE/bin/$(basename "$1")" "${@:2}"
 fi
-bazel-bin/daemon/lockstepd --coordinator --state-dir "$STATE" --listen 127.0.0.1:0 \
+"$LOCKSTEPD" --coordinator --state-dir "$STATE" --listen 127.0.0.1:0 \
   --address-file "$STATE/address" >"$STATE/lockstepd.log" 2>&1 &
 daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -s "$STATE/address" ] && break; sleep 0.1; done
 [ -s "$STATE/address" ] || { echo "lockstepd did not start; see $STATE/lockstepd.log" >&2; exit 1; }
-L=(bazel-bin/client/lockstep --coordinator "$(cat "$STATE/address")" --token-file "$STATE/token")
+L=("$LOCKSTEP" --coordinator "$(cat "$STATE/address")" --token-file "$STATE/token")
 echo "coordinator+agent at $(cat "$STATE/address"), state dir $STATE"
 "${L[@]}" nodes
 out=$("${L[@]}" submit --nodes "$NODES" --nproc-per-node "$NPROC" --max-restarts 2 --name demo --wait -- "$@") || {
