@@ -5,7 +5,9 @@
 # one process each. Nothing leaves the machine; the committed corpus is never
 # written. Exits non-zero when any target finds a crash, sanitizer report,
 # leak, timeout (-timeout) or memory blow-up (-rss_limit_mb), printing the
-# reproducer's path and the command that replays it (after the others end).
+# reproducer's path and the command that replays it (the targets' ends are
+# taken in a fixed order, so a failure is printed once the targets before it
+# in that order have ended).
 # Usage: tools/fuzz.sh [SECONDS]   (default 20, all targets at once)
 set -euo pipefail
 cd "$(dirname "$0")/.."

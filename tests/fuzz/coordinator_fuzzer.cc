@@ -104,7 +104,7 @@ class Session {
     if (request.ParseFromString(f.bytes)) handle(request);
   }
 
-  // "$N" stands for the N-th submitted job's (random) id.
+  // "$N" (one digit, from 0) stands for the N-th submitted job's (random) id.
   void Resolve(std::string* job_id) const {
     if (job_id->size() == 2 && (*job_id)[0] == '$' && (*job_id)[1] >= '0' && (*job_id)[1] <= '9') {
       const size_t n = (*job_id)[1] - '0';
