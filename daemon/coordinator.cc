@@ -44,8 +44,12 @@ void Coordinator::SetStoreAddress(const std::string& address) {
 Status Coordinator::Recover() {
   ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->LoadJobs());
   ASSIGN_OR_RETURN(std::vector<v1::NodeInfo> nodes, store_->LoadNodes());
+  ASSIGN_OR_RETURN(auto dir_deletions, store_->LoadDirDeletions());
   SortBySubmitOrder(&jobs);
   MutexLock lock(&mu_);
+  size_t deletions = 0;
+  for (const auto& [node, ids] : dir_deletions) deletions += ids.size();
+  deleted_for_node_ = std::move(dir_deletions);
   const MonoTime now = clock_->Now();
   for (auto& job : jobs) {
     std::string id = job.job_id();
@@ -55,7 +59,8 @@ Status Coordinator::Recover() {
   }
   for (const auto& info : nodes) nodes_.Restore(info, now);  // a full lease from now
   (void)nodes_.CompensateStall(now);  // the first tick measures from the reload
-  log_.Info("recovered {} jobs and {} nodes from the job store", jobs_.size(), nodes.size());
+  log_.Info("recovered {} jobs, {} nodes and {} job directories still to delete from the job store",
+            jobs_.size(), nodes.size(), deletions);
   EvictFinished();
   return absl::OkStatus();
 }
@@ -290,7 +295,16 @@ StatusOr<v1::Job> Coordinator::DeleteJob(const JobId& id) {
 
 Status Coordinator::DeleteLocked(const v1::Job& job, absl::string_view why) {
   const std::string id = job.job_id();
-  Status s = store_->DeleteJob(id);
+  // Every node may hold the job's directory from some round: tell them all
+  // (at their next heartbeat, even across a coordinator restart).
+  std::vector<std::string> dir_on_nodes;
+  for (const auto& node : nodes_.List(clock_->Now())) {
+    const auto pending = deleted_for_node_.find(node.node_id());
+    if (pending == deleted_for_node_.end() || pending->second.size() < kMaxPendingDeletesPerNode) {
+      dir_on_nodes.push_back(node.node_id());
+    }
+  }
+  Status s = store_->DeleteJob(id, dir_on_nodes);
   if (!s.ok()) {
     log_.WithJob(id).Error("deleting the job from the job store failed, job kept: {}", s.ToString());
     return s;
@@ -300,17 +314,9 @@ Status Coordinator::DeleteLocked(const v1::Job& job, absl::string_view why) {
   if (evicted_.erase(id) > 0) --evicted_by_state_[job.state()];
   if (!job.request_id().empty()) evicted_requests_.erase(job.request_id());
   ForgetFinished(job.finished_unix_ms(), id);
-  // Every node may hold the job's directory from some round: tell them all.
-  int nodes = 0;
-  for (const auto& node : nodes_.List(clock_->Now())) {
-    auto& pending = deleted_for_node_[node.node_id()];
-    if (pending.size() < kMaxPendingDeletesPerNode) {
-      pending.insert(id);
-      ++nodes;
-    }
-  }
+  for (const auto& node : dir_on_nodes) deleted_for_node_[node].insert(id);
   log_.WithJob(id).Info("job deleted {} (it had {}); its directory goes from {} node(s)", std::string(why),
-                        v1::JobState_Name(job.state()), nodes);
+                        v1::JobState_Name(job.state()), dir_on_nodes.size());
   return absl::OkStatus();
 }
 
@@ -457,6 +463,13 @@ StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatReques
     if (deleted != deleted_for_node_.end()) {
       for (const auto& id : deleted->second) resp.add_deleted_job_ids(id);
       deleted_for_node_.erase(deleted);
+      // Not fatal: a restarted coordinator would send them again, and the
+      // agent takes an absent directory as removed.
+      const Status cleared = store_->ClearDirDeletions(req.node_id());
+      if (!cleared.ok()) {
+        log_.Warn("node {}: forgetting its delivered directory deletions: {}", req.node_id(),
+                  cleared.ToString());
+      }
     }
   }
   Run(&effects);

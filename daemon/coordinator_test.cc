@@ -432,6 +432,34 @@ TEST_F(CoordinatorTest, DeleteRemovesAFinishedJobAndTellsEveryNodeOnce) {
   EXPECT_NE(again->job_id(), old_job->job_id());
 }
 
+// A node that has not heartbeaten since a job was deleted still hears of it
+// after a coordinator restart: the deletion is kept in the job store until
+// that node's next heartbeat delivers it, then forgotten there too.
+TEST_F(CoordinatorTest, DirectoryDeletionsOutliveACoordinatorRestart) {
+  Register("n1");
+  Register("n2");
+  auto job = Submit(TestSpec(1, 1, 1, 0), "");
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(coord_->CancelJob(JobId(job->job_id())).ok());
+  coord_->Tick();
+  ASSERT_TRUE(coord_->DeleteJob(JobId(job->job_id())).ok());
+  auto n1 = Beat("n1");
+  ASSERT_TRUE(n1.ok());
+  EXPECT_TRUE(Lists(*n1, job->job_id()));
+  Reset();  // the coordinator restarts before n2's next heartbeat
+  auto n2 = Beat("n2");
+  ASSERT_TRUE(n2.ok()) << n2.status();
+  EXPECT_TRUE(Lists(*n2, job->job_id())) << "the restart lost n2's deletion";
+  auto n1_again = Beat("n1");
+  ASSERT_TRUE(n1_again.ok());
+  EXPECT_EQ(n1_again->deleted_job_ids_size(), 0) << "n1 was told before the restart";
+  Reset();
+  auto n2_again = Beat("n2");
+  ASSERT_TRUE(n2_again.ok());
+  EXPECT_EQ(n2_again->deleted_job_ids_size(), 0) << "n2 was told once already";
+  EXPECT_TRUE(store_.dir_deletions.empty());
+}
+
 // Metrics read the job table from memory: the jobs in memory and, by
 // state, the finished ones that left it, without a store read.
 TEST_F(CoordinatorTest, SummaryCountsJobsThatLeftMemoryWithoutReadingTheStore) {

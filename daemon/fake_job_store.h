@@ -3,6 +3,7 @@
 #define LOCKSTEP_DAEMON_FAKE_JOB_STORE_H_
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,10 +25,20 @@ class FakeJobStore : public JobStore {
     nodes[node.node_id()] = node;
     return absl::OkStatus();
   }
-  Status DeleteJob(const std::string& job_id) override {
+  Status DeleteJob(const std::string& job_id,
+                   const std::vector<std::string>& dir_on_nodes) override {
     if (fail_writes) return absl::UnavailableError("fake job store: writes disabled");
     jobs.erase(job_id);
+    for (const auto& node : dir_on_nodes) dir_deletions[node].insert(job_id);
     return absl::OkStatus();
+  }
+  Status ClearDirDeletions(const std::string& node_id) override {
+    if (fail_writes) return absl::UnavailableError("fake job store: writes disabled");
+    dir_deletions.erase(node_id);
+    return absl::OkStatus();
+  }
+  StatusOr<std::map<std::string, std::set<std::string>>> LoadDirDeletions() override {
+    return dir_deletions;
   }
   StatusOr<std::vector<v1::Job>> LoadJobs() override {
     std::vector<v1::Job> out;
@@ -51,6 +62,7 @@ class FakeJobStore : public JobStore {
   int job_loads = 0;  // LoadJob calls
   std::map<std::string, v1::Job> jobs;
   std::map<std::string, v1::NodeInfo> nodes;
+  std::map<std::string, std::set<std::string>> dir_deletions;
 };
 
 }  // namespace daemon

@@ -1,5 +1,5 @@
-// JobStore: durable storage for the coordinator's job table and node
-// registry. The coordinator writes through it before acknowledging any
+// JobStore: durable storage for the coordinator's job table, node registry
+// and the job directories deleted jobs left on nodes not yet told. The coordinator writes through it before acknowledging any
 // change, and reloads everything from it on start.
 //
 // Implementations: SqliteJobStore (--state-dir/coordinator.db) and
@@ -12,7 +12,9 @@
 #ifndef LOCKSTEP_DAEMON_JOB_STORE_H_
 #define LOCKSTEP_DAEMON_JOB_STORE_H_
 
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,9 +33,16 @@ class JobStore {
   // Inserts or replaces the node with node.node_id(). Durable on return.
   virtual Status PutNode(const v1::NodeInfo& node) = 0;
 
-  // Removes the job with that id (no error if there is none). Durable on
-  // return.
-  virtual Status DeleteJob(const std::string& job_id) = 0;
+  // Removes the job with that id (no error if there is none) and, in the
+  // same transaction, records that each node in `dir_on_nodes` is to remove
+  // the job's directory (LoadDirDeletions). Durable on return.
+  virtual Status DeleteJob(const std::string& job_id,
+                           const std::vector<std::string>& dir_on_nodes) = 0;
+  // Forgets the directory deletions recorded for `node_id` (delivered).
+  // Durable on return.
+  virtual Status ClearDirDeletions(const std::string& node_id) = 0;
+  // The directory deletions not yet delivered: node id -> job ids.
+  virtual StatusOr<std::map<std::string, std::set<std::string>>> LoadDirDeletions() = 0;
 
   virtual StatusOr<std::vector<v1::Job>> LoadJobs() = 0;
   // The job with that id; nullopt if there is none.

@@ -61,6 +61,9 @@ StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string
       "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, data BLOB NOT NULL)"));
   RETURN_IF_ERROR(store->Exec(
       "CREATE TABLE IF NOT EXISTS nodes (id TEXT PRIMARY KEY, data BLOB NOT NULL)"));
+  RETURN_IF_ERROR(store->Exec(
+      "CREATE TABLE IF NOT EXISTS dir_deletions (node TEXT NOT NULL, job TEXT NOT NULL, "
+      "PRIMARY KEY (node, job))"));
   return store;
 }
 
@@ -118,19 +121,68 @@ Status SqliteJobStore::PutJob(const v1::Job& job) {
   return Put("jobs", job.job_id(), job.SerializeAsString());
 }
 
-Status SqliteJobStore::DeleteJob(const std::string& job_id) {
+Status SqliteJobStore::Run(const char* sql, const std::vector<std::string>& args,
+                           const std::string& what) {
   sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_, "DELETE FROM jobs WHERE id = ?", -1, &stmt, nullptr) != SQLITE_OK) {
+  if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
     return absl::UnavailableError(absl::StrCat("job store ", path_, ": ", sqlite3_errmsg(db_)));
   }
-  sqlite3_bind_text(stmt, 1, job_id.data(), job_id.size(), SQLITE_TRANSIENT);
-  int rc = sqlite3_step(stmt);
+  for (size_t i = 0; i < args.size(); ++i) {
+    sqlite3_bind_text(stmt, static_cast<int>(i + 1), args[i].data(),
+                      static_cast<int>(args[i].size()), SQLITE_TRANSIENT);
+  }
+  const int rc = sqlite3_step(stmt);
   sqlite3_finalize(stmt);
   if (rc != SQLITE_DONE) {
-    return absl::UnavailableError(absl::StrCat("job store ", path_, ": deleting job ", job_id, ": ",
-                                               sqlite3_errmsg(db_)));
+    return absl::UnavailableError(
+        absl::StrCat("job store ", path_, ": ", what, ": ", sqlite3_errmsg(db_)));
   }
   return absl::OkStatus();
+}
+
+Status SqliteJobStore::DeleteJob(const std::string& job_id,
+                                 const std::vector<std::string>& dir_on_nodes) {
+  // One transaction: the job never goes without its directories queued.
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  Status s = Run("DELETE FROM jobs WHERE id = ?", {job_id}, absl::StrCat("deleting job ", job_id));
+  for (size_t i = 0; s.ok() && i < dir_on_nodes.size(); ++i) {
+    s = Run("INSERT OR IGNORE INTO dir_deletions (node, job) VALUES (?, ?)",
+            {dir_on_nodes[i], job_id},
+            absl::StrCat("queueing job ", job_id, "'s directory on node ", dir_on_nodes[i]));
+  }
+  if (s.ok()) s = Exec("COMMIT");
+  if (!s.ok()) (void)Exec("ROLLBACK");
+  return s;
+}
+
+Status SqliteJobStore::ClearDirDeletions(const std::string& node_id) {
+  return Run("DELETE FROM dir_deletions WHERE node = ?", {node_id},
+             absl::StrCat("clearing the directory deletions of node ", node_id));
+}
+
+StatusOr<std::map<std::string, std::set<std::string>>> SqliteJobStore::LoadDirDeletions() {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT node, job FROM dir_deletions", -1, &stmt, nullptr) !=
+      SQLITE_OK) {
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  std::map<std::string, std::set<std::string>> out;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    auto text = [&](int column) {
+      // The pointer first, then its length (SQLite's order).
+      const auto* chars = reinterpret_cast<const char*>(sqlite3_column_text(stmt, column));
+      const auto n = static_cast<size_t>(sqlite3_column_bytes(stmt, column));
+      return chars == nullptr ? std::string() : std::string(chars, n);
+    };
+    out[text(0)].insert(text(1));
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return absl::UnavailableError(absl::StrCat("job store ", path_, ": reading dir_deletions: ",
+                                               sqlite3_errmsg(db_)));
+  }
+  return out;
 }
 
 Status SqliteJobStore::PutNode(const v1::NodeInfo& node) {

@@ -1,6 +1,6 @@
 // SqliteJobStore: the JobStore in one SQLite file (WAL, synchronous=FULL,
 // so a write is durable when PutJob returns). Rows hold the serialized
-// v1.Job / v1.NodeInfo, keyed by id.
+// v1.Job / v1.NodeInfo, keyed by id; dir_deletions holds (node, job) pairs.
 //
 // Thread safety: not thread-safe (see JobStore).
 #ifndef LOCKSTEP_DAEMON_SQLITE_JOB_STORE_H_
@@ -26,7 +26,10 @@ class SqliteJobStore : public JobStore {
 
   Status PutJob(const v1::Job& job) override;
   Status PutNode(const v1::NodeInfo& node) override;
-  Status DeleteJob(const std::string& job_id) override;
+  Status DeleteJob(const std::string& job_id,
+                   const std::vector<std::string>& dir_on_nodes) override;
+  Status ClearDirDeletions(const std::string& node_id) override;
+  StatusOr<std::map<std::string, std::set<std::string>>> LoadDirDeletions() override;
   StatusOr<std::vector<v1::Job>> LoadJobs() override;
   StatusOr<std::optional<v1::Job>> LoadJob(const std::string& job_id) override;
   StatusOr<std::vector<v1::NodeInfo>> LoadNodes() override;
@@ -34,6 +37,8 @@ class SqliteJobStore : public JobStore {
  private:
   SqliteJobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   Status Exec(const std::string& sql);
+  // Runs `sql` with its ? bound to `args` in order; `what` names it in errors.
+  Status Run(const char* sql, const std::vector<std::string>& args, const std::string& what);
   Status Put(const char* table, const std::string& id, const std::string& data);
   StatusOr<std::vector<std::string>> LoadAll(const char* table);
 

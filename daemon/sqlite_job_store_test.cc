@@ -59,6 +59,38 @@ TEST(SqliteJobStoreTest, JobsAndNodesSurviveReopen) {
   EXPECT_EQ((*nodes)[0].incarnation(), "inc-1");
 }
 
+// Deleting a job queues its directory on the nodes named, in the same
+// transaction; the queue survives a reopen and is cleared node by node.
+TEST(SqliteJobStoreTest, DirectoryDeletionsAreKeptWithTheDeleteAndClearedPerNode) {
+  std::string path = TempPath("deletions.db");
+  std::remove(path.c_str());
+  {
+    auto store = SqliteJobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (const char* id : {"j-1", "j-2"}) {
+      v1::Job job;
+      job.set_job_id(id);
+      ASSERT_TRUE((*store)->PutJob(job).ok());
+    }
+    ASSERT_TRUE((*store)->DeleteJob("j-1", {"n1", "n2"}).ok());
+    ASSERT_TRUE((*store)->DeleteJob("j-2", {"n2"}).ok());
+    ASSERT_TRUE((*store)->DeleteJob("j-2", {"n2"}).ok());  // again: no error, no duplicate
+  }
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  EXPECT_TRUE((*store)->LoadJobs()->empty());
+  auto pending = (*store)->LoadDirDeletions();
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  const std::map<std::string, std::set<std::string>> want = {{"n1", {"j-1"}},
+                                                            {"n2", {"j-1", "j-2"}}};
+  EXPECT_EQ(*pending, want);
+  ASSERT_TRUE((*store)->ClearDirDeletions("n2").ok());
+  pending = (*store)->LoadDirDeletions();
+  ASSERT_TRUE(pending.ok());
+  const std::map<std::string, std::set<std::string>> left = {{"n1", {"j-1"}}};
+  EXPECT_EQ(*pending, left);
+}
+
 TEST(SqliteJobStoreTest, OpenFailsWithPathInMessage) {
   auto store = SqliteJobStore::Open("/nonexistent-dir/x/jobs.db");
   ASSERT_FALSE(store.ok());
