@@ -183,12 +183,19 @@ void Agent::RemoveJobDir(const std::string& job_id) {
   if (!IsSafeId(job_id)) {
     log.Warn("the coordinator deleted job {}: not a job id, no directory removed",
              QuoteForError(job_id));
+    removed_job_ids_.insert(job_id);  // nothing to remove, ever
     return;
   }
   if (runs_.count(job_id) || pending_starts_.count(job_id)) {
-    log.Warn("the coordinator deleted the job but this node still runs it: directory kept");
+    // Not acknowledged: the coordinator sends it again until the run is gone.
+    if (deletion_deferred_.insert(job_id).second) {
+      log.Info("the coordinator deleted the job; this node still runs it: "
+               "directory kept until its workers are gone");
+    }
     return;
   }
+  deletion_deferred_.erase(job_id);
+  removed_job_ids_.insert(job_id);
   const std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) return;
@@ -508,13 +515,16 @@ void Agent::Heartbeat() {
   req.set_node_id(options_.node_id);
   req.set_incarnation(incarnation_);
   std::set<std::string> done_at_send;
-  {
+  const std::set<std::string> removed_at_send = [&] {
     MutexLock lock(&mu_);
     for (auto& r : Reports()) {
       if (RunDone(runs_.at(r.job_id()))) done_at_send.insert(r.job_id());
       *req.add_jobs() = std::move(r);
     }
-  }
+    return removed_job_ids_;
+  }();
+  req.set_acks_deleted_job_ids(true);
+  for (const auto& id : removed_at_send) req.add_removed_job_ids(id);
   MonoTime sent = clock_->Now();
   req.set_sent_mono_ns(worker_link::MonotonicNowNs());
   // Bounded by lease/4 so a hung coordinator cannot delay the self-fence.
@@ -553,6 +563,8 @@ void Agent::Heartbeat() {
     auto it = runs_.find(id);
     if (it != runs_.end() && RunDone(it->second)) it->second.final_reported = true;
   }
+  // The coordinator has them: it sends them no more.
+  for (const auto& id : removed_at_send) removed_job_ids_.erase(id);
   ApplyCommands(*resp);
 }
 

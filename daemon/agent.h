@@ -48,6 +48,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -220,7 +221,9 @@ class Agent {
   void StopAllAndReap(Duration grace);
   std::string LogPath(const std::string& job_id, int rank, bool stderr_stream) const;
   // The coordinator deleted the job: removes <state-dir>/jobs/<id> unless
-  // this node still runs it.
+  // this node still runs it, and queues the id for the next heartbeat's
+  // acknowledgment (removed_job_ids) unless it still runs it (the
+  // coordinator then sends it again).
   void RemoveJobDir(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's uid (allocated if new), or ResourceExhausted naming the range.
   StatusOr<uint32_t> JobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -252,6 +255,10 @@ class Agent {
   mutable Mutex mu_;
   std::map<std::string, JobRun> runs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::AgentCommand> pending_starts_ ABSL_GUARDED_BY(mu_);
+  // Deleted jobs whose directories are gone, for the next accepted heartbeat
+  // to acknowledge; and those kept because they still ran (logged once).
+  std::set<std::string> removed_job_ids_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> deletion_deferred_ ABSL_GUARDED_BY(mu_);
   // Job -> its leased uid on this node (options_.job_uid_first..last).
   std::map<std::string, UidLease> job_uids_ ABSL_GUARDED_BY(mu_);
 

@@ -6,8 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -429,6 +431,68 @@ TEST_F(AgentTest, NewRoundStartsOnlyAfterOldWorkersAreGone) {
   }));
   EXPECT_FALSE(overlapped);
   EXPECT_NE(Workers("j1")[0].pid(), old_pid);
+}
+
+// A deleted job's directory goes at once if nothing of it runs here, and
+// the next accepted heartbeat acknowledges it (until then every heartbeat,
+// failed ones included, carries the id); one still running keeps its
+// directory, unacknowledged, until its workers are gone.
+TEST_F(AgentTest, DeletedJobDirectoriesAreRemovedAndAcknowledgedOnceNothingRunsThere) {
+  namespace fs = std::filesystem;
+  const fs::path old_dir = fs::path(state_dir_) / "jobs" / "j0";
+  fs::create_directories(old_dir);
+  std::ofstream(old_dir / "rank-0.stdout") << "an earlier job's log\n";
+  Command({Start("j1", 1, "echo up; while true; do sleep 0.05; done", 1, 0.2)});
+  ASSERT_TRUE(RunUntil([&] { return Output("j1", 1).find("up") != std::string::npos; }));
+  const fs::path running_dir = fs::path(state_dir_) / "jobs" / "j1";
+  ASSERT_TRUE(fs::exists(running_dir));
+
+  auto acks = [](const v1::HeartbeatRequest& hb, const std::string& id) {
+    return std::find(hb.removed_job_ids().begin(), hb.removed_job_ids().end(), id) !=
+           hb.removed_job_ids().end();
+  };
+  // The coordinator deletes j0 and j1 while j1 still runs here; j1 is still
+  // assigned, so it keeps running.
+  v1::HeartbeatResponse resp;
+  *resp.add_commands() = Start("j1", 1, "echo up; while true; do sleep 0.05; done", 1, 0.2);
+  resp.add_deleted_job_ids("j0");
+  resp.add_deleted_job_ids("j1");
+  coord_.SetResponse(resp);
+  ASSERT_TRUE(RunUntil([&] {
+    auto hbs = coord_.heartbeats();
+    return !fs::exists(old_dir) && acks(hbs.back(), "j0");
+  }));
+  for (const auto& hb : coord_.heartbeats()) {
+    EXPECT_TRUE(hb.acks_deleted_job_ids());
+    EXPECT_FALSE(acks(hb, "j1")) << "acknowledged a job that still runs here";
+  }
+  EXPECT_TRUE(fs::exists(running_dir)) << "removed the directory of a job still running";
+  EXPECT_TRUE(AllIn("j1", v1::WORKER_STATE_STARTING, 1));
+
+  // Its acknowledgment lost (the coordinator unreachable): every heartbeat
+  // carries j0 until one is accepted, then none does.
+  coord_.SetFailure(absl::UnavailableError("coordinator down"));
+  size_t before = coord_.heartbeats().size();
+  ASSERT_TRUE(RunUntil([&] { return coord_.heartbeats().size() >= before + 2; }));
+  for (size_t i = before; i < coord_.heartbeats().size(); ++i) {
+    EXPECT_TRUE(acks(coord_.heartbeats()[i], "j0")) << "heartbeat " << i;
+  }
+  // j1 is no longer assigned (still deleted): its workers stop, and only
+  // then does its directory go and get acknowledged.
+  v1::HeartbeatResponse deleted_only;
+  deleted_only.add_deleted_job_ids("j1");
+  coord_.SetResponse(deleted_only);
+  coord_.SetFailure(absl::OkStatus());
+  ASSERT_TRUE(RunUntil([&] {
+    auto hbs = coord_.heartbeats();
+    return !fs::exists(running_dir) && acks(hbs.back(), "j1");
+  }));
+  EXPECT_TRUE(agent_->ListWorkers("j1").empty());
+  coord_.SetResponse(v1::HeartbeatResponse());
+  before = coord_.heartbeats().size();
+  ASSERT_TRUE(RunUntil([&] { return coord_.heartbeats().size() >= before + 3; }));
+  const auto last = coord_.heartbeats().back();
+  EXPECT_EQ(last.removed_job_ids_size(), 0) << "an accepted acknowledgment was sent again";
 }
 
 TEST_F(AgentTest, ProgressNeedsTheRunTokenAndCurrentRound) {

@@ -461,14 +461,29 @@ StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatReques
     resp.set_lease_s(ToSeconds(options_.lease));
     auto deleted = deleted_for_node_.find(req.node_id());
     if (deleted != deleted_for_node_.end()) {
-      for (const auto& id : deleted->second) resp.add_deleted_job_ids(id);
-      deleted_for_node_.erase(deleted);
-      // Not fatal: a restarted coordinator would send them again, and the
-      // agent takes an absent directory as removed.
-      const Status cleared = store_->ClearDirDeletions(req.node_id());
+      std::vector<std::string> done;
+      if (req.acks_deleted_job_ids()) {
+        // Repeated until acknowledged: a response lost on the way loses
+        // nothing, and a job the node still runs is removed once it ends.
+        for (const auto& id : req.removed_job_ids()) {
+          if (deleted->second.erase(id) > 0) done.push_back(id);
+        }
+        for (const auto& id : deleted->second) resp.add_deleted_job_ids(id);
+      } else {
+        // An agent that does not acknowledge hears of each deletion once.
+        for (const auto& id : deleted->second) {
+          resp.add_deleted_job_ids(id);
+          done.push_back(id);
+        }
+        deleted->second.clear();
+      }
+      if (deleted->second.empty()) deleted_for_node_.erase(deleted);
+      // Not fatal: a restarted coordinator sends them again, and the agent
+      // acknowledges an absent directory at once.
+      const Status cleared = done.empty() ? Status() : store_->ClearDirDeletions(req.node_id(), done);
       if (!cleared.ok()) {
-        log_.Warn("node {}: forgetting its delivered directory deletions: {}", req.node_id(),
-                  cleared.ToString());
+        log_.Warn("node {}: forgetting {} directory deletions it acknowledged: {}", req.node_id(),
+                  done.size(), cleared.ToString());
       }
     }
   }

@@ -112,9 +112,9 @@ struct CoordinatorOptions {
 
 // Retention is checked this often.
 inline constexpr Duration kRetentionSweepInterval = std::chrono::seconds(1);
-// Deleted jobs waiting for one node's next heartbeat, at most (a node that
-// never comes back does not grow the coordinator without bound; past this
-// its directories stay).
+// Deleted jobs one node has not acknowledged, at most (a node that never
+// comes back does not grow the coordinator without bound; past this its
+// directories stay).
 inline constexpr size_t kMaxPendingDeletesPerNode = 10000;
 
 class Coordinator {
@@ -142,8 +142,10 @@ class Coordinator {
   StatusOr<v1::Job> CancelJob(const JobId& id);
 
   // Removes a finished job from memory and the store (GetJob then answers
-  // NotFound) and tells every known node, on its next heartbeat, to remove
-  // the job's directory (HeartbeatResponse.deleted_job_ids). Returns the job
+  // NotFound) and tells every known node, in each heartbeat response until
+  // the node acknowledges it (HeartbeatRequest.removed_job_ids; once to an
+  // agent that does not), to remove the job's directory
+  // (HeartbeatResponse.deleted_job_ids). Returns the job
   // as it was. NotFound; FailedPrecondition (naming the state) for a job
   // that has not finished; the store's error (nothing changed).
   StatusOr<v1::Job> DeleteJob(const JobId& id);
@@ -259,7 +261,8 @@ class Coordinator {
   // Every finished job (in memory or not) by finished_unix_ms, for retention.
   std::multimap<int64_t, std::string> finished_by_time_ ABSL_GUARDED_BY(mu_);
   MonoTime next_retention_sweep_ ABSL_GUARDED_BY(mu_){};
-  // node -> deleted job ids for its next heartbeat.
+  // node -> deleted job ids it has not acknowledged (kept in the job store
+  // too, so a restart resends them).
   std::map<std::string, std::set<std::string>> deleted_for_node_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Watch> watches_ ABSL_GUARDED_BY(mu_);
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;

@@ -74,6 +74,17 @@ class CoordinatorTest : public ::testing::Test {
     }
     return coord_->Heartbeat(req);
   }
+  // A heartbeat of an agent that acknowledges directory deletions, listing
+  // the deleted jobs whose directories it removed.
+  StatusOr<v1::HeartbeatResponse> BeatAcking(const std::string& node,
+                                             const std::vector<std::string>& removed) {
+    v1::HeartbeatRequest req;
+    req.set_node_id(node);
+    req.set_incarnation("inc-" + node);
+    req.set_acks_deleted_job_ids(true);
+    for (const auto& id : removed) req.add_removed_job_ids(id);
+    return coord_->Heartbeat(req);
+  }
 
   static v1::WorkerStatus Worker(int rank, v1::WorkerState state, int code = 0, int sig = 0) {
     v1::WorkerStatus w;
@@ -397,7 +408,8 @@ static bool Lists(const v1::HeartbeatResponse& resp, const std::string& id) {
 }
 
 // A deleted job is gone from memory, the store and the list, and every
-// node is told once (on its next heartbeat) to remove its directory.
+// node is told (on its next heartbeat) to remove its directory: once, for an
+// agent that does not acknowledge deletions.
 TEST_F(CoordinatorTest, DeleteRemovesAFinishedJobAndTellsEveryNodeOnce) {
   finished_in_memory_ = 1;  // the older job is read back from the store
   Reset();
@@ -458,6 +470,62 @@ TEST_F(CoordinatorTest, DirectoryDeletionsOutliveACoordinatorRestart) {
   ASSERT_TRUE(n2_again.ok());
   EXPECT_EQ(n2_again->deleted_job_ids_size(), 0) << "n2 was told once already";
   EXPECT_TRUE(store_.dir_deletions.empty());
+}
+
+// To an agent that acknowledges them, a deletion is repeated in every
+// response until acknowledged: a lost response (or a job still running
+// there) loses nothing, a coordinator restart in between neither; once
+// acknowledged it is sent no more and forgotten by the job store.
+TEST_F(CoordinatorTest, DirectoryDeletionsAreRepeatedUntilTheNodeAcknowledgesThem) {
+  Register("n1");
+  Register("n2");
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    auto job = Submit(TestSpec(1, 1, 1, 0), "");
+    ASSERT_TRUE(job.ok());
+    ASSERT_TRUE(coord_->CancelJob(JobId(job->job_id())).ok());
+    ids.push_back(job->job_id());
+  }
+  coord_->Tick();
+  for (const auto& id : ids) ASSERT_TRUE(coord_->DeleteJob(JobId(id)).ok());
+  // n1's first response is lost on the way: nothing acknowledged.
+  auto first = BeatAcking("n1", {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(Lists(*first, ids[0]) && Lists(*first, ids[1]));
+  auto again = BeatAcking("n1", {});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(Lists(*again, ids[0]) && Lists(*again, ids[1])) << "a lost response lost them";
+  // n1 removed one (the other still runs there), then the coordinator restarts.
+  auto partly = BeatAcking("n1", {ids[0]});
+  ASSERT_TRUE(partly.ok());
+  EXPECT_FALSE(Lists(*partly, ids[0])) << "sent again after its acknowledgment";
+  EXPECT_TRUE(Lists(*partly, ids[1]));
+  const std::map<std::string, std::set<std::string>> left = {{"n1", {ids[1]}},
+                                                            {"n2", {ids[0], ids[1]}}};
+  EXPECT_EQ(store_.dir_deletions, left);
+  Reset();
+  auto after_restart = BeatAcking("n1", {});
+  ASSERT_TRUE(after_restart.ok()) << after_restart.status();
+  EXPECT_FALSE(Lists(*after_restart, ids[0]));
+  EXPECT_TRUE(Lists(*after_restart, ids[1])) << "the restart lost an unacknowledged deletion";
+  // Acknowledged (twice: that response lost too), and an id it never had.
+  for (int i = 0; i < 2; ++i) {
+    auto done = BeatAcking("n1", {ids[1], "j-unknown"});
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->deleted_job_ids_size(), 0);
+  }
+  // n2 acknowledges both at its first heartbeat after hearing of them.
+  auto n2 = BeatAcking("n2", {});
+  ASSERT_TRUE(n2.ok());
+  EXPECT_EQ(n2->deleted_job_ids_size(), 2);
+  auto n2_done = BeatAcking("n2", ids);
+  ASSERT_TRUE(n2_done.ok());
+  EXPECT_EQ(n2_done->deleted_job_ids_size(), 0);
+  EXPECT_TRUE(store_.dir_deletions.empty());
+  Reset();
+  auto quiet = BeatAcking("n1", {});
+  ASSERT_TRUE(quiet.ok());
+  EXPECT_EQ(quiet->deleted_job_ids_size(), 0) << "an acknowledged deletion came back after a restart";
 }
 
 // Metrics read the job table from memory: the jobs in memory and, by

@@ -32,9 +32,13 @@ class FakeJobStore : public JobStore {
     for (const auto& node : dir_on_nodes) dir_deletions[node].insert(job_id);
     return absl::OkStatus();
   }
-  Status ClearDirDeletions(const std::string& node_id) override {
+  Status ClearDirDeletions(const std::string& node_id,
+                           const std::vector<std::string>& job_ids) override {
     if (fail_writes) return absl::UnavailableError("fake job store: writes disabled");
-    dir_deletions.erase(node_id);
+    auto node = dir_deletions.find(node_id);
+    if (node == dir_deletions.end()) return absl::OkStatus();
+    for (const auto& id : job_ids) node->second.erase(id);
+    if (node->second.empty()) dir_deletions.erase(node);
     return absl::OkStatus();
   }
   StatusOr<std::map<std::string, std::set<std::string>>> LoadDirDeletions() override {

@@ -38,9 +38,10 @@ class JobStore {
   // the job's directory (LoadDirDeletions). Durable on return.
   virtual Status DeleteJob(const std::string& job_id,
                            const std::vector<std::string>& dir_on_nodes) = 0;
-  // Forgets the directory deletions recorded for `node_id` (delivered).
-  // Durable on return.
-  virtual Status ClearDirDeletions(const std::string& node_id) = 0;
+  // Forgets the directory deletions of these jobs recorded for `node_id`
+  // (the node removed them); ids not recorded are ignored. Durable on return.
+  virtual Status ClearDirDeletions(const std::string& node_id,
+                                   const std::vector<std::string>& job_ids) = 0;
   // The directory deletions not yet delivered: node id -> job ids.
   virtual StatusOr<std::map<std::string, std::set<std::string>>> LoadDirDeletions() = 0;
 

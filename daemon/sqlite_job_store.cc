@@ -155,9 +155,18 @@ Status SqliteJobStore::DeleteJob(const std::string& job_id,
   return s;
 }
 
-Status SqliteJobStore::ClearDirDeletions(const std::string& node_id) {
-  return Run("DELETE FROM dir_deletions WHERE node = ?", {node_id},
-             absl::StrCat("clearing the directory deletions of node ", node_id));
+Status SqliteJobStore::ClearDirDeletions(const std::string& node_id,
+                                         const std::vector<std::string>& job_ids) {
+  if (job_ids.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  Status s;
+  for (size_t i = 0; s.ok() && i < job_ids.size(); ++i) {
+    s = Run("DELETE FROM dir_deletions WHERE node = ? AND job = ?", {node_id, job_ids[i]},
+            absl::StrCat("forgetting job ", job_ids[i], "'s directory deletion on node ", node_id));
+  }
+  if (s.ok()) s = Exec("COMMIT");
+  if (!s.ok()) (void)Exec("ROLLBACK");
+  return s;
 }
 
 StatusOr<std::map<std::string, std::set<std::string>>> SqliteJobStore::LoadDirDeletions() {

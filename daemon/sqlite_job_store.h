@@ -28,7 +28,8 @@ class SqliteJobStore : public JobStore {
   Status PutNode(const v1::NodeInfo& node) override;
   Status DeleteJob(const std::string& job_id,
                    const std::vector<std::string>& dir_on_nodes) override;
-  Status ClearDirDeletions(const std::string& node_id) override;
+  Status ClearDirDeletions(const std::string& node_id,
+                           const std::vector<std::string>& job_ids) override;
   StatusOr<std::map<std::string, std::set<std::string>>> LoadDirDeletions() override;
   StatusOr<std::vector<v1::Job>> LoadJobs() override;
   StatusOr<std::optional<v1::Job>> LoadJob(const std::string& job_id) override;

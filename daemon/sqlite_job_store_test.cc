@@ -84,11 +84,19 @@ TEST(SqliteJobStoreTest, DirectoryDeletionsAreKeptWithTheDeleteAndClearedPerNode
   const std::map<std::string, std::set<std::string>> want = {{"n1", {"j-1"}},
                                                             {"n2", {"j-1", "j-2"}}};
   EXPECT_EQ(*pending, want);
-  ASSERT_TRUE((*store)->ClearDirDeletions("n2").ok());
+  // Only the acknowledged pairs go; unknown ids and nodes are no error.
+  ASSERT_TRUE((*store)->ClearDirDeletions("n2", {"j-2", "j-9"}).ok());
+  ASSERT_TRUE((*store)->ClearDirDeletions("n9", {"j-1"}).ok());
   pending = (*store)->LoadDirDeletions();
   ASSERT_TRUE(pending.ok());
-  const std::map<std::string, std::set<std::string>> left = {{"n1", {"j-1"}}};
+  const std::map<std::string, std::set<std::string>> left = {{"n1", {"j-1"}}, {"n2", {"j-1"}}};
   EXPECT_EQ(*pending, left);
+  ASSERT_TRUE((*store)->ClearDirDeletions("n2", {"j-1"}).ok());
+  ASSERT_TRUE((*store)->ClearDirDeletions("n2", {}).ok());
+  pending = (*store)->LoadDirDeletions();
+  ASSERT_TRUE(pending.ok());
+  const std::map<std::string, std::set<std::string>> last = {{"n1", {"j-1"}}};
+  EXPECT_EQ(*pending, last);
 }
 
 TEST(SqliteJobStoreTest, OpenFailsWithPathInMessage) {
