@@ -256,8 +256,16 @@ StatusOr<std::vector<std::string>> WriteClusterCerts(const std::string& dir,
           "host '", host, "' cannot name a certificate file (want a DNS name or an IP address)"));
     }
   }
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::PermissionDeniedError(absl::StrCat("mkdir ", dir, ": ", std::strerror(errno)));
+  // As `mkdir -p`: /etc/lockstep/tls on a host that has no /etc/lockstep.
+  for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
+    const std::string part = dir.substr(0, slash);
+    if (!part.empty() && ::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+      const int err = errno;
+      const std::string why = absl::StrCat("mkdir ", part, ": ", std::strerror(err));
+      return err == EACCES || err == EPERM || err == EROFS ? absl::PermissionDeniedError(why)
+                                                           : absl::FailedPreconditionError(why);
+    }
+    if (slash == std::string::npos) break;
   }
   const auto now = std::chrono::system_clock::now();
   // Backdated an hour: clocks across a cluster are not exactly equal.

@@ -67,10 +67,12 @@ StatusOr<KeyAndCert> MakeCa(const std::string& common_name, SystemTime not_befor
 StatusOr<KeyAndCert> IssueCert(const KeyAndCert& ca, const CertOptions& options);
 
 // Writes the files described above for `hosts` into `dir` (created 0755 if
-// missing), certificates valid for `days` from now. Returns the paths
-// written, CA first. InvalidArgument for no hosts, days < 1 or a host that
-// is not a usable file name; PermissionDenied / Unavailable naming the file
-// that could not be written.
+// missing, with its missing parents, as `mkdir -p`), certificates valid for
+// `days` from now. Returns the paths written, CA first. InvalidArgument for
+// no hosts, days < 1 or a host that is not a usable file name;
+// PermissionDenied (no access) / FailedPrecondition (say, a file where a
+// directory should be) naming the directory that could not be made;
+// PermissionDenied / Unavailable naming the file that could not be written.
 StatusOr<std::vector<std::string>> WriteClusterCerts(const std::string& dir,
                                                      const std::vector<std::string>& hosts,
                                                      int days);

@@ -91,6 +91,23 @@ TEST(CertsTest, WriteClusterCertsWritesEveryFileAndReusesTheCa) {
       << "a host named worker would overwrite the workers' certificate";
 }
 
+// `lockstep certs --out /etc/lockstep/tls` on a host with no /etc/lockstep:
+// the missing parents are made too; a file in the way is named.
+TEST(CertsTest, WriteClusterCertsMakesMissingParentDirectories) {
+  const std::string base = absl::StrCat(::testing::TempDir(), "/certs_parents_", ::getpid());
+  const std::string dir = base + "/etc/lockstep/tls";
+  auto written = WriteClusterCerts(dir, {"node1"}, 1);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(Mode(base + "/etc/lockstep"), 0755);
+  EXPECT_EQ(Mode(dir), 0755);
+  EXPECT_EQ(Mode(dir + "/node1.key"), 0600);
+  std::ofstream(base + "/file") << "not a directory";
+  auto blocked = WriteClusterCerts(base + "/file/tls", {"node1"}, 1);
+  EXPECT_EQ(blocked.status().code(), absl::StatusCode::kFailedPrecondition) << blocked.status();
+  EXPECT_NE(blocked.status().message().find("mkdir " + base + "/file/tls"), std::string::npos)
+      << blocked.status();
+}
+
 // The workers' certificate is a client's only; a node's, or one with no
 // extendedKeyUsage (good for anything), is refused with the reason.
 TEST(CertsTest, CheckClientOnlyAcceptsOnlyClientCertificates) {

@@ -15,6 +15,11 @@
 #     in a job dir that uid owns (their checkpoints land there), with
 #     identical parameters on both ranks, the dir root's once it is over;
 #   - the unit's ExecReload makes that lockstepd re-read its tokens;
+#   - deploy/README.md's "A cluster", both units' command lines as shipped
+#     with the README's TLS lines: two hosts as network + mount + UTS
+#     namespaces over the root, certificates from the installed `lockstep
+#     certs`, the agent with a copy of the coordinator's agent.token; a job
+#     of one worker per host succeeds with identical parameters;
 #   - purging the package removes /var/lib/lockstep.
 #
 #   deploy/package_install_test.sh DEB
@@ -46,13 +51,16 @@ source "$ROOT/tools/rootfs.sh"
 rm -rf "$W"
 mkdir -p "$W"
 DAEMON=""
+CLUSTER=() NSC="" NSG=""
 cleanup() {
   if [ -n "$DAEMON" ]; then kill -TERM "$DAEMON" 2>/dev/null || true; wait "$DAEMON" 2>/dev/null || true; fi
+  for p in "${CLUSTER[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   # Anything still running inside the root (a worker the daemon left).
   for p in /proc/[0-9]*; do
     [ "$(readlink "$p/root" 2>/dev/null)" = "$R" ] && kill -9 "${p#/proc/}" 2>/dev/null || true
   done
   rootfs_unmount
+  for ns in $NSC $NSG; do ip netns del "$ns" 2>/dev/null || true; done
   [ -n "${KEEP:-}" ] || rm -rf "$R"
 }
 trap cleanup EXIT
@@ -96,16 +104,11 @@ for unit in "${units[@]}"; do
   log "$(basename "$unit"): verify passes, security $score"
 done
 
-# ---- The coordinator unit's command line, run in the fresh root ----
-unit="$R/lib/systemd/system/lockstepd-coordinator.service"
-# Environment= lines, then EnvironmentFile= (here: port 0 and an address
-# file, as an operator's /etc/default/lockstep would), then ExecStart with
-# ${VAR} and $VAR expanded as systemd does.
-cat >"$R/etc/default/lockstep" <<'EOF'
-LOCKSTEP_LISTEN=127.0.0.1:0
-LOCKSTEP_ARGS=--address-file=/var/lib/lockstep/address --lease-s=6 --heartbeat-interval-s=0.5
-EOF
-cmdline="$(python3 - "$unit" "$R/etc/default/lockstep" <<'PY'
+# unit_cmdline UNIT DEFAULTS: two lines, the unit's ExecStart and its
+# environment (Environment= lines, then the EnvironmentFile DEFAULTS), each
+# word shell-quoted, ${VAR} and $VAR expanded as systemd does.
+unit_cmdline() {
+  python3 - "$1" "$2" <<'PY'
 import re, shlex, sys
 env, exec_start = {}, None
 for line in open(sys.argv[1]):
@@ -130,7 +133,18 @@ for word in exec_start.split():
 print(" ".join(shlex.quote(w) for w in words))
 print(" ".join(shlex.quote(f"{k}={v}") for k, v in env.items()))
 PY
-)"
+}
+
+# ---- The coordinator unit's command line, run in the fresh root ----
+unit="$R/lib/systemd/system/lockstepd-coordinator.service"
+# Environment= lines, then EnvironmentFile= (here: port 0 and an address
+# file, as an operator's /etc/default/lockstep would), then ExecStart with
+# ${VAR} and $VAR expanded as systemd does.
+cat >"$R/etc/default/lockstep" <<'EOF'
+LOCKSTEP_LISTEN=127.0.0.1:0
+LOCKSTEP_ARGS=--address-file=/var/lib/lockstep/address --lease-s=6 --heartbeat-interval-s=0.5
+EOF
+cmdline="$(unit_cmdline "$unit" "$R/etc/default/lockstep")"
 exec_line="$(sed -n 1p <<<"$cmdline")"
 env_line="$(sed -n 2p <<<"$cmdline")"
 [[ "$exec_line" == "/usr/bin/lockstepd --coordinator --state-dir=/var/lib/lockstep"* ]] ||
@@ -184,9 +198,109 @@ grep -q "tokens re-read (SIGHUP)" "$W/lockstepd.log" || fail "ExecReload did not
 cli nodes >/dev/null || fail "the CLI's token stopped working after a reload"
 log "ExecReload re-read the tokens"
 
-kill -TERM "$DAEMON"
+# Stopped as systemd would: SIGTERM to the main pid ($DAEMON is the shell).
+kill -TERM "$mainpid"
 wait "$DAEMON" || true
 DAEMON=""
+for _ in $(seq 100); do kill -0 "$mainpid" 2>/dev/null || break; sleep 0.1; done
+! kill -0 "$mainpid" 2>/dev/null || fail "lockstepd (pid $mainpid) still runs 10 s after SIGTERM"
+
+# ---- A cluster from the units, as deploy/README.md's "A cluster" says ----
+# Two hosts, each a network, mount and UTS namespace of its own over the
+# installed root: its own hostname, an /etc/hosts naming both, its own
+# /etc/default/lockstep; the agent's host its own /var/lib/lockstep and
+# /run/lockstep. lsp-coord runs the coordinator unit's ExecStart with
+# LOCKSTEP_LISTEN=0.0.0.0:7070, lsp-agent the agent unit's with
+# LOCKSTEP_COORDINATOR=lsp-coord:7070 and a 0600 copy of the coordinator's
+# agent.token as its token; both with the README's TLS lines and
+# certificates from the installed `lockstep certs`. Nothing else is set.
+NSC="lspc$$" NSG="lspg$$"
+ip netns add "$NSC" && ip netns add "$NSG" || skip "network namespaces are not permitted here"
+ip link add "${NSC}v" type veth peer name "${NSG}v"
+ip link set "${NSC}v" netns "$NSC"
+ip link set "${NSG}v" netns "$NSG"
+ip -n "$NSC" addr add 10.231.8.1/24 dev "${NSC}v"
+ip -n "$NSG" addr add 10.231.8.2/24 dev "${NSG}v"
+for ns in "$NSC" "$NSG"; do ip -n "$ns" link set "${ns}v" up; ip -n "$ns" link set lo up; done
+printf '127.0.0.1 localhost\n10.231.8.1 lsp-coord\n10.231.8.2 lsp-agent\n' >"$W/hosts"
+touch "$R/etc/hosts"  # a minbase root has none to mount over
+in_root lockstep certs --out /etc/lockstep/tls --hosts lsp-coord,lsp-agent >"$W/certs.log" 2>&1 ||
+  { cat "$W/certs.log" >&2; fail "lockstep certs in the installed root"; }
+tls_args() {
+  echo "--tls-ca=/etc/lockstep/tls/ca.pem --tls-cert=/etc/lockstep/tls/$1.pem" \
+    "--tls-key=/etc/lockstep/tls/$1.key --tls-worker-cert=/etc/lockstep/tls/worker.pem" \
+    "--tls-worker-key=/etc/lockstep/tls/worker.key"
+}
+printf 'LOCKSTEP_LISTEN=0.0.0.0:7070\nLOCKSTEP_ARGS=%s\n' "$(tls_args lsp-coord)" >"$W/coord.default"
+printf 'LOCKSTEP_LISTEN=0.0.0.0:7071\nLOCKSTEP_COORDINATOR=lsp-coord:7070\nLOCKSTEP_ARGS=%s\n' \
+  "$(tls_args lsp-agent)" >"$W/agent.default"
+mkdir -m 0711 "$W/agent-state"
+mkdir -m 0755 "$W/agent-run"
+# on_host NS HOSTNAME DEFAULTS "SRC:TARGET ..." CMD: CMD (one shell line)
+# on that host, chrooted in the root (with ON_HOST_EXEC=exec in place of
+# the calling shell: a background one's $! is then the daemon itself).
+on_host() {
+  local binds="" b
+  for b in "$W/hosts:/etc/hosts" "$3:/etc/default/lockstep" $4; do
+    binds+="mount --bind ${b%%:*} $R${b#*:} && "
+  done
+  ${ON_HOST_EXEC:-} ip netns exec "$1" unshare -m -u --propagation private sh -c \
+    "hostname $2 && $binds exec chroot $R /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 $5"
+}
+AGENT_BINDS="$W/agent-state:/var/lib/lockstep $W/agent-run:/run/lockstep"
+CLUSTER=()
+start_unit() {  # start_unit NS HOSTNAME DEFAULTS BINDS UNIT LOG
+  local lines
+  lines="$(unit_cmdline "$R/lib/systemd/system/$5" "$3")"
+  log "$2: $(sed -n 1p <<<"$lines")"
+  ON_HOST_EXEC=exec on_host "$1" "$2" "$3" "$4" "$(sed -n 2p <<<"$lines") $(sed -n 1p <<<"$lines")" \
+    >"$6" 2>&1 &
+  CLUSTER+=($!)
+}
+ccli() {
+  on_host "$NSC" lsp-coord "$W/coord.default" "" \
+    "/usr/bin/lockstep --coordinator lsp-coord:7070 --token-file /var/lib/lockstep/token --tls-ca /etc/lockstep/tls/ca.pem --tls-cert /etc/lockstep/tls/client.pem --tls-key /etc/lockstep/tls/client.key $*"
+}
+start_unit "$NSC" lsp-coord "$W/coord.default" "" lockstepd-coordinator.service "$W/coord.log"
+for _ in $(seq 300); do
+  ccli nodes >"$W/nodes.txt" 2>&1 && break
+  kill -0 "${CLUSTER[0]}" 2>/dev/null || break
+  sleep 0.1
+done
+ccli nodes >"$W/nodes.txt" 2>&1 || { cat "$W/nodes.txt" "$W/coord.log" >&2; fail "the coordinator unit on 0.0.0.0:7070 with TLS did not serve within 30 s"; }
+grep -q "mutual TLS: CA /etc/lockstep/tls/ca.pem" "$W/coord.log" || fail "the coordinator unit does not serve TLS: $(head -n 5 "$W/coord.log")"
+[ -s "$R/var/lib/lockstep/agent.token" ] || fail "the coordinator made no agent.token"
+install -m 0600 "$R/var/lib/lockstep/agent.token" "$W/agent-state/token"
+start_unit "$NSG" lsp-agent "$W/agent.default" "$AGENT_BINDS" lockstepd-agent.service "$W/agent.log"
+for _ in $(seq 300); do
+  ccli nodes >"$W/nodes.txt" 2>&1 && grep -q lsp-agent "$W/nodes.txt" && break
+  kill -0 "${CLUSTER[1]}" 2>/dev/null || break
+  sleep 0.1
+done
+grep -q lsp-agent "$W/nodes.txt" || { cat "$W/nodes.txt" >&2; tail -n 20 "$W/agent.log" >&2; fail "the agent unit's node never joined"; }
+grep -q lsp-coord "$W/nodes.txt" || fail "the coordinator's own node is not listed: $(cat "$W/nodes.txt")"
+log "a job over both hosts (one worker each, Gloo between them)"
+out="$(ccli submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --wait -- /usr/lib/lockstep/examples/train \
+  --model mlp_small --steps 10 2>&1)" ||
+  { echo "$out" >&2; tail -n 20 "$W/coord.log" "$W/agent.log" >&2; fail "the job over both hosts did not succeed"; }
+grep -q SUCCEEDED <<<"$out" || fail "no SUCCEEDED in: $out"
+job="$(sed -n 's/^submitted job //p' <<<"$out")"
+# One rank on each host (which gets rank 0 is the coordinator's choice).
+outs=()
+for host_dir in "$R/var/lib/lockstep" "$W/agent-state"; do
+  mapfile -t ranks < <(compgen -G "$host_dir/jobs/$job/rank-*.stdout" || true)
+  ((${#ranks[@]} == 1)) || fail "want one rank's output in $host_dir/jobs/$job, found: ${ranks[*]:-none}"
+  outs+=("${ranks[0]}")
+done
+sums="$(sed -n 's/.*"checksum":\([^,]*\),.*/\1/p' "${outs[@]}")"
+[ "$(wc -l <<<"$sums")" = 2 ] && [ "$(sort -u <<<"$sums" | wc -l)" = 1 ] ||
+  fail "the hosts did not end with one checksum: $sums"
+grep -q "job=$job .*workers run as uid 70[0-9][0-9][0-9] (--job-uids)" "$W/agent.log" ||
+  fail "the agent unit did not run the job as a uid of its own: $(grep "$job" "$W/agent.log" | head -n 5)"
+log "job $job SUCCEEDED on lsp-coord and lsp-agent over mutual TLS; checksums $(head -n 1 <<<"$sums")"
+for p in "${CLUSTER[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+for p in "${CLUSTER[@]}"; do wait "$p" 2>/dev/null || true; done
+CLUSTER=()
 
 log "dpkg --purge lockstep"
 in_root dpkg --purge lockstep >"$W/purge.log" 2>&1 || { cat "$W/purge.log" >&2; fail "purge"; }
