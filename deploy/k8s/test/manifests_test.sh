@@ -158,4 +158,7 @@ unchecked metrics-port "by[('StatefulSet', 'lockstep-coordinator')]['spec']['tem
   "coordinator: pod annotations"
 unchecked metrics-policy "by[('NetworkPolicy', 'lockstep-agent')]['spec']['ingress'].pop()" \
   "does not admit the metrics port"
+unchecked no-token-sync "$sts['containers'].pop()" "no container keeps the token copies in step"
+unchecked token-sync-ro "$sts['containers'][1]['volumeMounts'][1]['readOnly'] = True" \
+  "no container keeps the token copies in step"
 log "PASS"

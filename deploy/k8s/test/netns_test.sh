@@ -160,6 +160,16 @@ start_pod() {
   UNSHARE_PID[$p]=$!
   wait_for 10 pid1 "$p" || fail "pod $p did not start"
   log "pod $p: container $c is pid $(pid1 "$p") (host), log $T/$p.log"
+  # The pod's other containers (sidecars), each with its own PID 1, as
+  # containers of a pod are by default; tracked as POD:CONTAINER.
+  for c in $(containers_of "$p" containers | cut -s -d' ' -f2-); do
+    mapfile -d '' cmd < <("$PY" "$PODS" run "$R" "${WORKLOAD[$p]}" "$c" "$W/$p" "${NETNS[$p]}" \
+      "${IP[$p]}" "${NODE[$p]}" "${POD_NAME[$p]}" "$IMG")
+    "${cmd[@]}" >>"$T/$p-$c.log" 2>&1 &
+    UNSHARE_PID[$p:$c]=$!
+    wait_for 10 pid1 "$p:$c" || fail "container $c of pod $p did not start"
+    log "pod $p: container $c is pid $(pid1 "$p:$c") (host), log $T/$p-$c.log"
+  done
 }
 containers_of() {  # containers_of POD initContainers|containers
   "$PY" - "$R" "${WORKLOAD[$1]}" "$2" <<'PY'
@@ -172,7 +182,7 @@ for o in yaml.safe_load_all(open(sys.argv[1])):
 PY
 }
 init_containers() { containers_of "$1" initContainers; }
-main_container() { containers_of "$1" containers; }
+main_container() { containers_of "$1" containers | cut -d' ' -f1; }
 # kexec POD ARGV...: `kubectl exec` into the pod's container.
 kexec() {
   local p=$1 cmd=(); shift
@@ -329,7 +339,87 @@ for r in 0 1; do
 done
 log "job $job2's workers were denied the token file"
 
-# 5. NetworkPolicy: a pod without the labels reaches neither port; the node
+# 5. Rotating both tokens by editing the Secret, no pod restarted (README.md,
+#    Rotating the tokens): the kubelet updates each pod's Secret volume,
+#    the coordinator's token-sync container renews its 0600 copies, and
+#    every lockstepd re-reads a changed token file. Three edits: (1) the new
+#    admin token first, the old one after it; the agent token gets the new
+#    one admitted after the old; (2) the admin token alone; the new agent
+#    token first (the agents present it); (3) the new agent token alone.
+old_admin=$(cat "$W/token-data") old_agent=$(cat "$W/token-data.agent-token")
+new_admin=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+new_agent=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+rotated_at=$(date +%s)
+declare -A agent_lines=()
+for p in agent-a agent-b; do agent_lines[$p]=$(wc -l <"$T/$p.log"); done
+# edit_secret ADMIN AGENT: the Secret's two keys (\n between lines), every
+# pod mounting it updated as the kubelet does; waits for the coordinator's
+# sidecar to renew its copies and, when the agent key changed, for both
+# agents to re-read their token.
+edit_secret() {
+  local p before=()
+  for p in agent-a agent-b; do before+=("$(grep -c "tokens re-read" "$T/$p.log" || true)"); done
+  local agent_changed=0
+  [ "$(printf "$2")" = "$(cat "$W/token-data.agent-token")" ] || agent_changed=1
+  printf "$1" >"$W/token-data"
+  printf "$2" >"$W/token-data.agent-token"
+  for p in coord agent-a agent-b; do
+    "$PY" "$PODS" update-secrets "$R" "${WORKLOAD[$p]}" "$W/$p" "$W/token-data" || fail "updating $p's Secret volume"
+  done
+  copies_follow() {
+    cmp -s "$W/coord/vol/token/token" "$W/token-data" &&
+      cmp -s "$W/coord/vol/token/agent-token" "$W/token-data.agent-token"
+  }
+  wait_for 15 copies_follow || fail "token-sync did not renew the coordinator's copies: $(tail -n 3 "$T/coord-token-sync.log")"
+  [ "$(stat -c '%a %u' "$W/coord/vol/token/token") $(stat -c '%a %u' "$W/coord/vol/token/agent-token")" = "600 10001 600 10001" ] ||
+    fail "token-sync's copies are not 0600 and the coordinator's"
+  if ((agent_changed)); then
+    local i=0
+    for p in agent-a agent-b; do
+      wait_for 15 bash -c "(( \$(grep -c 'tokens re-read' '$T/$p.log') > ${before[$i]} ))" ||
+        fail "$p did not re-read its token: $(tail -n 3 "$T/$p.log")"
+      i=$((i + 1))
+    done
+  fi
+}
+# as_token TOKEN ARGV...: the CLI in the coordinator's pod with that token.
+as_token() {
+  local f="$T/cli-token"
+  (umask 077; echo "$1" >"$f")
+  shift
+  ip netns exec "${NETNS[coord]}" "$IMG/usr/bin/lockstep" --coordinator 127.0.0.1:7070 --token-file "$f" "$@" 2>&1
+}
+admitted() { as_token "$1" nodes >/dev/null; }
+refused() { grep -q UNAUTHENTICATED <<<"$(as_token "$1" nodes)"; }
+# An agent token is admitted as an agent's: refused SubmitJob by role.
+admitted_agent() { grep -q "an agent token cannot SubmitJob" <<<"$(as_token "$1" submit --detach -- /bin/true)"; }
+refused_agent() { grep -q UNAUTHENTICATED <<<"$(as_token "$1" submit --detach -- /bin/true)"; }
+# lockstepd re-reads a changed file within 5 s.
+edit_secret "$new_admin\n$old_admin" "$old_agent\n$new_agent"
+wait_for 10 admitted "$new_admin" || fail "the new admin token is not admitted after edit 1"
+wait_for 10 admitted_agent "$new_agent" || fail "the new agent token is not admitted after edit 1"
+admitted "$old_admin" || fail "the old admin token was dropped at edit 1"
+edit_secret "$new_admin" "$new_agent\n$old_agent"
+wait_for 10 refused "$old_admin" || fail "the old admin token is still admitted after edit 2"
+admitted "$new_admin" || fail "the new admin token was refused after edit 2"
+edit_secret "$new_admin" "$new_agent"
+wait_for 10 refused_agent "$old_agent" || fail "the old agent token is still admitted after edit 3"
+# The container's own CLI (LOCKSTEP_TOKEN_FILE, the synced copy) follows.
+kexec coord "$IMG/usr/bin/lockstep" nodes >"$T/nodes.txt" 2>&1 || fail "kubectl exec'd CLI after the rotation: $(cat "$T/nodes.txt")"
+# The agents, on the new token alone, stayed registered throughout: no
+# refused heartbeat, no new registration, both listed.
+for p in agent-a agent-b; do
+  cmp -s "$W/$p/vol/token/token" "$W/token-data.agent-token" || fail "$p's Secret volume was not updated"
+  since=$(tail -n +$((agent_lines[$p] + 1)) "$T/$p.log")
+  if grep -E "heartbeat failed|registering again|fenced|registered as node" <<<"$since"; then
+    fail "$p lost its registration during the rotation (above)"
+  fi
+done
+wait_for 10 nodes_ok || fail "lockstep nodes after the rotation: $(cat "$T/nodes.txt")"
+grep -q "copied from the Secret" "$T/coord-token-sync.log" || fail "token-sync logged no copy"
+log "tokens rotated through the Secret in $(( $(date +%s) - rotated_at )) s: old admin and agent tokens refused, agents registered throughout, no pod restarted"
+
+# 6. NetworkPolicy: a pod without the labels reaches neither port; the node
 #    (probes) and the CLI pod do (above).
 reach() {  # reach POD ADDR PORT: connects within 1 s
   ip netns exec "${NETNS[$1]}" "$PY" -c 'import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1).close()' "$2" "$3"
@@ -341,8 +431,8 @@ for target in "coord 7070" "agent-a 7071" "agent-b 7071"; do
 done
 log "outsider refused at coord:7070 and agents:7071; cli admitted"
 
-# 6. Shutdown as the kubelet does it: SIGTERM to each container's PID 1.
-for p in cli agent-a agent-b coord; do stop_pod "$p"; done
+# 7. Shutdown as the kubelet does it: SIGTERM to each container's PID 1.
+for p in cli agent-a agent-b coord coord:token-sync; do stop_pod "$p"; done
 for p in agent-a agent-b coord; do
   grep -q "I \[lockstepd\] .* stopped$" "$T/$p.log" || fail "$p did not stop cleanly on SIGTERM"
 done

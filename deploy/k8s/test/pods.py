@@ -12,6 +12,10 @@ Subcommands (RENDERED is a multi-document YAML file):
       with fsGroup, group fsGroup and group read), an emptyDir 0777, a
       volumeClaimTemplate's volume root-owned (group fsGroup, 2775 with one).
       TOKEN is the file standing in for the Secret's data.
+  update-secrets RENDERED WORKLOAD POD_DIR TOKEN
+      The pod's Secret volumes after the Secret changed to TOKEN's files, as
+      the kubelet updates them: a new timestamped directory, ..data swapped
+      to it in one rename, the old one removed.
   run RENDERED WORKLOAD CONTAINER POD_DIR NETNS POD_IP NODE_NAME POD_NAME IMAGE_ROOT
       Prints, NUL-separated, the command line that runs the container as a
       container runtime would, in the pod's network namespace NETNS: a
@@ -47,8 +51,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import time
 
 import yaml
 
@@ -257,6 +263,25 @@ def check(objs, gpu):
     if not agent_token or not copiers:
         die(f"coordinator: --agent-token-file={agent_token} is not a 0600 copy of the Secret's agent-token")
 
+    # The copies follow the Secret: a container of the pod copies each key
+    # the init containers copied, from the Secret to the file lockstepd
+    # reads (so a rotated token needs no pod restart).
+    syncers = [x for x in spod["containers"] if x is not c]
+    mounts_of = lambda x: {m["name"]: m for m in x.get("volumeMounts", [])}
+    token_vol = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}[os.path.dirname(flag(argv, "--token-file"))]
+    ok = [x for x in syncers
+          if secret_vol_name(sts, spod) in mounts_of(x) and token_vol in mounts_of(x)
+          and not mounts_of(x)[token_vol].get("readOnly")
+          and "/etc/lockstep/secret/" in " ".join(argv_of(x))
+          and all(k in " ".join(argv_of(x)) for k in ("token", "agent-token"))]
+    if len(ok) != 1:
+        die("coordinator: no container keeps the token copies in step with the Secret")
+    sec = security(spod, ok[0])
+    if (sec.get("allowPrivilegeEscalation") is not False or not sec.get("readOnlyRootFilesystem")
+            or sec.get("capabilities", {}).get("drop") != ["ALL"]
+            or "memory" not in ok[0].get("resources", {}).get("limits", {})):
+        die(f"coordinator: container {ok[0]['name']} lacks the lockstepd container's restrictions")
+
     # Agent: root, capabilities within the baseline profile, the pod's
     # address advertised (the workers' data plane), --job-uids, node id.
     c = container(apod, "lockstepd")
@@ -316,6 +341,50 @@ def matches(selector, labels):
     return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
 
 
+def write_secret(d, src, fs_group, token, stamp):
+    """The Secret's files in D/STAMP, as the kubelet writes them: the file
+    TOKEN holds key "token", TOKEN.KEY any other key."""
+    stamp = os.path.join(d, stamp)
+    os.mkdir(stamp)
+    mode = src.get("defaultMode", 0o644)
+    group = 0
+    if fs_group is not None:
+        mode |= 0o440  # read-only volumes get group read with fsGroup
+        group = fs_group
+    for item in src["items"]:
+        with open(token if item["key"] == "token" else f"{token}.{item['key']}") as f:
+            data = f.read()
+        p = os.path.join(stamp, item["path"])
+        with open(p, "w") as f:
+            f.write(data)
+        os.chown(p, 0, group)
+        os.chmod(p, item.get("mode", mode))
+    os.chmod(stamp, 0o755)
+
+
+def update_secrets(objs, spec, pod_dir, token):
+    """A changed Secret, as the kubelet updates a mounted one: the new files
+    in a new timestamped directory, then ..data swapped to it in one rename
+    (the item links point through ..data), the old directory removed."""
+    obj, pod, _ = workload(objs, spec)
+    fs_group = pod.get("securityContext", {}).get("fsGroup")
+    for name, (kind, src) in volumes_of(obj, pod).items():
+        if kind != "secret":
+            continue
+        d = os.path.join(pod_dir, "vol", name)
+        old = os.readlink(os.path.join(d, "..data"))
+        stamp = time.strftime("..%Y_%m_%d_%H_%M_%S.", time.gmtime()) + "%09d" % time.time_ns()
+        write_secret(d, src, fs_group, token, stamp)
+        os.symlink(stamp, os.path.join(d, "..data_tmp"))
+        os.replace(os.path.join(d, "..data_tmp"), os.path.join(d, "..data"))
+        shutil.rmtree(os.path.join(d, old))
+
+
+def secret_vol_name(obj, pod):
+    return [n for n, (t, src) in volumes_of(obj, pod).items()
+            if t == "secret" and src.get("secretName") == "lockstep-token"][0]
+
+
 def make_volumes(objs, spec, pod_dir, token):
     obj, pod, _ = workload(objs, spec)
     fs_group = pod.get("securityContext", {}).get("fsGroup")
@@ -323,27 +392,10 @@ def make_volumes(objs, spec, pod_dir, token):
         d = os.path.join(pod_dir, "vol", name)
         os.makedirs(d)
         if kind == "secret":
-            # The kubelet's layout: token -> ..data/token, ..data -> ..<stamp>.
-            stamp = os.path.join(d, "..2026_01_01_00_00_00.000000001")
-            os.mkdir(stamp)
-            mode = src.get("defaultMode", 0o644)
-            group = 0
-            if fs_group is not None:
-                mode |= 0o440  # read-only volumes get group read with fsGroup
-                group = fs_group
+            write_secret(d, src, fs_group, token, "..2026_01_01_00_00_00.000000001")
             for item in src["items"]:
-                # The Secret's keys: the file TOKEN holds "token", TOKEN.KEY
-                # any other key.
-                with open(token if item["key"] == "token" else f"{token}.{item['key']}") as f:
-                    data = f.read()
-                p = os.path.join(stamp, item["path"])
-                with open(p, "w") as f:
-                    f.write(data)
-                os.chown(p, 0, group)
-                os.chmod(p, item.get("mode", mode))
                 os.symlink(os.path.join("..data", item["path"]), os.path.join(d, item["path"]))
-            os.symlink(os.path.basename(stamp), os.path.join(d, "..data"))
-            os.chmod(stamp, 0o755)
+            os.symlink("..2026_01_01_00_00_00.000000001", os.path.join(d, "..data"))
             os.chmod(d, 0o1777)
         elif kind == "emptyDir":
             if fs_group is not None:
@@ -546,6 +598,8 @@ def main(args):
         check(objs, "--gpu" in rest[1:])
     elif cmd == "volumes":
         make_volumes(objs, *rest[1:])
+    elif cmd == "update-secrets":
+        update_secrets(objs, *rest[1:])
     elif cmd == "run":
         sys.stdout.write("\0".join(run_cmd(objs, *rest[1:])) + "\0")
     elif cmd == "exec":
