@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -26,6 +25,7 @@
 #include "common/worker_env.h"
 #include "daemon/job_env.h"
 #include "daemon/job_spec.h"
+#include "daemon/log_files.h"
 #include "daemon/token.h"
 
 namespace lockstep {
@@ -52,15 +52,32 @@ Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
-// The last `n` lines after the last "=== lockstep" header of a log file.
+// Up to `n` bytes of the open file `fd` from `offset`.
+std::string ReadAt(int fd, int64_t offset, int64_t n) {
+  std::string data(static_cast<size_t>(std::max<int64_t>(0, n)), '\0');
+  size_t got = 0;
+  while (got < data.size()) {
+    const ssize_t r = ::pread(fd, data.data() + got, data.size() - got, offset + got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  data.resize(got);
+  return data;
+}
+
+// The last `n` lines after the last "=== lockstep" header of a log file
+// (none from anything but a regular file: log_files.h).
 std::vector<std::string> TailLines(const std::string& path, int n) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  in.seekg(0, std::ios::end);
-  std::streamoff size = in.tellg();
-  std::streamoff start = std::max<std::streamoff>(0, size - 16384);
-  in.seekg(start);
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  StatusOr<int> fd = OpenLogForRead(path);
+  if (!fd.ok()) return {};
+  struct stat st;
+  std::string data;
+  if (::fstat(*fd, &st) == 0) {
+    const int64_t start = std::max<int64_t>(0, st.st_size - 16384);
+    data = ReadAt(*fd, start, st.st_size - start);
+  }
+  ::close(*fd);
   auto header = data.rfind("=== lockstep");
   if (header != std::string::npos) {
     auto eol = data.find('\n', header);
@@ -362,7 +379,11 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
                                         " rank ", w.rank, " restart ", a.restart_count(),
                                         " ===\n");
       for (const auto& path : {spec.stdout_path, spec.stderr_path}) {
-        std::ofstream(path, std::ios::app) << header;
+        // Not by path as root: the job may have made it a symlink (log_files.h).
+        StatusOr<int> fd = OpenLogForAppend(path);
+        if (!fd.ok()) continue;  // the launch below fails on it, saying why
+        (void)!::write(*fd, header.data(), header.size());
+        ::close(*fd);
       }
       auto proc = launcher_->Launch(spec);
       if (proc.ok()) {
@@ -738,19 +759,18 @@ StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool std
   if (max_bytes <= 0 || max_bytes > kMaxLogChunkBytes) max_bytes = kMaxLogChunkBytes;
   LogChunk chunk;
   chunk.path = LogPath(job_id, rank, stderr_stream);
-  struct stat st;
-  if (::stat(chunk.path.c_str(), &st) != 0) {
+  StatusOr<int> fd = OpenLogForRead(chunk.path);
+  if (fd.status().code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no rank ", rank,
                                             " output on node ", options_.node_id));
   }
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  if (::fstat(*fd, &st) != 0) st.st_size = 0;
   if (tail_bytes > 0 && offset == 0) offset = std::max<int64_t>(0, st.st_size - tail_bytes);
   offset = std::min<int64_t>(offset, st.st_size);
-  std::ifstream in(chunk.path, std::ios::binary);
-  in.seekg(offset);
-  int64_t n = std::min<int64_t>(max_bytes, st.st_size - offset);
-  chunk.data.resize(n);
-  in.read(chunk.data.data(), n);
-  chunk.data.resize(in.gcount());
+  chunk.data = ReadAt(*fd, offset, std::min<int64_t>(max_bytes, st.st_size - offset));
+  ::close(*fd);
   chunk.next_offset = offset + chunk.data.size();
   chunk.worker_done = true;
   MutexLock lock(&mu_);

@@ -5,6 +5,8 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -53,7 +55,8 @@ StatusOr<SslCtx> ServerContext(const HttpServerOptions& o) {
 
 // One accepted connection, plain or TLS. Every wait is bounded by a
 // deadline. Writes are best effort: a client gone mid-response ends it
-// (MSG_NOSIGNAL, and OpenSSL writes through send with it as well).
+// (plain writes use MSG_NOSIGNAL; OpenSSL's socket BIO writes with write(2),
+// so Serve() blocks SIGPIPE on its thread).
 class Connection {
  public:
   explicit Connection(int fd) : fd_(fd) {}
@@ -304,6 +307,15 @@ void HttpServer::Stop() {
 }
 
 void HttpServer::Serve() {
+  // A write to a client that hung up must fail with EPIPE, not kill the
+  // process: OpenSSL writes without MSG_NOSIGNAL (a TLS 1.3 server sends its
+  // session tickets right after the handshake, to a client that may already
+  // be gone). SIGPIPE is blocked on this thread for its whole life, so one
+  // raised by its writes stays pending here and is never delivered.
+  sigset_t pipe_signal;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
   while (!stopped_.load()) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {

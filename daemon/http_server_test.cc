@@ -253,6 +253,28 @@ TEST_F(HttpsTest, RefusesClientsWithoutACertificateFromTheCa) {
   EXPECT_TRUE(absl::StartsWith(Get(dir_ + "/client").response, "HTTP/1.1 200 OK\r\n"));
 }
 
+// A client with a good certificate that hangs up as soon as its side of
+// the handshake is done (as curl does when the server's name does not
+// match): the server's TLS 1.3 session tickets then go to a closed
+// connection. The write fails (EPIPE) and that connection ends; the process
+// is not killed by SIGPIPE, and the next client is served.
+TEST_F(HttpsTest, ClientHangingUpAfterTheHandshakeDoesNotKillTheProcess) {
+  for (int i = 0; i < 20; ++i) {
+    SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+    ASSERT_EQ(SSL_CTX_use_certificate_file(ctx, (dir_ + "/client.pem").c_str(), SSL_FILETYPE_PEM), 1);
+    ASSERT_EQ(SSL_CTX_use_PrivateKey_file(ctx, (dir_ + "/client.key").c_str(), SSL_FILETYPE_PEM), 1);
+    const int fd = Connect(server_->port());
+    SSL* ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    EXPECT_EQ(SSL_connect(ssl), 1);
+    SSL_free(ssl);
+    SSL_CTX_free(ctx);
+    ::close(fd);
+  }
+  TlsGetResult r = Get(dir_ + "/client");
+  EXPECT_TRUE(absl::StartsWith(r.response, "HTTP/1.1 200 OK\r\n")) << r.error;
+}
+
 // A client that connects and never starts the handshake holds the server
 // for read_timeout at most.
 TEST_F(HttpsTest, SilentClientIsDroppedThenOthersAreServed) {

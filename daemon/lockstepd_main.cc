@@ -317,8 +317,11 @@ class DeferredCoordinatorClient : public CoordinatorClient {
 // excepted) is refused (its owner could swap the tokens or the job
 // table), one of its own readable or
 // writable by group or others (an emptyDir comes 0777) loses that access,
-// and the log says so.
-Status MakeDir(const std::string& path, const Logger& log) {
+// and the log says so. With `workers_elsewhere` (workers run as other uids:
+// --job-uids, --run-as) it also gets search access for group and others
+// (0711, as the packages make the state dir): a worker reaches its job dir
+// by its absolute path ($PWD), never lists the others.
+Status MakeDir(const std::string& path, bool workers_elsewhere, const Logger& log) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     return absl::UnavailableError(absl::StrCat("mkdir ", path, ": ", std::strerror(errno)));
   }
@@ -350,6 +353,17 @@ Status MakeDir(const std::string& path, const Logger& log) {
     }
     log.Warn("state dir {} was mode {:04o}, readable or writable by group or others; made it "
              "{:04o}", path, st.st_mode & 07777, closed);
+    st.st_mode = (st.st_mode & ~07777) | closed;
+  }
+  if (workers_elsewhere && (st.st_mode & 011) != 011) {
+    const mode_t searchable = (st.st_mode & 07777) | 011;
+    if (::chmod(path.c_str(), searchable) != 0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "state dir ", path, ": cannot give workers of other uids search access (",
+          std::strerror(errno), "): they could not reach their job dirs"));
+    }
+    log.Info("state dir {}: mode {:04o} (workers run as other uids and reach their job dir by "
+             "path; they list nothing)", path, searchable);
   }
   return absl::OkStatus();
 }
@@ -435,8 +449,10 @@ int Run(int argc, char** argv) {
                config.coordinator_address);
     }
   }
+  const bool workers_elsewhere =
+      config.agent && (config.job_uid_first != 0 || !config.run_as.empty());
   for (const auto& dir : {config.state_dir, config.state_dir + "/jobs"}) {
-    s = MakeDir(dir, log);
+    s = MakeDir(dir, workers_elsewhere, log);
     if (!s.ok()) {
       log.Error("{}", s.ToString());
       return 1;
@@ -520,6 +536,11 @@ int Run(int argc, char** argv) {
     return 1;
   }
 
+  // A write to a peer that hung up fails with EPIPE instead of ending the
+  // daemon (each writer also guards itself: the metrics server's thread,
+  // rendezvous/tls.cc). Workers start with every signal at its default
+  // (process_launcher.cc).
+  ::signal(SIGPIPE, SIG_IGN);
   // Block termination signals before any thread starts; main waits on them.
   sigset_t sigs;
   sigemptyset(&sigs);

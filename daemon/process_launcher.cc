@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/log_files.h"
 
 namespace lockstep {
 namespace daemon {
@@ -301,13 +302,12 @@ class PosixProcessLauncher : public ProcessLauncher {
     for (const auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
     envp.push_back(nullptr);
 
+    // The job's uid owns the job dir: a log file there may have been
+    // replaced by a symlink, which root must not follow (log_files.h).
     auto open_out = [&context](const std::string& path) -> StatusOr<int> {
       if (path.empty()) return ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-      if (fd < 0) {
-        return absl::UnavailableError(absl::StrCat(context, ": open log file ", path, ": ",
-                                                   std::strerror(errno)));
-      }
+      StatusOr<int> fd = OpenLogForAppend(path);
+      if (!fd.ok()) return absl::UnavailableError(absl::StrCat(context, ": ", fd.status().message()));
       return fd;
     };
     ASSIGN_OR_RETURN(int out_fd, open_out(spec.stdout_path));
@@ -327,18 +327,28 @@ class PosixProcessLauncher : public ProcessLauncher {
     }
     if (user && user->uid != ::geteuid()) {
       // The files, and the job dir the agent made as the working dir, belong
-      // to the worker's user so it can reopen them and write its cwd.
-      const std::string no_dir;
-      const std::string* dir = spec.own_working_dir ? &spec.working_dir : &no_dir;
-      for (const std::string* path : {&spec.stdout_path, &spec.stderr_path, dir}) {
-        if (path->empty() || ::chown(path->c_str(), user->uid, user->gid) == 0) continue;
-        int err = errno;
+      // to the worker's user so it can reopen them and write its cwd. Given
+      // through the descriptors just opened, never by path: a path in a dir
+      // the job owns may have become a symlink since.
+      const int dir_fd = spec.own_working_dir && !spec.working_dir.empty()
+                             ? ::open(spec.working_dir.c_str(),
+                                      O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                             : -2;
+      const int dir_err = errno;
+      const std::string* paths[] = {&spec.stdout_path, &spec.stderr_path, &spec.working_dir};
+      const int fds[] = {spec.stdout_path.empty() ? -2 : out_fd,
+                         spec.stderr_path.empty() ? -2 : err_fd, dir_fd};
+      for (int i = 0; i < 3; ++i) {
+        if (fds[i] == -2 || (fds[i] >= 0 && ::fchown(fds[i], user->uid, user->gid) == 0)) continue;
+        int err = fds[i] == -1 ? dir_err : errno;
+        if (dir_fd >= 0) ::close(dir_fd);
         for (int fd : {out_fd, err_fd, null_fd, pipefd[0], pipefd[1]}) ::close(fd);
         // The node's log dir, not the job's program, is at fault.
-        return absl::UnavailableError(absl::StrCat(context, ": cannot give ", *path,
+        return absl::UnavailableError(absl::StrCat(context, ": cannot give ", *paths[i],
                                                    " to uid ", user->uid, ": ",
                                                    std::strerror(err)));
       }
+      if (dir_fd >= 0) ::close(dir_fd);
     }
     pid_t parent = ::getpid();
     pid_t pid = ::fork();

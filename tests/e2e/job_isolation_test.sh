@@ -94,6 +94,48 @@ for u in "${uids[@]}"; do
 done
 check_invariants "$job" 0
 
+# A worker reaches its own job dir by its absolute path ($PWD, what
+# os.path.abspath and --checkpoint-dir $PWD/ckpt use): a daemon whose
+# workers run as other uids makes its state dir and jobs/ 0711 (search, no
+# listing). Here under a dir every uid may traverse (Bazel's is not).
+"$LOCKSTEPD" --coordinator --listen 127.0.0.1:0 --state-dir "$bin/state" --address-file "$bin/abs.addr" \
+  --node-id abs >"$T/abs.log" 2>&1 &
+DAEMON_PIDS+=("$!")
+wait_for 30 test -s "$bin/abs.addr" || fail "daemon abs did not become ready: $(tail -n 5 "$T/abs.log")"
+for d in "$bin/state" "$bin/state/jobs"; do
+  [ "$(stat -c %a "$d")" = 711 ] || fail "$d is $(stat -c %a "$d"), want 711 (workers of other uids reach their job dir)"
+done
+out=$("$LOCKSTEP" --coordinator "$(cat "$bin/abs.addr")" --token-file "$bin/state/token" submit \
+  --nproc-per-node 1 --max-restarts 0 -- /bin/sh -c 'touch "$PWD/abs.txt" && ls "$PWD" >/dev/null && id -u' 2>&1) ||
+  fail "a worker could not use its job dir by its absolute path: $out"
+abs_uid=$(sed -n 's/^\[0\] \([0-9]*\)$/\1/p' <<<"$out")
+in_range "$abs_uid" || fail "the absolute-path job did not run as a job uid: $out"
+log "a worker (uid $abs_uid) wrote and listed its job dir by its absolute path"
+
+# A job cannot turn root's handling of its log files against the host: its
+# worker (owning its job dir) replaces its log files with symlinks to a
+# root-only file and fails; the agent (root) then reads the last lines of
+# its stderr for the failure, writes the next round's header, opens and
+# hands the files to the job's uid, and serves `lockstep logs`. None of
+# that may follow the links: the file stays root's 0600 and unchanged, and
+# its contents appear nowhere.
+victim="$bin/victim"
+printf 'ROOT-ONLY-SECRET\n' >"$victim"
+chmod 0600 "$victim"
+swap='if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+  for f in rank-0.stdout rank-0.stderr; do rm -f "$f"; ln -s '"$victim"' "$f"; done; exit 1; fi
+echo second-round'
+absc() { "$LOCKSTEP" --coordinator "$(cat "$bin/abs.addr")" --token-file "$bin/state/token" "$@"; }
+job=$(absc submit --detach --json --nproc-per-node 1 --max-restarts 1 -- /bin/sh -c "$swap" | job_id)
+state_of() { absc status --json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])'; }
+finished() { [[ "$(state_of "$job")" =~ SUCCEEDED|FAILED ]]; }
+wait_for 60 finished || fail "the symlinking job did not finish: $(absc status "$job")"
+[ "$(stat -c '%u %a' "$victim")" = "0 600" ] || fail "a job's symlink got $victim chowned/chmodded: $(stat -c '%u %a' "$victim")"
+[ "$(cat "$victim")" = ROOT-ONLY-SECRET ] || fail "root wrote into $victim through a job's symlink: $(cat "$victim")"
+seen="$(absc status --json "$job"; absc logs "$job" --rank 0 2>&1; absc logs "$job" --rank 0 --stderr 2>&1)" || true
+if grep -q ROOT-ONLY-SECRET <<<"$seen"; then fail "root read $victim through a job's symlink: $seen"; fi
+log "log files a job replaced with symlinks were not followed (state $(state_of "$job"))"
+
 # A root daemon that cannot switch users (a container or unit that dropped
 # CAP_SETUID and CAP_SETGID) says at start that jobs are not isolated, and
 # refuses an explicit --job-uids.

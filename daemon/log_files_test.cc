@@ -1,0 +1,112 @@
+#include "daemon/log_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+class LogFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/log_files_", ::getpid(), "_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_EQ(::mkdir(dir_.c_str(), 0755), 0);
+    // What a job must not reach through its log files.
+    victim_ = dir_ + "/victim";
+    std::ofstream(victim_) << "secret\n";
+    ASSERT_EQ(::chmod(victim_.c_str(), 0600), 0);
+  }
+  static std::string Contents(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  static std::string ReadFd(int fd) {
+    std::string out(4096, '\0');
+    const ssize_t n = ::read(fd, out.data(), out.size());
+    out.resize(n > 0 ? n : 0);
+    return out;
+  }
+  static int Mode(const std::string& path) {
+    struct stat st;
+    return ::lstat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+  }
+  std::string dir_, victim_;
+};
+
+TEST_F(LogFilesTest, AppendCreatesA0640FileWhateverTheUmask) {
+  const mode_t old = ::umask(0);
+  const std::string path = dir_ + "/rank-0.stdout";
+  StatusOr<int> fd = OpenLogForAppend(path);
+  ::umask(old);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_EQ(::write(*fd, "a\n", 2), 2);
+  ::close(*fd);
+  fd = OpenLogForAppend(path);  // again: appends
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_EQ(::write(*fd, "b\n", 2), 2);
+  ::close(*fd);
+  EXPECT_EQ(Contents(path), "a\nb\n");
+  EXPECT_EQ(Mode(path), 0640);
+}
+
+// A job replaced its log file with a symlink, a FIFO or a directory: the
+// entry is replaced by a new file; what the link points to is untouched,
+// and nothing blocks on the FIFO.
+TEST_F(LogFilesTest, AppendReplacesWhatIsNotARegularFileWithoutFollowingIt) {
+  const std::string link = dir_ + "/link.stdout";
+  ASSERT_EQ(::symlink(victim_.c_str(), link.c_str()), 0);
+  const std::string fifo = dir_ + "/fifo.stdout";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0);
+  for (const std::string& path : {link, fifo}) {
+    StatusOr<int> fd = OpenLogForAppend(path);
+    ASSERT_TRUE(fd.ok()) << path << ": " << fd.status();
+    ASSERT_EQ(::write(*fd, "header\n", 7), 7);
+    ::close(*fd);
+    struct stat st;
+    ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode)) << path;
+    EXPECT_EQ(Contents(path), "header\n") << path;
+  }
+  EXPECT_EQ(Contents(victim_), "secret\n");
+  EXPECT_EQ(Mode(victim_), 0600);
+  const std::string subdir = dir_ + "/dir.stdout";
+  ASSERT_EQ(::mkdir(subdir.c_str(), 0755), 0);
+  StatusOr<int> fd = OpenLogForAppend(subdir);
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(fd.status().message().find(subdir), std::string::npos) << fd.status();
+}
+
+TEST_F(LogFilesTest, ReadOpensOnlyARegularFile) {
+  const std::string path = dir_ + "/rank-0.stderr";
+  std::ofstream(path) << "last line\n";
+  StatusOr<int> fd = OpenLogForRead(path);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(ReadFd(*fd), "last line\n");
+  ::close(*fd);
+  EXPECT_EQ(OpenLogForRead(dir_ + "/none").status().code(), absl::StatusCode::kNotFound);
+  const std::string link = dir_ + "/link.stderr";
+  ASSERT_EQ(::symlink(victim_.c_str(), link.c_str()), 0);
+  fd = OpenLogForRead(link);
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(fd.status().message().find("a symlink"), std::string::npos) << fd.status();
+  const std::string fifo = dir_ + "/fifo.stderr";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0);
+  EXPECT_EQ(OpenLogForRead(fifo).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace daemon
+}  // namespace lockstep
