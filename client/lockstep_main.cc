@@ -974,7 +974,7 @@ class Cli {
       v1::Job shown = job ? *job : v1::Job();
       if (!job) shown.set_job_id(id);
       auto [cols, rows] = TerminalSize(1);
-      ctx.width = cols;
+      ctx.width = tty ? cols : 0;  // piped: lines whole
       ctx.max_lines = tty ? rows : 1000;
       std::vector<std::string> lines = RenderWatch(shown, ctx);
       if (tty) {
@@ -1034,7 +1034,8 @@ class Cli {
 
 constexpr char kUsage[] =
     "usage: lockstep [--coordinator H:P] [--token-file F] [--json]\n"
-    "                [--tls-ca CA --tls-cert CERT --tls-key KEY] COMMAND ...\n"
+    "                [--tls-ca CA --tls-cert CERT --tls-key KEY | --insecure-plaintext]\n"
+    "                COMMAND ...\n"
     "commands:\n"
     "  submit [--nodes N|MIN:MAX] [--nproc-per-node K] [--max-restarts R] [--env K=V]...\n"
     "         [--name N] [--detach] [--standalone] -- CMD ARGS   (streams every rank's output\n"

@@ -26,7 +26,7 @@ struct WatchContext {
   int64_t fetched_unix_ms = 0;
   std::string coordinator;   // host:port, named in the stale line
   std::string last_error;    // why the last fetch failed (short)
-  int width = 80;            // columns; every line is cut to fit
+  int width = 80;            // columns; every line is cut to fit (0: none is)
   int max_lines = 24;        // rows; ranks past this are summarised
 };
 

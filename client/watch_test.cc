@@ -57,6 +57,21 @@ TEST(RenderWatchTest, EveryLineFitsTheWidth) {
   }
 }
 
+// Width 0 (what `watch` uses when piped): nothing is cut, so a long
+// failure message or stale line reaches a log whole.
+TEST(RenderWatchTest, WidthZeroCutsNothing) {
+  v1::Job job = RunningJob(2);
+  const std::string message(300, 'm');
+  job.set_message(message);
+  bool whole = false;
+  for (const auto& line : RenderWatch(job, Fresh(0))) {
+    // (A long node name is cut inside its column, '~' mid-line: the table's own.)
+    EXPECT_NE(line.back(), '~') << line;
+    if (line.find(message) != std::string::npos) whole = true;
+  }
+  EXPECT_TRUE(whole) << "the 300-character message was cut";
+}
+
 TEST(RenderWatchTest, ShowsStateAndEveryRanksProgress) {
   auto lines = RenderWatch(RunningJob(2), Fresh(120));
   const std::string all = absl::StrJoin(lines, "\n");

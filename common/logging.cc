@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "common/worker_env.h"
 
 namespace lockstep {
@@ -15,6 +16,25 @@ namespace {
 std::string EnvOr(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return (v != nullptr && *v != '\0') ? std::string(v) : std::string(fallback);
+}
+
+// The level LOCKSTEP_LOG_LEVEL names (info when unset). An unknown name
+// gives info and a warning on `logger`, once per name: a typo in a job's
+// environment must not stop its workers.
+spdlog::level::level_enum EnvLevel(spdlog::logger* logger) {
+  const std::string name = EnvOr("LOCKSTEP_LOG_LEVEL", "info");
+  StatusOr<spdlog::level::level_enum> parsed = ParseLogLevel(name);
+  if (parsed.ok()) return *parsed;
+  static Mutex mu;
+  static std::string* const warned = new std::string;
+  {
+    MutexLock lock(&mu);
+    if (*warned == name) return spdlog::level::info;
+    *warned = name;
+  }
+  logger->warn("[logging] LOCKSTEP_LOG_LEVEL: {}; logging at info",
+               std::string(parsed.status().message()));
+  return spdlog::level::info;
 }
 
 }  // namespace
@@ -34,10 +54,13 @@ StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name) {
 }
 
 Status InitLogging(absl::string_view level) {
-  std::string name = level.empty() ? EnvOr("LOCKSTEP_LOG_LEVEL", "info")
-                                   : std::string(level);
-  ASSIGN_OR_RETURN(spdlog::level::level_enum parsed, ParseLogLevel(name));
-  LockstepLogger()->set_level(parsed);
+  spdlog::logger* logger = LockstepLogger();
+  if (level.empty()) {
+    logger->set_level(EnvLevel(logger));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(spdlog::level::level_enum parsed, ParseLogLevel(level));
+  logger->set_level(parsed);
   return absl::OkStatus();
 }
 
@@ -48,12 +71,7 @@ spdlog::logger* LockstepLogger() {
     // different zones sort and compare as they are.
     made->set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %L %v", spdlog::pattern_time_type::utc);
     made->flush_on(spdlog::level::warn);
-    const std::string name = EnvOr("LOCKSTEP_LOG_LEVEL", "info");
-    StatusOr<spdlog::level::level_enum> parsed = ParseLogLevel(name);
-    made->set_level(parsed.ok() ? *parsed : spdlog::level::info);
-    if (!parsed.ok()) {
-      made->warn("[logging] LOCKSTEP_LOG_LEVEL: {}; logging at info", std::string(parsed.status().message()));
-    }
+    made->set_level(EnvLevel(made));
     return made;  // Never freed: loggers may log from static destructors.
   }();
   return logger;

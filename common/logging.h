@@ -32,8 +32,9 @@ StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name);
 
 // Sets LockstepLogger()'s level: `level` if non-empty, else
 // LOCKSTEP_LOG_LEVEL, else info. Logs go to stderr. Safe to call more than
-// once. Returns InvalidArgument for an unknown level name (the level is then
-// left as it was).
+// once. Returns InvalidArgument for an unknown `level` (the level is then
+// left as it was); an unknown LOCKSTEP_LOG_LEVEL gives info and one warning
+// (a typo in a job's environment does not stop its workers).
 Status InitLogging(absl::string_view level = "");
 
 // The spdlog logger every Logger writes to, made at first use: stderr, the

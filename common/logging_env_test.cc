@@ -82,6 +82,24 @@ TEST(LoggingWithoutInitTest, UnknownLevelIsNamedOnceAndInfoUsed) {
       << out;
 }
 
+// InitLogging() (as examples/train calls it) with a name it does not know
+// in the environment: one warning, info, no error (a job's typo must not
+// stop its workers); a name passed to it is still refused.
+TEST(LoggingWithoutInitTest, InitLoggingFromAnUnknownEnvironmentLevelWarnsOnceAndUsesInfo) {
+  const std::string out = StderrOfChild("verbose", [] {
+    if (!InitLogging().ok()) ::_exit(4);
+    if (!InitLogging().ok()) ::_exit(5);
+    if (InitLogging("verbose").code() != absl::StatusCode::kInvalidArgument) ::_exit(6);
+    Logger("train", "j-1", 0).Debug("hidden");
+    Logger("train", "j-1", 0).Info("shown");
+  });
+  EXPECT_TRUE(std::regex_match(
+      out, std::regex(std::string(kStamp) +
+                      R"( W \[logging\] LOCKSTEP_LOG_LEVEL: unknown log level 'verbose' .*; logging at info\n)" +
+                      kStamp + R"( I \[train\] job=j-1 rank=0 shown\n)")))
+      << out;
+}
+
 // A program's own spdlog default logger is left as it was.
 TEST(LoggingWithoutInitTest, SpdlogsDefaultLoggerIsNotTouched) {
   const std::string out = StderrOfChild(nullptr, [] {

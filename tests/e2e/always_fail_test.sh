@@ -17,5 +17,13 @@ ls_cli status "$job" | tee "$T/status.txt"
 grep -q "rank 1 on node coord exit code 3" "$T/status.txt" || fail "status text lacks rank and code"
 if grep -q "startup failure" "$T/status.txt"; then fail "a program without the engine was called a startup failure"; fi
 grep -q "failing on purpose with code 3" "$T/status.txt" || fail "status text lacks the last log lines"
+# Piped, watch prints the job's message whole (the terminal's width cuts
+# lines only on a terminal; 80 columns used to cut this one).
+rc=0
+ls_cli watch "$job" >"$T/watch.out" || rc=$?
+[ "$rc" = 3 ] || fail "watch of a FAILED job exited $rc, want 3"
+msg=$(job_field "$job" 'j["message"]')
+(( ${#msg} > 80 )) || fail "the job's message is too short to show this: $msg"
+grep -qF "  $msg" "$T/watch.out" || fail "piped watch cut the message: $(cat "$T/watch.out")"
 check_invariants "$job" 2
 log "PASS"
