@@ -37,8 +37,11 @@ std::vector<std::string> TokenFiles::Identities() const {
       out.emplace_back("missing");
       continue;
     }
+    // Mode, owner and ctime too: a chmod or chown alone (a token file made
+    // readable by others) is a change, re-checked and logged.
     out.push_back(absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec,
-                               ".", st.st_mtim.tv_nsec));
+                               ".", st.st_mtim.tv_nsec, ":", st.st_mode, ":", st.st_uid, ":",
+                               st.st_gid, ":", st.st_ctim.tv_sec, ".", st.st_ctim.tv_nsec));
   }
   return out;
 }

@@ -70,12 +70,16 @@ TEST_F(TokenFilesTest, ABadFileKeepsTheTokensInUse) {
   Status s = files.Load();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), absl::StrCat("token file ", b_, " is empty"));
-  Replace(b_, "b2\n");
+  Replace(b_, "b1\n");
+  ASSERT_TRUE(files.Load().ok());
+  EXPECT_FALSE(files.Changed());
+  // A chmod alone is a change: the next check sees the file refused.
   ::chmod(b_.c_str(), 0644);
+  EXPECT_TRUE(files.Changed()) << "a token file made readable by others went unnoticed";
   EXPECT_EQ(files.Load().code(), absl::StatusCode::kPermissionDenied);
   ::unlink(a_.c_str());
   EXPECT_EQ(files.Load().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(applies_, 1);
+  EXPECT_EQ(applies_, 2);
   EXPECT_EQ(applied_, (std::vector<std::vector<std::string>>{{"a1"}, {"b1"}}));
   EXPECT_TRUE(files.Changed()) << "still differs from what was last loaded";
 }
