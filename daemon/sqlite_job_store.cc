@@ -140,33 +140,40 @@ Status SqliteJobStore::Run(const char* sql, const std::vector<std::string>& args
   return absl::OkStatus();
 }
 
-Status SqliteJobStore::DeleteJob(const std::string& job_id,
-                                 const std::vector<std::string>& dir_on_nodes) {
-  // One transaction: the job never goes without its directories queued.
+Status SqliteJobStore::InTransaction(const std::function<Status()>& body) {
   RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  Status s = Run("DELETE FROM jobs WHERE id = ?", {job_id}, absl::StrCat("deleting job ", job_id));
-  for (size_t i = 0; s.ok() && i < dir_on_nodes.size(); ++i) {
-    s = Run("INSERT OR IGNORE INTO dir_deletions (node, job) VALUES (?, ?)",
-            {dir_on_nodes[i], job_id},
-            absl::StrCat("queueing job ", job_id, "'s directory on node ", dir_on_nodes[i]));
-  }
+  Status s = body();
   if (s.ok()) s = Exec("COMMIT");
   if (!s.ok()) (void)Exec("ROLLBACK");
   return s;
 }
 
+Status SqliteJobStore::DeleteJob(const std::string& job_id,
+                                 const std::vector<std::string>& dir_on_nodes) {
+  // One transaction: the job never goes without its directories queued.
+  return InTransaction([&] {
+    RETURN_IF_ERROR(
+        Run("DELETE FROM jobs WHERE id = ?", {job_id}, absl::StrCat("deleting job ", job_id)));
+    for (const auto& node : dir_on_nodes) {
+      RETURN_IF_ERROR(Run("INSERT OR IGNORE INTO dir_deletions (node, job) VALUES (?, ?)",
+                          {node, job_id},
+                          absl::StrCat("queueing job ", job_id, "'s directory on node ", node)));
+    }
+    return absl::OkStatus();
+  });
+}
+
 Status SqliteJobStore::ClearDirDeletions(const std::string& node_id,
                                          const std::vector<std::string>& job_ids) {
   if (job_ids.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  Status s;
-  for (size_t i = 0; s.ok() && i < job_ids.size(); ++i) {
-    s = Run("DELETE FROM dir_deletions WHERE node = ? AND job = ?", {node_id, job_ids[i]},
-            absl::StrCat("forgetting job ", job_ids[i], "'s directory deletion on node ", node_id));
-  }
-  if (s.ok()) s = Exec("COMMIT");
-  if (!s.ok()) (void)Exec("ROLLBACK");
-  return s;
+  return InTransaction([&] {
+    for (const auto& id : job_ids) {
+      RETURN_IF_ERROR(Run("DELETE FROM dir_deletions WHERE node = ? AND job = ?", {node_id, id},
+                          absl::StrCat("forgetting job ", id, "'s directory deletion on node ",
+                                       node_id)));
+    }
+    return absl::OkStatus();
+  });
 }
 
 StatusOr<std::map<std::string, std::set<std::string>>> SqliteJobStore::LoadDirDeletions() {

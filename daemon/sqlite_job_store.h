@@ -6,6 +6,7 @@
 #ifndef LOCKSTEP_DAEMON_SQLITE_JOB_STORE_H_
 #define LOCKSTEP_DAEMON_SQLITE_JOB_STORE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,8 @@ class SqliteJobStore : public JobStore {
   Status Exec(const std::string& sql);
   // Runs `sql` with its ? bound to `args` in order; `what` names it in errors.
   Status Run(const char* sql, const std::vector<std::string>& args, const std::string& what);
+  // `body` in one transaction: committed when it returns OK, else rolled back.
+  Status InTransaction(const std::function<Status()>& body);
   Status Put(const char* table, const std::string& id, const std::string& data);
   StatusOr<std::vector<std::string>> LoadAll(const char* table);
 
