@@ -375,16 +375,8 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       if (fence_.fd() >= 0) spec.inherit_fds.push_back(fence_.fd());
       if (run.status_page) spec.inherit_fds.push_back(run.status_page->fd());
       spec.on_exit = [waker = waker_] { waker->Wake(); };
-      std::string header = absl::StrCat("=== lockstep: job ", job_id, " round ", cmd.round(),
-                                        " rank ", w.rank, " restart ", a.restart_count(),
-                                        " ===\n");
-      for (const auto& path : {spec.stdout_path, spec.stderr_path}) {
-        // Not by path as root: the job may have made it a symlink (log_files.h).
-        StatusOr<int> fd = OpenLogForAppend(path);
-        if (!fd.ok()) continue;  // the launch below fails on it, saying why
-        (void)!::write(*fd, header.data(), header.size());
-        ::close(*fd);
-      }
+      spec.log_header = absl::StrCat("=== lockstep: job ", job_id, " round ", cmd.round(),
+                                     " rank ", w.rank, " restart ", a.restart_count(), " ===\n");
       auto proc = launcher_->Launch(spec);
       if (proc.ok()) {
         w.process = std::move(*proc);

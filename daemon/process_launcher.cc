@@ -304,10 +304,13 @@ class PosixProcessLauncher : public ProcessLauncher {
 
     // The job's uid owns the job dir: a log file there may have been
     // replaced by a symlink, which root must not follow (log_files.h).
-    auto open_out = [&context](const std::string& path) -> StatusOr<int> {
+    auto open_out = [&context, &spec](const std::string& path) -> StatusOr<int> {
       if (path.empty()) return ::open("/dev/null", O_WRONLY | O_CLOEXEC);
       StatusOr<int> fd = OpenLogForAppend(path);
       if (!fd.ok()) return absl::UnavailableError(absl::StrCat(context, ": ", fd.status().message()));
+      if (!spec.log_header.empty()) {
+        (void)!::write(*fd, spec.log_header.data(), spec.log_header.size());
+      }
       return fd;
     };
     ASSIGN_OR_RETURN(int out_fd, open_out(spec.stdout_path));

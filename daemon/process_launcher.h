@@ -38,8 +38,13 @@ struct LaunchSpec {
   // the worker's user so the worker can write its own working directory.
   // Never set for a directory the job spec named.
   bool own_working_dir = false;
-  std::string stdout_path;        // opened O_APPEND|O_CREAT, mode 0640
+  // Opened O_APPEND|O_CREAT, mode 0640, never through a symlink: a
+  // non-regular entry there is replaced by a new file (log_files.h).
+  std::string stdout_path;
   std::string stderr_path;
+  // Written to each log file once it is open, before the process starts
+  // (the agent's "=== lockstep: job ... ===" line).
+  std::string log_header;
   int64_t max_open_files = 0;     // RLIMIT_NOFILE; 0 = inherit
   int64_t max_address_space = 0;  // RLIMIT_AS bytes; 0 = inherit
   int64_t max_cpu_seconds = 0;    // RLIMIT_CPU; 0 = inherit

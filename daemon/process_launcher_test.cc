@@ -86,13 +86,16 @@ TEST(PosixProcessLauncherTest, RunsWithEnvWorkingDirAndCapturedOutput) {
   spec.stdout_path = TmpDir() + "/launch.out";
   spec.stderr_path = TmpDir() + "/launch.err";
   spec.max_open_files = 77;
+  spec.log_header = "=== header ===\n";
+  ::unlink(spec.stdout_path.c_str());
+  ::unlink(spec.stderr_path.c_str());
   auto p = launcher->Launch(spec);
   ASSERT_TRUE(p.ok()) << p.status();
   ExitStatus e = WaitExit(p->get());
   EXPECT_EQ(e.exit_code, 3);
   EXPECT_EQ(e.signal, 0);
-  EXPECT_EQ(Slurp(spec.stdout_path), "out=bar\n" + TmpDir() + "\n77\n");
-  EXPECT_EQ(Slurp(spec.stderr_path), "err\n");
+  EXPECT_EQ(Slurp(spec.stdout_path), "=== header ===\nout=bar\n" + TmpDir() + "\n77\n");
+  EXPECT_EQ(Slurp(spec.stderr_path), "=== header ===\nerr\n");
 }
 
 // Two workers that die 150 ms apart, polled only afterwards (the agent
