@@ -460,7 +460,7 @@ TEST_F(AgentTest, DeletedJobDirectoriesAreRemovedAndAcknowledgedOnceNothingRunsT
   coord_.SetResponse(resp);
   ASSERT_TRUE(RunUntil([&] {
     auto hbs = coord_.heartbeats();
-    return !fs::exists(old_dir) && acks(hbs.back(), "j0");
+    return !hbs.empty() && !fs::exists(old_dir) && acks(hbs.back(), "j0");
   }));
   for (const auto& hb : coord_.heartbeats()) {
     EXPECT_TRUE(hb.acks_deleted_job_ids());
@@ -485,7 +485,7 @@ TEST_F(AgentTest, DeletedJobDirectoriesAreRemovedAndAcknowledgedOnceNothingRunsT
   coord_.SetFailure(absl::OkStatus());
   ASSERT_TRUE(RunUntil([&] {
     auto hbs = coord_.heartbeats();
-    return !fs::exists(running_dir) && acks(hbs.back(), "j1");
+    return !hbs.empty() && !fs::exists(running_dir) && acks(hbs.back(), "j1");
   }));
   EXPECT_TRUE(agent_->ListWorkers("j1").empty());
   coord_.SetResponse(v1::HeartbeatResponse());
