@@ -2,7 +2,10 @@
 # The Debian package on a fresh Debian: takes the package given (//deploy:deb,
 # built by tools/package.sh from the binaries, the units and
 # //deploy:cmake_stage), makes a fresh bookworm root with debootstrap,
-# installs the package there with apt (which pulls its Depends from Debian), then checks:
+# installs the package there with apt (which pulls its Depends from Debian),
+# then systemd, then checks (the root with the package alone is shared with
+# //deploy:container_test through ROOTFS_CACHE, tools/rootfs.sh: whichever
+# of the two runs first in a `bazel test` makes it, the other unpacks it):
 #   - the maintainer scripts made the system user `lockstep` and
 #     /var/lib/lockstep (0711, root); the headers are files, no link dangles;
 #   - `systemd-analyze verify` passes on the installed units exactly as
@@ -70,13 +73,11 @@ deb="$W/$(dpkg-deb -f "$DEB" Package)_$(dpkg-deb -f "$DEB" Version)_$(dpkg-deb -
 cp "$DEB" "$deb"
 log "the package: $(basename "$deb"), $(du -h "$deb" | cut -f1)"
 
-log "debootstrap bookworm from $(rootfs_mirror)"
+log "debootstrap bookworm from $(rootfs_mirror), then apt-get install ./$(basename "$deb"), then systemd"
 rc=0
-rootfs_create "$R" "$W/debootstrap.log" || rc=$?
+rootfs_prepare "$R" "$W/apt.log" "$deb" systemd || rc=$?
 ((rc != 2)) || skip "Debian's mirror cannot be reached (above)"
-((rc == 0)) || fail "no fresh bookworm root (above)"
-log "apt-get install ./$(basename "$deb") systemd"
-rootfs_install "$R" "$W/apt.log" "$deb" systemd || fail "installing the package in a fresh bookworm"
+((rc == 0)) || fail "no fresh bookworm root with the package installed (above)"
 
 # ---- What the maintainer scripts made ----
 in_root getent passwd lockstep >/dev/null || fail "postinst did not make the user lockstep"

@@ -59,10 +59,11 @@ version="$(dpkg-deb -f "$deb" Version)"
 work="$(mktemp -d)"
 trap 'rootfs_unmount; rm -rf "$work"' EXIT
 rootfs="$work/rootfs"
-say "debootstrap bookworm ($(rootfs_mirror))"
-rootfs_create "$rootfs" "$work/debootstrap.log" || missing "no bookworm root (above)"
-say "installing $(basename "$deb") in it"
-rootfs_install "$rootfs" "$work/apt.log" "$deb" || exit 1
+say "debootstrap bookworm ($(rootfs_mirror)), then installing $(basename "$deb") in it"
+rc=0
+rootfs_prepare "$rootfs" "$work/apt.log" "$deb" || rc=$?
+((rc != 2)) || missing "no bookworm root (above)"
+((rc == 0)) || exit 1
 rootfs_unmount
 # Smaller and reproducible-ish: no package lists, caches or logs.
 chroot "$rootfs" apt-get clean
