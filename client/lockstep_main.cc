@@ -20,6 +20,7 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -223,6 +224,7 @@ class Cli {
   // ---------------------------------------------------------------- submit
   // `standalone`: `lockstep run` (or submit --standalone), see RunStandalone.
   StatusOr<int> Submit(const std::vector<std::string>& args, bool standalone) {
+    const bool run_cmd = standalone;  // `lockstep run`, not submit --standalone
     FlagSet flags(standalone ? "lockstep run" : "lockstep submit",
                   standalone ? "Run a job on this host alone: start a private coordinator and "
                                "agent, run the job, print its output, exit with its state "
@@ -232,11 +234,12 @@ class Cli {
     std::string lockstepd, state_dir;
     flags.Bool("standalone", &standalone,
                "one host, no cluster: what `lockstep run` does");
+    const std::string with_standalone = run_cmd ? "" : "with --standalone: ";
     flags.String("lockstepd", &lockstepd,
-                 "with --standalone: the daemon to start (default $LOCKSTEPD, beside this "
+                 with_standalone + "the daemon to start (default $LOCKSTEPD, beside this "
                  "program, or on PATH)");
     flags.String("state-dir", &state_dir,
-                 "with --standalone: the private daemon's state dir, kept afterwards with the "
+                 with_standalone + "the private daemon's state dir, kept afterwards with the "
                  "job's logs (default $TMPDIR/lockstep-run-XXXXXX)");
     std::string nodes = "1";
     int32_t nproc = 1, max_restarts = 0;
@@ -271,13 +274,37 @@ class Cli {
     // for every flag).
     flags.Alias("nnodes", "nodes");
     flags.Short('e', "env");
+    // The flags that name a cluster mean nothing to a private daemon: `run`
+    // does not list them, and refuses them below (as submit --standalone
+    // does) rather than ignore them.
+    static constexpr const char* kClusterFlags[] = {"coordinator", "token-file", "tls-ca",
+                                                    "tls-cert",    "tls-key",    "insecure-plaintext"};
+    if (run_cmd) {
+      for (const char* f : kClusterFlags) flags.Hide(f);
+      for (const char* f : {"standalone", "detach", "wait"}) flags.Hide(f);
+    }
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
+    if (run_cmd && !standalone) {
+      return Usage(absl::InvalidArgumentError(
+          "lockstep run always starts its own daemon (--no-standalone): to use a cluster's "
+          "coordinator, lockstep submit"));
+    }
     if (standalone) {
-      for (const char* f : {"coordinator", "token-file"}) {
-        if (flags.WasSet(f)) {
+      // Given to `lockstep` itself, before the command, they land in common_.
+      const bool global_set[] = {!common_.coordinator.empty() && !flags.WasSet("coordinator"),
+                                 !common_.token_file.empty() && !flags.WasSet("token-file"),
+                                 !common_.tls_ca.empty() && !flags.WasSet("tls-ca"),
+                                 !common_.tls_cert.empty() && !flags.WasSet("tls-cert"),
+                                 !common_.tls_key.empty() && !flags.WasSet("tls-key"),
+                                 common_.insecure_plaintext && !flags.WasSet("insecure-plaintext")};
+      for (size_t i = 0; i < std::size(kClusterFlags); ++i) {
+        if (flags.WasSet(kClusterFlags[i]) || global_set[i]) {
           return Usage(absl::InvalidArgumentError(absl::StrCat(
-              "--", f, " cannot be used with --standalone: it starts a coordinator of its own")));
+              "--", kClusterFlags[i], " cannot be used with ",
+              run_cmd ? "lockstep run" : "--standalone",
+              ": it starts a coordinator and agent of its own on this host, in plaintext on "
+              "loopback (lockstep submit uses a cluster's)")));
         }
       }
       if (nodes != "1" && nodes != "1:1") {
@@ -289,7 +316,8 @@ class Cli {
     }
     if (detach && (wait || standalone)) {
       return Usage(absl::InvalidArgumentError(absl::StrCat(
-          "--detach returns at once: it cannot be used with ", wait ? "--wait" : "--standalone")));
+          "--detach returns at once: it cannot be used with ",
+          wait ? "--wait" : (run_cmd ? "lockstep run" : "--standalone"))));
     }
     if (standalone && rest->empty()) {  // before starting a daemon for nothing
       return Usage(absl::InvalidArgumentError("no command to run: expected -- CMD ARGS"));

@@ -103,6 +103,14 @@ void FlagSet::Short(char letter, const std::string& name) {
   shorts_[letter] = name;
 }
 
+void FlagSet::Hide(const std::string& name) {
+  if (flags_.count(name) == 0) {
+    std::fprintf(stderr, "FATAL: Hide of unregistered flag --%s\n", name.c_str());
+    std::abort();
+  }
+  hidden_[name] = true;
+}
+
 void FlagSet::Version(std::string text) { version_ = std::move(text); }
 
 std::map<std::string, FlagSet::Flag>::iterator FlagSet::Find(const std::string& given) {
@@ -114,8 +122,12 @@ std::map<std::string, FlagSet::Flag>::iterator FlagSet::Find(const std::string& 
 
 Status FlagSet::Unknown(const std::string& given) {
   std::vector<std::string> known;
-  for (const auto& [name, flag] : flags_) known.push_back(name);
-  for (const auto& [alias, name] : aliases_) known.push_back(alias);
+  for (const auto& [name, flag] : flags_) {
+    if (hidden_.count(name) == 0) known.push_back(name);
+  }
+  for (const auto& [alias, name] : aliases_) {
+    if (hidden_.count(name) == 0) known.push_back(alias);
+  }
   const size_t first = given.find_first_not_of('-');
   std::string bare = first == std::string::npos ? "" : given.substr(first);
   std::replace(bare.begin(), bare.end(), '_', '-');
@@ -222,6 +234,7 @@ bool FlagSet::WasSet(const std::string& name) const { return set_.count(name) > 
 std::string FlagSet::Usage() const {
   std::string out = absl::StrCat("usage: ", program_, " [flags]\n", summary_, "\n\nflags:\n");
   for (const auto& [name, flag] : flags_) {
+    if (hidden_.count(name) != 0) continue;
     std::string spelled = "--" + name;
     for (const auto& [letter, target] : shorts_) {
       if (target == name) spelled = absl::StrCat("-", std::string(1, letter), ", ", spelled);

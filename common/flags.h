@@ -46,6 +46,11 @@ class FlagSet {
   void Alias(const std::string& alias, const std::string& name);
   // `-letter` for the registered flag `name`.
   void Short(char letter, const std::string& name);
+  // The registered flag `name` is still parsed (so the caller can refuse it
+  // with a message of its own, as `lockstep run` does the cluster flags it
+  // shares with submit) but neither listed in Usage() nor suggested for a
+  // misspelt flag.
+  void Hide(const std::string& name);
   // Makes --version return NotFound with `text` as the message (as --help
   // does with Usage()), so ReportParseError prints it and returns 0.
   void Version(std::string text);
@@ -94,6 +99,7 @@ class FlagSet {
   std::map<std::string, std::string> aliases_;  // alias -> name
   std::map<char, std::string> shorts_;          // letter -> name
   std::map<std::string, bool> set_;
+  std::map<std::string, bool> hidden_;
 };
 
 // The candidate nearest to `word` (edit distance, or `word` a prefix of

@@ -154,5 +154,22 @@ TEST(FlagsTest, VersionAndHelpWithoutContradictions) {
   EXPECT_NE(usage.find("workers per node (default: 1)"), std::string::npos) << usage;
 }
 
+TEST(FlagsTest, HiddenFlagsAreParsedButNeitherListedNorSuggested) {
+  std::string coordinator, name;
+  FlagSet flags("lockstep run", "test");
+  flags.String("coordinator", &coordinator, "coordinator host:port");
+  flags.String("name", &name, "a name");
+  flags.Hide("coordinator");
+  auto rest = flags.Parse({"--coordinator=h:1", "--name", "x"});
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(coordinator, "h:1");
+  EXPECT_TRUE(flags.WasSet("coordinator"));
+  const std::string usage = flags.Usage();
+  EXPECT_EQ(usage.find("coordinator"), std::string::npos) << usage;
+  EXPECT_NE(usage.find("--name"), std::string::npos) << usage;
+  auto typo = flags.Parse({"--coordinatr=h:1"});
+  EXPECT_EQ(typo.status().message().find("did you mean"), std::string::npos) << typo.status();
+}
+
 }  // namespace
 }  // namespace lockstep
