@@ -527,7 +527,12 @@ class Cli {
     if (job.has_first_failure()) {
       const v1::Failure& f = job.first_failure();
       std::cout << "failure:    round " << f.round() << ": ";
-      if (f.rank() >= 0) {
+      if (f.rank() >= 0 && f.waiting_ranks_size() > 0) {
+        std::cout << "rank " << f.rank() << " on node " << f.node_id()
+                  << " did not arrive: rank" << (f.waiting_ranks_size() > 1 ? "s " : " ")
+                  << absl::StrJoin(f.waiting_ranks(), ", ")
+                  << " gave up waiting for it (hung, stopped or cut off)\n";
+      } else if (f.rank() >= 0) {
         std::cout << "rank " << f.rank() << " on node " << f.node_id() << " "
                   << (f.exit().signal() ? absl::StrCat("killed by signal ", f.exit().signal())
                                         : absl::StrCat("exit code ", f.exit().exit_code()))

@@ -137,7 +137,9 @@ void MarkBootstrap(int32_t state) {
   if (slot != nullptr) slot->store(state, std::memory_order_release);
 }
 
-void MarkPeerLost() { MarkBootstrap(kPeerLost); }
+void MarkPeerLost(int lost_rank) {
+  MarkBootstrap(lost_rank >= 0 && lost_rank < kPeerLostOnRank0 ? PeerLostOn(lost_rank) : kPeerLost);
+}
 
 bool StartFenceWatchdog() {
   static std::once_flag once;

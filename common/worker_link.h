@@ -16,7 +16,8 @@
 //                       its slot at kBootstrapBegun died inside the
 //                       bootstrap: a startup failure. A program that never
 //                       touches its slot is never one. One that exits at
-//                       kPeerLost gave up because a peer was gone.
+//                       kPeerLost gave up because a peer was gone
+//                       (PeerLostOn(r): waiting for rank r).
 //
 // Both are memfds (no name in /dev/shm, gone with the last descriptor).
 // Only async-signal-safe calls happen on the worker's fence path.
@@ -43,6 +44,18 @@ inline constexpr int32_t kBootstrapDone = 2;
 // was gone. Set by the engine just before it gives up, so that the agent
 // can tell a rank that failed on its own from one that followed it.
 inline constexpr int32_t kPeerLost = 3;
+// kPeerLost naming the peer: the first rank this worker's collective or
+// bootstrap waited for in vain (world sizes stay far below 2^20).
+inline constexpr int32_t kPeerLostOnRank0 = 1 << 20;
+inline constexpr int32_t PeerLostOn(int rank) { return kPeerLostOnRank0 + rank; }
+// A slot value meaning "gave up because a peer was gone"; LostPeer says
+// which (-1: not known).
+inline constexpr bool IsPeerLost(int32_t slot) {
+  return slot == kPeerLost || slot >= kPeerLostOnRank0;
+}
+inline constexpr int LostPeer(int32_t slot) {
+  return slot >= kPeerLostOnRank0 ? slot - kPeerLostOnRank0 : -1;
+}
 
 // CLOCK_MONOTONIC now, in ns (the clock both sides of a page share).
 int64_t MonotonicNowNs();
@@ -92,9 +105,11 @@ class StatusPage {
 //
 // Marks this worker's slot (its LOCKSTEP_LOCAL_RANK).
 void MarkBootstrap(int32_t state);
-// MarkBootstrap(kPeerLost): the engine's communicators call it when a
-// collective fails because a peer is gone.
-void MarkPeerLost();
+// MarkBootstrap(kPeerLost, or PeerLostOn(lost_rank) when it is known): the
+// engine calls it when a collective or its bootstrap fails because a peer
+// is gone or never arrived, naming the first such rank, so the coordinator
+// can blame the rank that hung or froze rather than the one that gave up.
+void MarkPeerLost(int lost_rank = -1);
 // Starts, once per process, a thread that checks the fence page every
 // 50 ms and, once its deadline passed, writes one line to stderr and
 // SIGKILLs the worker's process group. Returns whether a watchdog runs.

@@ -106,6 +106,29 @@ TEST(StatusPageTest, EachWorkerMarksItsOwnSlot) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+TEST(StatusPageTest, APeerLostMarkNamesTheRankWaitedForWhenKnown) {
+  StatusPage page;
+  ASSERT_TRUE(page.Create(3).ok());
+  ::fcntl(page.fd(), F_SETFD, 0);
+  const std::string fd = std::to_string(page.fd());
+  RunChild({{kStatusFdEnv, fd}, {"LOCKSTEP_LOCAL_RANK", "0"}}, [] {
+    MarkBootstrap(kBootstrapDone);
+    MarkPeerLost(5);
+  });
+  RunChild({{kStatusFdEnv, fd}, {"LOCKSTEP_LOCAL_RANK", "1"}}, [] { MarkPeerLost(); });
+  RunChild({{kStatusFdEnv, fd}, {"LOCKSTEP_LOCAL_RANK", "2"}}, [] { MarkPeerLost(0); });
+  EXPECT_TRUE(IsPeerLost(page.Get(0)));
+  EXPECT_EQ(LostPeer(page.Get(0)), 5);
+  EXPECT_TRUE(IsPeerLost(page.Get(1)));
+  EXPECT_EQ(LostPeer(page.Get(1)), -1);  // not known
+  EXPECT_TRUE(IsPeerLost(page.Get(2)));
+  EXPECT_EQ(LostPeer(page.Get(2)), 0);
+  for (int32_t other : {kNotStarted, kBootstrapBegun, kBootstrapDone}) {
+    EXPECT_FALSE(IsPeerLost(other));
+    EXPECT_EQ(LostPeer(other), -1);
+  }
+}
+
 }  // namespace
 }  // namespace worker_link
 }  // namespace lockstep

@@ -456,7 +456,8 @@ void Agent::Reap() {
                                              : worker_link::kNotStarted;
         exit->set_startup_failure(slot == worker_link::kBootstrapBegun);
         // Its collective broke because a peer was gone: a consequence.
-        exit->set_peer_lost(slot == worker_link::kPeerLost);
+        exit->set_peer_lost(worker_link::IsPeerLost(slot));
+        if (worker_link::LostPeer(slot) >= 0) exit->set_lost_peer(worker_link::LostPeer(slot));
         std::vector<std::string> lines = TailLines(w.status.stderr_path(), kLastLogLines);
         if (lines.empty()) lines = TailLines(w.status.stdout_path(), kLastLogLines);
         for (auto& l : lines) exit->add_last_log_lines(l);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "daemon/round_planner.h"
 
 namespace lockstep {
@@ -14,6 +15,8 @@ namespace {
 
 constexpr char kWorkerExited[] = "worker exited";
 constexpr char kWorkerStopped[] = "worker stopped by its agent (lease lost)";
+// Failure.waiting_ranks gave up waiting for this rank (proto/common.proto).
+constexpr char kDidNotArrive[] = "did not arrive";
 
 bool Failed(const v1::WorkerStatus& w) {
   return w.state() == v1::WORKER_STATE_EXITED &&
@@ -30,6 +33,12 @@ std::string DescribeExit(const v1::ExitInfo& exit) {
 }
 
 std::string DescribeFailure(const v1::Failure& f) {
+  if (f.rank() >= 0 && f.waiting_ranks_size() > 0) {
+    return absl::StrCat("rank ", f.rank(), " on node ", f.node_id(),
+                        " did not arrive: rank", f.waiting_ranks_size() > 1 ? "s " : " ",
+                        absl::StrJoin(f.waiting_ranks(), ", "),
+                        " gave up waiting for it (hung, stopped or cut off) in round ", f.round());
+  }
   if (f.rank() >= 0 && f.has_exit()) {
     return absl::StrCat("rank ", f.rank(), " on node ", f.node_id(), " ", DescribeExit(f.exit()),
                         " in round ", f.round());
@@ -40,6 +49,17 @@ std::string DescribeFailure(const v1::Failure& f) {
 std::string BudgetSpent(const v1::Job& job) {
   return absl::StrCat(DescribeFailure(job.first_failure()), "; restart budget spent (",
                       job.restart_count(), " of max_restarts ", job.spec().max_restarts(), ")");
+}
+
+// The node `rank` runs on in the current round ("" when out of range).
+std::string NodeOfRank(const v1::Job& job, int rank) {
+  for (const auto& w : job.workers()) {
+    if (w.rank() == rank && !w.node_id().empty()) return w.node_id();
+  }
+  const int nproc = job.spec().nproc_per_node();
+  const auto& nodes = job.current_round().node_ids();
+  if (nproc > 0 && rank >= 0 && rank / nproc < nodes.size()) return nodes[rank / nproc];
+  return "";
 }
 
 v1::Failure WorkerFailure(const v1::WorkerStatus& w, int round, const char* reason) {
@@ -215,21 +235,53 @@ void JobMachine::AttributeFailures(JobDraft* d) const {
            std::make_tuple(b.second->exit().peer_lost(), b.first, b.second->rank());
   });
   v1::Failure first = job->first_failure();
-  if (first.reason() == kWorkerExited && !first.exit().launch_error() && !failed.empty() &&
-      failed.front().second->rank() != first.rank()) {
-    // A report that arrived later carried an earlier exit, or the first one
-    // reported had lost a peer: the root cause.
-    const int was = first.rank();
-    const bool was_peer_lost = first.exit().peer_lost();
-    const bool budget_message = job->message() == BudgetSpent(*job);
-    first = WorkerFailure(*failed.front().second, round, kWorkerExited);
-    *job->mutable_first_failure() = first;
-    AddEvent(job, absl::StrCat("first failure is rank ", first.rank(),
-                               was_peer_lost && !first.exit().peer_lost()
-                                   ? absl::StrCat(" (rank ", was, " lost a peer)")
-                                   : absl::StrCat(", which exited before rank ", was),
-                               ": ", DescribeFailure(first)));
-    if (budget_message) job->set_message(BudgetSpent(*job));
+  if ((first.reason() == kWorkerExited || first.reason() == kDidNotArrive) &&
+      !first.exit().launch_error() && !failed.empty()) {
+    // The root cause: the earliest exit that did not follow a lost peer; or,
+    // when every exit did and the first names the rank it waited for, that
+    // rank if it has not failed on its own (it hung, froze or never started
+    // the engine, and is stopped with the job).
+    const v1::WorkerStatus& front = *failed.front().second;
+    v1::Failure cause = WorkerFailure(front, round, kWorkerExited);
+    const int lost = front.exit().has_lost_peer() ? front.exit().lost_peer() : -1;
+    const bool lost_failed = std::any_of(failed.begin(), failed.end(), [&](const auto& f) {
+      return f.second->rank() == lost;
+    });
+    if (front.exit().peer_lost() && lost >= 0 && lost < job->current_round().world_size() &&
+        !lost_failed) {
+      cause = v1::Failure();
+      cause.set_rank(lost);
+      cause.set_node_id(NodeOfRank(*job, lost));
+      cause.set_round(round);
+      cause.set_reason(kDidNotArrive);
+      for (const auto& [at, w] : failed) {
+        if (w->exit().has_lost_peer() && w->exit().lost_peer() == lost) {
+          cause.add_waiting_ranks(w->rank());
+        }
+      }
+    }
+    if (cause.rank() != first.rank() || cause.reason() != first.reason()) {
+      const int was = first.rank();
+      const bool was_peer_lost = first.exit().peer_lost();
+      const std::string was_described = DescribeFailure(first);
+      first = cause;
+      *job->mutable_first_failure() = first;
+      std::string why;
+      if (was == first.rank()) {
+        why = " (its own exit, reported after its peers gave up waiting for it)";
+      } else if (was_peer_lost && !first.exit().peer_lost()) {
+        why = absl::StrCat(" (rank ", was, " lost a peer)");
+      } else {
+        why = absl::StrCat(", which exited before rank ", was);
+      }
+      AddEvent(job, absl::StrCat("first failure is rank ", first.rank(), why, ": ",
+                                 DescribeFailure(first)));
+      // The state's message named the rank that gave up: name the cause.
+      std::string message = job->message();
+      if (absl::StrReplaceAll({{was_described, DescribeFailure(first)}}, &message) > 0) {
+        job->set_message(message);
+      }
+    }
   }
   const std::string after = first.rank() >= 0
                                 ? absl::StrCat("after rank ", first.rank(), " failed")

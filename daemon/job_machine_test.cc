@@ -419,6 +419,97 @@ TEST_F(JobMachineTest, WhenEveryRankLostAPeerTheEarliestExitIsFirst) {
   EXPECT_EQ(d_.job.consequences(0).rank(), 0);
 }
 
+// SIGSTOP of rank 1 (or a hang): rank 0's collective times out, its engine
+// marks "lost a peer: rank 1", and it exits; rank 1 never fails on its own,
+// its agent stops it with the job. Rank 1 is the first failure, not rank 0.
+TEST_F(JobMachineTest, TheRankAPeerGaveUpWaitingForIsTheFirstFailure) {
+  RunningOnTwoNodes(0);
+  v1::WorkerStatus gave_up = Worker(0, v1::WORKER_STATE_EXITED, 1);
+  gave_up.mutable_exit()->set_peer_lost(true);
+  gave_up.mutable_exit()->set_lost_peer(1);
+  Beat("n1", {gave_up});
+  EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
+  const v1::Failure& first = d_.job.first_failure();
+  EXPECT_EQ(first.rank(), 1);
+  EXPECT_EQ(first.node_id(), "n2");
+  EXPECT_EQ(first.reason(), "did not arrive");
+  EXPECT_EQ(std::vector<int>(first.waiting_ranks().begin(), first.waiting_ranks().end()),
+            std::vector<int>{0});
+  ASSERT_EQ(d_.job.consequences_size(), 1);
+  EXPECT_EQ(d_.job.consequences(0).rank(), 0);
+  EXPECT_EQ(d_.job.consequences(0).reason(), "after rank 1 failed");
+  EXPECT_NE(d_.job.message().find("rank 1 on node n2 did not arrive: rank 0 gave up waiting for "
+                                  "it (hung, stopped or cut off) in round 1; restart budget spent"),
+            std::string::npos)
+      << d_.job.message();
+  // Stopped with the job: still the first failure.
+  v1::WorkerStatus stopped = Worker(1, v1::WORKER_STATE_STOPPED, 0, 15);
+  Beat("n2", {stopped});
+  EXPECT_EQ(d_.job.first_failure().rank(), 1);
+  EXPECT_EQ(d_.job.first_failure().reason(), "did not arrive");
+  ASSERT_EQ(d_.job.consequences_size(), 1);
+  EXPECT_EQ(d_.job.consequences(0).rank(), 0);
+}
+
+TEST_F(JobMachineTest, ARestartNamesTheRankAPeerGaveUpWaitingFor) {
+  RunningOnTwoNodes(3);
+  v1::WorkerStatus gave_up = Worker(1, v1::WORKER_STATE_EXITED, 1);
+  gave_up.mutable_exit()->set_peer_lost(true);
+  gave_up.mutable_exit()->set_lost_peer(0);
+  Beat("n2", {gave_up});
+  EXPECT_EQ(State(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(d_.job.first_failure().rank(), 0);
+  EXPECT_EQ(d_.job.first_failure().node_id(), "n1");
+  EXPECT_NE(d_.job.message().find("restart 1 of 3 after rank 0 on node n1 did not arrive: rank 1 "
+                                  "gave up waiting for it"),
+            std::string::npos)
+      << d_.job.message();
+}
+
+// The rank waited for failed on its own (it crashed, its exit reported
+// late): it is the first failure, by its exit, as any other.
+TEST_F(JobMachineTest, ARankThatWasWaitedForAndFailedIsTheFirstFailureByItsExit) {
+  RunningOnTwoNodes(0);
+  v1::WorkerStatus gave_up = Worker(0, v1::WORKER_STATE_EXITED, 1);
+  gave_up.mutable_exit()->set_peer_lost(true);
+  gave_up.mutable_exit()->set_lost_peer(1);
+  Beat("n1", {gave_up});
+  ASSERT_EQ(d_.job.first_failure().reason(), "did not arrive");
+  Beat("n2", {Worker(1, v1::WORKER_STATE_EXITED, 0, 9)});
+  EXPECT_EQ(d_.job.first_failure().rank(), 1);
+  EXPECT_EQ(d_.job.first_failure().reason(), "worker exited");
+  EXPECT_EQ(d_.job.first_failure().exit().signal(), 9);
+  EXPECT_EQ(d_.job.first_failure().waiting_ranks_size(), 0);
+  EXPECT_NE(d_.job.message().find("rank 1 on node n2 killed by signal 9"), std::string::npos)
+      << d_.job.message();
+  EXPECT_NE(d_.job.history().rbegin()->detail().find(
+                "first failure is rank 1 (its own exit, reported after its peers gave up "
+                "waiting for it): rank 1 on node n2 killed by signal 9"),
+            std::string::npos)
+      << d_.job.history().rbegin()->detail();
+}
+
+// A cut network: each rank gave up waiting for the other, both exited.
+// Neither is blamed for the other's wait; time decides, as without names.
+TEST_F(JobMachineTest, RanksThatGaveUpWaitingForEachOtherAreOrderedByTime) {
+  RunningOnTwoNodes(0);
+  const int64_t agent = 7'000'000'000'000;
+  v1::WorkerStatus a = Worker(0, v1::WORKER_STATE_EXITED, 1);
+  a.mutable_exit()->set_exited_mono_ns(agent + 100'000'000);
+  a.mutable_exit()->set_peer_lost(true);
+  a.mutable_exit()->set_lost_peer(1);
+  v1::WorkerStatus b = Worker(1, v1::WORKER_STATE_EXITED, 1);
+  b.mutable_exit()->set_exited_mono_ns(agent);
+  b.mutable_exit()->set_peer_lost(true);
+  b.mutable_exit()->set_lost_peer(0);
+  Beat("n1", {a}, 1, agent + 200'000'000);
+  Beat("n2", {b}, 1, agent + 200'000'000);
+  EXPECT_EQ(d_.job.first_failure().rank(), 1);
+  EXPECT_EQ(d_.job.first_failure().reason(), "worker exited");
+  ASSERT_EQ(d_.job.consequences_size(), 1);
+  EXPECT_EQ(d_.job.consequences(0).rank(), 0);
+}
+
 TEST_F(JobMachineTest, WithoutMonotonicTimesExitsFallBackToWallClock) {
   RunningOnTwoNodes(0);
   v1::WorkerStatus later = Worker(0, v1::WORKER_STATE_EXITED, 1);

@@ -308,7 +308,7 @@ Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::str
       store_, absl::StrCat(options_.key_prefix, "/failed/", seq, "/"), rank_, world_size_, grace_);
   // Either way a peer is gone or unreachable: this rank's failure follows
   // another's (the agent reads the mark when this worker exits).
-  worker_link::MarkPeerLost();
+  worker_link::MarkPeerLost(missing.empty() ? -1 : missing.front());
   const std::string head = absl::StrCat("gloo ", name, " #", seq, " on rank ", rank_, " failed");
   if (!missing.empty()) {
     return absl::DeadlineExceededError(

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/worker_link.h"
 
 namespace lockstep {
 namespace ddp {
@@ -46,6 +47,9 @@ Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, s
     std::vector<int> ranks;
     for (const auto& entry : missing) ranks.push_back(entry.first);
     if (RealClock()->Now() >= deadline) {
+      // Those ranks never came: this worker's failure follows theirs (its
+      // agent tells the coordinator, which blames the first of them).
+      worker_link::MarkPeerLost(ranks.front());
       return absl::DeadlineExceededError(absl::StrCat(what, ": ranks ", FormatRanks(ranks),
                                                       " did not arrive within ",
                                                       ToSeconds(timeout), " s"));

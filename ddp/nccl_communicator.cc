@@ -3,6 +3,7 @@
 #include <torch/cuda.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/worker_link.h"
 #include "ddp/missing_ranks.h"
 
 #ifdef LOCKSTEP_WITH_NCCL
@@ -421,6 +422,8 @@ Status NcclCommunicator::Impl::TimeoutStatus(uint64_t seq, const char* name) {
   const std::string head = absl::StrCat("nccl ", name, " #", seq, " on rank ", rank,
                                         " did not complete within ", ToSeconds(options.timeout),
                                         " s");
+  // A peer is gone or stuck either way: this rank's failure follows another's.
+  worker_link::MarkPeerLost(missing.empty() ? -1 : missing.front());
   if (!missing.empty()) {
     return absl::DeadlineExceededError(absl::StrCat(
         head, ": ranks ", FormatRanks(missing), " did not arrive; communicator aborted"));
@@ -583,6 +586,7 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(rendezvous:
     if (!timed_out) return error;
     const std::vector<int> missing =
         ReportAndFindMissing(store, arrived, rank, world_size, std::chrono::seconds(0));
+    if (!missing.empty()) worker_link::MarkPeerLost(missing.front());
     return absl::DeadlineExceededError(absl::StrCat(
         "nccl: rank ", rank, " could not build the communicator of ", world_size,
         " ranks within ", ToSeconds(options.connect_timeout), " s",

@@ -337,6 +337,7 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
   }
   segment->CloseFd();
   if (!missing.empty()) {
+    worker_link::MarkPeerLost(missing.front());  // they never came: theirs is the failure
     return absl::DeadlineExceededError(
         absl::StrCat(who, ": ranks ", FormatRanks(missing), " never attached to the segment within ",
                      ToSeconds(options.connect_timeout), " s"));
@@ -400,13 +401,13 @@ Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline
       missing.push_back(r);
       const auto pid = static_cast<pid_t>(segment_->control(r)->pid.load(std::memory_order_relaxed));
       if (check_pids && segment_->check_pid[r] && ProcessExited(pid)) {
-        worker_link::MarkPeerLost();  // this rank follows r's failure
+        worker_link::MarkPeerLost(r);  // this rank follows r's failure
         return absl::UnavailableError(absl::StrCat("shm ", name, " #", seq, " on rank ", rank_,
                                                    ": rank ", r, " (pid ", pid, ") exited"));
       }
     }
     if (now > deadline) {
-      worker_link::MarkPeerLost();
+      worker_link::MarkPeerLost(missing.empty() ? -1 : missing.front());
       return absl::DeadlineExceededError(
           absl::StrCat("shm ", name, " #", seq, " on rank ", rank_, ": ranks ",
                        FormatRanks(missing), " did not arrive within ",

@@ -10,7 +10,15 @@
 #     collective timeout of 120 s, `status` names rank 0 waiting and rank 1
 #     silent, with durations, long before that timeout. After SIGCONT the
 #     hang clears and training goes on.
-# Each case ends with cancel: no worker left, nothing new in /dev/shm.
+#  3. SIGSTOP of rank 1 with a 6 s collective timeout and no restart budget:
+#     rank 0's collective gives up and exits, rank 1 is stopped with the
+#     job. The first failure is rank 1, which "did not arrive" (rank 0 gave
+#     up waiting for it), and rank 0 a consequence that lost a peer: not
+#     rank 0 blamed for the exit it was driven to.
+#  4. Rank 1 never starts the engine (it sleeps): rank 0's bootstrap names
+#     it after 6 s; the first failure is rank 1, which did not arrive, and
+#     rank 0 is no startup failure.
+# Cases 1 and 2 end with cancel: no worker left, nothing new in /dev/shm.
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
 BACKEND="$5"
@@ -76,4 +84,41 @@ no_hang() { field_is "$job" '((j.get("health") or {}).get("hang") or None) is No
 wait_for 30 no_hang || fail "the hang of $job did not clear after SIGCONT"
 state_is "$job" RUNNING || fail "job $job is $(job_state "$job") after SIGCONT, not RUNNING"
 finish "$job"
-log "PASS ($BACKEND): straggler rank 1 at $lag ms/step; stopped rank 1 named after ${detected_s}s"
+
+# blamed_on_rank_1 JOB CASE: status says rank 1 did not arrive, rank 0 gave
+# up waiting for it and is a consequence, not the failure.
+blamed_on_rank_1() {
+  local job=$1 case=$2 text
+  wait_state "$job" FAILED 90
+  text=$(ls_cli status "$job")
+  grep -q "^failure: *round 1: rank 1 on node coord did not arrive: rank 0 gave up waiting for it (hung, stopped or cut off)$" <<<"$text" ||
+    fail "case $case: the failure is not rank 1 not arriving: $text"
+  grep -q "^then: *rank 0 on node coord exit code [1-9].* (its collective lost a peer), after rank 1 failed$" <<<"$text" ||
+    fail "case $case: rank 0 is not a consequence that lost a peer: $text"
+  grep -q "^message: *rank 1 on node coord did not arrive: rank 0 gave up waiting for it" <<<"$text" ||
+    fail "case $case: the job's message does not name rank 1: $text"
+  if grep -q "startup failure" <<<"$text"; then fail "case $case: a startup failure named: $text"; fi
+  wait_for 30 no_workers || fail "case $case: workers left: $(describe_workers)"
+  log "case $case: $(grep '^failure:' <<<"$text")"
+}
+
+# ---- 3. a rank stopped until its peer's collective times out
+job=$(ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 0 --stop-grace-s 1 \
+  "${env_args[@]}" -- "$TRAIN" --model mlp_small --steps 100000 --step-delay-ms 20 --timeout-s 6 |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
+wait_for 60 grep -q '"rank":1,"step":5,' "$T/coord/jobs/$job/rank-1.stdout" ||
+  fail "rank 1 of $job never reached step 5"
+victim=$(job_field "$job" '[w["pid"] for w in j["workers"] if w.get("rank", 0) == 1][0]')
+kill -STOP "$victim"
+blamed_on_rank_1 "$job" 3
+kill -CONT "$victim" 2>/dev/null || true
+
+# ---- 4. a rank that never starts the engine
+job=$(ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 0 --stop-grace-s 1 \
+  "${env_args[@]}" -- /bin/sh -c '[ "$LOCKSTEP_RANK" = 1 ] && exec sleep 600; exec "$0" "$@"' \
+  "$TRAIN" --model mlp_small --steps 5 --timeout-s 6 |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
+blamed_on_rank_1 "$job" 4
+shm_now=$(ls /dev/shm | grep -c '^lockstep-' || true)
+[ "$shm_now" -le "$shm_before" ] || fail "/dev/shm segments left: $(ls /dev/shm | grep '^lockstep-')"
+log "PASS ($BACKEND): straggler rank 1 at $lag ms/step; stopped rank 1 named after ${detected_s}s; a rank stopped or never started is the failure, not the peer that gave up on it"
