@@ -1,6 +1,7 @@
 #include "daemon/coordinator.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <set>
 
@@ -123,7 +124,11 @@ Status Coordinator::Commit(const std::string& id, JobDraft next, Effects* effect
       effects->drop_prefixes.push_back(rendezvous::StoreNamespace(id, old_round));
     }
     if (JobMachine::IsTerminal(next.job.state()) && !JobMachine::IsTerminal(before.state())) {
-      effects->drop_prefixes.push_back(id + "/");
+      if (options_.close_store_job) {
+        effects->closed_jobs.push_back(id);
+      } else {
+        effects->drop_prefixes.push_back(id + "/");
+      }
       finished_by_time_.emplace(next.job.finished_unix_ms(), id);
     }
   }
@@ -146,8 +151,12 @@ void Coordinator::Run(Effects* effects) {
   if (options_.drop_store_prefix) {
     for (const auto& prefix : effects->drop_prefixes) options_.drop_store_prefix(prefix);
   }
+  if (options_.close_store_job) {
+    for (const auto& id : effects->closed_jobs) options_.close_store_job(id);
+  }
   effects->notify.clear();
   effects->drop_prefixes.clear();
+  effects->closed_jobs.clear();
 }
 
 StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& spec, const std::string& request_id) {
@@ -200,6 +209,25 @@ StatusOr<v1::Job> Coordinator::GetJob(const JobId& id) const {
   MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(auto found, FindJob(id.value()));
   return std::move(found.first);
+}
+
+Status Coordinator::CheckStoreOpen(const std::string& job_id) const {
+  MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    // Active jobs never leave memory: this one ended long ago, was deleted
+    // or never existed.
+    return absl::FailedPreconditionError(absl::StrCat("store: no running job ", QuoteForError(job_id),
+                                            " (it ended, was deleted or never existed)"));
+  }
+  const v1::Job& job = it->second.current.job;
+  if (JobMachine::IsTerminal(job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store: job ", QuoteForError(job_id), " has ended (",
+                     v1::JobState_Name(job.state()).substr(strlen("JOB_STATE_")),
+                     "): its store takes no more calls"));
+  }
+  return absl::OkStatus();
 }
 
 StatusOr<std::pair<v1::Job, int64_t>> Coordinator::GetJobVersion(const JobId& id) const {

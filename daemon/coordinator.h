@@ -104,6 +104,10 @@ struct CoordinatorOptions {
   // the job ended. Runs without the coordinator's lock; must not block.
   // Default: none (nothing is dropped).
   std::function<void(const std::string& prefix)> drop_store_prefix;
+  // Called with the job's id once it ended, instead of
+  // drop_store_prefix("<job>/") when set: lockstepd's StoreCore::CloseJob,
+  // which also refuses later writes there. Same rules as drop_store_prefix.
+  std::function<void(const std::string& job_id)> close_store_job;
   int finished_jobs_in_memory = kDefaultFinishedJobsInMemory;
   // > 0: Tick deletes (as DeleteJob does) every job that finished longer
   // ago than this. 0: finished jobs are kept until deleted.
@@ -133,6 +137,11 @@ class Coordinator {
   // NotFound naming the job (a finished job that left memory is read from
   // the store; its error if that read fails).
   StatusOr<v1::Job> GetJob(const JobId& id) const;
+  // OK while job `job_id` has not ended (its workers may use the store);
+  // FailedPrecondition naming it once it ended, or when no such job exists
+  // (deleted, or never): the store refuses its token then (the store
+  // client reports FailedPrecondition as a refused session). Memory only.
+  Status CheckStoreOpen(const std::string& job_id) const;
   // All jobs, oldest first; `states` empty = all. Reads the store when it
   // asks for finished jobs and some left memory (the store's error then).
   StatusOr<std::vector<v1::Job>> ListJobs(const std::vector<v1::JobState>& states) const;
@@ -205,6 +214,7 @@ class Coordinator {
   struct Effects {
     std::vector<std::pair<JobCallback, std::pair<v1::Job, int64_t>>> notify;
     std::vector<std::string> drop_prefixes;
+    std::vector<std::string> closed_jobs;
   };
 
   // Persists `next` (the new value of job `id`) if the Job changed, then

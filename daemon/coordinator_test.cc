@@ -1122,6 +1122,39 @@ TEST_F(CoordinatorTest, StoreNamespacesOfOldRoundsAndEndedJobsAreDropped) {
   EXPECT_EQ(dropped_.size(), 3u);
 }
 
+// With close_store_job (lockstepd's), an ended job is closed rather than
+// dropped by prefix; its store token opens nothing from then on, and a
+// deleted or unknown job's none either.
+TEST_F(CoordinatorTest, AnEndedJobsStoreIsClosedAndItsTokenRefused) {
+  std::vector<std::string> closed;
+  CoordinatorOptions options;
+  options.lease = seconds(10);
+  options.drop_store_prefix = [this](const std::string& prefix) { dropped_.push_back(prefix); };
+  options.close_store_job = [&](const std::string& id) { closed.push_back(id); };
+  coord_.reset();
+  coord_ = std::make_unique<Coordinator>(options, &clock_, &store_);
+  ASSERT_TRUE(coord_->Recover().ok());
+  auto job = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "");
+  ASSERT_TRUE(job.ok());
+  const std::string id = job->job_id();
+  EXPECT_TRUE(coord_->CheckStoreOpen(id).ok()) << "a pending job's workers may use the store";
+  ASSERT_TRUE(coord_->CancelJob(JobId(id)).ok());
+  EXPECT_EQ(closed, std::vector<std::string>{id});
+  EXPECT_TRUE(dropped_.empty()) << "closing drops the namespaces itself";
+  Status ended = coord_->CheckStoreOpen(id);
+  EXPECT_EQ(ended.code(), absl::StatusCode::kFailedPrecondition) << ended;
+  EXPECT_NE(ended.message().find(id + "\" has ended (CANCELLED)"), std::string::npos) << ended;
+  ASSERT_TRUE(coord_->DeleteJob(JobId(id)).ok());
+  EXPECT_EQ(coord_->CheckStoreOpen(id).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(coord_->CheckStoreOpen("j-never").code(), absl::StatusCode::kFailedPrecondition);
+  // After a restart, ended jobs stay closed (from coordinator.db).
+  auto other = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "");
+  ASSERT_TRUE(coord_->CancelJob(JobId(other->job_id())).ok());
+  coord_ = std::make_unique<Coordinator>(options, &clock_, &store_);
+  ASSERT_TRUE(coord_->Recover().ok());
+  EXPECT_EQ(coord_->CheckStoreOpen(other->job_id()).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(CoordinatorTest, StallOfTheCoordinatorCostsNoLease) {
   std::string id = RunningTwoByTwo(/*max_restarts=*/0);
   // SIGSTOPped for 30 s, three leases: no agent could renew meanwhile.

@@ -571,9 +571,13 @@ int Run(int argc, char** argv) {
     options.allowed_env = config.allowed_env;
     options.finished_job_retention = FromSeconds(config.retain_finished_s);
     store_core = std::make_unique<rendezvous::StoreCore>();
-    // Namespaces of superseded rounds and ended jobs (see CoordinatorOptions).
+    // Namespaces of superseded rounds and ended jobs (see CoordinatorOptions);
+    // an ended job's take no more writes.
     options.drop_store_prefix = [store = store_core.get()](const std::string& prefix) {
       store->DeleteNamespacesWithPrefix(prefix);
+    };
+    options.close_store_job = [store = store_core.get()](const std::string& job_id) {
+      store->CloseJob(job_id);
     };
     coordinator = std::make_unique<Coordinator>(options, RealClock(), job_store.get());
     s = coordinator->Recover();
@@ -587,10 +591,14 @@ int Run(int argc, char** argv) {
     // the admin token; viewer and agent tokens are refused (roles.h).
     store_service = std::make_unique<rendezvous::StoreGrpcService>(
         store_core.get(),
-        [&roles, store_key](const std::multimap<grpc::string_ref, grpc::string_ref>& md,
-                            absl::string_view ns) {
+        [&roles, store_key, coord = coordinator.get()](
+            const std::multimap<grpc::string_ref, grpc::string_ref>& md, absl::string_view ns) {
           auto [value, present] = AuthorizationHeader(md);
-          return AuthorizeStoreCall(roles, store_key, value, present, ns);
+          // A job's token opens its namespaces only while the job runs.
+          return AuthorizeStoreCall(roles, store_key, value, present, ns,
+                                    [coord](const std::string& job) {
+                                      return coord->CheckStoreOpen(job);
+                                    });
         });
   }
 

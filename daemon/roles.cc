@@ -194,7 +194,8 @@ Status AuthorizeRpc(const RoleTokens& roles, absl::string_view method,
 }
 
 Status AuthorizeStoreCall(const RoleTokens& roles, const std::string& store_key,
-                          absl::string_view header_value, bool present, absl::string_view ns) {
+                          absl::string_view header_value, bool present, absl::string_view ns,
+                          const std::function<Status(const std::string& job)>& job_open) {
   constexpr absl::string_view kPrefix = "Bearer ";
   if (present && absl::StartsWith(header_value, kPrefix)) {
     std::optional<Role> role = roles.RoleOf(header_value.substr(kPrefix.size()));
@@ -205,7 +206,9 @@ Status AuthorizeStoreCall(const RoleTokens& roles, const std::string& store_key,
           " needs admin or its job's store token)"));
     }
   }
-  return AuthorizeStore(header_value, present, store_key, ns);
+  RETURN_IF_ERROR(AuthorizeStore(header_value, present, store_key, ns));
+  if (job_open) return job_open(std::string(ns.substr(0, ns.find('/'))));
+  return absl::OkStatus();
 }
 
 }  // namespace daemon

@@ -29,6 +29,7 @@
 #ifndef LOCKSTEP_DAEMON_ROLES_H_
 #define LOCKSTEP_DAEMON_ROLES_H_
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -129,9 +130,13 @@ Status AuthorizeRpc(const RoleTokens& roles, absl::string_view method,
 // Authorizes a store call on namespace `ns`: an admin token opens every
 // namespace; otherwise AuthorizeStore with `store_key` (the job's store
 // token), except that a viewer or agent token gets PermissionDenied naming
-// its role rather than the namespace.
+// its role rather than the namespace. With `job_open`, a job's store token
+// is also refused (with its error) unless job_open(job) is OK, the job being
+// the namespace up to its first '/': the coordinator's CheckStoreOpen, so a
+// token outliving its job opens nothing.
 Status AuthorizeStoreCall(const RoleTokens& roles, const std::string& store_key,
-                          absl::string_view header_value, bool present, absl::string_view ns);
+                          absl::string_view header_value, bool present, absl::string_view ns,
+                          const std::function<Status(const std::string& job)>& job_open = nullptr);
 
 }  // namespace daemon
 }  // namespace lockstep

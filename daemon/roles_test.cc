@@ -167,6 +167,30 @@ TEST_F(RolesTest, StoreAdmitsAdminAndTheJobsStoreTokenOnly) {
             absl::StatusCode::kPermissionDenied);
 }
 
+// A job's token opens its namespaces only while job_open says the job runs
+// (lockstepd passes the coordinator's CheckStoreOpen); the admin's always.
+TEST_F(RolesTest, AJobsStoreTokenIsRefusedOnceTheJobEnded) {
+  const std::string key = "store-key";
+  const std::string worker = "Bearer " + JobStoreToken(key, "job-1");
+  std::vector<std::string> asked;
+  auto ended = [&](const std::string& job) {
+    asked.push_back(job);
+    return absl::FailedPreconditionError("store: job \"" + job + "\" has ended");
+  };
+  Status s = AuthorizeStoreCall(roles_, key, worker, true, "job-1/3", ended);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("job-1"), absl::string_view::npos) << s;
+  EXPECT_EQ(asked, std::vector<std::string>{"job-1"});
+  EXPECT_TRUE(AuthorizeStoreCall(roles_, key, "Bearer admin-secret", true, "job-1/3", ended).ok());
+  // A bad token is refused as before, before the job is looked up.
+  EXPECT_EQ(AuthorizeStoreCall(roles_, key, worker, true, "job-2/0", ended).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(asked.size(), 1u);
+  EXPECT_TRUE(AuthorizeStoreCall(roles_, key, worker, true, "job-1/3",
+                                 [](const std::string&) { return absl::OkStatus(); })
+                  .ok());
+}
+
 // During a rotation a role admits its current token and those listed after
 // it; the agents learn both from the coordinator's responses.
 TEST_F(RolesTest, ARoleAdmitsEveryListedTokenAndAgentsLearnThem) {

@@ -17,7 +17,9 @@ std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::strin
   std::vector<int> missing;
   if (store->Wait(keys, grace).ok()) return missing;
   for (int r = 0; r < world_size; ++r) {
-    if (!store->Get(keys[r], Duration::zero()).ok()) missing.push_back(r);
+    // Not this rank, even when its own mark could not be written (a store
+    // closed under it): it is here.
+    if (r != rank && !store->Get(keys[r], Duration::zero()).ok()) missing.push_back(r);
   }
   return missing;
 }

@@ -28,8 +28,20 @@ Status ErrnoStatus(absl::string_view what, const std::string& path) {
 Status CheckKey(const std::string& key) {
   if (key.empty()) return absl::InvalidArgumentError("store key is empty");
   if (key.size() > kMaxKeyBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("store key of ", key.size(), " bytes exceeds kMaxKeyBytes (", kMaxKeyBytes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("store key ", QuoteForError(key), " of ",
+                                                   key.size(), " bytes exceeds kMaxKeyBytes (",
+                                                   kMaxKeyBytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// As StoreCore's ValidateKeyList: 1..kMaxKeysPerRequest valid keys.
+Status CheckKeyCount(size_t keys) {
+  if (keys == 0) return absl::InvalidArgumentError("store request names no keys");
+  if (keys > kMaxKeysPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("store request names ", keys,
+                                                   " keys, over kMaxKeysPerRequest (",
+                                                   kMaxKeysPerRequest, ")"));
   }
   return absl::OkStatus();
 }
@@ -201,13 +213,16 @@ StatusOr<int64_t> FileStore::Add(const std::string& key, int64_t delta) {
   StatusOr<std::string> current = ReadKey(key);
   if (current.ok()) {
     if (!absl::SimpleAtoi(*current, &value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("key '", key, "' holds '", *current, "', not an integer"));
+      return absl::InvalidArgumentError(absl::StrCat("store key ", QuoteForError(key), " holds ",
+                                                     QuoteForError(*current), ", not an integer"));
     }
   } else if (!absl::IsNotFound(current.status())) {
     return current.status();
   }
-  value += delta;
+  if (__builtin_add_overflow(value, delta, &value)) {
+    return absl::OutOfRangeError(absl::StrCat("store key ", QuoteForError(key), ": ", *current,
+                                              " + ", delta, " overflows int64"));
+  }
   RETURN_IF_ERROR(WriteKey(key, std::to_string(value)));
   return value;
 }
@@ -237,6 +252,7 @@ StatusOr<bool> FileStore::Delete(const std::string& key) {
 }
 
 Status FileStore::Wait(const std::vector<std::string>& keys, Duration timeout) {
+  RETURN_IF_ERROR(CheckKeyCount(keys.size()));
   for (const auto& key : keys) RETURN_IF_ERROR(CheckKey(key));
   std::vector<std::string> missing;
   bool done = PollUntil(timeout, [&] {
@@ -278,6 +294,7 @@ StatusOr<std::vector<std::string>> FileStore::MultiGet(const std::vector<std::st
 }
 
 Status FileStore::MultiSet(const std::vector<std::pair<std::string, std::string>>& entries) {
+  RETURN_IF_ERROR(CheckKeyCount(entries.size()));
   for (const auto& [key, value] : entries) {
     RETURN_IF_ERROR(CheckKey(key));
     RETURN_IF_ERROR(CheckValue(key, value));

@@ -35,6 +35,9 @@ inline constexpr std::chrono::seconds kDefaultStoreTimeout{300};
 // Limits every implementation enforces (InvalidArgument / ResourceExhausted).
 inline constexpr size_t kMaxKeyBytes = 1024;
 inline constexpr size_t kMaxValueBytes = 16 * 1024 * 1024;
+// At most this many keys in one Wait / MultiGet / MultiSet request
+// (InvalidArgument beyond).
+inline constexpr size_t kMaxKeysPerRequest = 65536;
 inline constexpr size_t kMaxKeysPerNamespace = 1 << 20;
 
 // Metadata a Session stream opens with: the job ("<job>" of "<job>/...") its

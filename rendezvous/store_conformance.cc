@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -69,6 +70,33 @@ TEST_P(StoreConformanceTest, AddOnNonIntegerValueIsInvalidArgument) {
   EXPECT_EQ(added.status().code(), absl::StatusCode::kInvalidArgument) << added.status();
   EXPECT_NE(added.status().message().find("text"), std::string::npos);
   EXPECT_EQ(*store_->Get("text", seconds(5)), "hello");
+}
+
+TEST_P(StoreConformanceTest, AddOverflowIsOutOfRangeAndChangesNothing) {
+  ASSERT_TRUE(store_->Set("big", std::to_string(std::numeric_limits<int64_t>::max() - 1)).ok());
+  EXPECT_EQ(*store_->Add("big", 1), std::numeric_limits<int64_t>::max());
+  auto over = store_->Add("big", 1);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kOutOfRange) << over.status();
+  EXPECT_NE(over.status().message().find("big"), std::string::npos) << over.status();
+  EXPECT_EQ(*store_->Get("big", seconds(5)), std::to_string(std::numeric_limits<int64_t>::max()));
+  ASSERT_TRUE(store_->Set("small", std::to_string(std::numeric_limits<int64_t>::min())).ok());
+  EXPECT_EQ(store_->Add("small", -1).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_P(StoreConformanceTest, TooManyKeysInOneRequestIsInvalidArgumentNamingTheLimit) {
+  std::vector<std::string> keys(kMaxKeysPerRequest + 1);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = "k" + std::to_string(i);
+  Status wait = store_->Wait(keys, milliseconds(10));
+  EXPECT_EQ(wait.code(), absl::StatusCode::kInvalidArgument) << wait;
+  EXPECT_NE(wait.message().find("kMaxKeysPerRequest"), std::string::npos) << wait;
+  auto get = store_->MultiGet(keys, milliseconds(10));
+  EXPECT_EQ(get.status().code(), absl::StatusCode::kInvalidArgument) << get.status();
+  std::vector<std::pair<std::string, std::string>> entries;
+  for (const auto& k : keys) entries.emplace_back(k, "v");
+  Status set = store_->MultiSet(entries);
+  EXPECT_EQ(set.code(), absl::StatusCode::kInvalidArgument) << set;
+  EXPECT_NE(set.message().find("kMaxKeysPerRequest"), std::string::npos) << set;
+  EXPECT_EQ(*store_->NumKeys(), 0) << "nothing of a refused MultiSet is written";
 }
 
 TEST_P(StoreConformanceTest, ConcurrentAddsFromManyClientsAreAtomic) {

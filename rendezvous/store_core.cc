@@ -99,8 +99,17 @@ std::string QuotaOwner(const std::string& ns) { return ns.substr(0, ns.find('/')
 
 }  // namespace
 
+Status StoreCore::CheckOpenLocked(const std::string& ns) const {
+  const std::string owner = QuotaOwner(ns);
+  if (closed_jobs_.count(owner) == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "store: job ", QuoteForError(owner), " has ended: its namespaces were dropped and take no "
+      "more writes or waits (namespace ", QuoteForError(ns), ")"));
+}
+
 Status StoreCore::CheckRoomLocked(const std::string& ns, const Namespace* space,
                                   size_t new_keys, int64_t added_bytes) const {
+  RETURN_IF_ERROR(CheckOpenLocked(ns));
   size_t have = space == nullptr ? 0 : space->values.size();
   if (have + new_keys > options_.max_keys_per_namespace) {
     return absl::ResourceExhaustedError(absl::StrCat("store namespace ", QuoteForError(ns), " holds ", have,
@@ -200,6 +209,7 @@ void StoreCore::EraseWaiterLocked(WaitId id, bool unindex) {
 }
 
 Status StoreCore::CheckWaiterRoomLocked(const std::string& ns) const {
+  RETURN_IF_ERROR(CheckOpenLocked(ns));
   const std::string owner = QuotaOwner(ns);
   auto held = job_waiters_.find(owner);
   const size_t job = held == job_waiters_.end() ? 0 : held->second;
@@ -538,6 +548,14 @@ int StoreCore::DeleteNamespacesWithPrefix(const std::string& prefix) {
   }
   RunReady(&ready);
   return dropped;
+}
+
+void StoreCore::CloseJob(const std::string& job) {
+  {
+    MutexLock lock(&mu_);
+    closed_jobs_.insert(job);
+  }
+  DeleteNamespacesWithPrefix(job + "/");
 }
 
 int64_t StoreCore::NumNamespaces() const {

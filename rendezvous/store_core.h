@@ -37,6 +37,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -49,9 +50,6 @@
 namespace lockstep {
 namespace rendezvous {
 
-// At most this many keys in one Wait / MultiGet / MultiSet request
-// (InvalidArgument beyond).
-inline constexpr size_t kMaxKeysPerRequest = 65536;
 // Store quotas (StoreCore::Options).
 inline constexpr size_t kMaxBytesPerJob = 64u << 20;
 inline constexpr size_t kMaxBytesTotal = 1u << 30;
@@ -171,6 +169,12 @@ class StoreCore {
   // Drops every namespace starting with `prefix` ("job-1/" drops all rounds
   // of job-1). Returns how many were dropped.
   int DeleteNamespacesWithPrefix(const std::string& prefix);
+  // The job has ended: drops its namespaces ("<job>/...", as
+  // DeleteNamespacesWithPrefix) and refuses every later write or wait in
+  // them with FailedPrecondition naming the job (a worker or a token that
+  // outlived the job would otherwise fill namespaces nobody drops again).
+  // Reads answer as for absent keys. Kept for the life of the core.
+  void CloseJob(const std::string& job);
 
   // Namespaces holding keys or waiters; for status pages and tests.
   int64_t NumNamespaces() const;
@@ -210,6 +214,8 @@ class StoreCore {
   Status CheckRoomLocked(const std::string& ns, const Namespace* space, size_t new_keys,
                          int64_t added_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether one more waiter of `ns` fits (per job, in all).
+  // FailedPrecondition when `ns` belongs to a closed job (CloseJob).
+  Status CheckOpenLocked(const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status CheckWaiterRoomLocked(const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What writing `value_size` bytes at `key` changes the byte count by.
   static int64_t WriteDelta(const Namespace* space, const std::string& key, size_t value_size);
@@ -235,6 +241,7 @@ class StoreCore {
   std::map<std::string, Namespace> namespaces_ ABSL_GUARDED_BY(mu_);
   // Bytes held per job ("<job>" of "<job>/..."), and in all.
   std::unordered_map<std::string, size_t> job_bytes_ ABSL_GUARDED_BY(mu_);
+  std::unordered_set<std::string> closed_jobs_ ABSL_GUARDED_BY(mu_);  // CloseJob
   size_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::unordered_map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   // Registered waiters per job (the quota owner of their namespace).

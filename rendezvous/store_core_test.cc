@@ -202,6 +202,38 @@ TEST_F(StoreCoreTest, DeleteNamespacesWithPrefixDropsEveryRoundOfAJob) {
   EXPECT_EQ(core_.NumNamespaces(), 1);
 }
 
+// An ended job's namespaces go and stay gone: a worker or token that
+// outlived the job cannot fill them again (nobody would drop them).
+TEST_F(StoreCoreTest, AClosedJobsNamespacesTakeNoMoreWritesOrWaits) {
+  ASSERT_TRUE(core_.Set("job/1", "k", "v").ok());
+  ASSERT_TRUE(core_.Set("jobx/1", "k", "v").ok());
+  Recorder parked;
+  core_.WaitAsync("job/1", {"never"}, MonoTime::max(), false, parked.Callback());
+  core_.CloseJob("job");
+  ASSERT_EQ(parked.calls, 1);
+  EXPECT_EQ(parked.result->status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(core_.NumNamespaces(), 1);  // jobx's
+  auto refused = [](const Status& s) {
+    return s.code() == absl::StatusCode::kFailedPrecondition &&
+           s.message().find("job \"job\" has ended") != absl::string_view::npos;
+  };
+  EXPECT_PRED1(refused, core_.Set("job/1", "k", "v"));
+  EXPECT_PRED1(refused, core_.Set("job/2", "k", "v"));  // a round not seen before
+  EXPECT_PRED1(refused, core_.Add("job/1", "n", 1).status());
+  EXPECT_PRED1(refused, core_.CompareSet("job/1", "k", "", "v").status());
+  EXPECT_PRED1(refused, core_.MultiSet("job/1", {{"a", "1"}}));
+  Recorder wait;
+  core_.WaitAsync("job/1", {"k"}, MonoTime::max(), false, wait.Callback());
+  ASSERT_EQ(wait.calls, 1);
+  EXPECT_PRED1(refused, wait.result->status());
+  EXPECT_EQ(core_.TryGet("job/1", "k").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(core_.NumNamespaces(), 1);
+  EXPECT_EQ(core_.NumPendingWaiters(), 0);
+  // Another job, even one whose name starts the same, is untouched.
+  EXPECT_TRUE(core_.Set("jobx/1", "k2", "v").ok());
+  EXPECT_TRUE(core_.Set("jo/1", "k", "v").ok());
+}
+
 TEST_F(StoreCoreTest, AddOnNonIntegerIsInvalidArgumentNamingKey) {
   ASSERT_TRUE(core_.Set("ns", "text", "hello").ok());
   auto added = core_.Add("ns", "text", 1);
