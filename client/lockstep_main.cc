@@ -346,6 +346,10 @@ class Cli {
         !absl::SimpleAtoi(mm.back(), &max_nodes)) {
       return Usage(absl::InvalidArgumentError("--nodes: expected N or MIN:MAX, got \"" + nodes + "\""));
     }
+    if (max_nodes == 0) {  // 0 in the spec means "as min": never what was typed
+      return Usage(absl::InvalidArgumentError("--nodes: the node count must be 1 or more, got \"" +
+                                              nodes + "\""));
+    }
     spec->set_min_nodes(min_nodes);
     spec->set_max_nodes(max_nodes);
     spec->set_nproc_per_node(nproc);
@@ -791,6 +795,17 @@ class Cli {
     if (all_ranks && flags.WasSet("rank")) {
       return Usage(absl::InvalidArgumentError("--rank and --all-ranks exclude each other"));
     }
+    if (rank < 0) {
+      return Usage(absl::InvalidArgumentError(absl::StrCat("--rank: expected 0 or more, got ", rank)));
+    }
+    if (flags.WasSet("tail") && tail_lines <= 0) {
+      return Usage(absl::InvalidArgumentError(
+          absl::StrCat("--tail: expected 1 or more lines, got ", tail_lines)));
+    }
+    if (flags.WasSet("tail-bytes") && tail <= 0) {
+      return Usage(absl::InvalidArgumentError(
+          absl::StrCat("--tail-bytes: expected 1 or more bytes, got ", tail)));
+    }
     RETURN_IF_ERROR(Connect());
     LogView view;
     view.all_ranks = all_ranks;
@@ -832,6 +847,14 @@ class Cli {
       RETURN_IF_ERROR(got.status());
       const v1::Job& job = *got;
       const bool ended = IsTerminal(job.state());  // read before the logs: all is written
+      const int64_t max_world = int64_t{std::max(job.spec().max_nodes(), job.spec().min_nodes())} *
+                                job.spec().nproc_per_node();
+      if (view.follow && !view.all_ranks && max_world > 0 && view.rank >= max_world) {
+        // No round can ever have it: following would wait the job out.
+        return absl::NotFoundError(absl::StrCat("job ", id, " has no rank ", view.rank,
+                                                " and never will: at most ", max_world,
+                                                " ranks (max nodes x nproc per node)"));
+      }
       if (view.state_lines) state_lines.Print(job, std::cout);
       std::vector<const v1::WorkerStatus*> workers;
       for (const auto& w : job.workers()) {
@@ -1096,7 +1119,9 @@ int Main(int argc, char** argv) {
   auto rest = flags.Parse(argc, argv, /*stop_at_first_positional=*/true);
   if (!rest.ok()) {
     if (rest.status().code() == absl::StatusCode::kNotFound) {
-      const bool version = argc > 1 && std::string(argv[1]) == "--version";
+      // --version wherever it stands among the global flags; else --help.
+      bool version = false;
+      for (int i = 1; i < argc && !version; ++i) version = std::string(argv[i]) == "--version";
       std::cout << (version ? std::string(rest.status().message()) : kUsage);
       return 0;
     }

@@ -64,6 +64,9 @@ expect_usage 'unknown flag -q' ls_cli logs -q "$job"
 
 grep -qx "lockstep [0-9.]*" <<<"$("$LOCKSTEP" --version)" || fail "lockstep --version: $("$LOCKSTEP" --version)"
 grep -qx "lockstepd [0-9.]*" <<<"$("$LOCKSTEPD" --version)" || fail "lockstepd --version: $("$LOCKSTEPD" --version)"
+# After the global flags too (it printed the usage text before).
+grep -qx "lockstep [0-9.]*" <<<"$("$LOCKSTEP" --coordinator 127.0.0.1:1 --json --version)" ||
+  fail "lockstep --coordinator ... --version: $("$LOCKSTEP" --coordinator 127.0.0.1:1 --json --version)"
 help=$(ls_cli submit --help)
 grep -q -- "--nodes, --nnodes" <<<"$help" || fail "submit --help does not show --nnodes"
 if grep -q "(default [^:].*(default: " <<<"$help"; then
