@@ -374,7 +374,17 @@ class Cli {
     if (standalone) return RunStandalone(req, lockstepd, state_dir);
     RETURN_IF_ERROR(Connect());
     v1::SubmitJobResponse resp;
-    RETURN_IF_ERROR(Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit"));
+    Status submitted = Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit");
+    if (absl::IsDeadlineExceeded(submitted) || absl::IsUnavailable(submitted)) {
+      // The request may have reached the coordinator: say how to retry it
+      // without a second job.
+      return absl::Status(submitted.code(),
+                          absl::StrCat(submitted.message(),
+                                       "; the job may or may not have been accepted: the same "
+                                       "command with --request-id ",
+                                       req.request_id(), " submits it at most once"));
+    }
+    RETURN_IF_ERROR(submitted);
     const std::string id = resp.job().job_id();
     if (detach) {
       if (common_.json) {

@@ -18,6 +18,8 @@ TOKEN="$T/coord/token"
 start_agent nodea
 start_agent nodeb
 
+job_id_of() { python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])'; }
+
 # run_through OUTAGE: submits a job long enough to outlast the outage,
 # applies OUTAGE ("kill" or "stop") once it trains, checks the outcome.
 run_through() {
@@ -35,7 +37,15 @@ run_through() {
   else
     log "SIGSTOP the coordinator (pid $PID_coord) for ${OUTAGE_S}s"
     kill -STOP "$PID_coord"
-    sleep "$OUTAGE_S"
+    local stopped_at rc=0 err
+    stopped_at=$(date +%s)
+    # A submit meanwhile times out (10 s) saying how to retry it safely.
+    err=$(ls_cli submit --detach --json --nodes 1 -- /bin/true 2>&1 >/dev/null) || rc=$?
+    [ "$rc" = 1 ] && grep -q "DEADLINE_EXCEEDED.*may or may not have been accepted" <<<"$err" ||
+      { kill -CONT "$PID_coord"; fail "a submit to the stopped coordinator: rc $rc: $err"; }
+    retry_id=$(sed -n 's/.*--request-id \([^ ]*\) submits it at most once.*/\1/p' <<<"$err")
+    [ -n "$retry_id" ] || { kill -CONT "$PID_coord"; fail "no request id to retry with: $err"; }
+    sleep $(( OUTAGE_S - ($(date +%s) - stopped_at) ))
     kill -CONT "$PID_coord"
   fi
   # Training went on through the outage.
@@ -46,6 +56,17 @@ run_through() {
     fail "after the $outage outage: (round, restarts) = $(job_field "$job" '(j["round"], j.get("restart_count", 0))'), not (1, 0)"
   grep -q "stopped this node's workers" "$T/nodea.log" "$T/nodeb.log" && fail "an agent fenced during the outage"
   check_invariants "$job" 0
+  if [ "$outage" = stop ]; then
+    # Retried twice with the printed request id: one job, whether or not the
+    # timed-out request had reached the coordinator.
+    local a b
+    a=$(ls_cli submit --detach --json --request-id "$retry_id" --nodes 1 -- /bin/true | job_id_of)
+    b=$(ls_cli submit --detach --json --request-id "$retry_id" --nodes 1 -- /bin/true | job_id_of)
+    [ -n "$a" ] && [ "$a" = "$b" ] || fail "the retried submit made jobs '$a' and '$b'"
+    [ "$(ls_cli list --json | python3 -c 'import json,sys; print(sum(1 for j in json.load(sys.stdin).get("jobs", []) if j.get("request_id") == sys.argv[1]))' "$retry_id")" = 1 ] ||
+      fail "more than one job for request $retry_id: $(ls_cli list)"
+    log "stop: a submit that timed out, retried with $retry_id, made one job ($a)"
+  fi
   log "$outage: round 1, 0 restarts, SUCCEEDED"
 }
 run_through kill
