@@ -180,6 +180,10 @@ int main(int argc, char** argv) {
   flags.String("train", &cfg.train, "path of examples/train (default: from runfiles)");
   auto rest = flags.Parse(argc, argv);
   if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());
+  if (!rest->empty()) {  // "--local false" would leave it true, silently
+    return lockstep::FlagSet::ReportParseError(absl::InvalidArgumentError(absl::StrCat(
+        "unexpected argument '", (*rest)[0], "' (boolean flags take --flag=false; see ddp_bench --help)")));
+  }
   lockstep::Status s = lockstep::Run(cfg, argv[0]);
   if (!s.ok()) {
     std::fprintf(stderr, "ddp_bench: %s\n", s.ToString().c_str());

@@ -107,6 +107,18 @@ Status Run(const Config& cfg) {
   if (cfg.weight_by_samples && cfg.micro_batches != 1) {
     return absl::InvalidArgumentError("--weight-by-samples takes --micro-batches 1");
   }
+  if (cfg.batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch: expected 1 or more, got ", cfg.batch));
+  }
+  // torch::chunk splits B into ceil(B/K)-sized parts: fewer than K when K
+  // does not fit (32 into 9 is 8 parts), and the step loop takes K.
+  if (cfg.micro_batches < 1 || cfg.micro_batches > cfg.batch ||
+      (cfg.batch + (cfg.batch + cfg.micro_batches - 1) / cfg.micro_batches - 1) /
+              ((cfg.batch + cfg.micro_batches - 1) / cfg.micro_batches) != cfg.micro_batches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--micro-batches ", cfg.micro_batches, " does not split --batch ", cfg.batch,
+        " into that many parts (1 to ", cfg.batch, ", e.g. a divisor)"));
+  }
   if (cfg.device == "cuda" && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
         "--device cuda: this LibTorch sees no CUDA device (CPU-only build, or no GPU)");
@@ -389,6 +401,10 @@ int main(int argc, char** argv) {
             "rank 0 saves a checkpoint after every N-th step (0: never)");
   auto rest = flags.Parse(argc, argv);
   if (!rest.ok()) return lockstep::FlagSet::ReportParseError(rest.status());
+  if (!rest->empty()) {  // "--set-to-none false" would leave it true, silently
+    return lockstep::FlagSet::ReportParseError(absl::InvalidArgumentError(absl::StrCat(
+        "unexpected argument '", (*rest)[0], "' (boolean flags take --flag=false; see train --help)")));
+  }
   lockstep::Status s = lockstep::InitLogging();  // Logs to stderr; stdout is JSON.
   if (s.ok()) s = lockstep::Run(cfg);
   if (!s.ok()) {

@@ -53,4 +53,19 @@ run_job averaged
 err=$(max_error "$T/local.params" "$T/averaged.params.0")
 log "averaged: max error $err"
 below 1e-4 "$err" || fail "the unweighted run matches the local one too ($err): the test cannot tell"
+
+# The trainer's own bad input is refused, naming it: a stray word (it left
+# "--set-to-none false" true), micro-batches that do not split the batch
+# (32 into 9 segfaulted), a batch below 1 (aborted).
+refused() {
+  local want=$1 rc=0 out
+  shift
+  out=$("$TRAIN" --local --model mlp_small --steps 1 "$@" 2>&1) || rc=$?
+  [ "$rc" = 1 ] || [ "$rc" = 2 ] || fail "train $*: exit $rc, not a refusal: $out"
+  grep -qF -- "$want" <<<"$out" || fail "train $*: does not say '$want': $out"
+}
+refused "unexpected argument 'false'" --set-to-none false
+refused "--micro-batches 9 does not split --batch 32" --micro-batches 9
+refused "--micro-batches 0 does not split" --micro-batches 0
+refused "--batch: expected 1 or more, got -3" --batch -3
 log "PASS"
