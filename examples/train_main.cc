@@ -112,9 +112,9 @@ Status Run(const Config& cfg) {
   }
   // torch::chunk splits B into ceil(B/K)-sized parts: fewer than K when K
   // does not fit (32 into 9 is 8 parts), and the step loop takes K.
-  if (cfg.micro_batches < 1 || cfg.micro_batches > cfg.batch ||
-      (cfg.batch + (cfg.batch + cfg.micro_batches - 1) / cfg.micro_batches - 1) /
-              ((cfg.batch + cfg.micro_batches - 1) / cfg.micro_batches) != cfg.micro_batches) {
+  const int64_t micro = cfg.micro_batches;
+  const int64_t part = micro < 1 ? 0 : (cfg.batch + micro - 1) / micro;  // torch's chunk size
+  if (micro < 1 || micro > cfg.batch || (cfg.batch + part - 1) / part != micro) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--micro-batches ", cfg.micro_batches, " does not split --batch ", cfg.batch,
         " into that many parts (1 to ", cfg.batch, ", e.g. a divisor)"));

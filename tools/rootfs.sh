@@ -34,10 +34,12 @@ rootfs_locked() {
   local rc=0
   if [ -n "${ROOTFS_LOCK_FD:-}" ]; then "$@"; return; fi
   flock -w "${ROOTFS_LOCK_WAIT:-900}" -E 75 "$ROOTFS_LOCK" "$@" || rc=$?
-  if ((rc == 75)); then
-    echo "rootfs: waited ${ROOTFS_LOCK_WAIT:-900} s for $ROOTFS_LOCK (the apt cache), held by another root being made" >&2
-  fi
+  if ((rc == 75)); then rootfs_lock_timed_out; fi
   return "$rc"
+}
+
+rootfs_lock_timed_out() {
+  echo "rootfs: waited ${ROOTFS_LOCK_WAIT:-900} s for $ROOTFS_LOCK (the apt cache), held by another root being made" >&2
 }
 
 # The host's Debian mirror (deb822 sources first, then sources.list).
@@ -130,7 +132,7 @@ rootfs_prepare() {
   tarball="$ROOTFS_CACHE/bookworm-$key.tar"
   exec {ROOTFS_LOCK_FD}>>"$ROOTFS_LOCK"
   if ! flock -w "${ROOTFS_LOCK_WAIT:-900}" "$ROOTFS_LOCK_FD"; then
-    echo "rootfs: waited ${ROOTFS_LOCK_WAIT:-900} s for $ROOTFS_LOCK (the apt cache), held by another root being made" >&2
+    rootfs_lock_timed_out
     exec {ROOTFS_LOCK_FD}>&-
     unset ROOTFS_LOCK_FD
     return 1
