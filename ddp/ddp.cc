@@ -3,6 +3,7 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <exception>
 #include <map>
@@ -11,6 +12,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "ddp/op_inputs.h"
 
 namespace lockstep {
@@ -23,6 +25,182 @@ double MillisSince(MonoTime start) {
 
 double MillisBetween(MonoTime a, MonoTime b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Before the first collective of DDP's own: every rank must have the same
+// model (parameters and buffers: count, dtype, shape, which require grad)
+// and the DDP options that decide what goes on the wire (bucket sizes, the
+// hook, unused-parameter and sample-weight elements, buffer broadcasts, the
+// launch order). Ranks that differ would otherwise run collectives of
+// different sizes: shm names that, but Gloo's transport thread aborts the
+// process. One allgather of a fixed-size record; a second, of one record per
+// tensor, only when the counts agree but the shapes do not, to name the
+// first tensor that differs. Every rank sees every record, so every rank
+// returns the same error and none is left waiting.
+constexpr int64_t kAgreementMagic = 0x4c53444450303031;  // "LSDDP001"
+
+uint64_t Fnv1a(uint64_t h, int64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t HashString(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = Fnv1a(h, static_cast<unsigned char>(c));
+  return h;
+}
+
+// One tensor: dtype, requires_grad, dims, numel, a hash of its sizes.
+constexpr int kTensorFields = 5;
+std::array<int64_t, kTensorFields> DescribeTensor(const torch::Tensor& t) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t d : t.sizes()) h = Fnv1a(h, d);
+  return {static_cast<int64_t>(t.scalar_type()), t.requires_grad() ? 1 : 0, t.dim(), t.numel(),
+          static_cast<int64_t>(h)};
+}
+
+struct AgreementField {
+  const char* name;
+  int64_t value;
+  std::string shown;  // How this rank's value is printed.
+};
+
+StatusOr<torch::Tensor> GatherRecords(Communicator& comm, const std::vector<int64_t>& mine,
+                                      Duration timeout) {
+  const int64_t n = static_cast<int64_t>(mine.size());
+  torch::Tensor in = torch::tensor(mine, torch::kInt64).to(comm.device());
+  torch::Tensor out = torch::empty({comm.world_size() * n}, in.options());
+  RETURN_IF_ERROR(comm.AllGather(in, out)->Wait(timeout + kWorkWaitSlack));
+  return out.cpu().view({comm.world_size(), n});
+}
+
+std::string ShapeOf(const torch::Tensor& t) {
+  return absl::StrCat(c10::toString(t.scalar_type()), " [", absl::StrJoin(t.sizes(), ", "), "]",
+                      t.requires_grad() ? "" : " (no grad)");
+}
+
+Status CheckRanksAgree(Communicator& comm, const std::vector<Reducer::NamedParam>& state,
+                       const DdpOptions& options, Duration timeout) {
+  const int world = comm.world_size();
+  const int me = comm.rank();
+  if (world == 1) return absl::OkStatus();
+  std::vector<std::array<int64_t, kTensorFields>> tensors;
+  uint64_t model_hash = 1469598103934665603ull;
+  int64_t with_grad = 0;
+  for (const auto& s : state) {
+    tensors.push_back(DescribeTensor(s.tensor));
+    for (int64_t v : tensors.back()) model_hash = Fnv1a(model_hash, v);
+    with_grad += s.tensor.requires_grad() ? 1 : 0;
+  }
+  const CommHook& hook = options.comm_hook;
+  const std::vector<AgreementField> fields = {
+      {"bucket_cap_mb", static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024),
+       absl::StrCat(options.bucket_cap_mb)},
+      {"find_unused_parameters", options.find_unused_parameters,
+       options.find_unused_parameters ? "true" : "false"},
+      {"broadcast_buffers", options.broadcast_buffers,
+       options.broadcast_buffers ? "true" : "false"},
+      {"comm hook", static_cast<int64_t>(HashString(hook.name)), absl::StrCat("'", hook.name, "'")},
+      {"comm hook flags",
+       (hook.prescale_by_world ? 1 : 0) | (hook.prescale_optional ? 2 : 0) |
+           (hook.takes_deferred_inputs ? 4 : 0) | (hook.sums_weighted_buckets ? 8 : 0),
+       absl::StrCat("prescale_by_world ", hook.prescale_by_world, ", prescale_optional ",
+                    hook.prescale_optional, ", takes_deferred_inputs ", hook.takes_deferred_inputs,
+                    ", sums_weighted_buckets ", hook.sums_weighted_buckets)},
+      {"weight_by_samples", options.weight_by_samples,
+       options.weight_by_samples ? "true" : "false"},
+      {"gradient_as_bucket_view", options.gradient_as_bucket_view,
+       options.gradient_as_bucket_view ? "true" : "false"},
+      {"gradient_priority", options.gradient_priority,
+       options.gradient_priority ? "true" : "false"},
+      {"overlap_optimizer", options.overlap_optimizer,
+       options.overlap_optimizer ? "true" : "false"},
+      {"overlap_forward", options.overlap_forward, options.overlap_forward ? "true" : "false"},
+  };
+  std::vector<int64_t> record = {kAgreementMagic, static_cast<int64_t>(state.size()), with_grad,
+                                 static_cast<int64_t>(model_hash)};
+  for (const auto& f : fields) record.push_back(f.value);
+  auto gathered = GatherRecords(comm, record, timeout);
+  if (!gathered.ok()) {
+    return Annotate(gathered.status(), "DDP: checking that every rank has the same model and options");
+  }
+  const auto all = gathered->accessor<int64_t, 2>();
+  const auto at = [&](int r, size_t i) { return all[r][static_cast<int64_t>(i)]; };
+  for (int r = 0; r < world; ++r) {
+    if (at(r, 0) != kAgreementMagic) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DDP: rank ", r, " runs another version of the engine (its model check does not match "
+          "rank ", me, "'s): build every rank from one lockstep"));
+    }
+  }
+  // The ranks that differ from rank 0, per thing compared.
+  const auto differing = [&](size_t i) {
+    std::vector<int> ranks;
+    for (int r = 1; r < world; ++r) {
+      if (at(r, i) != at(0, i)) ranks.push_back(r);
+    }
+    return ranks;
+  };
+  const std::string where = absl::StrCat("rank ", me, " of ", world);
+  if (auto ranks = differing(1); !ranks.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DDP: every rank must wrap the same model: rank 0 has ", at(0, 1),
+        " parameters and buffers, rank ", ranks.front(), " has ", at(ranks.front(), 1),
+        " (ranks that differ from rank 0: ", absl::StrJoin(ranks, ", "), "; seen on ", where, ")"));
+  }
+  std::vector<std::string> options_differ;
+  for (size_t f = 0; f < fields.size(); ++f) {
+    auto ranks = differing(4 + f);
+    if (ranks.empty()) continue;
+    options_differ.push_back(absl::StrCat(fields[f].name, " (ranks ", absl::StrJoin(ranks, ", "),
+                                          " differ from rank 0; ", fields[f].shown, " here)"));
+  }
+  const bool model_differs = !differing(2).empty() || !differing(3).empty();
+  if (!model_differs && options_differ.empty()) return absl::OkStatus();
+  if (!model_differs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DDP: every rank must use the same DDP options, and these differ: ",
+        absl::StrJoin(options_differ, "; "), " (seen on ", where, ")"));
+  }
+  // Same count, different tensors: one record per tensor names the first.
+  std::vector<int64_t> per_tensor;
+  for (const auto& t : tensors) per_tensor.insert(per_tensor.end(), t.begin(), t.end());
+  if (per_tensor.empty()) per_tensor.push_back(0);
+  auto described = GatherRecords(comm, per_tensor, timeout);
+  if (!described.ok()) {
+    return Annotate(described.status(), "DDP: finding the first tensor that differs between ranks");
+  }
+  const auto desc = described->accessor<int64_t, 2>();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    for (int r = 1; r < world; ++r) {
+      bool same = true;
+      for (int k = 0; k < kTensorFields; ++k) {
+        const int64_t col = static_cast<int64_t>(i) * kTensorFields + k;
+        same = same && desc[r][col] == desc[0][col];
+      }
+      if (same) continue;
+      const auto field = [&](int rank, int k) {
+        return desc[rank][static_cast<int64_t>(i) * kTensorFields + k];
+      };
+      const auto summary = [&](int rank) {
+        return absl::StrCat(c10::toString(static_cast<c10::ScalarType>(field(rank, 0))), ", ",
+                            field(rank, 2), " dims, ", field(rank, 3), " elements",
+                            field(rank, 1) ? "" : ", no grad");
+      };
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DDP: every rank must wrap the same model: '", state[i].name, "' (tensor ", i + 1, " of ",
+          tensors.size(), ") is ", summary(0), " on rank 0 but ", summary(r), " on rank ", r,
+          "; here it is ", ShapeOf(state[i].tensor), " (seen on ", where, ")",
+          options_differ.empty() ? "" : "; DDP options differ too: ",
+          absl::StrJoin(options_differ, "; ")));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "DDP: every rank must wrap the same model, and the parameters' shapes differ between ranks "
+      "(seen on ", where, ")"));
 }
 
 }  // namespace
@@ -172,9 +350,11 @@ Status DistributedDataParallel::Init() {
         "DDP: overlap_forward needs overlap_optimizer (the next forward overlaps the "
         "communication that OptimizerStep would otherwise wait for)");
   }
-  if (!(options_.bucket_cap_mb > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DDP: bucket_cap_mb must be positive, got ", options_.bucket_cap_mb));
+  // At most 1 TiB: the cap is cast to bytes.
+  if (!(options_.bucket_cap_mb > 0) || !(options_.bucket_cap_mb <= 1024 * 1024)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DDP: bucket_cap_mb must be positive and at most 1048576 (1 TiB), got ",
+        options_.bucket_cap_mb));
   }
 
   // Parameters requiring grad, each storage once (tied weights), in
@@ -198,6 +378,7 @@ Status DistributedDataParallel::Init() {
   std::vector<torch::Tensor> state_tensors;
   for (const auto& s : state) state_tensors.push_back(s.tensor);
   const DdpOptions& opts = options_;
+  RETURN_IF_ERROR(CheckRanksAgree(*comm_, state, opts, opts.timeout));
   RETURN_IF_ERROR(Annotate(BroadcastCoalesced(*comm_, state_tensors, 0, opts.timeout),
                            "DDP: broadcasting initial parameters and buffers from rank 0"));
   ReducerOptions reducer_options;

@@ -365,6 +365,91 @@ TEST(DdpAnyModuleTest, SharedPtrAndAnyModuleAreAccepted) {
   EXPECT_TRUE(backward.ok()) << backward;
 }
 
+// ---- Ranks that disagree ------------------------------------------------
+//
+// Over Gloo, collectives of different sizes abort a process in Gloo's
+// transport thread; DDP compares the ranks' models and options before its
+// first collective, so every rank gets the same InvalidArgument instead.
+
+// Creates a DDP on each of kWorld ranks (threads over Gloo), the module and
+// options of rank r from make(r); returns each rank's status.
+std::vector<Status> CreateOnRanks(
+    const std::function<std::pair<torch::nn::Sequential, DdpOptions>(int)>& make) {
+  FakeStore store;
+  std::vector<Status> status(kWorld);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      status[rank] = [&]() -> Status {
+        ASSIGN_OR_RETURN(auto comm, test_ranks::ConnectGloo(&store, rank, kWorld));
+        auto [module, options] = make(rank);
+        options.report_progress = false;
+        options.timeout = std::chrono::seconds(30);
+        return DistributedDataParallel::Create(module, comm, options).status();
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return status;
+}
+
+void ExpectRefusedEverywhere(const std::vector<Status>& status,
+                             const std::vector<std::string>& says) {
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << "rank " << r << ": " << status[r];
+    for (const auto& s : says) {
+      EXPECT_NE(status[r].message().find(s), std::string::npos)
+          << "rank " << r << " does not say '" << s << "': " << status[r];
+    }
+  }
+}
+
+TEST(DdpAgreementTest, ADifferentLayerShapeIsNamedOnEveryRank) {
+  auto status = CreateOnRanks([](int rank) {
+    torch::nn::Sequential net(torch::nn::Linear(kIn, rank == 0 ? 8 : 16),
+                              torch::nn::Linear(rank == 0 ? 8 : 16, kOut));
+    return std::make_pair(net, DdpOptions());
+  });
+  ExpectRefusedEverywhere(status, {"same model", "'0.weight' (tensor 1 of 4)",
+                                   "Float, 2 dims, 48 elements on rank 0",
+                                   "Float, 2 dims, 96 elements on rank 1"});
+}
+
+TEST(DdpAgreementTest, ADifferentParameterCountIsNamedOnEveryRank) {
+  auto status = CreateOnRanks([](int rank) {
+    torch::nn::Sequential net(torch::nn::Linear(kIn, kOut));
+    if (rank == 1) net->push_back(torch::nn::Linear(kOut, kOut));
+    return std::make_pair(net, DdpOptions());
+  });
+  ExpectRefusedEverywhere(status, {"rank 0 has 2 parameters and buffers, rank 1 has 4"});
+}
+
+TEST(DdpAgreementTest, DifferentBucketSizesAndHooksAreNamedOnEveryRank) {
+  auto status = CreateOnRanks([](int rank) {
+    torch::nn::Sequential net(torch::nn::Linear(kIn, kOut));
+    DdpOptions options;
+    if (rank == 1) {
+      options.bucket_cap_mb = 1;
+      options.comm_hook = Fp16CompressHook();
+    }
+    return std::make_pair(net, options);
+  });
+  ExpectRefusedEverywhere(status, {"same DDP options", "bucket_cap_mb (ranks 1 differ from rank 0",
+                                   "comm hook (ranks 1 differ from rank 0"});
+  EXPECT_NE(status[1].message().find("'fp16' here"), std::string::npos) << status[1];
+  EXPECT_NE(status[0].message().find("'allreduce' here"), std::string::npos) << status[0];
+}
+
+TEST(DdpAgreementTest, RanksThatAgreeStillTrain) {
+  auto status = CreateOnRanks([](int) {
+    torch::nn::Sequential net(torch::nn::Linear(kIn, kOut));
+    DdpOptions options;
+    options.comm_hook = Bf16CompressHook();
+    return std::make_pair(net, options);
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+}
+
 }  // namespace
 }  // namespace ddp
 }  // namespace lockstep
