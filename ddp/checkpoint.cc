@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,9 +47,20 @@ int64_t StepOfName(const std::string& name) {
   return std::stoll(digits);
 }
 
-bool IsTempName(const std::string& name) {
-  return name.compare(0, sizeof(kPrefix) - 1, kPrefix) == 0 &&
-         name.find(kTempMarker) != std::string::npos;
+// A temp file ("ckpt-….pt.tmp-<pid>") whose writer is no longer running on
+// this host: its pid is not a live process (another writer's file, still
+// being written, is left alone).
+bool IsDeadWritersTemp(const std::string& name) {
+  if (name.compare(0, sizeof(kPrefix) - 1, kPrefix) != 0) return false;
+  const size_t marker = name.find(kTempMarker);
+  if (marker == std::string::npos) return false;
+  const std::string digits = name.substr(marker + sizeof(kTempMarker) - 1);
+  if (digits.empty() || digits.size() > 9 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return false;
+  }
+  const pid_t pid = static_cast<pid_t>(std::stol(digits));
+  return pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
 // (step, path) of every complete checkpoint in `dir`, highest step first.
@@ -236,7 +248,7 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
   ASSIGN_OR_RETURN(auto steps, ListSteps(dir));
   for (size_t i = options.keep; i < steps.size(); ++i) fs::remove(steps[i].second, ec);
   for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
-    if (IsTempName(entry.path().filename().string())) fs::remove(entry.path(), ec);
+    if (IsDeadWritersTemp(entry.path().filename().string())) fs::remove(entry.path(), ec);
   }
   return absl::OkStatus();
 }

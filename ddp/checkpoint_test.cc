@@ -3,12 +3,15 @@
 #include "ddp/checkpoint.h"
 
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -187,19 +190,29 @@ TEST(CheckpointTest, KeepsTheNewestCheckpointsAndRestoresTheNewest) {
 }
 
 // A writer killed mid-save leaves only a temp file: readers ignore it (the
-// previous checkpoint wins) and the next save removes it.
+// previous checkpoint wins) and the next save removes it; a temp file whose
+// writer still runs is left alone.
 TEST(CheckpointTest, LeftoverTempFileIsIgnoredAndRemovedByTheNextSave) {
   const std::string dir = FreshDir("temp");
   Net net;
   ASSERT_TRUE(SaveCheckpoint(dir, 0, {10, 0, 1}, *net, nullptr).ok());
-  const std::string temp = dir + "/ckpt-000000000020.pt.tmp-4242";
+  // A writer that died (a child that has exited and been reaped) and one
+  // still running (this test's parent): only the dead one's file goes.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  const std::string temp = absl::StrCat(dir, "/ckpt-000000000020.pt.tmp-", child);
+  const std::string live = absl::StrCat(dir, "/ckpt-000000000030.pt.tmp-", getppid());
   std::ofstream(temp) << "half a checkpoint";
+  std::ofstream(live) << "a checkpoint being written";
   auto restored = RestoreCheckpoint(dir, *net, nullptr);
   ASSERT_TRUE(restored.ok()) << restored.status();
   ASSERT_TRUE(restored->has_value());
   EXPECT_EQ((*restored)->info.step, 10);
   ASSERT_TRUE(SaveCheckpoint(dir, 0, {20, 0, 1}, *net, nullptr).ok());
-  EXPECT_FALSE(fs::exists(temp));
+  EXPECT_FALSE(fs::exists(temp)) << "a dead writer's temp file was kept";
+  EXPECT_TRUE(fs::exists(live)) << "a running writer's temp file was removed";
   EXPECT_TRUE(fs::exists(dir + "/ckpt-000000000020.pt"));
 }
 
