@@ -11,10 +11,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -62,10 +67,25 @@ Status Run(const Config& cfg, const char* argv0) {
   if (cfg.backend != "gloo" && cfg.backend != "shm") {
     return absl::InvalidArgumentError("--backend must be gloo or shm, got '" + cfg.backend + "'");
   }
+  for (const auto& [flag, value, least] :
+       {std::tuple<const char*, int64_t, int64_t>{"--world", cfg.world, 1},
+        {"--steps", cfg.steps, 1},
+        {"--warmup", cfg.warmup, 0},
+        {"--batch", cfg.batch, 1}}) {
+    if (value < least) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": expected ", least, " or more, got ", value));
+    }
+  }
   const std::string train = cfg.train.empty() ? FindTrainBinary(argv0) : cfg.train;
   if (train.empty()) return absl::NotFoundError("cannot find examples/train; pass --train");
-  char templ[] = "/tmp/ddp_bench_XXXXXX";
-  if (mkdtemp(templ) == nullptr) return absl::InternalError("mkdtemp failed");
+  // The ranks' outputs and file store; removed after a run that measured,
+  // kept (and named) after one that failed.
+  const char* tmpdir = getenv("TMPDIR");
+  std::string templ = absl::StrCat(tmpdir != nullptr && *tmpdir ? tmpdir : "/tmp", "/ddp_bench_XXXXXX");
+  if (mkdtemp(templ.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", templ, ": ", std::strerror(errno)));
+  }
   const std::string dir = templ;
   std::vector<pid_t> pids;
   for (int r = 0; r < cfg.world; ++r) {
@@ -128,7 +148,10 @@ Status Run(const Config& cfg, const char* argv0) {
     bytes_reduced = Field(line, "bytes_reduced");
     comm_memory = Field(line, "buckets_in_comm_memory");
   }
-  if (step_ms.empty()) return absl::InternalError("no step lines in " + dir + "/rank0.out");
+  if (step_ms.empty()) {
+    return absl::InternalError(absl::StrCat("no step lines after the ", cfg.warmup,
+                                            " warm-up steps in ", dir, "/rank0.out"));
+  }
   const double median = Median(step_ms);
   std::printf(
       R"({"system":"lockstep","model":"%s","world":%d,"backend":"%s","bucket_mb":%g,)"
@@ -148,6 +171,8 @@ Status Run(const Config& cfg, const char* argv0) {
       cfg.comm_hook.c_str(), cfg.local ? 0.0 : bytes_reduced, comm_memory > 0 ? "true" : "false",
       cfg.overlap_optimizer ? "true" : "false", cfg.gradient_priority ? "true" : "false",
       cfg.overlap_forward ? "true" : "false", cfg.local ? 0.0 : Median(first_layer_ms));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
   return absl::OkStatus();
 }
 

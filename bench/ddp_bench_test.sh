@@ -7,6 +7,10 @@
 set -euo pipefail
 bench="$1"
 train="$2"
+# Every run below works under this TMPDIR: a run that measured leaves
+# nothing there, one that failed keeps (and names) its directory.
+export TMPDIR="${TEST_TMPDIR:-$(mktemp -d)}/bench_tmp"
+mkdir -p "$TMPDIR"
 allreduce_bytes=""
 for mode in "" "--local" "--comm-hook=fp16" "--comm-hook=bf16" "--comm-hook=adasum"; do
   line=$("$bench" --train "$train" --model mlp_small --world 2 --steps 3 --warmup 1 --bucket-mb 1 $mode)
@@ -57,4 +61,13 @@ err=$("$bench" --train "$strict" --model mlp_small --world 2 --steps 2 --warmup 
   --overlap-forward 2>&1 >/dev/null) && { echo "FAIL: --overlap-forward was not passed on"; exit 1; }
 grep -q "strict_train: unknown flag --overlap-forward" <<<"$err" ||
   { echo "FAIL: --overlap-forward did not reach train: $err"; exit 1; }
+left=$(find "$TMPDIR" -maxdepth 1 -name 'ddp_bench_*')
+# The two failed runs above (--comm-hook=fp8, --overlap-forward) kept their
+# directories and named them; the runs that measured left nothing.
+grep -q "see $TMPDIR/ddp_bench_" <<<"$err" || { echo "FAIL: the failed run did not name its directory: $err"; exit 1; }
+[ "$(wc -l <<<"$left")" = 2 ] || { echo "FAIL: expected only the 2 failed runs' directories, found: $left"; exit 1; }
+for bad in "--world 0" "--steps 0" "--batch 0" "--warmup -1"; do
+  err=$("$bench" --train "$train" --model mlp_small $bad 2>&1) && { echo "FAIL: $bad accepted"; exit 1; }
+  grep -qF -- "${bad%% *}: expected" <<<"$err" || { echo "FAIL: $bad: $err"; exit 1; }
+done
 echo PASS

@@ -1,6 +1,7 @@
 #include "examples/models.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace lockstep {
 namespace examples {
@@ -129,9 +130,18 @@ StatusOr<Workload> MakeWorkload(const std::string& name, uint64_t seed) {
     return w;
   }
   if (name == "unused") return Make(UnusedBranchNet(), {16});
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown model '", name,
-      "' (mlp, convnet, transformer, deep_mlp, mlp_small, transformer_small, tied, unused)"));
+  RETURN_IF_ERROR(CheckModelName(name));
+  return absl::InternalError(absl::StrCat("model '", name, "' is listed but not built"));
+}
+
+Status CheckModelName(const std::string& name) {
+  static const char* const kNames[] = {"mlp",      "convnet",           "transformer", "deep_mlp",
+                                       "mlp_small", "transformer_small", "tied",        "unused"};
+  for (const char* known : kNames) {
+    if (name == known) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model '", name, "' (", absl::StrJoin(kNames, ", "), ")"));
 }
 
 std::pair<torch::Tensor, torch::Tensor> MakeBatch(const Workload& w, int64_t total,

@@ -35,6 +35,9 @@ struct Workload {
 // Seeds torch with `seed` and builds the named model (see file comment).
 // Errors: InvalidArgument for an unknown name.
 StatusOr<Workload> MakeWorkload(const std::string& name, uint64_t seed = 0);
+// OK when MakeWorkload knows `name`; its InvalidArgument otherwise (without
+// building anything: checked before a rank connects).
+Status CheckModelName(const std::string& name);
 
 // The synthetic global batch: `total` samples (inputs, class labels in
 // [0, 10)), generated from `seed`; rank r trains on rows [r*b, (r+1)*b).

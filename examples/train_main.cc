@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -103,7 +104,19 @@ Status Run(const Config& cfg) {
     return absl::InvalidArgumentError("--device must be cpu or cuda, got '" + cfg.device + "'");
   }
   // Checked before any rank connects.
+  RETURN_IF_ERROR(examples::CheckModelName(cfg.model));
   ASSIGN_OR_RETURN(ddp::CommHook comm_hook, ddp::CommHookFromName(cfg.comm_hook));
+  for (const auto& [flag, value] : {std::pair<const char*, double>{"--lr", cfg.lr},
+                                    {"--momentum", cfg.momentum}}) {
+    if (!std::isfinite(value) || value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": expected a finite number >= 0, got ", value));
+    }
+  }
+  if (!std::isfinite(cfg.timeout_s) || cfg.timeout_s <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout-s: expected a finite number of seconds > 0, got ", cfg.timeout_s));
+  }
   if (cfg.weight_by_samples && cfg.micro_batches != 1) {
     return absl::InvalidArgumentError("--weight-by-samples takes --micro-batches 1");
   }
@@ -358,8 +371,8 @@ int main(int argc, char** argv) {
   flags.Double("bucket-mb", &cfg.bucket_mb, "DDP bucket cap (MB)");
   flags.Bool("local", &cfg.local, "train without DDP or any communication");
   flags.Bool("set-to-none", &cfg.set_to_none,
-             "zero_grad resets gradients to undefined (LibTorch 2.x's default) instead of "
-             "filling them with zeros");
+             "zero_grad resets gradients to undefined (as LibTorch 2.x's zero_grad does) "
+             "instead of filling them with zeros");
   flags.Bool("overlap-optimizer", &cfg.overlap_optimizer,
              "DDP overlap_optimizer: step each bucket's parameters as soon as that bucket is "
              "reduced, while later buckets are still being reduced");

@@ -68,4 +68,16 @@ refused "unexpected argument 'false'" --set-to-none false
 refused "--micro-batches 9 does not split --batch 32" --micro-batches 9
 refused "--micro-batches 0 does not split" --micro-batches 0
 refused "--batch: expected 1 or more, got -3" --batch -3
+# A learning rate or momentum that is not a finite number >= 0 (nan aborted
+# in torch's SGD), and a timeout of 0.
+refused "--lr: expected a finite number >= 0, got nan" --lr nan
+refused "--lr: expected a finite number >= 0, got -0.1" --lr -0.1
+refused "--momentum: expected a finite number >= 0, got inf" --momentum inf
+refused "--timeout-s: expected a finite number of seconds > 0, got 0" --timeout-s 0
+# A misspelt model is refused before the rank looks for its peers (no store
+# in this environment: it would otherwise fail on that, or wait for them).
+rc=0
+out=$(env -u LOCKSTEP_STORE "$TRAIN" --model mlpp --steps 1 2>&1) || rc=$?
+[ "$rc" = 1 ] && grep -qF "unknown model 'mlpp' (mlp, convnet" <<<"$out" ||
+  fail "train --model mlpp without --local: exit $rc: $out"
 log "PASS"
