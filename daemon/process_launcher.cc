@@ -384,7 +384,10 @@ class PosixProcessLauncher : public ProcessLauncher {
       for (int fd : spec.inherit_fds) {
         if (::fcntl(fd, F_SETFD, 0) != 0) fail(1);
       }
-      if (!spec.working_dir.empty() && ::chdir(spec.working_dir.c_str()) != 0) fail(kChdir);
+      if (spec.own_working_dir && !spec.working_dir.empty() &&
+          ::chdir(spec.working_dir.c_str()) != 0) {
+        fail(kChdir);
+      }
       struct rlimit rl;
       if (spec.max_open_files > 0) {
         rl.rlim_cur = rl.rlim_max = spec.max_open_files;
@@ -402,6 +405,16 @@ class PosixProcessLauncher : public ProcessLauncher {
         if (::setgroups(user->groups.size(), user->groups.data()) != 0) fail(kSwitchUser);
         if (::setgid(user->gid) != 0) fail(kSwitchUser);
         if (::setuid(user->uid) != 0) fail(kSwitchUser);
+      }
+      // A working dir the spec named is entered as the worker's user: one it
+      // may not enter is refused, not entered with root's rights (which kept
+      // the worker there, and told a job whether any path on the node
+      // existed). The job dir the agent made (now the worker's) is entered
+      // before the switch, above: its parents, the agent's state dir, need
+      // not be open to the worker.
+      if (!spec.own_working_dir && !spec.working_dir.empty() &&
+          ::chdir(spec.working_dir.c_str()) != 0) {
+        fail(kChdir);
       }
       // execvp's search: a directory where the program is missing or
       // denied moves on to the next; any other error stops it. Each

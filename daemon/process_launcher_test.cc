@@ -8,11 +8,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
 
 namespace lockstep {
 namespace daemon {
@@ -22,6 +25,25 @@ std::string TmpDir() {
   const char* d = std::getenv("TEST_TMPDIR");
   return d ? d : "/tmp";
 }
+
+// A directory every user can reach (under /tmp: the test's own tmpdir may
+// sit below directories only root can enter), removed with its contents
+// when the object goes.
+class ReachableDir {
+ public:
+  ReachableDir() {
+    char templ[] = "/tmp/launcher_test.XXXXXX";
+    if (::mkdtemp(templ) != nullptr) path_ = templ;
+    if (!path_.empty()) ::chmod(path_.c_str(), 0755);
+  }
+  ~ReachableDir() {
+    if (!path_.empty()) std::filesystem::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 std::string Slurp(const std::string& path) {
   std::ifstream in(path);
@@ -223,6 +245,26 @@ TEST(PosixProcessLauncherTest, BadPathShapesAreFailedPrecondition) {
   EXPECT_NE(st.message().find("Too many levels of symbolic links"), std::string::npos) << st;
 }
 
+// The working dir is entered as the worker's user: one it may not enter is
+// refused (it was entered as root, before the switch).
+TEST(PosixProcessLauncherTest, WorkingDirTheUserCannotEnterIsPermissionDenied) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  ReachableDir base;
+  ASSERT_FALSE(base.path().empty());
+  const std::string dir = base.path() + "/root-only";
+  ::mkdir(dir.c_str(), 0700);
+  ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+  ASSERT_EQ(::chown(dir.c_str(), 0, 0), 0);
+  LaunchSpec spec;
+  spec.argv = {"/bin/true"};
+  spec.working_dir = dir;
+  spec.run_as = "nobody";
+  Status st = LaunchError(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_EQ(st.message(), absl::StrCat("launch /bin/true: chdir to working dir ", dir,
+                                       ": Permission denied (uid 65534 cannot enter it)"));
+}
+
 TEST(PosixProcessLauncherTest, MissingWorkingDirIsNotFoundNamingIt) {
   LaunchSpec spec;
   spec.argv = {"/bin/true"};
@@ -330,10 +372,12 @@ TEST(PosixProcessLauncherTest, RunsAsABareUidWhenRoot) {
 TEST(PosixProcessLauncherTest, RunAsOwnsTheWorkingDirTheAgentMade) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
   auto launcher = NewPosixProcessLauncher();
+  ReachableDir base;
+  ASSERT_FALSE(base.path().empty());
   for (bool own : {true, false}) {
     SCOPED_TRACE(own);
-    std::string dir = TmpDir() + (own ? "/own-dir" : "/spec-dir");
-    ::mkdir(dir.c_str(), 0750);
+    std::string dir = base.path() + (own ? "/own-dir" : "/spec-dir");
+    ::mkdir(dir.c_str(), 0755);
     ASSERT_EQ(::chown(dir.c_str(), 0, 0), 0);
     LaunchSpec spec;
     spec.argv = {"/bin/sh", "-c", "echo written > out.txt"};
