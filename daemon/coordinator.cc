@@ -1,7 +1,6 @@
 #include "daemon/coordinator.h"
 
 #include <algorithm>
-#include <cstring>
 #include <optional>
 #include <set>
 
@@ -224,7 +223,7 @@ Status Coordinator::CheckStoreOpen(const std::string& job_id) const {
   if (JobMachine::IsTerminal(job.state())) {
     return absl::FailedPreconditionError(
         absl::StrCat("store: job ", QuoteForError(job_id), " has ended (",
-                     v1::JobState_Name(job.state()).substr(strlen("JOB_STATE_")),
+                     JobMachine::StateName(job.state()),
                      "): its store takes no more calls"));
   }
   return absl::OkStatus();
@@ -298,7 +297,7 @@ StatusOr<v1::Job> Coordinator::CancelJob(const JobId& id) {
     JobDraft draft = it->second.current;
     if (JobMachine::IsTerminal(draft.job.state())) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job ", id.value(), " already finished as ", v1::JobState_Name(draft.job.state())));
+          "job ", id.value(), " already finished as ", JobMachine::StateName(draft.job.state())));
     }
     machine_.Cancel(&draft);
     RETURN_IF_ERROR(Commit(id.value(), std::move(draft), &effects));
@@ -314,7 +313,7 @@ StatusOr<v1::Job> Coordinator::DeleteJob(const JobId& id) {
   const v1::Job& job = found.first;
   if (!JobMachine::IsTerminal(job.state())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job ", id.value(), " is ", v1::JobState_Name(job.state()),
+        "job ", id.value(), " is ", JobMachine::StateName(job.state()),
         ": only a finished job can be deleted (cancel it first)"));
   }
   RETURN_IF_ERROR(DeleteLocked(job, "on request"));
@@ -344,7 +343,7 @@ Status Coordinator::DeleteLocked(const v1::Job& job, absl::string_view why) {
   ForgetFinished(job.finished_unix_ms(), id);
   for (const auto& node : dir_on_nodes) deleted_for_node_[node].insert(id);
   log_.WithJob(id).Info("job deleted {} (it had {}); its directory goes from {} node(s)", std::string(why),
-                        v1::JobState_Name(job.state()), dir_on_nodes.size());
+                        JobMachine::StateName(job.state()), dir_on_nodes.size());
   return absl::OkStatus();
 }
 

@@ -551,7 +551,9 @@ TEST_F(CoordinatorTest, DeleteRefusesALiveJobAndKeepsTheJobWhenTheStoreFails) {
   std::string id = RunningTwoByTwo(0);
   auto live = coord_->DeleteJob(JobId(id));
   EXPECT_EQ(live.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(live.status().message().find("cancel it first"), std::string::npos) << live.status();
+  EXPECT_NE(live.status().message().find("is RUNNING: only a finished job can be deleted (cancel it first)"),
+            std::string::npos)
+      << live.status();
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
 
   ASSERT_TRUE(coord_->CancelJob(JobId(id)).ok());
@@ -950,7 +952,10 @@ TEST_F(CoordinatorTest, CancelStopsWorkersAndRejectsSecondCancel) {
   auto resp = Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
   ASSERT_EQ(resp->commands_size(), 1);
   EXPECT_EQ(resp->commands(0).kind(), v1::AgentCommand::KIND_STOP);
-  EXPECT_EQ(coord_->CancelJob(JobId(id)).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto again = coord_->CancelJob(JobId(id));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  // The state as the CLI prints it, not the enum's name.
+  EXPECT_EQ(again.status().message(), absl::StrCat("job ", id, " already finished as CANCELLED"));
   EXPECT_EQ(coord_->CancelJob(JobId("j-nope")).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(coord_->GetJob(JobId("j-nope")).status().code(), absl::StatusCode::kNotFound);
 }

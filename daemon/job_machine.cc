@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "daemon/round_planner.h"
 
 namespace lockstep {
@@ -80,6 +81,12 @@ JobMachine::JobMachine(JobMachineOptions options, Clock* clock)
 bool JobMachine::IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
          state == v1::JOB_STATE_CANCELLED;
+}
+
+std::string JobMachine::StateName(v1::JobState state) {
+  absl::string_view name = v1::JobState_Name(state);
+  absl::ConsumePrefix(&name, "JOB_STATE_");
+  return std::string(name);
 }
 
 int JobMachine::NodeRank(const v1::Job& job, const std::string& node_id) {

@@ -128,6 +128,9 @@ class JobMachine {
   MonoTime ExitInstant(const v1::ExitInfo& exit, MonoTime receipt, int64_t sent_mono_ns) const;
 
   static bool IsTerminal(v1::JobState state);
+  // "SUCCEEDED" for JOB_STATE_SUCCEEDED: a state as the CLI prints it, for
+  // messages that reach users (client/text.h's StateName).
+  static std::string StateName(v1::JobState state);
   // Node rank of `node_id` in the current round if it is closed, else -1.
   static int NodeRank(const v1::Job& job, const std::string& node_id);
   // Writes the mirror fields (Job.round, world_size, node_ids, master_port)

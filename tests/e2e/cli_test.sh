@@ -6,6 +6,7 @@
 #   - torchrun's spellings (--nnodes, --nproc_per_node, --max_restarts) and
 #     short flags are accepted;
 #   - `list` reads a job table larger than one answer (several pages);
+#   - cancel of a finished job names its state without the enum prefix;
 #   - typos get "did you mean", extra arguments are refused, --version on
 #     both binaries, help does not contradict itself, a missing token file
 #     names --token-file, a token file's bad mode is printed in octal.
@@ -42,6 +43,9 @@ for w in j["workers"]:
 for h in j["history"]:
     check(not h["state"].startswith("JOB_STATE_"), "history state %r" % h["state"])
 EOF
+# Cancelling a finished job names its state as the rest of the CLI does.
+err=$(ls_cli cancel "$job" 2>&1) && fail "cancelling a finished job succeeded: $err"
+grep -q "already finished as SUCCEEDED$" <<<"$err" || fail "cancel of a finished job: $err"
 ls_cli list --json | python3 -c '
 import json, sys
 jobs = json.load(sys.stdin)["jobs"]
