@@ -268,7 +268,9 @@ class Cli {
     flags.Bool("detach", &detach,
                "print the job id (with --json: the job) once it is accepted and return, instead "
                "of streaming its output until it ends");
-    flags.Bool("wait", &wait, "stream until the job ends (the default; kept for scripts)");
+    flags.Bool("wait", &wait,
+               "stream until the job ends (the default; kept for scripts); --wait=false or "
+               "--no-wait is --detach");
     flags.Short('d', "detach");
     // torchrun's spellings (its underscores, --nproc_per_node, are accepted
     // for every flag).
@@ -314,11 +316,14 @@ class Cli {
     } else if (flags.WasSet("lockstepd") || flags.WasSet("state-dir")) {
       return Usage(absl::InvalidArgumentError("--lockstepd and --state-dir need --standalone"));
     }
-    if (detach && (wait || standalone)) {
+    // --wait=false (--no-wait) asks for what --detach does.
+    const bool no_wait = flags.WasSet("wait") && !wait;
+    if ((detach || no_wait) && (wait || standalone)) {
       return Usage(absl::InvalidArgumentError(absl::StrCat(
-          "--detach returns at once: it cannot be used with ",
+          detach ? "--detach" : "--wait=false", " returns at once: it cannot be used with ",
           wait ? "--wait" : (run_cmd ? "lockstep run" : "--standalone"))));
     }
+    detach = detach || no_wait;
     if (standalone && rest->empty()) {  // before starting a daemon for nothing
       return Usage(absl::InvalidArgumentError("no command to run: expected -- CMD ARGS"));
     }
@@ -1105,7 +1110,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  submit [--nodes N|MIN:MAX] [--nproc-per-node K] [--max-restarts R] [--env K=V]...\n"
     "         [--name N] [--detach] [--standalone] -- CMD ARGS   (streams every rank's output\n"
-    "         until the job ends, exit 0 if it SUCCEEDED; --detach returns at once)\n"
+    "         until the job ends, exit 0 if it SUCCEEDED; --detach or --wait=false returns\n"
+    "         at once)\n"
     "  run [--nproc-per-node K] [--max-restarts R] ... -- CMD ARGS   (this host alone: a\n"
     "         private coordinator and agent, the job's output, its state as exit code)\n"
     "  status JOB\n"

@@ -4,7 +4,7 @@
 #     code 0 and restart count 0 as numbers, pids as numbers, states
 #     without enum prefixes; `logs --json` carries the log as text;
 #   - torchrun's spellings (--nnodes, --nproc_per_node, --max_restarts) and
-#     short flags are accepted;
+#     short flags are accepted; --wait=false (--no-wait) returns at once;
 #   - `list` reads a job table larger than one answer (several pages);
 #   - cancel of a finished job names its state without the enum prefix;
 #   - typos get "did you mean", extra arguments are refused, --version on
@@ -59,6 +59,23 @@ ls_cli logs --json -r 1 "$job" | python3 -c '
 import json, sys
 d = "".join(json.loads(line)["data"] for line in sys.stdin)
 assert "rank 1 step 3" in d, d' || fail "logs --json does not carry rank 1's log as text"
+
+# --wait=false and --no-wait return at once, as --detach does: a job that
+# waits for 3 nodes of this 1-node cluster would keep a waiting submit
+# forever (the timeout only bounds a broken run).
+for no_wait in --wait=false --no-wait; do
+  rc=0
+  out=$(timeout 60 "$LOCKSTEP" --coordinator "$COORD" --token-file "$TOKEN" submit "$no_wait" \
+    --nodes 3 -- /bin/true) || rc=$?
+  [ "$rc" = 0 ] || fail "submit $no_wait: rc $rc (124: it waited for the job): $out"
+  pending=$(sed -n 's/^submitted job //p' <<<"$out")
+  [ -n "$pending" ] && [ "$(wc -l <<<"$out")" = 1 ] || fail "submit $no_wait printed: $out"
+  state_is "$pending" PENDING || fail "job of submit $no_wait is $(job_state "$pending")"
+  ls_cli cancel "$pending" >/dev/null && ls_cli delete "$pending" >/dev/null ||
+    fail "cannot remove the pending job $pending"
+done
+expect_usage '--wait=false returns at once: it cannot be used with --standalone' \
+  "$LOCKSTEP" submit --wait=false --standalone -- /bin/true
 
 expect_usage 'did you mean "status"?' ls_cli stauts "$job"
 expect_usage 'did you mean --nproc-per-node?' ls_cli submit --nproc-per-nod 2 -- /bin/true
