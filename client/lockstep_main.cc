@@ -785,7 +785,8 @@ class Cli {
 
   StatusOr<int> Logs(const std::vector<std::string>& args) {
     FlagSet flags("lockstep logs",
-                  "Print a rank's output: lockstep logs JOB [--rank R | --all-ranks] [--follow]");
+                  "Print a rank's output: lockstep logs JOB [--rank R | --all-ranks] [--follow] "
+                  "[--stderr] [--tail N] [--tail-bytes B]");
     AddCommon(&flags, &common_);
     int32_t rank = 0;
     bool follow = false, stderr_stream = false, all_ranks = false;
@@ -1116,7 +1117,7 @@ constexpr char kUsage[] =
     "         private coordinator and agent, the job's output, its state as exit code)\n"
     "  status JOB\n"
     "  list\n"
-    "  logs JOB [--rank R | --all-ranks] [--follow] [--stderr] [--tail N]\n"
+    "  logs JOB [--rank R | --all-ranks] [--follow] [--stderr] [--tail N] [--tail-bytes B]\n"
     "  cancel JOB\n"
     "  delete JOB...   (finished jobs: their records and logs)\n"
     "  nodes\n"

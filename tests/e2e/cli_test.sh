@@ -8,7 +8,8 @@
 #   - `list` reads a job table larger than one answer (several pages);
 #   - cancel of a finished job names its state without the enum prefix;
 #   - typos get "did you mean", extra arguments are refused, --version on
-#     both binaries, help does not contradict itself, a missing token file
+#     both binaries, help does not contradict itself nor leave out a
+#     command's flags from the top-level usage, a missing token file
 #     names --token-file, a token file's bad mode is printed in octal.
 source tests/e2e/lib.sh "$@"
 
@@ -88,6 +89,20 @@ grep -qx "lockstepd [0-9.]*" <<<"$("$LOCKSTEPD" --version)" || fail "lockstepd -
 # After the global flags too (it printed the usage text before).
 grep -qx "lockstep [0-9.]*" <<<"$("$LOCKSTEP" --coordinator 127.0.0.1:1 --json --version)" ||
   fail "lockstep --coordinator ... --version: $("$LOCKSTEP" --coordinator 127.0.0.1:1 --json --version)"
+# The top-level usage lists every flag of the commands it spells out in
+# full (submit and run it abbreviates with "...").
+"$LOCKSTEP" --help >"$T/usage.txt"
+for cmd in status list logs cancel delete nodes watch certs; do
+  "$LOCKSTEP" "$cmd" --help | python3 -c '
+import re, sys
+cmd, usage = sys.argv[1], open(sys.argv[2]).read()
+common = {"coordinator", "token-file", "json", "tls-ca", "tls-cert", "tls-key", "insecure-plaintext"}
+flags = [m.group(1) for m in re.finditer(r"^\s+(?:-\w, )?--([\w-]+)", sys.stdin.read(), re.M)]
+line = next(l for l in usage.splitlines() if l.startswith("  " + cmd + " ") or l == "  " + cmd)
+missing = [f for f in flags if f not in common and "--" + f + " " not in line + " " and "--" + f + "]" not in line]
+sys.exit("lockstep --help: %s lacks %s: %r" % (cmd, ", ".join("--" + f for f in missing), line) if missing else 0)
+' "$cmd" "$T/usage.txt" || fail "the top-level usage and $cmd --help disagree"
+done
 help=$(ls_cli submit --help)
 grep -q -- "--nodes, --nnodes" <<<"$help" || fail "submit --help does not show --nnodes"
 if grep -q "(default [^:].*(default: " <<<"$help"; then
