@@ -635,15 +635,7 @@ class Cli {
       PrintJson(resp);
       return 0;
     }
-    std::cout << absl::StrFormat("%-20s %-14s %-11s %-6s %-9s %-6s %s\n", "JOB", "NAME", "STATE",
-                                 "ROUND", "RESTARTS", "WORLD", "SUBMITTED");
-    for (const auto& j : resp.jobs()) {
-      std::cout << absl::StrFormat("%-20s %-14s %-11s %-6d %-9s %-6d %s\n", j.job_id(),
-                                   j.spec().name().empty() ? "-" : Printable(j.spec().name()),
-                                   StateName(j.state()), j.round(),
-                                   absl::StrCat(j.restart_count(), "/", j.spec().max_restarts()),
-                                   j.world_size(), TimeOf(j.submitted_unix_ms()));
-    }
+    std::cout << JobListTable({resp.jobs().begin(), resp.jobs().end()});
     return 0;
   }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "lockstep/v1/common.pb.h"
@@ -25,6 +26,20 @@ bool IsTerminal(v1::JobState s);
 
 // "2026-11-24 10:00:01.250Z"; "-" for 0.
 std::string TimeOf(int64_t unix_ms);
+
+// Terminal columns `text` takes: a column per UTF-8 code point, two for
+// East Asian wide and fullwidth ones (CJK, Hangul, fullwidth forms, most
+// emoji), none for combining marks; a byte that is not UTF-8 takes one.
+int DisplayWidth(absl::string_view text);
+
+// `text` followed by spaces up to `width` display columns (DisplayWidth);
+// unchanged when it is as wide or wider. What "%-Ns" does for ASCII.
+std::string PadRight(absl::string_view text, int width);
+
+// `lockstep list`'s table: a header line, then a line per job (JOB NAME
+// STATE ROUND RESTARTS WORLD SUBMITTED), columns aligned on a terminal
+// whatever script the names are in.
+std::string JobListTable(const std::vector<v1::Job>& jobs);
 
 }  // namespace client
 }  // namespace lockstep
