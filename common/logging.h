@@ -2,7 +2,7 @@
 // every line, level from a flag or LOCKSTEP_LOG_LEVEL.
 //
 // Line format (UTC with its zone):
-//   2026-11-24T00:40:12.345Z I [agent] job=j-3f9c0a1b2c3d4e5f rank=3 worker pid 4242 exited with code 1 (on its own)
+//   2026-11-24T00:40:12.345Z I [agent] job=j-3f9c0a1b2c3d4e5f rank=3 worker pid 4242 exited with code 1 by itself (not stopped by the agent)
 //
 // Every Logger writes to LockstepLogger(), not to spdlog's default logger:
 // a program that links the worker library gets this format and

@@ -134,6 +134,21 @@ StatusOr<int> PickFreePort(const std::string& host) {
 
 }  // namespace
 
+std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent) {
+  if (stopped_by_agent) {
+    return absl::StrCat(signal ? absl::StrCat("killed by signal ", signal)
+                               : absl::StrCat("exited with code ", exit_code),
+                        " (stopped by the agent)");
+  }
+  // The agent signals workers only to stop them: any other signal came from
+  // the worker itself or from another process (an OOM kill, a user's kill).
+  if (signal) {
+    return absl::StrCat("killed by signal ", signal,
+                        ", not by the agent (by the worker itself or from outside)");
+  }
+  return absl::StrCat("exited with code ", exit_code, " by itself (not stopped by the agent)");
+}
+
 Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
              CoordinatorClient* coordinator)
     : options_(std::move(options)),
@@ -463,10 +478,7 @@ void Agent::Reap() {
         for (auto& l : lines) exit->add_last_log_lines(l);
       }
       log_.WithJob(job_id).WithRank(w.rank).Info(
-          "worker pid {} {} ({})", w.process->pid(),
-          e->signal ? absl::StrCat("killed by signal ", e->signal)
-                    : absl::StrCat("exited with code ", e->exit_code),
-          stopped ? "stopped" : "on its own");
+          "worker pid {} {}", w.process->pid(), DescribeWorkerExit(e->exit_code, e->signal, stopped));
       if (options_.on_worker_exit) options_.on_worker_exit(job_id, w.status);
     }
     if (escalate) run.killed = true;

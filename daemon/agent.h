@@ -116,6 +116,13 @@ struct AgentOptions {
   std::function<StatusOr<WorkerTlsPem>()> worker_tls;
 };
 
+// How the agent's log line words a worker's exit: "exited with code 1
+// by itself (not stopped by the agent)", "killed by signal 9, not by the
+// agent (by the worker itself or from outside)", "killed by signal 15
+// (stopped by the agent)". `stopped_by_agent`: it exited after the agent
+// signalled it (a stop, restart or cancel).
+std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent);
+
 struct LogChunk {
   std::string data;
   int64_t next_offset = 0;

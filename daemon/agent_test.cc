@@ -127,6 +127,16 @@ class AgentTest : public ::testing::Test {
 // Node rank 0 hosts MASTER_PORT: with none assigned, its agent picks a port
 // that is free on the master address, hands it to its workers and reports
 // it to the coordinator (which then starts the other nodes).
+// The exit line says who ended a worker: a kill -9 from outside is not
+// the worker exiting "on its own".
+TEST(DescribeWorkerExitTest, SaysWhetherTheAgentStoppedTheWorker) {
+  EXPECT_EQ(DescribeWorkerExit(0, 9, /*stopped_by_agent=*/false),
+            "killed by signal 9, not by the agent (by the worker itself or from outside)");
+  EXPECT_EQ(DescribeWorkerExit(1, 0, false), "exited with code 1 by itself (not stopped by the agent)");
+  EXPECT_EQ(DescribeWorkerExit(0, 15, true), "killed by signal 15 (stopped by the agent)");
+  EXPECT_EQ(DescribeWorkerExit(0, 0, true), "exited with code 0 (stopped by the agent)");
+}
+
 TEST_F(AgentTest, NodeRankZeroPicksAFreeMasterPortAndReportsIt) {
   v1::AgentCommand cmd = Start("j0", 1, "echo \"port=$MASTER_PORT\"");
   cmd.mutable_assignment()->set_node_rank(0);

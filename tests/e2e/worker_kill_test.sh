@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kill -9 of one worker mid-run: the job restarts once (a new round on the
-# same nodes) and succeeds; then the fault-test invariants hold.
+# same nodes) and succeeds; the agent's log says the kill was not its own;
+# then the fault-test invariants hold.
 source tests/e2e/lib.sh "$@"
 
 start_coordinator
@@ -18,6 +19,9 @@ wait_state "$job" SUCCEEDED 60
 [ "$(job_field "$job" 'j["round"]')" = 2 ] || fail "expected the job to finish in round 2"
 [ "$(job_field "$job" 'j["first_failure"]["rank"]')" = 2 ] || fail "first failure should be rank 2"
 [ "$(job_field "$job" 'j["first_failure"]["exit"]["signal"]')" = 9 ] || fail "first failure should be signal 9"
+# nodeb's agent did not send that SIGKILL, and its log line says so.
+grep -Eq "job=$job rank=2 worker pid [0-9]+ killed by signal 9, not by the agent \(by the worker itself or from outside\)" \
+  "$T/nodeb.log" || fail "nodeb's log does not say rank 2 was killed from outside: $(grep "rank=2 worker" "$T/nodeb.log")"
 for r in 0 1 2 3; do
   [ -f "$T/out/done-round-2-rank-$r" ] || fail "rank $r did not finish round 2"
 done
