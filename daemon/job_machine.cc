@@ -47,6 +47,20 @@ std::string DescribeFailure(const v1::Failure& f) {
   return absl::StrCat(f.reason(), " in round ", f.round());
 }
 
+// What a job short of nodes waits for: "waiting for nodes: 1 of 2
+// registered and alive (needs --nodes 2:4, join timeout 30s)". `have`: the
+// nodes that could join (NodeTable::Eligible).
+std::string WaitingForNodes(const v1::JobSpec& spec, int have) {
+  const std::string nodes = spec.min_nodes() == spec.max_nodes()
+                                ? absl::StrCat(spec.min_nodes())
+                                : absl::StrCat(spec.min_nodes(), ":", spec.max_nodes());
+  return absl::StrCat("waiting for nodes: ", have, " of ", spec.min_nodes(),
+                      " registered and alive (needs --nodes ", nodes,
+                      spec.join_timeout_s() > 0 ? absl::StrCat(", join timeout ", spec.join_timeout_s(), "s")
+                                                : "",
+                      ")");
+}
+
 std::string BudgetSpent(const v1::Job& job) {
   return absl::StrCat(DescribeFailure(job.first_failure()), "; restart budget spent (",
                       job.restart_count(), " of max_restarts ", job.spec().max_restarts(), ")");
@@ -112,7 +126,7 @@ JobDraft JobMachine::NewJob(const std::string& job_id, const v1::JobSpec& spec,
   d.job.set_request_id(request_id);
   d.job.set_submitted_unix_ms(clock_->UnixMillis());
   d.job.set_state(v1::JOB_STATE_PENDING);
-  d.job.set_message("waiting for a rendezvous round");
+  d.job.set_message("waiting for nodes");  // Advance says how many
   AddEvent(&d.job, "submitted");
   d.rt.waiting_since = clock_->Now();
   d.rt.restart_at = d.rt.waiting_since;
@@ -434,6 +448,8 @@ void JobMachine::PlanOpenRound(JobDraft* d, const NodeTable& nodes) const {
     case RoundPlan::Action::kWaitForNodes:
       d->rt.last_call_deadline.reset();
       round->set_last_call_deadline_unix_ms(0);
+      job->set_message(absl::StrCat("round ", round->number(), " ",
+                                    WaitingForNodes(spec, static_cast<int>(in.eligible.size()))));
       if (spec.join_timeout_s() > 0 && now - d->rt.waiting_since >= FromSeconds(spec.join_timeout_s())) {
         SetState(job, v1::JOB_STATE_FAILED,
                  absl::StrCat("rendezvous round ", round->number(), ": fewer than min ",
@@ -470,8 +486,10 @@ void JobMachine::Advance(JobDraft* d, const NodeTable& nodes) const {
   const v1::JobSpec& spec = job->spec();
   const MonoTime now = clock_->Now();
   switch (job->state()) {
-    case v1::JOB_STATE_PENDING:
-      if (static_cast<int>(nodes.Eligible(job->job_id()).size()) < spec.min_nodes()) {
+    case v1::JOB_STATE_PENDING: {
+      const int have = static_cast<int>(nodes.Eligible(job->job_id()).size());
+      if (have < spec.min_nodes()) {
+        job->set_message(WaitingForNodes(spec, have));
         if (spec.join_timeout_s() > 0 &&
             now - d->rt.waiting_since >= FromSeconds(spec.join_timeout_s())) {
           SetState(job, v1::JOB_STATE_FAILED,
@@ -483,6 +501,7 @@ void JobMachine::Advance(JobDraft* d, const NodeTable& nodes) const {
       OpenNextRound(d);
       PlanOpenRound(d, nodes);
       return;
+    }
     case v1::JOB_STATE_RESTARTING:
       if (now < d->rt.restart_at) return;
       // The gate: no participant may still run a worker of the old round.

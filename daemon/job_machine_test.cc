@@ -122,6 +122,33 @@ TEST_F(JobMachineTest, PendingUntilMinNodesThenLastCallThenClose) {
   EXPECT_EQ(d_.job.current_round().last_call_deadline_unix_ms(), 0);
 }
 
+// A job short of nodes says how many it has and how many it needs, in
+// PENDING and in a round that lost nodes before it closed.
+TEST_F(JobMachineTest, WaitingForNodesSaysHowManyItHasAndNeeds) {
+  Node("a");
+  v1::JobSpec spec = TestSpec(2, 3, 1, 0);
+  spec.set_join_timeout_s(60);
+  d_ = machine_.NewJob("j", spec, "");
+  Advance();
+  EXPECT_EQ(State(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(d_.job.message(),
+            "waiting for nodes: 1 of 2 registered and alive (needs --nodes 2:3, join timeout 60s)");
+  d_ = machine_.NewJob("k", TestSpec(3, 3, 1, 0), "");
+  Advance();
+  EXPECT_EQ(d_.job.message(), "waiting for nodes: 1 of 3 registered and alive (needs --nodes 3)");
+
+  Node("b");
+  d_ = machine_.NewJob("j", TestSpec(2, 3, 1, 0), "");
+  Advance();
+  ASSERT_EQ(State(), v1::JOB_STATE_RENDEZVOUS);
+  clock_.Advance(seconds(11));  // both silent for a lease
+  nodes_.ExpireLeases(clock_.Now());
+  Node("a");
+  Advance();
+  EXPECT_EQ(d_.job.message(),
+            "round 1 waiting for nodes: 1 of 2 registered and alive (needs --nodes 2:3)");
+}
+
 TEST_F(JobMachineTest, RoundClosesAtOnceWithMaxNodes) {
   Node("a");
   Node("b");

@@ -5,6 +5,7 @@
 #     without enum prefixes; `logs --json` carries the log as text;
 #   - torchrun's spellings (--nnodes, --nproc_per_node, --max_restarts) and
 #     short flags are accepted; --wait=false (--no-wait) returns at once;
+#   - a job short of nodes says how many it has and needs;
 #   - `list` reads a job table larger than one answer (several pages);
 #   - cancel of a finished job names its state without the enum prefix;
 #   - typos get "did you mean", extra arguments are refused, --version on
@@ -72,6 +73,9 @@ for no_wait in --wait=false --no-wait; do
   pending=$(sed -n 's/^submitted job //p' <<<"$out")
   [ -n "$pending" ] && [ "$(wc -l <<<"$out")" = 1 ] || fail "submit $no_wait printed: $out"
   state_is "$pending" PENDING || fail "job of submit $no_wait is $(job_state "$pending")"
+  # It says what it waits for.
+  grep -qx "message: *waiting for nodes: 1 of 3 registered and alive (needs --nodes 3)" \
+    <<<"$(ls_cli status "$pending")" || fail "status of a job short of nodes: $(ls_cli status "$pending")"
   ls_cli cancel "$pending" >/dev/null && ls_cli delete "$pending" >/dev/null ||
     fail "cannot remove the pending job $pending"
 done
