@@ -160,12 +160,14 @@ void JobMachine::AddEvent(v1::Job* job, const std::string& detail) const {
   if (job->history_size() > kMaxHistory) job->mutable_history()->DeleteSubrange(1, 1);
 }
 
-void JobMachine::SetState(v1::Job* job, v1::JobState state, const std::string& detail) const {
+void JobMachine::SetState(v1::Job* job, v1::JobState state, const std::string& detail,
+                          int rank) const {
   job->set_state(state);
   job->set_message(detail);
   if (IsTerminal(state)) job->set_finished_unix_ms(clock_->UnixMillis());
   AddEvent(job, detail);
   log_.WithJob(job->job_id())
+      .WithRank(rank)
       .Info("{} round={} restarts={}: {}", v1::JobState_Name(state), job->current_round().number(),
             job->restart_count(), detail);
 }
@@ -212,7 +214,8 @@ void JobMachine::HandleFailure(JobDraft* d, const v1::Failure& failure, bool cou
     SetState(job, v1::JOB_STATE_FAILED,
              absl::StrCat("rank ", failure.rank(), " on node ", failure.node_id(),
                           " could not be launched: ", failure.exit().message(),
-                          "; not retried (a restart cannot fix a launch error)"));
+                          "; not retried (a restart cannot fix a launch error)"),
+             failure.rank());
     return;
   }
   const std::string what = DescribeFailure(failure);
@@ -226,7 +229,7 @@ void JobMachine::HandleFailure(JobDraft* d, const v1::Failure& failure, bool cou
     *job->mutable_first_failure() = failure;
   }
   if (job->restart_count() >= job->spec().max_restarts()) {
-    SetState(job, v1::JOB_STATE_FAILED, BudgetSpent(*job));
+    SetState(job, v1::JOB_STATE_FAILED, BudgetSpent(*job), job->first_failure().rank());
     return;
   }
   job->set_restart_count(job->restart_count() + 1);
@@ -234,7 +237,8 @@ void JobMachine::HandleFailure(JobDraft* d, const v1::Failure& failure, bool cou
   d->rt.restart_at = clock_->Now() + backoff;
   SetState(job, v1::JOB_STATE_RESTARTING,
            absl::StrCat("restart ", job->restart_count(), " of ", job->spec().max_restarts(),
-                        " after ", what, " (backoff ", ToSeconds(backoff), "s)"));
+                        " after ", what, " (backoff ", ToSeconds(backoff), "s)"),
+           failure.rank());
 }
 
 void JobMachine::AttributeFailures(JobDraft* d) const {
@@ -295,8 +299,10 @@ void JobMachine::AttributeFailures(JobDraft* d) const {
       } else {
         why = absl::StrCat(", which exited before rank ", was);
       }
-      AddEvent(job, absl::StrCat("first failure is rank ", first.rank(), why, ": ",
-                                 DescribeFailure(first)));
+      const std::string event =
+          absl::StrCat("first failure is rank ", first.rank(), why, ": ", DescribeFailure(first));
+      AddEvent(job, event);
+      log_.WithJob(job->job_id()).WithRank(first.rank()).Info("{}", event);
       // The state's message named the rank that gave up: name the cause.
       std::string message = job->message();
       if (absl::StrReplaceAll({{was_described, DescribeFailure(first)}}, &message) > 0) {

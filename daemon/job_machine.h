@@ -139,7 +139,9 @@ class JobMachine {
 
  private:
   void AddEvent(v1::Job* job, const std::string& detail) const;
-  void SetState(v1::Job* job, v1::JobState state, const std::string& detail) const;
+  // Logs the change with the job's id, and with `rank` when it is about
+  // one rank (a rank's failure; -1: the whole job).
+  void SetState(v1::Job* job, v1::JobState state, const std::string& detail, int rank = -1) const;
   // Applies a failure of the current round: FAILED (launch error, budget
   // spent), else RESTARTING. `counts` = false for a rescale.
   void HandleFailure(JobDraft* d, const v1::Failure& failure, bool counts) const;

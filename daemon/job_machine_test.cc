@@ -6,6 +6,7 @@
 
 #include <limits>
 
+#include "common/log_capture.h"
 #include "daemon/test_spec.h"
 
 namespace lockstep {
@@ -238,6 +239,34 @@ TEST_F(JobMachineTest, FailureRestartsWithDoublingBackoffAndANewRound) {
   EXPECT_EQ(Round(), 3);
 }
 
+// The log line of a change a rank caused carries that rank, so an operator
+// finds every line about rank 1 with "rank=1"; a job-wide change has none.
+TEST_F(JobMachineTest, StateChangesARankCausedAreLoggedWithItsRank) {
+  LogCapture log;
+  RunningOnTwoNodes(1);
+  Beat("n2", {Worker(1, v1::WORKER_STATE_EXITED, 0, 9)});
+  ASSERT_EQ(State(), v1::JOB_STATE_RESTARTING);
+  BothStopped(1);
+  Advance(seconds(1));
+  Beat("n1", {Worker(0, v1::WORKER_STATE_EXITED, 2)});
+  ASSERT_EQ(State(), v1::JOB_STATE_FAILED);
+  const std::string lines = log.Lines();
+  EXPECT_NE(lines.find("[coordinator] job=j rank=- JOB_STATE_RUNNING round=1 restarts=0: all 2 "
+                       "ranks started"),
+            std::string::npos)
+      << lines;
+  EXPECT_NE(lines.find("[coordinator] job=j rank=1 JOB_STATE_RESTARTING round=1 restarts=1: "
+                       "restart 1 of 1 after rank 1 on node n2 killed by signal 9"),
+            std::string::npos)
+      << lines;
+  EXPECT_NE(lines.find("[coordinator] job=j rank=- JOB_STATE_RENDEZVOUS round=2"), std::string::npos)
+      << lines;
+  EXPECT_NE(lines.find("[coordinator] job=j rank=0 JOB_STATE_FAILED round=2 restarts=1: rank 0 on "
+                       "node n1 exited with code 2"),
+            std::string::npos)
+      << lines;
+}
+
 TEST_F(JobMachineTest, BudgetSpentFailsNamingTheFirstFailure) {
   RunningOnTwoNodes(0);
   v1::WorkerStatus w = Worker(1, v1::WORKER_STATE_EXITED, 3);
@@ -402,6 +431,7 @@ TEST_F(JobMachineTest, ExitsReportedTogetherAreOrderedByTime) {
 // the clocks rank 0 exited first. But rank 0's engine marked its status
 // slot "lost a peer" before it gave up, so rank 1 is the first failure.
 TEST_F(JobMachineTest, ARankThatLostAPeerIsAConsequenceWhateverTheClocks) {
+  LogCapture log;
   RunningOnTwoNodes(0);
   d_.job.mutable_spec()->set_nproc_per_node(2);  // n1 runs ranks 0 and 1
   d_.job.mutable_current_round()->set_world_size(4);
@@ -427,6 +457,9 @@ TEST_F(JobMachineTest, ARankThatLostAPeerIsAConsequenceWhateverTheClocks) {
     event |= e.detail().find("first failure is rank 1 (rank 0 lost a peer)") != std::string::npos;
   }
   EXPECT_TRUE(event) << "no event says why rank 1 replaced rank 0";
+  EXPECT_NE(log.Lines().find("job=j rank=1 first failure is rank 1 (rank 0 lost a peer)"),
+            std::string::npos)
+      << "the daemon's log says so too, about rank 1: " << log.Lines();
 }
 
 // Every failed rank lost a peer (a cut network): time decides.

@@ -164,9 +164,11 @@ void HealthTracker::Update(v1::Job* job, const v1::AgentJobReport& report, MonoT
     if (hang) {
       std::vector<int> culprits;
       for (const auto& c : hang->culprits()) culprits.push_back(c.rank());
-      log.Warn("hang: ranks [{}] wait {:.0f} s in {} (step {}, bucket {}) for ranks [{}]",
-               absl::StrJoin(hang->waiting_ranks(), ", "), hang->wait_s(), hang->op(), hang->step(),
-               hang->bucket(), absl::StrJoin(culprits, ", "));
+      // About one rank when one is waited for.
+      log.WithRank(culprits.size() == 1 ? culprits[0] : -1)
+          .Warn("hang: ranks [{}] wait {:.0f} s in {} (step {}, bucket {}) for ranks [{}]",
+                absl::StrJoin(hang->waiting_ranks(), ", "), hang->wait_s(), hang->op(),
+                hang->step(), hang->bucket(), absl::StrJoin(culprits, ", "));
     } else {
       log.Info("hang over: no rank waits in a collective past {:.0f} s",
                ToSeconds(hang_threshold_));

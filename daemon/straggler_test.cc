@@ -1,5 +1,7 @@
 #include "daemon/straggler.h"
 
+#include "common/log_capture.h"
+
 #include <gtest/gtest.h>
 
 namespace lockstep {
@@ -160,6 +162,7 @@ TEST_F(HealthTrackerTest, StragglerFromTheRanksProgress) {
 }
 
 TEST_F(HealthTrackerTest, HangFromBeatsPlacedOnTheCoordinatorsClock) {
+  LogCapture log;
   // The agent's clock runs 500 s ahead of the coordinator's: only its
   // differences count.
   const int64_t agent = std::chrono::nanoseconds(seconds(1500)).count();
@@ -192,6 +195,11 @@ TEST_F(HealthTrackerTest, HangFromBeatsPlacedOnTheCoordinatorsClock) {
   EXPECT_EQ(h.culprits(0).rank(), 1);
   EXPECT_EQ(h.culprits(0).silent_s(), 12);
   EXPECT_EQ(h.culprits(0).last_step(), 40);
+  // One rank waited for: the line is about it.
+  EXPECT_NE(log.Lines().find("[health] job=j1 rank=1 hang: ranks [0] wait 5 s in allreduce (step "
+                             "41, bucket 0) for ranks [1]"),
+            std::string::npos)
+      << log.Lines();
 }
 
 TEST_F(HealthTrackerTest, ClearedWhenTheJobIsNotRunning) {
