@@ -1,8 +1,14 @@
 #include "daemon/agent_service.h"
 
+#include <chrono>
+#include <string>
+
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "daemon/grpc_auth.h"
+#include "daemon/job_spec.h"
 #include "rendezvous/grpc_status.h"
+#include "rendezvous/refusals.h"
 
 namespace lockstep {
 namespace daemon {
@@ -12,6 +18,16 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const Status& s
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
+}
+
+// Done, logging a refusal of "AgentService/<method>" (rendezvous/refusals.h)
+// about `job` first.
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, absl::string_view method,
+                                 const std::string& job, const Status& s) {
+  static const Logger log("agent");
+  LogIfRefused(IsSafeId(job) ? log.WithJob(job) : log, *ctx, absl::StrCat("AgentService/", method),
+               s);
+  return Done(ctx, s);
 }
 
 // AuthorizeCall against the digests the coordinator sent; Unavailable
@@ -32,15 +48,19 @@ grpc::ServerUnaryReactor* AgentGrpcService::ReportProgress(grpc::CallbackServerC
                                                            const v1::ReportProgressRequest* req,
                                                            v1::ReportProgressResponse*) {
   if (req->job_id().empty()) return Done(ctx, absl::InvalidArgumentError("job_id: empty"));
-  return Done(ctx, core_->ReportProgress(req->job_id(), req->round(), req->token(),
-                                         req->progress()));
+  Status s = core_->ReportProgress(req->job_id(), req->round(), req->token(), req->progress());
+  // Every worker reports about once a second: a refused one (a stale or
+  // forged token) is logged at most every 10 s.
+  static RateLimiter limiter(std::chrono::seconds(10));
+  if (IsRefusal(s) && limiter.Allow()) return Answer(ctx, "ReportProgress", req->job_id(), s);
+  return Done(ctx, s);
 }
 
 grpc::ServerUnaryReactor* AgentGrpcService::ListWorkers(grpc::CallbackServerContext* ctx,
                                                         const v1::ListWorkersRequest* req,
                                                         v1::ListWorkersResponse* resp) {
   Status s = Authorize(*ctx, *core_, "AgentService/ListWorkers");
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "ListWorkers", req->job_id(), s);
   for (const auto& r : core_->ListWorkers(req->job_id())) {
     v1::AgentJobReportLite* out = resp->add_jobs();
     out->set_job_id(r.job_id());
@@ -54,7 +74,7 @@ grpc::ServerUnaryReactor* AgentGrpcService::ReadLogs(grpc::CallbackServerContext
                                                      const v1::ReadLogsRequest* req,
                                                      v1::ReadLogsResponse* resp) {
   Status s = Authorize(*ctx, *core_, "AgentService/ReadLogs");
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "ReadLogs", req->job_id(), s);
   auto chunk = core_->ReadLogs(req->job_id(), req->rank(),
                                req->stream() == v1::ReadLogsRequest::STREAM_STDERR, req->offset(),
                                req->tail_bytes(), req->max_bytes());
@@ -64,7 +84,7 @@ grpc::ServerUnaryReactor* AgentGrpcService::ReadLogs(grpc::CallbackServerContext
     resp->set_worker_done(chunk->worker_done);
     resp->set_path(chunk->path);
   }
-  return Done(ctx, chunk.status());
+  return Answer(ctx, "ReadLogs", req->job_id(), chunk.status());
 }
 
 }  // namespace daemon

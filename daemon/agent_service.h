@@ -4,7 +4,8 @@
 // viewer token, checked against the digests the coordinator sent the agent
 // (Agent::readers(); until the agent first registers they answer
 // UNAVAILABLE). ReportProgress needs the per-run token the agent gave
-// the worker.
+// the worker. Refusals are logged (rendezvous/refusals.h), those of
+// ReportProgress at most every 10 s.
 // Threading: gRPC's callback API; every handler completes at once (the
 // core never blocks). Log following is client-side polling of ReadLogs
 // with next_offset, so no server thread waits on a growing file.

@@ -15,6 +15,7 @@
 #include "daemon/token.h"
 #include "rendezvous/grpc_limits.h"
 #include "rendezvous/grpc_status.h"
+#include "rendezvous/refusals.h"
 
 namespace lockstep {
 namespace daemon {
@@ -118,6 +119,17 @@ class WatchReactor : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
+grpc::ServerUnaryReactor* CoordinatorGrpcService::Answer(grpc::CallbackServerContext* ctx,
+                                                         absl::string_view method,
+                                                         const std::string& job,
+                                                         const Status& s) const {
+  // A job id that is not one (a path, control characters) stays out of the
+  // line's job= field; the reason quotes it escaped.
+  LogIfRefused(IsSafeId(job) ? log_.WithJob(job) : log_, *ctx,
+               absl::StrCat("CoordinatorService/", method), s);
+  return Done(ctx, s);
+}
+
 Status CoordinatorGrpcService::Authorize(const grpc::CallbackServerContext& ctx,
                                          absl::string_view method) const {
   return AuthorizeCall(ctx, *roles_, absl::StrCat("CoordinatorService/", method));
@@ -137,20 +149,20 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterNode(grpc::CallbackSer
                                                                const v1::RegisterNodeRequest* req,
                                                                v1::RegisterNodeResponse* resp) {
   Status s = Authorize(*ctx, "RegisterNode");
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "RegisterNode", "", s);
   auto r = core_->RegisterNode(*req);
   if (r.ok()) {
     *resp = *r;
     WriteDigests(*roles_, resp);
   }
-  return Done(ctx, r.status());
+  return Answer(ctx, "RegisterNode", "", r.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                             const v1::HeartbeatRequest* req,
                                                             v1::HeartbeatResponse* resp) {
   Status s = Authorize(*ctx, "Heartbeat");
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "Heartbeat", "", s);
   auto r = core_->Heartbeat(*req);
   if (r.ok()) {
     *resp = std::move(*r);
@@ -161,17 +173,17 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServer
       }
     }
   }
-  return Done(ctx, r.status());
+  return Answer(ctx, "Heartbeat", "", r.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* ctx,
                                                             const v1::SubmitJobRequest* req,
                                                             v1::SubmitJobResponse* resp) {
   Status s = Authorize(*ctx, "SubmitJob");
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "SubmitJob", "", s);
   auto r = core_->SubmitJob(req->spec(), req->request_id());
   if (r.ok()) *resp->mutable_job() = std::move(*r);
-  return Done(ctx, r.status());
+  return Answer(ctx, "SubmitJob", "", r.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerContext* ctx,
@@ -179,21 +191,21 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerCon
                                                          v1::GetJobResponse* resp) {
   Status s = Authorize(*ctx, "GetJob");
   if (s.ok()) s = RequireJobId(req->job_id());
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "GetJob", req->job_id(), s);
   auto r = core_->GetJob(JobId(req->job_id()));
   if (r.ok()) *resp->mutable_job() = std::move(*r);
-  return Done(ctx, r.status());
+  return Answer(ctx, "GetJob", req->job_id(), r.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerContext* ctx,
                                                            const v1::ListJobsRequest* req,
                                                            v1::ListJobsResponse* resp) {
   Status s = Authorize(*ctx, "ListJobs");
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "ListJobs", "", s);
   if (req->page_size() < 0) {
-    return Done(ctx, absl::InvalidArgumentError(
-                         absl::StrCat("page_size must be 0 (no count limit) or more, got ",
-                                      req->page_size())));
+    return Answer(ctx, "ListJobs", "",
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "page_size must be 0 (no count limit) or more, got ", req->page_size())));
   }
   // A page continues after the job named by the token: "<submitted ms>:<job id>".
   std::pair<int64_t, std::string> after;
@@ -203,16 +215,17 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerC
     const size_t colon = token.find(':');
     if (colon == std::string::npos || colon + 1 == token.size() ||
         !absl::SimpleAtoi(absl::string_view(token).substr(0, colon), &after.first)) {
-      return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
-                           "page_token ", QuoteForError(token),
-                           " is not one a ListJobs answer gave (its next_page_token)")));
+      return Answer(ctx, "ListJobs", "",
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "page_token ", QuoteForError(token),
+                        " is not one a ListJobs answer gave (its next_page_token)")));
     }
     after.second = token.substr(colon + 1);
   }
   std::vector<v1::JobState> states;
   for (int st : req->states()) states.push_back(static_cast<v1::JobState>(st));
   auto jobs = core_->ListJobs(states);
-  if (!jobs.ok()) return Done(ctx, jobs.status());
+  if (!jobs.ok()) return Answer(ctx, "ListJobs", "", jobs.status());
   // Submit time, then job id: the order the job table is read back in after
   // a restart, and the one the tokens name a place in, so a page continues
   // exactly after its token's job even when that job is gone (deleted).
@@ -244,7 +257,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerC
     bytes += size;
     *resp->add_jobs() = std::move(job);
   }
-  return Done(ctx, absl::OkStatus());
+  return Answer(ctx, "ListJobs", "", absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServerContext* ctx,
@@ -252,10 +265,10 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServer
                                                             v1::CancelJobResponse* resp) {
   Status s = Authorize(*ctx, "CancelJob");
   if (s.ok()) s = RequireJobId(req->job_id());
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "CancelJob", req->job_id(), s);
   auto r = core_->CancelJob(JobId(req->job_id()));
   if (r.ok()) *resp->mutable_job() = std::move(*r);
-  return Done(ctx, r.status());
+  return Answer(ctx, "CancelJob", req->job_id(), r.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::DeleteJob(grpc::CallbackServerContext* ctx,
@@ -263,19 +276,19 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::DeleteJob(grpc::CallbackServer
                                                             v1::DeleteJobResponse* resp) {
   Status s = Authorize(*ctx, "DeleteJob");
   if (s.ok()) s = RequireJobId(req->job_id());
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "DeleteJob", req->job_id(), s);
   auto r = core_->DeleteJob(JobId(req->job_id()));
   if (r.ok()) *resp->mutable_job() = std::move(*r);
-  return Done(ctx, r.status());
+  return Answer(ctx, "DeleteJob", req->job_id(), r.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListNodes(grpc::CallbackServerContext* ctx,
                                                             const v1::ListNodesRequest* req,
                                                             v1::ListNodesResponse* resp) {
   Status s = Authorize(*ctx, "ListNodes");
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "ListNodes", "", s);
   for (auto& node : core_->ListNodes()) *resp->add_nodes() = std::move(node);
-  return Done(ctx, absl::OkStatus());
+  return Answer(ctx, "ListNodes", "", absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::WatchJob(grpc::CallbackServerContext* ctx,
@@ -283,9 +296,9 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::WatchJob(grpc::CallbackServerC
                                                            v1::WatchJobResponse* resp) {
   Status s = Authorize(*ctx, "WatchJob");
   if (s.ok()) s = RequireJobId(req->job_id());
-  if (!s.ok()) return Done(ctx, s);
+  if (!s.ok()) return Answer(ctx, "WatchJob", req->job_id(), s);
   auto timeout = WatchTimeout(req->timeout_ms());
-  if (!timeout.ok()) return Done(ctx, timeout.status());
+  if (!timeout.ok()) return Answer(ctx, "WatchJob", req->job_id(), timeout.status());
   return new WatchReactor(core_, req, resp, *timeout);
 }
 

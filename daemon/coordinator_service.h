@@ -1,7 +1,8 @@
 // CoordinatorGrpcService: the thin gRPC shell over Coordinator
 // (lockstep.v1.CoordinatorService). Per RPC: authorize the bearer token's
 // role (roles.h), validate, call the core, map the status through
-// rendezvous/grpc_status.h. Answers to agents (RegisterNode, Heartbeat)
+// rendezvous/grpc_status.h; a refusal is logged (rendezvous/refusals.h).
+// Answers to agents (RegisterNode, Heartbeat)
 // also carry the admin and viewer token digests, and each start command the
 // job's store token, so an agent needs only the agent token.
 //
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/logging.h"
 #include "daemon/coordinator.h"
 #include "daemon/roles.h"
 #include "lockstep/v1/coordinator.grpc.pb.h"
@@ -75,10 +77,16 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
  private:
   // AuthorizeCall for "CoordinatorService/<method>".
   Status Authorize(const grpc::CallbackServerContext& ctx, absl::string_view method) const;
+  // Finishes the call with `s`, logging it first if it is a refusal
+  // (rendezvous/refusals.h) of "CoordinatorService/<method>" about `job`
+  // ("" when none).
+  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, absl::string_view method,
+                                   const std::string& job, const Status& s) const;
 
   Coordinator* const core_;
   const RoleTokens* const roles_;
   const std::string store_key_;
+  const Logger log_{"coordinator"};
 };
 
 }  // namespace daemon

@@ -10,14 +10,30 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/mutex.h"
 #include "rendezvous/grpc_status.h"
+#include "rendezvous/refusals.h"
 
 namespace lockstep {
 namespace rendezvous {
 namespace {
 
 using WaitValues = StatusOr<std::vector<std::string>>;
+
+const Logger& StoreLog() {
+  static const Logger log("store");
+  return log;
+}
+
+// Logs a refusal (rendezvous/refusals.h) of "StoreService/<method>" on
+// namespace `ns`.
+void LogIfRefusedOn(const grpc::ServerContextBase& ctx, absl::string_view method,
+                    absl::string_view ns, const Status& status) {
+  if (!IsRefusal(status)) return;
+  LogIfRefused(StoreLog(), ctx,
+               absl::StrCat("StoreService/", method, " on namespace ", QuoteForError(ns)), status);
+}
 
 }  // namespace
 
@@ -211,6 +227,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
     result.set_id(op.id());
     Status status = AuthorizeOp(op);
     if (!status.ok()) {
+      LogRefusedOp(op, status);
       Complete(std::move(result), status);
       return;
     }
@@ -252,7 +269,17 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
         break;
     }
     if (!status.ok()) result.clear_result();
+    LogRefusedOp(op, status);
     Complete(std::move(result), status);
+  }
+
+  // A refused op (its namespace's token, a quota) is logged at most every
+  // 10 s over all Session streams: a worker may retry one in a loop.
+  void LogRefusedOp(const v1::StoreOp& op, const Status& status) const {
+    static RateLimiter limiter(std::chrono::seconds(10));
+    if (IsRefusal(status) && limiter.Allow()) {
+      LogIfRefusedOn(*ctx_, "Session", OpNamespace(op), status);
+    }
   }
 
   // The namespace an op names; ops without one are checked against "".
@@ -394,8 +421,10 @@ class RefusedSession : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   void OnDone() override { delete this; }
 };
 
-// A unary reactor finished at once with `status` (an authorization failure).
-grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const Status& status) {
+// A unary reactor finished at once with `status`, a refusal logged.
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, absl::string_view method,
+                                 absl::string_view ns, const Status& status) {
+  LogIfRefusedOn(*ctx, method, ns, status);
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -409,25 +438,24 @@ Status StoreGrpcService::Authorize(const grpc::CallbackServerContext& ctx,
   return authorizer_(ctx.client_metadata(), ns);
 }
 
-#define LOCKSTEP_STORE_AUTHORIZE(ns)                    \
-  do {                                                  \
-    Status auth_status = Authorize(*ctx, (ns));         \
-    if (!auth_status.ok()) return Refuse(ctx, auth_status); \
+#define LOCKSTEP_STORE_AUTHORIZE(method, ns)                             \
+  do {                                                                   \
+    Status auth_status = Authorize(*ctx, (ns));                          \
+    if (!auth_status.ok()) return Answer(ctx, (method), (ns), auth_status); \
   } while (0)
 
 grpc::ServerUnaryReactor* StoreGrpcService::Set(grpc::CallbackServerContext* ctx,
                                                 const v1::StoreSetRequest* request,
                                                 v1::StoreSetResponse* response) {
-  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(core_->Set(request->namespace_(), request->key(), request->value())));
-  return reactor;
+  LOCKSTEP_STORE_AUTHORIZE("Set", request->namespace_());
+  return Answer(ctx, "Set", request->namespace_(),
+                core_->Set(request->namespace_(), request->key(), request->value()));
 }
 
 grpc::ServerUnaryReactor* StoreGrpcService::Get(grpc::CallbackServerContext* ctx,
                                                 const v1::StoreGetRequest* request,
                                                 v1::StoreGetResponse* response) {
-  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
+  LOCKSTEP_STORE_AUTHORIZE("Get", request->namespace_());
   return new WaitReactor(core_, ctx, request->namespace_(), {request->key()},
                          request->timeout_ms(), true,
                          [response](std::vector<std::string>& values) {
@@ -438,34 +466,29 @@ grpc::ServerUnaryReactor* StoreGrpcService::Get(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* StoreGrpcService::Add(grpc::CallbackServerContext* ctx,
                                                 const v1::StoreAddRequest* request,
                                                 v1::StoreAddResponse* response) {
-  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(DoAdd(core_, *request, response)));
-  return reactor;
+  LOCKSTEP_STORE_AUTHORIZE("Add", request->namespace_());
+  return Answer(ctx, "Add", request->namespace_(), DoAdd(core_, *request, response));
 }
 
 grpc::ServerUnaryReactor* StoreGrpcService::CompareSet(grpc::CallbackServerContext* ctx,
                                                        const v1::StoreCompareSetRequest* request,
                                                        v1::StoreCompareSetResponse* response) {
-  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(DoCompareSet(core_, *request, response)));
-  return reactor;
+  LOCKSTEP_STORE_AUTHORIZE("CompareSet", request->namespace_());
+  return Answer(ctx, "CompareSet", request->namespace_(),
+                DoCompareSet(core_, *request, response));
 }
 
 grpc::ServerUnaryReactor* StoreGrpcService::Delete(grpc::CallbackServerContext* ctx,
                                                    const v1::StoreDeleteRequest* request,
                                                    v1::StoreDeleteResponse* response) {
-  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(DoDelete(core_, *request, response)));
-  return reactor;
+  LOCKSTEP_STORE_AUTHORIZE("Delete", request->namespace_());
+  return Answer(ctx, "Delete", request->namespace_(), DoDelete(core_, *request, response));
 }
 
 grpc::ServerUnaryReactor* StoreGrpcService::Wait(grpc::CallbackServerContext* ctx,
                                                  const v1::StoreWaitRequest* request,
                                                  v1::StoreWaitResponse* response) {
-  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
+  LOCKSTEP_STORE_AUTHORIZE("Wait", request->namespace_());
   return new WaitReactor(core_, ctx, request->namespace_(), Keys(request->keys()),
                          request->timeout_ms(), false, [](std::vector<std::string>&) {});
 }
@@ -473,16 +496,14 @@ grpc::ServerUnaryReactor* StoreGrpcService::Wait(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* StoreGrpcService::NumKeys(grpc::CallbackServerContext* ctx,
                                                     const v1::StoreNumKeysRequest* request,
                                                     v1::StoreNumKeysResponse* response) {
-  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(DoNumKeys(core_, *request, response)));
-  return reactor;
+  LOCKSTEP_STORE_AUTHORIZE("NumKeys", request->namespace_());
+  return Answer(ctx, "NumKeys", request->namespace_(), DoNumKeys(core_, *request, response));
 }
 
 grpc::ServerUnaryReactor* StoreGrpcService::MultiGet(grpc::CallbackServerContext* ctx,
                                                      const v1::StoreMultiGetRequest* request,
                                                      v1::StoreMultiGetResponse* response) {
-  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
+  LOCKSTEP_STORE_AUTHORIZE("MultiGet", request->namespace_());
   return new WaitReactor(core_, ctx, request->namespace_(), Keys(request->keys()),
                          request->timeout_ms(), true,
                          [response](std::vector<std::string>& values) {
@@ -493,10 +514,9 @@ grpc::ServerUnaryReactor* StoreGrpcService::MultiGet(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* StoreGrpcService::MultiSet(grpc::CallbackServerContext* ctx,
                                                      const v1::StoreMultiSetRequest* request,
                                                      v1::StoreMultiSetResponse* response) {
-  LOCKSTEP_STORE_AUTHORIZE(request->namespace_());
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(core_->MultiSet(request->namespace_(), Entries(*request))));
-  return reactor;
+  LOCKSTEP_STORE_AUTHORIZE("MultiSet", request->namespace_());
+  return Answer(ctx, "MultiSet", request->namespace_(),
+                core_->MultiSet(request->namespace_(), Entries(*request)));
 }
 
 grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* StoreGrpcService::Session(
@@ -506,10 +526,17 @@ grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* StoreGrpcService::Sessi
   if (it != ctx->client_metadata().end()) job.assign(it->second.data(), it->second.size());
   // Checked as the job's namespaces ("<job>/*"): each op is checked again
   // against its own namespace.
-  Status status = Authorize(*ctx, job.empty() ? job : job + "/*");
-  if (!status.ok()) return new RefusedSession(ToGrpcStatus(status));
+  const std::string ns = job.empty() ? job : job + "/*";
+  Status status = Authorize(*ctx, ns);
+  if (!status.ok()) {
+    LogIfRefusedOn(*ctx, "Session", ns, status);
+    return new RefusedSession(ToGrpcStatus(status));
+  }
   auto slot = AcquireSessionSlot(job);
-  if (!slot.ok()) return new RefusedSession(ToGrpcStatus(slot.status()));
+  if (!slot.ok()) {
+    LogIfRefusedOn(*ctx, "Session", ns, slot.status());
+    return new RefusedSession(ToGrpcStatus(slot.status()));
+  }
   return new SessionReactor(core_, &authorizer_, ctx, std::move(*slot), limits_.max_queued_results);
 }
 

@@ -30,7 +30,8 @@
 // kStoreJobMetadata (store.h): a stream refused there is finished at once
 // with the authorizer's status, so a caller without a valid token holds no
 // stream, no reactor and no read buffer (1,000 such streams leave nothing
-// behind: store_service_test).
+// behind: store_service_test). Refusals are logged (refusals.h), those of
+// Session ops at most every 10 s.
 //
 // Resources: live Session streams are capped per job (kMaxSessionsPerJob)
 // and in all (kMaxSessions): one more is finished at open with

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <limits>
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -15,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/log_capture.h"
 #include "lockstep/v1/store.grpc.pb.h"
 #include "rendezvous/store_client.h"
 
@@ -94,9 +96,16 @@ TEST_F(StoreServiceAuthTest, UnaryWithoutTokenIsUnauthenticated) {
 }
 
 TEST_F(StoreServiceAuthTest, UnaryWithOtherJobsTokenIsPermissionDeniedNamingNamespace) {
+  LogCapture log;
   grpc::Status s = UnarySet("job-a/0", "tok-job-b");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_NE(s.error_message().find("job-a/0"), std::string::npos) << s.error_message();
+  // The refusal is logged: the RPC, its namespace, the caller, the reason.
+  EXPECT_TRUE(std::regex_search(
+      log.Lines(), std::regex("\\[store\\] job=- rank=- refused StoreService/Set on namespace "
+                              "\"job-a/0\" from ipv4:127\\.0\\.0\\.1:[0-9]+: PERMISSION_DENIED: "
+                              "token does not open namespace 'job-a/0'\n")))
+      << log.Lines();
 }
 
 TEST_F(StoreServiceAuthTest, UnaryWithRightTokenWorks) {
@@ -254,12 +263,19 @@ TEST_F(StoreServiceLimitsTest, SessionsPerJobAndInAllAreCapped) {
   auto s1 = open(&c1, "job-a");
   auto s2 = open(&c2, "job-a");
   ASSERT_TRUE(s1.second && s2.second);
+  LogCapture log;
   auto s3 = open(&c3, "job-a");
   EXPECT_FALSE(s3.second);
   grpc::Status refused = s3.first->Finish();
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_NE(refused.error_message().find("kMaxSessionsPerJob=2"), std::string::npos)
       << refused.error_message();
+  // The daemon's log says so too, naming the caller.
+  EXPECT_TRUE(std::regex_search(
+      log.Lines(), std::regex("refused StoreService/Session on namespace \"job-a/\\*\" from "
+                              "ipv4:127\\.0\\.0\\.1:[0-9]+: RESOURCE_EXHAUSTED: .*"
+                              "kMaxSessionsPerJob=2\n")))
+      << log.Lines();
   auto s4 = open(&c4, "job-b");
   EXPECT_TRUE(s4.second);
   auto s5 = open(&c5, "job-c");

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Bad input gets a clear error, a non-zero exit, and changes nothing.
+# Bad input gets a clear error, a non-zero exit, and changes nothing; the
+# daemon logs each refusal (bad request, token or role) as one warning.
 source tests/e2e/lib.sh "$@"
 
 start_coordinator
@@ -32,6 +33,25 @@ expect_error "token file .*missing" "$LOCKSTEP" --coordinator "$COORD" --token-f
 cp "$T/wrong-token" "$T/open-token"; chmod 644 "$T/open-token"
 expect_error "readable by group or others" "$LOCKSTEP" --coordinator "$COORD" --token-file "$T/open-token" list
 expect_error "UNAVAILABLE" "$LOCKSTEP" --coordinator 127.0.0.1:1 --token-file "$TOKEN" list
+
+# A role that may not call an RPC: refused, naming the job.
+expect_error "PERMISSION_DENIED: .*CancelJob" \
+  "$LOCKSTEP" --coordinator "$COORD" --token-file "$(dirname "$TOKEN")/viewer.token" cancel j-abc
+
+# expect_logged DAEMON REGEX: the daemon's log has a line matching REGEX.
+expect_logged() {
+  grep -Eq -- "$2" "$T/$1.log" || fail "$1's log lacks /$2/: $(grep refused "$T/$1.log")"
+}
+# Each refusal above is one warning in the coordinator's log naming the RPC,
+# the caller's address, the job when there is one, and the reason.
+peer='from ipv4:127\.0\.0\.1:[0-9]+'
+expect_logged coord "W \[coordinator\] job=- rank=- refused CoordinatorService/SubmitJob $peer: INVALID_ARGUMENT: spec\.command: empty; give the program after"
+expect_logged coord "W \[coordinator\] job=- rank=- refused CoordinatorService/ListJobs $peer: UNAUTHENTICATED: .*wrong bearer token"
+expect_logged coord "W \[coordinator\] job=j-abc rank=- refused CoordinatorService/CancelJob $peer: PERMISSION_DENIED: .*viewer"
+if grep -q "refused CoordinatorService/GetJob" "$T/coord.log"; then
+  fail "a job that is not found is an answer, not a refusal: $(grep "refused CoordinatorService/GetJob" "$T/coord.log")"
+fi
+log "ok: refusals are logged by the coordinator"
 
 # The store service on the same port wants a token too: a raw
 # StoreService/Set without one, or with another job's store token, is
@@ -66,6 +86,8 @@ expect_error "PERMISSION_DENIED.*j-mine/0" raw_call /lockstep.v1.StoreService/Se
 # opens nothing either (every job that runs shows its own token works).
 expect_error "FAILED_PRECONDITION.*no running job .j-mine" raw_call /lockstep.v1.StoreService/Set "$own_job_token" j-mine/0
 raw_call /lockstep.v1.StoreService/Set "$(cat "$TOKEN")" j-mine/0 || fail "the admin token was refused by the store"
+expect_logged coord "W \[store\] job=- rank=- refused StoreService/Set on namespace \"j-mine/0\" $peer: PERMISSION_DENIED"
+expect_logged coord "W \[store\] job=- rank=- refused StoreService/Set on namespace \"j-mine/0\" $peer: UNAUTHENTICATED"
 log "ok: the store refuses calls without the right token"
 
 # Nothing above created a job.
@@ -154,6 +176,7 @@ log "ok: a worker's escape sequences are printed escaped"
 ALLOWED_ENV="" start_daemon strict --coordinator --no-agent --listen 127.0.0.1:0 --allowed-command "$TRAINER"
 expect_error "PERMISSION_DENIED: .*not in the allowed list" \
   "$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit -- /bin/sh -c true
+expect_logged strict "refused CoordinatorService/SubmitJob $peer: PERMISSION_DENIED: .*not in the allowed list"
 "$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit --detach -- "$TRAINER" "$MARKER" >/dev/null ||
   fail "the allowed command was rejected"
 # ... and the allowed command cannot be made to run other code through the
