@@ -790,7 +790,9 @@ class Cli {
                "the job ends; then print its final state and exit 0 if it SUCCEEDED, else 3");
     flags.Bool("stderr", &stderr_stream, "print stderr instead of stdout");
     flags.Int("tail-bytes", &tail, "start this many bytes before the end");
-    flags.Int("tail", &tail_lines, "start with the last N lines (of the last 1 MiB)");
+    flags.Int("tail", &tail_lines,
+              "start with the last N lines, looked for in the last N KiB (at most 1 MiB) or in "
+              "the last --tail-bytes when given");
     flags.Short('f', "follow");
     flags.Short('r', "rank");
     flags.Short('a', "all-ranks");
@@ -824,8 +826,8 @@ class Cli {
     view.follow = follow;
     view.tail_lines = tail_lines;
     view.tail_bytes = tail;
-    if (tail_lines > 0) {
-      view.tail_bytes = std::min<int64_t>(int64_t{1} << 20, std::max(tail, tail_lines * 1024));
+    if (tail_lines > 0 && !flags.WasSet("tail-bytes")) {
+      view.tail_bytes = std::min<int64_t>(int64_t{1} << 20, tail_lines * 1024);
     }
     return FollowLogs((*rest)[0], view);
   }

@@ -7,10 +7,10 @@
 #include <chrono>
 
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/agent.h"
 #include "daemon/coordinator.h"
+#include "daemon/job_machine.h"
 
 namespace lockstep {
 namespace daemon {
@@ -23,12 +23,6 @@ bool IsLive(v1::JobState s) {
          s == v1::JOB_STATE_RUNNING || s == v1::JOB_STATE_RESTARTING;
 }
 
-// "RUNNING" for JOB_STATE_RUNNING.
-std::string StateLabel(v1::JobState s) {
-  absl::string_view name = v1::JobState_Name(s);
-  absl::ConsumePrefix(&name, "JOB_STATE_");
-  return std::string(name);
-}
 
 bool IsNumeric(const FieldDescriptor* f) {
   if (f->is_repeated()) return false;
@@ -148,12 +142,12 @@ void AppendJobMetrics(const std::vector<v1::Job>& jobs, int64_t now_unix_ms,
   for (const v1::Job& job : jobs) {
     ++by_state[job.state()];
     if (!Recent(job, now_unix_ms)) continue;
-    state.Add({{"job_id", job.job_id()}, {"state", StateLabel(job.state())}}, 1);
+    state.Add({{"job_id", job.job_id()}, {"state", JobMachine::StateName(job.state())}}, 1);
     restarts.Add({{"job_id", job.job_id()}}, job.restart_count());
     world.Add({{"job_id", job.job_id()}}, job.world_size());
   }
   MetricFamily states = Family("lockstep_jobs", "Jobs in the coordinator's table, by state");
-  for (const auto& [state, n] : by_state) states.Add({{"state", StateLabel(state)}}, n);
+  for (const auto& [state, n] : by_state) states.Add({{"state", JobMachine::StateName(state)}}, n);
   out->push_back(std::move(states));
   out->push_back(std::move(state));
   out->push_back(std::move(restarts));

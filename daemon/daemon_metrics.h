@@ -73,7 +73,7 @@ void AppendNodeMetrics(const std::vector<v1::NodeInfo>& nodes, std::vector<Metri
 MetricsRegistry::Collector CoordinatorCollector(const Coordinator* coordinator);
 
 // Worker exits an agent reaped, by outcome: "succeeded" (exit code 0),
-// "failed" (non-zero or a signal, on its own), "stopped" (stopped by the
+// "failed" (non-zero or a signal, not sent by the agent), "stopped" (stopped by the
 // agent: cancel, restart, shutdown).
 class WorkerExitCounter {
  public:

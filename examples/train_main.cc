@@ -204,20 +204,23 @@ Status Run(const Config& cfg) {
   // train, and so write a newer checkpoint, until every rank has joined
   // Create's broadcast, so all ranks read the same file.
   int64_t first_step = 1;
+  // The engine's job id and rank (its lines say job=local when the
+  // environment names no job), so both components' lines agree.
+  const Logger log("train", group ? group->env().job_id : "local", rank);
   if (!cfg.checkpoint_dir.empty()) {
     ASSIGN_OR_RETURN(auto restored, ddp::RestoreCheckpoint(cfg.checkpoint_dir, *w.root, &opt));
     if (restored) {
       first_step = restored->info.step + 1;
-      Logger("train").Info("resumed from step {} (round {}) in round {}: {} (world size {})",
-                           restored->info.step, restored->info.round, round, restored->path,
-                           restored->info.world_size);
+      log.Info("resumed from step {} (round {}) in round {}: {} (world size {})",
+               restored->info.step, restored->info.round, round, restored->path,
+               restored->info.world_size);
       if (restored->info.world_size != world) {
-        Logger("train").Warn("checkpoint was written with world size {}, now {}: each step's "
-                             "global batch differs from the original run's",
-                             restored->info.world_size, world);
+        log.Warn("checkpoint was written with world size {}, now {}: each step's "
+                 "global batch differs from the original run's",
+                 restored->info.world_size, world);
       }
     } else {
-      Logger("train").Info("no checkpoint in {}: starting at step 1", cfg.checkpoint_dir);
+      log.Info("no checkpoint in {}: starting at step 1", cfg.checkpoint_dir);
     }
   }
 

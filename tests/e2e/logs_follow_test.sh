@@ -41,5 +41,10 @@ ls_cli logs "$job" -r 0 --tail 2 >"$T/tail.out"
 [ "$(wc -l <"$T/tail.out")" = 2 ] || fail "--tail 2 printed $(wc -l <"$T/tail.out") lines: $(cat "$T/tail.out")"
 diff <(tail -n 2 "$T/nodeb/jobs/$job/rank-0.stdout") "$T/tail.out" >/dev/null ||
   fail "--tail 2 is not the file's last two lines: $(cat "$T/tail.out")"
+# --tail-bytes given with --tail bounds what is read, as given (it was
+# widened to N KiB): the last 5 bytes, whatever the lines.
+ls_cli logs "$job" -r 0 --tail 2 --tail-bytes 5 >"$T/tail5.out"
+cmp -s <(tail -c 5 "$T/nodeb/jobs/$job/rank-0.stdout") "$T/tail5.out" ||
+  fail "--tail 2 --tail-bytes 5 is not the file's last 5 bytes: $(od -c "$T/tail5.out" | head -3)"
 check_invariants "$job" 1
 log "PASS"
