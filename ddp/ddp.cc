@@ -96,13 +96,14 @@ Status CheckRanksAgree(Communicator& comm, const std::vector<Reducer::NamedParam
     with_grad += s.tensor.requires_grad() ? 1 : 0;
   }
   const CommHook& hook = options.comm_hook;
+  const auto flag = [](const char* name, bool value) {
+    return AgreementField{name, value ? 1 : 0, value ? "true" : "false"};
+  };
   const std::vector<AgreementField> fields = {
       {"bucket_cap_mb", static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024),
        absl::StrCat(options.bucket_cap_mb)},
-      {"find_unused_parameters", options.find_unused_parameters,
-       options.find_unused_parameters ? "true" : "false"},
-      {"broadcast_buffers", options.broadcast_buffers,
-       options.broadcast_buffers ? "true" : "false"},
+      flag("find_unused_parameters", options.find_unused_parameters),
+      flag("broadcast_buffers", options.broadcast_buffers),
       {"comm hook", static_cast<int64_t>(HashString(hook.name)), absl::StrCat("'", hook.name, "'")},
       {"comm hook flags",
        (hook.prescale_by_world ? 1 : 0) | (hook.prescale_optional ? 2 : 0) |
@@ -110,15 +111,11 @@ Status CheckRanksAgree(Communicator& comm, const std::vector<Reducer::NamedParam
        absl::StrCat("prescale_by_world ", hook.prescale_by_world, ", prescale_optional ",
                     hook.prescale_optional, ", takes_deferred_inputs ", hook.takes_deferred_inputs,
                     ", sums_weighted_buckets ", hook.sums_weighted_buckets)},
-      {"weight_by_samples", options.weight_by_samples,
-       options.weight_by_samples ? "true" : "false"},
-      {"gradient_as_bucket_view", options.gradient_as_bucket_view,
-       options.gradient_as_bucket_view ? "true" : "false"},
-      {"gradient_priority", options.gradient_priority,
-       options.gradient_priority ? "true" : "false"},
-      {"overlap_optimizer", options.overlap_optimizer,
-       options.overlap_optimizer ? "true" : "false"},
-      {"overlap_forward", options.overlap_forward, options.overlap_forward ? "true" : "false"},
+      flag("weight_by_samples", options.weight_by_samples),
+      flag("gradient_as_bucket_view", options.gradient_as_bucket_view),
+      flag("gradient_priority", options.gradient_priority),
+      flag("overlap_optimizer", options.overlap_optimizer),
+      flag("overlap_forward", options.overlap_forward),
   };
   std::vector<int64_t> record = {kAgreementMagic, static_cast<int64_t>(state.size()), with_grad,
                                  static_cast<int64_t>(model_hash)};
