@@ -51,6 +51,11 @@ using Round = IntId<struct RoundTag>;
 // A new random id with `prefix` ("j-", "inc-"): prefix + 16 hex digits.
 std::string NewRandomId(const std::string& prefix);
 
+// True if `id` is a safe path component for ids ([A-Za-z0-9._-], 1 to 128
+// characters, not "." or ".."): job ids name directories under the state
+// dir and go into log lines as they are.
+bool IsSafeId(const std::string& id);
+
 }  // namespace lockstep
 
 namespace std {

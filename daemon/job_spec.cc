@@ -126,14 +126,6 @@ bool IsEnvName(const std::string& name) {
   });
 }
 
-bool IsSafeId(const std::string& id) {
-  if (id.empty() || id.size() > 128 || id == "." || id == "..") return false;
-  return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
-  });
-}
-
 Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& allowed_commands) {
   if (spec.command_size() == 0 || spec.command(0).empty()) {
     return absl::InvalidArgumentError("spec.command: empty; give the program after `--`");

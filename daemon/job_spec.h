@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/ids.h"
 #include "common/status.h"
 #include "lockstep/v1/common.pb.h"
 
@@ -65,9 +66,9 @@ void ApplyJobSpecDefaults(v1::JobSpec* spec);
 // True if `name` is a variable name: [A-Za-z_][A-Za-z0-9_]*.
 bool IsEnvName(const std::string& name);
 
-// True if `id` is a safe path component for job ids ([A-Za-z0-9._-], not
-// "." or ".."), so ids can name directories under the state dir.
-bool IsSafeId(const std::string& id);
+// IsSafeId (common/ids.h): a job id that can name a directory under the
+// state dir.
+using ::lockstep::IsSafeId;
 
 }  // namespace daemon
 }  // namespace lockstep

@@ -10,6 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "common/ids.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "rendezvous/grpc_status.h"
@@ -31,7 +32,10 @@ const Logger& StoreLog() {
 void LogIfRefusedOn(const grpc::ServerContextBase& ctx, absl::string_view method,
                     absl::string_view ns, const Status& status) {
   if (!IsRefusal(status)) return;
-  LogIfRefused(StoreLog(), ctx,
+  // A job's namespaces are "<job>/<round>": the line names the job when the
+  // first part is a well-formed id (the reason quotes the namespace anyway).
+  const std::string job(ns.substr(0, ns.find('/')));
+  LogIfRefused(IsSafeId(job) ? StoreLog().WithJob(job) : StoreLog(), ctx,
                absl::StrCat("StoreService/", method, " on namespace ", QuoteForError(ns)), status);
 }
 

@@ -102,7 +102,7 @@ TEST_F(StoreServiceAuthTest, UnaryWithOtherJobsTokenIsPermissionDeniedNamingName
   EXPECT_NE(s.error_message().find("job-a/0"), std::string::npos) << s.error_message();
   // The refusal is logged: the RPC, its namespace, the caller, the reason.
   EXPECT_TRUE(std::regex_search(
-      log.Lines(), std::regex("\\[store\\] job=- rank=- refused StoreService/Set on namespace "
+      log.Lines(), std::regex("\\[store\\] job=job-a rank=- refused StoreService/Set on namespace "
                               "\"job-a/0\" from ipv4:127\\.0\\.0\\.1:[0-9]+: PERMISSION_DENIED: "
                               "token does not open namespace 'job-a/0'\n")))
       << log.Lines();

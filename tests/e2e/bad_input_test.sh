@@ -86,8 +86,8 @@ expect_error "PERMISSION_DENIED.*j-mine/0" raw_call /lockstep.v1.StoreService/Se
 # opens nothing either (every job that runs shows its own token works).
 expect_error "FAILED_PRECONDITION.*no running job .j-mine" raw_call /lockstep.v1.StoreService/Set "$own_job_token" j-mine/0
 raw_call /lockstep.v1.StoreService/Set "$(cat "$TOKEN")" j-mine/0 || fail "the admin token was refused by the store"
-expect_logged coord "W \[store\] job=- rank=- refused StoreService/Set on namespace \"j-mine/0\" $peer: PERMISSION_DENIED"
-expect_logged coord "W \[store\] job=- rank=- refused StoreService/Set on namespace \"j-mine/0\" $peer: UNAUTHENTICATED"
+expect_logged coord "W \[store\] job=j-mine rank=- refused StoreService/Set on namespace \"j-mine/0\" $peer: PERMISSION_DENIED"
+expect_logged coord "W \[store\] job=j-mine rank=- refused StoreService/Set on namespace \"j-mine/0\" $peer: UNAUTHENTICATED"
 log "ok: the store refuses calls without the right token"
 
 # Nothing above created a job.
