@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "daemon/grpc_auth.h"
-#include "daemon/job_spec.h"
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/refusals.h"
 
@@ -25,8 +24,7 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const Status& s
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, absl::string_view method,
                                  const std::string& job, const Status& s) {
   static const Logger log("agent");
-  LogIfRefused(IsSafeId(job) ? log.WithJob(job) : log, *ctx, absl::StrCat("AgentService/", method),
-               s);
+  LogIfRefused(log, *ctx, absl::StrCat("AgentService/", method), job, s);
   return Done(ctx, s);
 }
 

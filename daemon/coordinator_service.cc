@@ -123,10 +123,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Answer(grpc::CallbackServerCon
                                                          absl::string_view method,
                                                          const std::string& job,
                                                          const Status& s) const {
-  // A job id that is not one (a path, control characters) stays out of the
-  // line's job= field; the reason quotes it escaped.
-  LogIfRefused(IsSafeId(job) ? log_.WithJob(job) : log_, *ctx,
-               absl::StrCat("CoordinatorService/", method), s);
+  LogIfRefused(log_, *ctx, absl::StrCat("CoordinatorService/", method), job, s);
   return Done(ctx, s);
 }
 

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "common/ids.h"
+
 namespace lockstep {
 
 bool IsRefusal(const Status& status) {
@@ -17,10 +19,10 @@ bool IsRefusal(const Status& status) {
 }
 
 void LogIfRefused(const Logger& log, const grpc::ServerContextBase& ctx, absl::string_view rpc,
-                  const Status& status) {
+                  const std::string& job, const Status& status) {
   if (!IsRefusal(status)) return;
   const std::string peer = ctx.peer();
-  log.Warn("refused {} from {}: {}: {}", std::string(rpc), peer.empty() ? "an unknown peer" : peer,
+  (IsSafeId(job) ? log.WithJob(job) : log).Warn("refused {} from {}: {}: {}", std::string(rpc), peer.empty() ? "an unknown peer" : peer,
            absl::StatusCodeToString(status.code()), std::string(status.message()));
 }
 

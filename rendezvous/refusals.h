@@ -24,9 +24,12 @@ namespace lockstep {
 bool IsRefusal(const Status& status);
 
 // Logs `status` on `log` (Warn) when IsRefusal(status). `rpc`:
-// "Service/Method".
+// "Service/Method". `job`: the job the request names, put in the line's
+// job= when it is a well-formed id (IsSafeId, common/ids.h); anything else
+// (empty, a path, control characters) leaves job= as `log` has it (the
+// reason quotes it escaped).
 void LogIfRefused(const Logger& log, const grpc::ServerContextBase& ctx, absl::string_view rpc,
-                  const Status& status);
+                  const std::string& job, const Status& status);
 
 }  // namespace lockstep
 

@@ -10,7 +10,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "common/ids.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "rendezvous/grpc_status.h"
@@ -32,11 +31,10 @@ const Logger& StoreLog() {
 void LogIfRefusedOn(const grpc::ServerContextBase& ctx, absl::string_view method,
                     absl::string_view ns, const Status& status) {
   if (!IsRefusal(status)) return;
-  // A job's namespaces are "<job>/<round>": the line names the job when the
-  // first part is a well-formed id (the reason quotes the namespace anyway).
-  const std::string job(ns.substr(0, ns.find('/')));
-  LogIfRefused(IsSafeId(job) ? StoreLog().WithJob(job) : StoreLog(), ctx,
-               absl::StrCat("StoreService/", method, " on namespace ", QuoteForError(ns)), status);
+  // A job's namespaces are "<job>/<round>": the line names that job.
+  LogIfRefused(StoreLog(), ctx,
+               absl::StrCat("StoreService/", method, " on namespace ", QuoteForError(ns)),
+               std::string(ns.substr(0, ns.find('/'))), status);
 }
 
 }  // namespace
