@@ -440,7 +440,7 @@ TEST(DdpAgreementTest, DifferentBucketSizesAndHooksAreNamedOnEveryRank) {
   EXPECT_NE(status[0].message().find("'allreduce' here"), std::string::npos) << status[0];
 }
 
-TEST(DdpAgreementTest, RanksThatAgreeStillTrain) {
+TEST(DdpAgreementTest, RanksThatAgreeAreAccepted) {
   auto status = CreateOnRanks([](int) {
     torch::nn::Sequential net(torch::nn::Linear(kIn, kOut));
     DdpOptions options;
