@@ -50,6 +50,10 @@ inline double ToSeconds(Duration d) {
 inline Duration FromSeconds(double s) {
   return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
 }
+// Milliseconds from a to b as a double (negative when b is before a).
+inline double MillisBetween(MonoTime a, MonoTime b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
 
 }  // namespace lockstep
 

@@ -23,10 +23,6 @@ double MillisSince(MonoTime start) {
   return std::chrono::duration<double, std::milli>(RealClock()->Now() - start).count();
 }
 
-double MillisBetween(MonoTime a, MonoTime b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 // Before the first collective of DDP's own: every rank must have the same
 // model (parameters and buffers: count, dtype, shape, which require grad)
 // and the DDP options that decide what goes on the wire (bucket sizes, the

@@ -16,10 +16,6 @@ namespace lockstep {
 namespace ddp {
 namespace {
 
-double MillisBetween(MonoTime a, MonoTime b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 // A plain copy of part of a gradient into its slot (streamed when large).
 void CopyIntoSlot(const torch::Tensor& slot, const torch::Tensor& grad) {
   if (slot.numel() == 0 || StreamingScaledCopy(slot, grad, 1.0f)) return;

@@ -85,10 +85,6 @@ double ProcessCpuMs() {
          (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
 }
 
-double MillisBetween(MonoTime a, MonoTime b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 // Parameters once each (tied weights once), registration order.
 std::vector<torch::Tensor> UniqueParameters(torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
