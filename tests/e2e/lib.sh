@@ -134,6 +134,32 @@ worker_pids() {
   } | sort -u
 }
 no_workers() { [ -z "$(worker_pids)" ]; }
+
+# The engine's shared memory (ddp/shm_communicator.cc) is a memfd named
+# "lockstep-shm": never a name in /dev/shm, so a segment exists exactly as
+# long as a process holds an fd or a mapping of it, and that is what these
+# look for. test_pids: this test's processes (the descendants of its shell:
+# daemons, CLIs, workers) plus workers that outlived their parent.
+test_pids() {
+  {
+    ps -e -o pid=,ppid= | awk -v root=$$ '
+      { parent[$1] = $2 }
+      END { for (p in parent) { q = p; while (q > 1) { if (q == root) { print p; break } q = parent[q] } } }'
+    worker_pids
+  } | sort -un
+}
+# shm_holders: "pid (command)" of each process of this test holding a
+# lockstep-shm segment, one per line.
+shm_holders() {
+  local pid
+  for pid in $(test_pids); do
+    if grep -q 'memfd:lockstep-shm' <<<"$(ls -l "/proc/$pid/fd" 2>/dev/null)" ||
+      grep -qs 'memfd:lockstep-shm' "/proc/$pid/maps"; then
+      echo "$pid ($(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-120))"
+    fi
+  done
+}
+no_shm_holders() { [ -z "$(shm_holders)" ]; }
 # describe_workers: the workers left, one per line (pid, state, age, cwd,
 # command), for a failure message.
 describe_workers() {

@@ -9,10 +9,10 @@
 #   - the CLI killed with SIGKILL: its daemon and the workers still go
 #     (the daemon's parent-death signal);
 #   - usage errors name the flag.
-# In every case nothing is left running and nothing is left in /dev/shm.
+# In every case nothing is left running. (Its jobs use Gloo, which shares
+# no memory: ddp_trainer_test and straggler_test check shm segments.)
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
-shm_before=$(ls /dev/shm | grep -c '^lockstep-' || true)
 
 # The daemons a run started: lockstepd processes whose state dir is under $T.
 run_daemons() { pgrep -f -- "--state-dir=$T/" || true; }
@@ -102,7 +102,4 @@ out=$(LOCKSTEPD=/nonexistent PATH=/usr/bin:/bin "$LOCKSTEP" run --lockstepd /non
 [ "$rc" = 1 ] && grep -q "not an executable file" <<<"$out" || fail "a missing lockstepd: rc $rc: $out"
 [ ! -e "$T/x" ] || fail "a refused run made its state dir"
 assert_nothing_left "usage errors"
-
-shm_after=$(ls /dev/shm | grep -c '^lockstep-' || true)
-[ "$shm_after" -le "$shm_before" ] || fail "segments left in /dev/shm: $(ls /dev/shm | grep '^lockstep-')"
 log "PASS"

@@ -18,14 +18,15 @@
 #  4. Rank 1 never starts the engine (it sleeps): rank 0's bootstrap names
 #     it after 6 s; the first failure is rank 1, which did not arrive, and
 #     rank 0 is no startup failure.
-# Cases 1 and 2 end with cancel: no worker left, nothing new in /dev/shm.
+# Over shm both workers hold the segment while case 1 runs (lib.sh
+# shm_holders; over Gloo none does). Cases 1 and 2 end with cancel, and
+# every case with no worker left and no process holding a segment.
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
 BACKEND="$5"
 backend_args "$BACKEND"
 
 start_coordinator
-shm_before=$(ls /dev/shm | grep -c '^lockstep-' || true)
 
 submit_train() {
   ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 0 "${env_args[@]}" -- \
@@ -38,9 +39,7 @@ finish() {
   ls_cli cancel "$job" >/dev/null
   wait_state "$job" CANCELLED 30
   wait_for 15 no_workers || fail "workers left after cancelling $job: $(describe_workers)"
-  local shm_now
-  shm_now=$(ls /dev/shm | grep -c '^lockstep-' || true)
-  [ "$shm_now" -le "$shm_before" ] || fail "/dev/shm segments left: $(ls /dev/shm | grep '^lockstep-')"
+  wait_for 15 no_shm_holders || fail "shm segments still held after cancelling $job: $(shm_holders)"
 }
 
 # ---- 1. a straggler
@@ -60,6 +59,12 @@ data1=$(job_field "$job" 'int([w["progress"]["data_ms"] for w in j["workers"] if
 opt0=$(job_field "$job" '1 if [w["progress"].get("optimizer_ms", 0) for w in j["workers"] if w.get("rank", 0) == 0][0] > 0 else 0')
 [ "$opt0" = 1 ] || fail "rank 0 reports no optimizer time"
 log "case 1: $(echo "$text" | grep '^straggler:')"
+holders=$(shm_holders)
+if [ "$BACKEND" = shm ]; then
+  [ "$(grep -c . <<<"$holders")" -ge 2 ] || fail "both workers should hold the shm segment, found: [$holders]"
+else
+  [ -z "$holders" ] || fail "a Gloo job holds shm segments: $holders"
+fi
 finish "$job"
 
 # ---- 2. a rank stopped mid-training
@@ -99,6 +104,7 @@ blamed_on_rank_1() {
     fail "case $case: the job's message does not name rank 1: $text"
   if grep -q "startup failure" <<<"$text"; then fail "case $case: a startup failure named: $text"; fi
   wait_for 30 no_workers || fail "case $case: workers left: $(describe_workers)"
+  wait_for 15 no_shm_holders || fail "case $case: shm segments still held: $(shm_holders)"
   log "case $case: $(grep '^failure:' <<<"$text")"
 }
 
@@ -119,6 +125,4 @@ job=$(ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 
   "$TRAIN" --model mlp_small --steps 5 --timeout-s 6 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 blamed_on_rank_1 "$job" 4
-shm_now=$(ls /dev/shm | grep -c '^lockstep-' || true)
-[ "$shm_now" -le "$shm_before" ] || fail "/dev/shm segments left: $(ls /dev/shm | grep '^lockstep-')"
 log "PASS ($BACKEND): straggler rank 1 at $lag ms/step; stopped rank 1 named after ${detected_s}s; a rank stopped or never started is the failure, not the peer that gave up on it"
