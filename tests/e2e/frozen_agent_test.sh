@@ -43,7 +43,14 @@ wait_state "$job" SUCCEEDED 120
 kill "$sampler"
 samples=$(wc -l <"$T/owners.txt")
 (( samples > 50 )) || fail "only $samples samples taken"
+# The sampler saw the job: round 1's four ranks before the SIGSTOP, and
+# round 2's ranks 0 and 1 (nodeb's) after it.
+stopped_ms=$((stopped_at / 1000000))
+saw_round1=$(awk -v t="$stopped_ms" '$1 < t && $3 == "live=1:0,1:1,1:2,1:3"' "$T/owners.txt" | wc -l)
+saw_round2=$(awk -v t="$stopped_ms" '$1 > t && $3 ~ /^live=[2-9]:0,[2-9]:1$/' "$T/owners.txt" | wc -l)
+(( saw_round1 > 0 && saw_round2 > 0 )) ||
+  fail "the sampler did not see the job ($saw_round1 samples of round 1's 4 ranks, $saw_round2 of round 2's 2): $(sort -u -k3,3 "$T/owners.txt" | cut -d' ' -f3- | head -n 20)"
 if grep DOUBLE "$T/owners.txt"; then fail "a rank had two live owners (above)"; fi
 ls_cli status "$job"
 check_invariants "$job" 3
-log "PASS: $samples samples, never two live owners of a rank"
+log "PASS: $samples samples ($saw_round1 of round 1's four ranks, $saw_round2 of round 2's two), never two live owners of a rank"

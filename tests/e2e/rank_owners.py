@@ -6,7 +6,9 @@ usage: rank_owners.py JOB_ID OUT_FILE
 A process belongs to the job when its environment has LOCKSTEP_JOB_ID=JOB;
 its rank is LOCKSTEP_RANK. Zombies (exited, not yet reaped: a frozen agent
 cannot reap) and processes that are gone are not owners. OUT_FILE gets one
-line per sample: "<unix_ms> <live> [DOUBLE rank=R pids=...]".
+line per sample: "<unix_ms> <live> live=<round>:<rank>,... [DOUBLE rank=R
+pids=...]" (live: "-" when none; round is LOCKSTEP_ROUND), so a test can
+show the sampler saw the job's workers at all.
 """
 import os
 import sys
@@ -29,7 +31,9 @@ def owners(job):
             continue
         if state in ("Z", "X"):
             continue
-        by_rank.setdefault(int(env.get(b"LOCKSTEP_RANK", b"-1")), []).append(pid)
+        rank = int(env.get(b"LOCKSTEP_RANK", b"-1"))
+        round_ = env.get(b"LOCKSTEP_ROUND", b"?").decode()
+        by_rank.setdefault(rank, []).append((pid, round_))
     return by_rank
 
 
@@ -38,10 +42,11 @@ def main():
     with open(out, "a", buffering=1) as f:
         while True:
             by_rank = owners(job)
-            line = f"{int(time.time() * 1000)} {sum(len(p) for p in by_rank.values())}"
-            for rank, pids in sorted(by_rank.items()):
-                if len(pids) > 1:
-                    line += f" DOUBLE rank={rank} pids={','.join(pids)}"
+            live = sorted(f"{r}:{rank}" for rank, procs in by_rank.items() for _, r in procs)
+            line = f"{int(time.time() * 1000)} {len(live)} live={','.join(live) or '-'}"
+            for rank, procs in sorted(by_rank.items()):
+                if len(procs) > 1:
+                    line += f" DOUBLE rank={rank} pids={','.join(p for p, _ in procs)}"
             f.write(line + "\n")
             time.sleep(0.1)
 
