@@ -3,7 +3,10 @@
 #include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -161,12 +164,76 @@ TEST(ProgressReporterTest, RefusedReportIsNotSentAgain) {
   server->Shutdown();
 }
 
-TEST(ProgressReporterTest, UnreachableAgentNeverBlocksReport) {
-  ::setenv("LOCKSTEP_AGENT", "127.0.0.1:1", 1);
+// An agent that takes every report and answers none until Open(): each
+// RPC ends at the reporter's deadline (kReportDeadline) instead.
+class HoldingAgent : public v1::AgentService::Service {
+ public:
+  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ReportProgressRequest* req,
+                              v1::ReportProgressResponse*) override {
+    std::unique_lock<std::mutex> lock(mu);
+    ++entered;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(60), [&] { return open; });
+    // Held ones end in any order once open: the highest step delivered.
+    max_step = std::max(max_step, req->progress().step());
+    return grpc::Status::OK;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int entered = 0;
+  bool open = false;
+  int64_t max_step = -1;
+};
+
+// Report stores the value and returns, whatever the agent does: with the
+// agent holding the first RPC, 1000 more reports all return (a Report that
+// sent, or waited for its send, would take kReportDeadline each: over
+// 8 minutes), and the latest is what reaches the agent once it answers.
+TEST(ProgressReporterTest, AgentThatNeverAnswersNeverBlocksReport) {
+  HoldingAgent agent;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&agent);
+  auto server = builder.BuildAndStart();
+  ::setenv("LOCKSTEP_AGENT", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
   auto r = ProgressReporter::FromEnv();
-  auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 1000; ++i) r->Report(AtStep(i));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+  r->Report(AtStep(0));
+  bool reached;
+  {
+    std::unique_lock<std::mutex> lock(agent.mu);
+    reached = agent.cv.wait_for(lock, std::chrono::seconds(20), [&] { return agent.entered > 0; });
+  }
+  if (!reached) agent.Open();
+  ASSERT_TRUE(reached) << "the first report never reached the agent in 20 s";
+  std::atomic<int> returned{0};
+  std::thread reporting([&] {
+    for (int i = 1; i <= 1000; ++i) {
+      r->Report(AtStep(i));
+      ++returned;
+    }
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (returned < 1000 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const int returned_while_held = returned;
+  agent.Open();  // lets a blocked Report, if any, finish
+  reporting.join();
+  ASSERT_EQ(returned_while_held, 1000)
+      << "Report calls that returned in 20 s while the agent held the reporter's RPC";
+  r->Flush(std::chrono::seconds(20));
+  {
+    std::lock_guard<std::mutex> lock(agent.mu);
+    EXPECT_EQ(agent.max_step, 1000) << agent.entered << " RPCs";
+  }
+  r.reset();
+  server->Shutdown();
 }
 
 }  // namespace
