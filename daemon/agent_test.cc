@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/clock.h"
 #include "common/worker_link.h"
 #include "daemon/fake_coordinator_client.h"
 
@@ -26,6 +28,7 @@ namespace daemon {
 namespace {
 
 using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
 using std::chrono::seconds;
 
 class AgentTest : public ::testing::Test {
@@ -50,7 +53,33 @@ class AgentTest : public ::testing::Test {
     options.allowed_env = {"JOBVAR"};
     return options;
   }
-  ~AgentTest() override { agent_->Shutdown(milliseconds(200)); }
+  ~AgentTest() override {
+    // Shutdown's grace runs on the agent's clock: a fake one is moved on
+    // meanwhile, so a test that failed with workers still up cannot hang here.
+    std::atomic<bool> done{false};
+    std::thread ticker;
+    if (fake_) {
+      ticker = std::thread([&] {
+        while (!done) {
+          fake_clock_.Advance(milliseconds(10));
+          std::this_thread::sleep_for(milliseconds(10));
+        }
+      });
+    }
+    agent_->Shutdown(milliseconds(200));
+    done = true;
+    if (ticker.joinable()) ticker.join();
+  }
+
+  // Replaces the agent by one on fake_clock_ (same options), for rules
+  // that a real clock can check only within a margin.
+  void UseFakeClock() {
+    agent_->Shutdown(milliseconds(200));
+    AgentOptions options = Options();
+    options.base_env = {"PATH=/usr/bin:/bin"};
+    fake_ = true;
+    agent_ = std::make_unique<Agent>(options, &fake_clock_, launcher_.get(), &coord_);
+  }
 
   static v1::AgentCommand Start(const std::string& job, int round, const std::string& script,
                                 int nproc = 2, double grace = 5) {
@@ -119,6 +148,8 @@ class AgentTest : public ::testing::Test {
   }
 
   std::string state_dir_;
+  FakeClock fake_clock_;  // the agent's clock after UseFakeClock()
+  bool fake_ = false;
   FakeCoordinatorClient coord_;
   std::unique_ptr<ProcessLauncher> launcher_;
   std::unique_ptr<Agent> agent_;
@@ -392,37 +423,124 @@ TEST_F(AgentTest, StartupFailureMeansDiedInsideTheEnginesBootstrap) {
   EXPECT_FALSE(ws[1].exit().startup_failure());
 }
 
+// The page holds S + lease + lease/4 (2.5 s here) for the latest accepted
+// renewal S. The agent runs on the real monotonic clock, so S is pinned by
+// the RunOnce call that made the renewal: the page, less 2.5 s, must fall
+// inside one such call, whenever the worker happened to read it.
 TEST_F(AgentTest, EachRenewalMovesTheFenceDeadlineWorkersSee) {
   coord_.SetLease(2.0);
-  // The worker reads its fence page twice, 1.5 s apart (heartbeats every 1 s).
+  constexpr int64_t kFenceNs = int64_t{2500} * 1000000;  // lease + lease/4
+  // The worker reads its fence page twice, 1.5 s apart (heartbeats every 50 ms).
   Command({Start("j1", 1,
                  "r() { od -An -t d8 -N8 /proc/self/fd/$LOCKSTEP_FENCE_FD | tr -d ' '; }; "
                  "echo \"a $(r)\"; sleep 1.5; echo \"b $(r)\"; exit 0",
                  1)});
-  const int64_t t0 = worker_link::MonotonicNowNs();
-  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  // [start, end] of each RunOnce call during which a renewal was sent.
+  std::vector<std::pair<int64_t, int64_t>> renewals;
+  const auto renewals_sent = [&] {
+    return coord_.heartbeats().size() + coord_.registrations().size();
+  };
+  const auto deadline = std::chrono::steady_clock::now() + seconds(15);
+  while (!AllIn("j1", v1::WORKER_STATE_EXITED, 1)) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the worker did not exit in 15 s";
+    const size_t before = renewals_sent();
+    const int64_t start = worker_link::MonotonicNowNs();
+    agent_->RunOnce();
+    const int64_t end = worker_link::MonotonicNowNs();
+    if (renewals_sent() > before) renewals.emplace_back(start, end);
+    std::this_thread::sleep_for(milliseconds(10));
+  }
   std::vector<std::string> lines = absl::StrSplit(Output("j1", 1), '\n', absl::SkipEmpty());
   int64_t a = 0, b = 0;
   for (const auto& l : lines) {
     if (l.rfind("a ", 0) == 0) a = std::stoll(l.substr(2));
     if (l.rfind("b ", 0) == 0) b = std::stoll(l.substr(2));
   }
-  // S + lease + lease/4 = about now + 2.5 s, on the shared monotonic clock.
-  EXPECT_GT(a, t0 + int64_t{2000} * 1000000);
-  EXPECT_LT(a, t0 + int64_t{3000} * 1000000);
-  EXPECT_GT(b, a + int64_t{500} * 1000000);
+  // Index of the renewal whose RunOnce call contains `page` - 2.5 s, or -1.
+  const auto renewal_of = [&](int64_t page) {
+    for (size_t i = 0; i < renewals.size(); ++i) {
+      if (renewals[i].first <= page - kFenceNs && page - kFenceNs <= renewals[i].second) {
+        return static_cast<int>(i);
+      }
+    }
+    return -1;
+  };
+  const int ia = renewal_of(a);
+  const int ib = renewal_of(b);
+  ASSERT_GE(ia, 0) << "first read " << a << " is no renewal + 2.5 s (" << renewals.size()
+                   << " renewals, from " << renewals.front().first << ")\n" << Output("j1", 1);
+  ASSERT_GE(ib, 0) << "second read " << b << " is no renewal + 2.5 s\n" << Output("j1", 1);
+  EXPECT_GT(ib, ia) << "the renewals in the 1.5 s between the reads did not move the deadline";
 }
 
+// On a FakeClock the rule is pinned to the nanosecond: a lease (1 s) after
+// the last accepted renewal S the workers get SIGTERM, lease/4 later
+// (their grace, capped) SIGKILL; so they are gone by S + 1.25 s, before the
+// coordinator's fence deadline (S + lease + lease/4 + 1 s).
 TEST_F(AgentTest, SelfFencesWhenTheLeaseCannotBeRenewed) {
+  UseFakeClock();
   coord_.SetLease(1.0);
-  Command({Start("j1", 1, "while true; do sleep 0.05; done", 2, 5)});
-  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STARTING); }));
-  auto cut = std::chrono::steady_clock::now();
+  // Workers that survive SIGTERM (and say so): only the SIGKILL ends them.
+  Command({Start("j1", 1,
+                 "trap 'echo got-TERM' TERM; echo trapped; "
+                 "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.05; done",
+                 2, 5)});
+  ASSERT_TRUE(RunUntil([&] {
+    return AllIn("j1", v1::WORKER_STATE_STARTING) &&
+           Output("j1", 2).find("trapped") != std::string::npos &&
+           Output("j1", 3).find("trapped") != std::string::npos;
+  })) << "workers did not start and trap TERM";
+  // One more accepted renewal, at S.
+  fake_clock_.Advance(milliseconds(100));
+  const size_t beats = coord_.heartbeats().size();
+  agent_->RunOnce();
+  ASSERT_GT(coord_.heartbeats().size(), beats) << "no heartbeat 100 ms after the last one";
+  const MonoTime s = fake_clock_.Now();
   coord_.SetFailure(absl::UnavailableError("coordinator unreachable"));
-  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STOPPED); }));
-  // Stopped a lease (1 s) after the last renewal, within its lease/4 grace:
-  // before the coordinator's fence deadline (receipt + 1.25 lease + 1 s).
-  EXPECT_LT(std::chrono::steady_clock::now() - cut, milliseconds(1500));
+  // Both workers print two more ticks: any signal sent before (by the
+  // RunOnce above) has been handled by then, its trap's line printed first.
+  const auto two_more_ticks_without_term = [&](const std::string& when) {
+    for (int rank : {2, 3}) {
+      const std::string out = Output("j1", rank);
+      const size_t at = out.rfind("tick ");
+      ASSERT_NE(at, std::string::npos) << out;
+      const int ticks = std::atoi(out.c_str() + at + 5);
+      const std::string next = "tick " + std::to_string(ticks + 2) + "\n";
+      ASSERT_TRUE(RunUntil([&] { return Output("j1", rank).find(next) != std::string::npos; }))
+          << "rank " << rank << " stopped ticking " << when << "\n" << Output("j1", rank);
+      EXPECT_EQ(Output("j1", rank).find("got-TERM"), std::string::npos)
+          << "rank " << rank << " got SIGTERM " << when;
+    }
+  };
+  const Duration lease = seconds(1);
+  fake_clock_.Advance(s + lease - fake_clock_.Now());
+  agent_->RunOnce();
+  two_more_ticks_without_term("exactly a lease after the last renewal");
+  if (HasFatalFailure()) return;
+  fake_clock_.Advance(nanoseconds(1));
+  agent_->RunOnce();  // the lease has passed: SIGTERM
+  ASSERT_TRUE(RunUntil([&] {
+    return Output("j1", 2).find("got-TERM") != std::string::npos &&
+           Output("j1", 3).find("got-TERM") != std::string::npos;
+  })) << "no SIGTERM once the lease had passed\n" << Output("j1", 2) << Output("j1", 3);
+  const MonoTime kill_at = fake_clock_.Now() + lease / 4;
+  fake_clock_.Advance(kill_at - nanoseconds(1) - fake_clock_.Now());
+  agent_->RunOnce();
+  for (int rank : {2, 3}) {
+    const std::string out = Output("j1", rank);
+    const int ticks = std::atoi(out.c_str() + out.rfind("tick ") + 5);
+    const std::string next = "tick " + std::to_string(ticks + 2) + "\n";
+    ASSERT_TRUE(RunUntil([&] { return Output("j1", rank).find(next) != std::string::npos; }))
+        << "rank " << rank << " was killed before its lease/4 grace ended\n" << out;
+  }
+  fake_clock_.Advance(nanoseconds(1));
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_STOPPED); }))
+      << "workers not stopped when their lease/4 grace ended";
+  for (const auto& w : Workers("j1")) EXPECT_EQ(w.exit().signal(), SIGKILL) << w.rank();
+  // RunUntil does not move the fake clock: they were gone at kill_at.
+  EXPECT_EQ(fake_clock_.Now(), s + lease + lease / 4 + nanoseconds(1));
+  EXPECT_LT(fake_clock_.Now(), s + lease + lease / 4 + seconds(1))
+      << "not gone before the coordinator's fence deadline";
 }
 
 TEST_F(AgentTest, NewRoundStartsOnlyAfterOldWorkersAreGone) {
