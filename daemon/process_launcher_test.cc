@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -120,26 +121,40 @@ TEST(PosixProcessLauncherTest, RunsWithEnvWorkingDirAndCapturedOutput) {
   EXPECT_EQ(Slurp(spec.stderr_path), "=== header ===\nerr\n");
 }
 
-// Two workers that die 150 ms apart, polled only afterwards (the agent
-// polls every 100 ms): the exit times still order them.
+// Two workers, the second launched only once the first was seen to exit,
+// both polled only afterwards (the agent polls every 100 ms): the exit
+// times still order them, and each is the instant the watcher saw the exit
+// (on_exit runs right after it is taken), not the poll's.
 TEST(PosixProcessLauncherTest, ExitTimeIsWhenItExitedNotWhenPolled) {
   auto launcher = NewPosixProcessLauncher();
   LaunchSpec spec;
   spec.stdout_path = TmpDir() + "/exit_time.out";
   spec.stderr_path = TmpDir() + "/exit_time.err";
   spec.argv = {"/bin/sh", "-c", "exit 1"};
+  auto exits = std::make_shared<std::atomic<int>>(0);
+  spec.on_exit = [exits] { ++*exits; };
+  // Waits until `n` exits were seen; returns when the test saw the n-th.
+  const auto seen = [&](int n, const char* who) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (exits->load() < n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_GE(exits->load(), n) << "the " << who << " worker's exit was not seen in 10 s";
+    return std::chrono::steady_clock::now();
+  };
   auto first = launcher->Launch(spec);
   ASSERT_TRUE(first.ok()) << first.status();
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const auto seen_a = seen(1, "first");
   auto second = launcher->Launch(spec);
   ASSERT_TRUE(second.ok()) << second.status();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const auto polled = std::chrono::steady_clock::now();
+  const auto seen_b = seen(2, "second");
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ExitStatus b = WaitExit(second->get());
   ExitStatus a = WaitExit(first->get());
   EXPECT_LT(a.exited_at, b.exited_at) << "the first to exit must have the earlier time";
-  EXPECT_LT(b.exited_at, polled - std::chrono::milliseconds(100))
-      << "the exit time is the poll's, not the exit's";
+  EXPECT_LE(a.exited_at, seen_a) << "the exit time is the poll's, not the exit's";
+  EXPECT_LE(b.exited_at, seen_b) << "the exit time is the poll's, not the exit's";
 }
 
 TEST(PosixProcessLauncherTest, ExecFailureIsAnErrorNamingTheProgram) {
