@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <limits>
 #include <memory>
@@ -15,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log_capture.h"
 #include "lockstep/v1/store.grpc.pb.h"
@@ -51,7 +53,14 @@ std::unique_ptr<grpc::Server> Serve(StoreGrpcService* service, int* port) {
 class StoreServiceAuthTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    service_ = std::make_unique<StoreGrpcService>(&core_, TestAuthorizer);
+    // TestAuthorizer, counting the checks of Session streams at open (a
+    // job's namespaces, "<job>/*"): the server's side of each open.
+    service_ = std::make_unique<StoreGrpcService>(
+        &core_, [this](const std::multimap<grpc::string_ref, grpc::string_ref>& md,
+                       absl::string_view ns) {
+          if (absl::EndsWith(ns, "/*")) ++session_opens_checked_;
+          return TestAuthorizer(md, ns);
+        });
     server_ = Serve(service_.get(), &port_);
     ASSERT_NE(server_, nullptr);
     ASSERT_NE(port_, 0);
@@ -82,6 +91,7 @@ class StoreServiceAuthTest : public ::testing::Test {
   }
 
   StoreCore core_;
+  std::atomic<int> session_opens_checked_{0};
   std::unique_ptr<StoreGrpcService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
@@ -171,13 +181,27 @@ TEST_F(StoreServiceAuthTest, UnauthenticatedSessionsAreRefusedAtOpenAndHoldNothi
   std::vector<std::unique_ptr<grpc::ClientReaderWriter<v1::StoreOp, v1::StoreOpResult>>> streams;
   for (int i = 0; i < kStreams; ++i) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
+    // A stream the server kept open (no refusal at open) ends here instead
+    // of hanging the test: DEADLINE_EXCEEDED, not the authorizer's status.
+    contexts.back()->set_deadline(std::chrono::system_clock::now() + seconds(30));
     streams.push_back(RawSession(stub_.get(), contexts.back().get(), "job-a",
                                  i % 2 == 0 ? "" : "tok-job-b"));
   }
-  EXPECT_EQ(service_->NumSessions(), 0);
+  // The server has checked every open...
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (session_opens_checked_ < kStreams && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(session_opens_checked_, kStreams) << "Session opens the server checked in 30 s";
+  EXPECT_EQ(service_->NumSessions(), 0) << "refused streams, still open, hold Sessions";
   for (int i = 0; i < kStreams; ++i) {
     v1::StoreOpResult result;
     EXPECT_FALSE(streams[i]->Read(&result)) << "stream " << i << " was not refused";
+  }
+  // ...and finished every stream (each Read above saw its end); the client
+  // still holds them all.
+  EXPECT_EQ(service_->NumSessions(), 0) << "refused streams, still open, hold Sessions";
+  for (int i = 0; i < kStreams; ++i) {
     grpc::Status s = streams[i]->Finish();
     EXPECT_EQ(s.error_code(), i % 2 == 0 ? grpc::StatusCode::UNAUTHENTICATED
                                          : grpc::StatusCode::PERMISSION_DENIED)
