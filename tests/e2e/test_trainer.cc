@@ -6,6 +6,9 @@
 //
 // Environment knobs (all optional):
 //   TRAINER_STEPS=20  TRAINER_STEP_MS=100     length of the run
+//   TRAINER_UNTIL_FILE=f                      ends the run (as if its last step) at the
+//                                             first step at which f exists: a job that
+//                                             runs until the test is done with it
 //   TRAINER_STEPS_LATER=n                     steps in rounds after the first (fault
 //                                             tests: a long first round, short retries)
 //   TRAINER_FAIL_RANK=r TRAINER_FAIL_CODE=c   rank r exits with code c ...
@@ -123,7 +126,12 @@ int main() {
   const int fail_after = EnvInt("TRAINER_FAIL_AFTER", 0);
   const int fail_until = EnvInt("TRAINER_FAIL_UNTIL_RESTART", 1 << 30);
   const bool failing = rank == fail_rank && restart < fail_until;
+  const std::string until_file = Env("TRAINER_UNTIL_FILE");
   for (int step = 1; step <= steps; ++step) {
+    if (!until_file.empty() && access(until_file.c_str(), F_OK) == 0) {
+      std::printf("test_trainer: rank %d found %s at step %d\n", rank, until_file.c_str(), step);
+      break;
+    }
     if (failing && step > fail_after) {
       std::fprintf(stderr, "test_trainer: rank %d failing on purpose with code %d at step %d\n",
                    rank, fail_code, step);

@@ -11,8 +11,10 @@
 #   - viewer, with SIGHUP: the agent, which never holds the token, admits
 #     the new one for logs and refuses the old one once dropped;
 #   - a token file emptied by mistake keeps the tokens in use, logged;
-#   - the job, running through all of it, ends SUCCEEDED with no restart
-#     (its store token is keyed by store.key, not by the admin token:
+#   - the job runs through all of it (it trains until the test creates its
+#     stop file): still RUNNING with no restart after the last rotation, its
+#     ranks' progress still reaching the coordinator, then SUCCEEDED (its
+#     store token is keyed by store.key, not by the admin token:
 #     daemon:roles_test).
 LEASE_S=3
 source tests/e2e/lib.sh "$@"
@@ -20,7 +22,8 @@ source tests/e2e/lib.sh "$@"
 start_coordinator
 cp "$T/coord/agent.token" "$T/nodeb.token" && chmod 600 "$T/nodeb.token"
 start_daemon nodeb --listen 127.0.0.1:0 --coordinator-address "$COORD" --token-file "$T/nodeb.token"
-job=$(submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --env TRAINER_STEPS=300 --env TRAINER_STEP_MS=100)
+job=$(submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --env TRAINER_STEPS=100000 --env TRAINER_STEP_MS=100 \
+  --env TRAINER_UNTIL_FILE="$T/stop-training")
 wait_state "$job" RUNNING 30
 
 # rotate FILE [NEW...]: writes the tokens given, one per line, as a new
@@ -96,6 +99,15 @@ wait_for 20 grep -q "tokens not re-read, the ones in use stay: .*token file $T/c
 works "$new_admin" nodes || fail "an empty token file took the admin token away"
 rotate "$T/coord/token" "$new_admin"
 
+state_is "$job" RUNNING || fail "the job did not run through the rotations: $(ls_cli status "$job")"
+[ "$(job_field "$job" 'j["restart_count"]')" = 0 ] || fail "the job restarted during the rotations"
+# Progress after the last rotation: both ranks' steps still reach the
+# coordinator (agent -> coordinator on the rotated agent token).
+steps_now() { job_field "$job" 'min(w["progress"]["step"] for w in j["workers"])'; }
+before=$(steps_now)
+moved() { (( $(steps_now) > before + 5 )); }
+wait_for 20 moved || fail "no progress reported after the rotations (step $before, now $(steps_now))"
+touch "$T/stop-training"
 wait_state "$job" SUCCEEDED 60
 [ "$(job_field "$job" 'j["restart_count"]')" = 0 ] || fail "the job restarted during the rotations"
 check_invariants "$job" 0
