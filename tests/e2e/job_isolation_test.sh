@@ -2,9 +2,10 @@
 # Job isolation as a root lockstepd does it by default (no --job-uids, no
 # --run-as): each job's workers run as a uid of their own from 70000-70999,
 # so a hostile job (B) cannot read another job's (A's) environment and
-# tokens in /proc/PID/environ, signal its workers, list its job dir, or read
-# the daemon's admin token; when A ends, its uid's processes are gone and
-# its job dir belongs to root again. The uids are leased host-wide
+# tokens in /proc/PID/environ, signal its workers, list its job dir or the
+# jobs/ dir, or read the daemon's admin token, though it reaches them all
+# (a state dir under a dir every uid may traverse); when A ends, its uid's
+# processes are gone and its job dir belongs to root again. The uids are leased host-wide
 # (/run/lockstep/job-uids): a second daemon on the same host runs the other
 # rank of a real 2-node DDP job (examples/train) as a different uid, and the
 # job succeeds with identical parameters. A root daemon without CAP_SETUID
@@ -20,52 +21,70 @@ grep -q "job isolation: each job runs as its own uid from 70000-70999 (host-wide
   fail "the daemon did not say at start that jobs are isolated: $(head -n 20 "$T/coord.log")"
 job_id() { python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])'; }
 
+# Jobs A and B run on a daemon whose state dir lies under a dir every uid
+# may traverse: under Bazel's tree (/root, 0700) every probe of B's would
+# be refused by /root, whatever the daemon's own modes.
+bin=$(mktemp -d /tmp/lockstep-isolation.XXXXXX)
+EXTRA_CLEANUP="rm -rf '$bin'"
+chmod 0755 "$bin"
+"$LOCKSTEPD" --coordinator --listen 127.0.0.1:0 --state-dir "$bin/state" --address-file "$bin/abs.addr" \
+  --node-id abs >"$T/abs.log" 2>&1 &
+DAEMON_PIDS+=("$!")
+wait_for 30 test -s "$bin/abs.addr" || fail "daemon abs did not become ready: $(tail -n 5 "$T/abs.log")"
+absc() { "$LOCKSTEP" --coordinator "$(cat "$bin/abs.addr")" --token-file "$bin/state/token" "$@"; }
+abs_field() { absc status --json "$1" | python3 -c "import json,sys; j=json.load(sys.stdin); print($2)"; }
+abs_state_is() { [ "$(abs_field "$1" 'j["state"]')" = "$2" ]; }
+
 # A: records its uid, then waits (its store token is in its environment).
-jobA=$(ls_cli submit --detach --json --nproc-per-node 1 -- /bin/sh -c 'id -u > uid.txt; exec sleep 300' | job_id)
-wait_state "$jobA" RUNNING 30
-wait_for 30 test -s "$T/coord/jobs/$jobA/uid.txt" || fail "job A never wrote its uid"
-uidA=$(cat "$T/coord/jobs/$jobA/uid.txt")
-pidA=$(job_field "$jobA" 'j["workers"][0]["pid"]')
+jobA=$(absc submit --detach --json --nproc-per-node 1 -- /bin/sh -c 'id -u > uid.txt; exec sleep 300' | job_id)
+wait_for 30 abs_state_is "$jobA" RUNNING || fail "job A is not RUNNING: $(absc status "$jobA")"
+dirA="$bin/state/jobs/$jobA"
+wait_for 30 test -s "$dirA/uid.txt" || fail "job A never wrote its uid"
+uidA=$(cat "$dirA/uid.txt")
+pidA=$(abs_field "$jobA" 'j["workers"][0]["pid"]')
 grep -q LOCKSTEP_STORE_TOKEN "/proc/$pidA/environ" || fail "job A's worker has no store token to steal"
 log "job A: uid $uidA, pid $pidA"
 
-# B: tries everything against A and the daemon, and says what worked.
+# B: tries everything against A and the daemon, and says what worked. The
+# first two lines show the paths are reachable: B lists its own dir and
+# passes through the state dir (search permission).
 probe="id -u; \
+  ls \"\$PWD\" >/dev/null 2>&1 && echo own-dir || echo OWN-DIR-REFUSED; \
+  test -x $bin/state/jobs && echo reach || echo CANNOT-REACH; \
   cat /proc/$pidA/environ >/dev/null 2>&1 && echo READ-A-ENV || echo no-env; \
   kill -0 $pidA 2>/dev/null && echo SIGNAL-A || echo no-signal; \
-  ls $T/coord/jobs/$jobA >/dev/null 2>&1 && echo LIST-A || echo no-list; \
-  cat $T/coord/token >/dev/null 2>&1 && echo READ-TOKEN || echo no-token"
-jobB=$(ls_cli submit --detach --json --nproc-per-node 1 -- /bin/sh -c "$probe" | job_id)
-wait_state "$jobB" SUCCEEDED 30
-out=$(ls_cli logs "$jobB" --rank 0)
+  ls $dirA >/dev/null 2>&1 && echo LIST-A || echo no-list; \
+  ls $bin/state/jobs >/dev/null 2>&1 && echo LIST-JOBS || echo no-list-jobs; \
+  cat $bin/state/token >/dev/null 2>&1 && echo READ-TOKEN || echo no-token"
+jobB=$(absc submit --detach --json --nproc-per-node 1 -- /bin/sh -c "$probe" | job_id)
+wait_for 30 abs_state_is "$jobB" SUCCEEDED || fail "job B did not succeed: $(absc status "$jobB")"
+out=$(absc logs "$jobB" --rank 0)
 log "job B printed: $(echo "$out" | tr '\n' ' ')"
 uidB=$(echo "$out" | sed -n '2p')
 in_range "$uidA" && in_range "$uidB" || fail "uids $uidA and $uidB are not from the default range 70000-70999"
 [ "$uidA" != "$uidB" ] || fail "jobs A and B share uid $uidA"
-for want in no-env no-signal no-list no-token; do
+for want in own-dir reach no-env no-signal no-list no-list-jobs no-token; do
   grep -qx "$want" <<<"$out" || fail "job B was not stopped ($want missing): $out"
 done
 kill -0 "$pidA" || fail "job A's worker died"
 
 # A ends: its uid's processes go, its dir is root's again (what it wrote
 # stays readable to `lockstep logs`, not to the next job given the uid).
-ls_cli cancel "$jobA" >/dev/null
-wait_state "$jobA" CANCELLED 30
+absc cancel "$jobA" >/dev/null
+wait_for 30 abs_state_is "$jobA" CANCELLED || fail "job A was not cancelled: $(absc status "$jobA")"
 # A function, so that wait_for stats the dir on every try (a $(stat) in
 # wait_for's arguments is read once, before the agent has given it back).
 owned_by_root() { [ "$(stat -c %u "$1")" = 0 ]; }
-wait_for 30 owned_by_root "$T/coord/jobs/$jobA" ||
-  fail "job A's dir still owned by uid $(stat -c %u "$T/coord/jobs/$jobA") after it ended"
-[ "$(stat -c %u "$T/coord/jobs/$jobA/uid.txt")" = 0 ] || fail "job A's files not given back to root"
-[ -z "$(pgrep -u "$uidA")" ] || fail "processes of uid $uidA outlived job A: $(pgrep -u "$uidA")"
-grep -q "uid $uidA returned" "$T/coord.log" || fail "the daemon did not log returning uid $uidA"
-check_invariants "$jobB" 0
+wait_for 30 owned_by_root "$dirA" ||
+  fail "job A's dir still owned by uid $(stat -c %u "$dirA") after it ended"
+[ "$(stat -c %u "$dirA/uid.txt")" = 0 ] || fail "job A's files not given back to root"
+no_processes_of() { [ -z "$(pgrep -u "$1")" ]; }
+wait_for 15 no_processes_of "$uidA" || fail "processes of uid $uidA outlived job A: $(pgrep -a -u "$uidA")"
+wait_for 15 no_processes_of "$uidB" || fail "processes of uid $uidB outlived job B: $(pgrep -a -u "$uidB")"
+grep -q "uid $uidA returned" "$T/abs.log" || fail "the daemon did not log returning uid $uidA"
 
 # Two daemons on one host, one rank each of a real DDP job: the trainer
 # copied where every uid may run it (Bazel's tree is under /root, 0700).
-bin=$(mktemp -d /tmp/lockstep-isolation.XXXXXX)
-EXTRA_CLEANUP="rm -rf '$bin'"
-chmod 0755 "$bin"
 install -m 0755 "$TRAIN" "$bin/train"
 start_agent b
 grep -q "job isolation: each job runs as its own uid from 70000-70999" "$T/b.log" ||
@@ -86,7 +105,6 @@ done)
 [ "$(grep -c . <<<"$sums")" = 2 ] || fail "expected 2 checksum lines, got: $sums"
 [ "$(sort -u <<<"$sums" | wc -l)" = 1 ] || fail "ranks ended with different parameters: $sums"
 log "job $job: ranks as uids ${uids[*]}, one checksum $(head -n 1 <<<"$sums")"
-no_processes_of() { [ -z "$(pgrep -u "$1")" ]; }
 for u in "${uids[@]}"; do
   wait_for 15 no_processes_of "$u" || fail "processes of uid $u outlived job $job: $(pgrep -a -u "$u")"
   left=$(find /dev/shm -maxdepth 1 -uid "$u")
@@ -97,11 +115,7 @@ check_invariants "$job" 0
 # A worker reaches its own job dir by its absolute path ($PWD, what
 # os.path.abspath and --checkpoint-dir $PWD/ckpt use): a daemon whose
 # workers run as other uids makes its state dir and jobs/ 0711 (search, no
-# listing). Here under a dir every uid may traverse (Bazel's is not).
-"$LOCKSTEPD" --coordinator --listen 127.0.0.1:0 --state-dir "$bin/state" --address-file "$bin/abs.addr" \
-  --node-id abs >"$T/abs.log" 2>&1 &
-DAEMON_PIDS+=("$!")
-wait_for 30 test -s "$bin/abs.addr" || fail "daemon abs did not become ready: $(tail -n 5 "$T/abs.log")"
+# listing). On daemon abs (above), under a dir every uid may traverse.
 for d in "$bin/state" "$bin/state/jobs"; do
   [ "$(stat -c %a "$d")" = 711 ] || fail "$d is $(stat -c %a "$d"), want 711 (workers of other uids reach their job dir)"
 done
@@ -125,7 +139,6 @@ chmod 0600 "$victim"
 swap='if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
   for f in rank-0.stdout rank-0.stderr; do rm -f "$f"; ln -s '"$victim"' "$f"; done; exit 1; fi
 echo second-round'
-absc() { "$LOCKSTEP" --coordinator "$(cat "$bin/abs.addr")" --token-file "$bin/state/token" "$@"; }
 job=$(absc submit --detach --json --nproc-per-node 1 --max-restarts 1 -- /bin/sh -c "$swap" | job_id)
 state_of() { absc status --json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])'; }
 finished() { [[ "$(state_of "$job")" =~ SUCCEEDED|FAILED ]]; }
