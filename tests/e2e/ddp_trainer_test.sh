@@ -17,8 +17,11 @@ backend_args "$BACKEND"
 
 start_coordinator
 start_agent nodeb
-out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 1 "${env_args[@]}" --wait -- \
-  "$TRAIN" --model mlp_small --steps 10 --timeout-s 60) || fail "DDP job did not succeed: $out"
+rc=0
+out=$(timeout 180 "$LOCKSTEP" --coordinator "$COORD" --token-file "$TOKEN" submit --nodes 2 --nproc-per-node 2 \
+  --max-restarts 1 "${env_args[@]}" --wait -- "$TRAIN" --model mlp_small --steps 10 --timeout-s 60) || rc=$?
+[ "$rc" != 124 ] || fail "submit --wait of the DDP job did not return within 180 s: $out $(ls_cli list)"
+[ "$rc" = 0 ] || fail "DDP job did not succeed (rc $rc): $out"
 echo "$out"
 job=$(echo "$out" | sed -n 's/^submitted job //p')
 ls_cli status "$job"

@@ -63,7 +63,6 @@ done
 # it. --timeout-s 10: the engine's grace is then 2 s (a fifth), well inside
 # the node's lease (LEASE_S 6: the agent is frozen for about 3 s).
 start_agent b
-zombie_or_gone() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
 for trial in 1 2 3; do
   job=$(ls_cli submit --detach --json --nodes 2 --nproc-per-node 1 --max-restarts 0 "${env_args[@]}" -- \
     "$TRAIN" --model mlp_small --steps 100000 --step-delay-ms 20 --timeout-s 10 |
@@ -76,7 +75,7 @@ for trial in 1 2 3; do
   kill -STOP "$agent0"
   kill -9 "$victim" || { kill -CONT "$agent0"; fail "2 nodes, trial $trial: rank 1 (pid $victim) was gone before the kill"; }
   frozen_at=$(date +%s%N)
-  if ! wait_for 15 zombie_or_gone "$pid0"; then
+  if ! wait_for 15 exited "$pid0"; then
     kill -CONT "$agent0"
     fail "2 nodes, trial $trial: rank 0 (pid $pid0, node $node0) did not give up on its own within 15 s of losing rank 1"
   fi

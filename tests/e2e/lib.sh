@@ -134,6 +134,9 @@ worker_pids() {
   } | sort -u
 }
 no_workers() { [ -z "$(worker_pids)" ]; }
+# exited PID: the process is gone or a zombie (exited, not yet reaped: a
+# child of this shell until `wait`, or of a frozen agent).
+exited() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
 
 # The engine's shared memory (ddp/shm_communicator.cc) is a memfd named
 # "lockstep-shm": never a name in /dev/shm, so a segment exists exactly as

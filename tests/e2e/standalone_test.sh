@@ -62,6 +62,7 @@ assert_nothing_left "a failed run"
 cli=$!
 wait_for 60 grep -q '^\[1\] .*"step":3,' "$T/run3.out" || fail "run 3 never reached step 3 on rank 1"
 kill -INT "$cli"
+wait_for 60 exited "$cli" || fail "run 3's CLI (pid $cli) did not exit within 60 s of SIGINT: $(tail -n 5 "$T/run3.err")"
 rc=0
 wait "$cli" || rc=$?
 [ "$rc" = 130 ] || fail "SIGINT: run exited $rc, not 130: $(tail -n 5 "$T/run3.err")"
