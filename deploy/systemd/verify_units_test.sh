@@ -7,8 +7,8 @@ set -euo pipefail
 LOCKSTEPD="$PWD/$1"
 shift
 if ! command -v systemd-analyze >/dev/null 2>&1; then
-  echo "SKIP: systemd-analyze not installed"
-  exit 0
+  echo "FAIL: systemd-analyze is not installed (tools/setup.sh installs systemd)"
+  exit 1
 fi
 dir="${TEST_TMPDIR:-$(mktemp -d)}/units"
 mkdir -p "$dir"

@@ -4,10 +4,8 @@
 source tests/e2e/lib.sh "$@"
 
 PY=/usr/bin/python3
-if ! "$PY" -c 'import grpc' 2>/dev/null; then
-  echo "SKIP: $PY has no grpc module (apt-get install python3-grpcio)"
-  exit 0
-fi
+"$PY" -c 'import grpc' 2>/dev/null ||
+  fail "$PY has no grpc module (tools/setup.sh installs python3-grpcio)"
 start_coordinator
 # Debian's python3-grpcio ships no grpc_health stubs: the request
 # (HealthCheckRequest{service=""}) is empty and SERVING is field 1 = 1.
@@ -42,9 +40,11 @@ if grep -q "lockstep.v1.RendezvousService" <<<"$services"; then
 fi
 
 # Not ready, not SERVING: an agent whose coordinator never answers stays
-# NOT_SERVING (and writes no address file).
+# NOT_SERVING, and writes no address file (start_daemon's and the deploy
+# scripts' signal of "ready").
 port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$LOCKSTEPD" --state-dir "$T/lonely" --listen "127.0.0.1:$port" --node-id lonely \
+  --address-file "$T/lonely.addr" \
   --coordinator-address 127.0.0.1:1 --token-file "$TOKEN" >>"$T/lonely.log" 2>&1 &
 DAEMON_PIDS+=("$!")
 health_of() {
@@ -59,6 +59,11 @@ PY
 }
 answers_not_serving() { [ "$(health_of "127.0.0.1:$port")" = NOT_SERVING ]; }
 wait_for 20 answers_not_serving || fail "an agent without its coordinator should be NOT_SERVING"
-[ ! -e "$T/lonely.addr" ] || fail "address file written before ready"
+# It has tried its coordinator and been refused: a daemon that counted
+# itself ready regardless would have written its address file by now.
+wait_for 30 grep -q "cannot register with the coordinator" "$T/lonely.log" ||
+  fail "the lonely agent logged no failed registration within 30 s"
+answers_not_serving || fail "the lonely agent is SERVING after its registration failed"
+[ ! -e "$T/lonely.addr" ] || fail "address file written before ready: $(cat "$T/lonely.addr")"
 log "agent without a coordinator: NOT_SERVING"
 log "PASS"
