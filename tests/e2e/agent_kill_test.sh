@@ -14,9 +14,17 @@ job=$(submit --nodes 1:2 --nproc-per-node 1 --max-restarts 2 --last-call-s 0.5 \
 wait_state "$job" RUNNING 30
 [ "$(job_field "$job" 'len(j["node_ids"])')" = 2 ] || fail "expected both nodes in round 1"
 wait_for 30 grep -q "^rank 1 step 2 " "$T/nodeb/jobs/$job/rank-1.stdout" || fail "rank 1 never stepped"
+victim=$(cat "$T/out/pid-rank-1")
+kill -0 "$victim" || fail "rank 1 (pid $victim) is not running before the kill"
 killed_at=$(date +%s%N)
 log "kill -9 agent nodeb (pid $PID_nodeb)"
 kill -9 "$PID_nodeb"
+# Its worker dies with it, long before its 300 steps (30 s) would end it.
+# gone PID: no such process, or a zombie not yet reaped by its new parent.
+gone() { ! kill -0 "$1" 2>/dev/null || [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" = Z ]; }
+wait_for 10 gone "$victim" ||
+  fail "rank 1 (pid $victim) outlived its agent nodeb by 10 s (no PDEATHSIG?)"
+log "rank 1 (pid $victim) died with its agent"
 node_dead() {
   ls_cli nodes --json | python3 -c '
 import json,sys
