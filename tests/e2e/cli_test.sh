@@ -17,10 +17,12 @@ source tests/e2e/lib.sh "$@"
 start_coordinator
 
 # torchrun spellings, -e for --env.
-out=$(ls_cli submit --nnodes 1 --nproc_per_node 2 --max_restarts 0 -e TRAINER_STEPS=3 \
-  --env TRAINER_OUT_DIR="$T/out" --wait -- "$TRAINER" "$MARKER") ||
-  fail "submit with torchrun's spellings did not succeed: $out"
+rc=0
+out=$(CLI_PREFIX=(timeout 120); ls_cli submit --nnodes 1 --nproc_per_node 2 --max_restarts 0 \
+  -e TRAINER_STEPS=3 --env TRAINER_OUT_DIR="$T/out" --wait -- "$TRAINER" "$MARKER") || rc=$?
 job=$(echo "$out" | sed -n 's/^submitted job //p')
+[ "$rc" = 0 ] || fail "submit with torchrun's spellings did not succeed: rc $rc (124: still waiting" \
+  "after 120 s; job ${job:-not submitted}${job:+ is $(job_state "$job")}): $out"
 [ -n "$job" ] || fail "no job id in: $out"
 
 ls_cli status --json "$job" >"$T/job.json"

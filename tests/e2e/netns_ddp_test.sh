@@ -41,9 +41,13 @@ identical_on_four() {
 }
 
 log "1. two hosts x two ranks"
-out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 0 "${env_args[@]}" --wait -- \
-  "$TRAIN" --model mlp_small --steps 10 --timeout-s 30) || fail "job did not succeed: $out"
+rc=0
+out=$(CLI_PREFIX=(timeout 180 "${CLI_PREFIX[@]}"); ls_cli submit --nodes 2 --nproc-per-node 2 \
+  --max-restarts 0 "${env_args[@]}" --wait -- "$TRAIN" --model mlp_small --steps 10 --timeout-s 30) ||
+  rc=$?
 job=$(echo "$out" | sed -n 's/^submitted job //p')
+[ "$rc" = 0 ] || fail "job did not succeed: submit --wait exited $rc (124: still waiting after" \
+  "180 s; job ${job:-not submitted}${job:+ is $(job_state "$job")}): $out"
 for r in 2 3; do
   grep -q "connected $communicator communicator of 4 ranks.*data plane $NET.2 from LOCKSTEP_NODE_ADDR" \
     "$T/hostb/jobs/$job/rank-$r.stderr" ||

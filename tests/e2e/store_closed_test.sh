@@ -33,6 +33,10 @@ by_hand "store: job \"$job\" has ended (SUCCEEDED): its store takes no more call
 ls_cli delete "$job" >/dev/null
 by_hand "store: no running job \"$job\" (it ended, was deleted or never existed)"
 
-out=$(ls_cli submit --nproc-per-node 1 -- "$TRAIN" --model mlp_small --steps 3 --timeout-s 30) ||
-  fail "the next job failed: $out"
+rc=0
+out=$(CLI_PREFIX=(timeout 180); ls_cli submit --nproc-per-node 1 -- "$TRAIN" --model mlp_small \
+  --steps 3 --timeout-s 30) || rc=$?
+next=$(sed -n 's/^submitted job //p' <<<"$out")
+[ "$rc" = 0 ] || fail "the next job failed: submit exited $rc (124: still streaming after 180 s;" \
+  "job ${next:-not submitted}${next:+ is $(job_state "$next")}): $out"
 log "PASS"

@@ -8,13 +8,17 @@
 source tests/e2e/lib.sh "$@"
 
 start_coordinator
+# ended PID: PID (a child of this shell) has exited, reaped or not.
+ended() { ! kill -0 "$1" 2>/dev/null || [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" = Z ]; }
+# Streaming submits below end with their job; bounded by timeout (exit 124).
 
 log "1. a job that fails once and then succeeds, streamed"
 rc=0
-ls_cli submit --nproc-per-node 2 --max-restarts 1 --env TRAINER_STEPS=5 --env TRAINER_STEP_MS=50 \
-  --env TRAINER_FAIL_RANK=1 --env TRAINER_FAIL_AFTER=2 --env TRAINER_FAIL_UNTIL_RESTART=1 \
-  --env TRAINER_OUT_DIR="$T/out" -- "$TRAINER" "$MARKER" >"$T/sub.out" 2>"$T/sub.err" || rc=$?
-[ "$rc" = 0 ] || fail "submit exited $rc: $(tail -n 5 "$T/sub.err")"
+(CLI_PREFIX=(timeout 120); ls_cli submit --nproc-per-node 2 --max-restarts 1 --env TRAINER_STEPS=5 \
+  --env TRAINER_STEP_MS=50 --env TRAINER_FAIL_RANK=1 --env TRAINER_FAIL_AFTER=2 \
+  --env TRAINER_FAIL_UNTIL_RESTART=1 --env TRAINER_OUT_DIR="$T/out" -- "$TRAINER" "$MARKER") \
+  >"$T/sub.out" 2>"$T/sub.err" || rc=$?
+[ "$rc" = 0 ] || fail "submit exited $rc (124: still streaming after 120 s): $(tail -n 5 "$T/sub.err")"
 job=$(sed -n 's/^submitted job //p' "$T/sub.out")
 [ -n "$job" ] || fail "no job id in: $(head -n 3 "$T/sub.out")"
 for round in 1 2; do
@@ -38,9 +42,11 @@ tail -n 1 "$T/sub.err" | grep -q "job $job SUCCEEDED" || fail "stderr does not e
 
 log "2. a job that fails: exit 3"
 rc=0
-ls_cli submit --nproc-per-node 1 --env TRAINER_STEPS=3 --env TRAINER_STEP_MS=10 --env TRAINER_FAIL_RANK=0 \
-  --env TRAINER_FAIL_AFTER=1 -- "$TRAINER" "$MARKER" >"$T/fail.out" 2>"$T/fail.err" || rc=$?
-[ "$rc" = 3 ] || fail "a failing job's submit exited $rc, not 3: $(tail -n 3 "$T/fail.err")"
+(CLI_PREFIX=(timeout 120); ls_cli submit --nproc-per-node 1 --env TRAINER_STEPS=3 --env TRAINER_STEP_MS=10 \
+  --env TRAINER_FAIL_RANK=0 --env TRAINER_FAIL_AFTER=1 -- "$TRAINER" "$MARKER") \
+  >"$T/fail.out" 2>"$T/fail.err" || rc=$?
+[ "$rc" = 3 ] || fail "a failing job's submit exited $rc, not 3 (124: still streaming after 120 s):" \
+  "$(tail -n 3 "$T/fail.err")"
 grep -q "^lockstep: FAILED" "$T/fail.out" || fail "no FAILED line: $(cat "$T/fail.out")"
 
 log "3. --detach returns while the job runs; Ctrl-C leaves the job running"
@@ -56,6 +62,8 @@ cli=$!
 wait_for 20 grep -q '^\[1\] rank 1 step 2 ' "$T/int.out" || fail "no streamed steps: $(cat "$T/int.out")"
 streamed=$(sed -n 's/^submitted job //p' "$T/int.out")
 kill -INT "$cli"
+wait_for 20 ended "$cli" ||
+  fail "submit (pid $cli) still runs 20 s after SIGINT: $(tail -n 3 "$T/int.err")"
 rc=0; wait "$cli" || rc=$?
 [ "$rc" = 130 ] || fail "SIGINT: submit exited $rc, not 130: $(cat "$T/int.err")"
 grep -q "job $streamed keeps running" "$T/int.err" || fail "no hint that the job runs on: $(cat "$T/int.err")"
@@ -87,9 +95,12 @@ rc=0; err=$(ls_cli delete "$job" 2>&1) || rc=$?
 log "5. --retain-finished-s: finished jobs go by themselves"
 start_daemon keep --coordinator --listen 127.0.0.1:0 --retain-finished-s 2
 keep=("$LOCKSTEP" --coordinator "$ADDR_keep" --token-file "$T/keep/token")
-kept=$("${keep[@]}" submit --env TRAINER_STEPS=2 --env TRAINER_STEP_MS=10 -- "$TRAINER" "$MARKER" |
-  sed -n 's/^submitted job //p')
-[ -n "$kept" ] || fail "the job on the retaining coordinator did not run"
+rc=0
+out=$(timeout 120 "${keep[@]}" submit --env TRAINER_STEPS=2 --env TRAINER_STEP_MS=10 -- "$TRAINER" "$MARKER") ||
+  rc=$?
+kept=$(sed -n 's/^submitted job //p' <<<"$out")
+[ "$rc" = 0 ] && [ -n "$kept" ] ||
+  fail "the job on the retaining coordinator did not run: rc $rc (124: still streaming after 120 s): $out"
 "${keep[@]}" status "$kept" >/dev/null || fail "the job is gone at once"
 gone() { ! "${keep[@]}" status "$kept" >/dev/null 2>&1 && [ ! -e "$T/keep/jobs/$kept" ]; }
 wait_for 20 gone || fail "job $kept was not deleted 2 s after it ended"

@@ -58,10 +58,13 @@ start_agent nodeb "${TLS_FLAGS[@]}"
 
 export LOCKSTEP_TLS_CA="$C/ca.pem" LOCKSTEP_TLS_CERT="$C/client.pem" LOCKSTEP_TLS_KEY="$C/client.key"
 ls_cli nodes
-out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 0 --env TRAINER_STEPS=10 \
-  --env TRAINER_STEP_MS=50 --env TRAINER_OUT_DIR="$T/out" --wait -- "$TRAINER" "$MARKER") ||
-  fail "a job over mTLS did not succeed: $out"
+rc=0
+out=$(CLI_PREFIX=(timeout 120); ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 0 \
+  --env TRAINER_STEPS=10 --env TRAINER_STEP_MS=50 --env TRAINER_OUT_DIR="$T/out" --wait -- \
+  "$TRAINER" "$MARKER") || rc=$?
 job=$(echo "$out" | sed -n 's/^submitted job //p')
+[ "$rc" = 0 ] || fail "a job over mTLS did not succeed: submit --wait exited $rc (124: still" \
+  "waiting after 120 s; job ${job:-not submitted}${job:+ is $(job_state "$job")}): $out"
 state_is "$job" SUCCEEDED || fail "job $job is $(job_state "$job")"
 # The workers met through the store and reported progress to their agent:
 # both are TLS-only, so both went over mTLS.
@@ -77,9 +80,12 @@ grep -q "workers present $C/worker.pem (--tls-worker-cert)" "$T/coord.log" ||
 mkdir -p "$T/held"
 held_material() {  # a job writes its LOCKSTEP_TLS_CERT_PEM and _KEY_PEM into $T/held
   rm -f "$T/held"/*
-  ls_cli submit --nodes 1 --nproc-per-node 1 --max-restarts 0 --wait -- /bin/sh -c \
-    "printf '%s' \"\$LOCKSTEP_TLS_CERT_PEM\" > $T/held/cert.pem; printf '%s' \"\$LOCKSTEP_TLS_KEY_PEM\" > $T/held/key.pem" \
-    > "$T/held.out" || fail "the job that reads its TLS material failed: $(cat "$T/held.out")"
+  local rc=0
+  (CLI_PREFIX=(timeout 60); ls_cli submit --nodes 1 --nproc-per-node 1 --max-restarts 0 --wait -- /bin/sh -c \
+    "printf '%s' \"\$LOCKSTEP_TLS_CERT_PEM\" > $T/held/cert.pem; printf '%s' \"\$LOCKSTEP_TLS_KEY_PEM\" > $T/held/key.pem") \
+    > "$T/held.out" || rc=$?
+  [ "$rc" = 0 ] || fail "the job that reads its TLS material failed: submit --wait exited $rc" \
+    "(124: still waiting after 60 s): $(cat "$T/held.out")"
 }
 held_material
 cmp -s "$T/held/key.pem" "$C/worker.key" || fail "a worker was not given worker.key"

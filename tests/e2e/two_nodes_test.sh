@@ -9,11 +9,14 @@ ls_cli nodes
 [ "$(ls_cli nodes --json | python3 -c 'import json,sys; print(sum(n.get("alive",False) for n in json.load(sys.stdin)["nodes"]))')" = 2 ] ||
   fail "expected 2 live nodes"
 
-out=$(ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 0 --name two-by-two --max-open-files 512 \
-  --env TRAINER_STEPS=15 --env TRAINER_STEP_MS=100 --env TRAINER_OUT_DIR="$T/out" --wait -- "$TRAINER" "$MARKER") ||
-  fail "submit --wait did not end in SUCCEEDED: $out"
+rc=0
+out=$(CLI_PREFIX=(timeout 120); ls_cli submit --nodes 2 --nproc-per-node 2 --max-restarts 0 \
+  --name two-by-two --max-open-files 512 --env TRAINER_STEPS=15 --env TRAINER_STEP_MS=100 \
+  --env TRAINER_OUT_DIR="$T/out" --wait -- "$TRAINER" "$MARKER") || rc=$?
 echo "$out"
 job=$(echo "$out" | sed -n 's/^submitted job //p')
+[ "$rc" = 0 ] || fail "submit --wait exited $rc, not 0 for SUCCEEDED (124: still waiting after 120 s;" \
+  "job ${job:-not submitted}${job:+ is $(job_state "$job")}): $out"
 [ -n "$job" ] || fail "no job id in: $out"
 state_is "$job" SUCCEEDED || fail "job $job is $(job_state "$job")"
 
