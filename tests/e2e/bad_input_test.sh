@@ -123,9 +123,10 @@ PY
   fail "expected exactly one job"
 
 # Sizes and numbers. A 5 MiB spec (over one argv string's limit, so sent
-# hand-encoded) crosses the 64 MiB message limit and is refused at submit
-# naming its size; it never reaches a node's heartbeat, and the node and
-# the coordinator keep working.
+# hand-encoded) fits gRPC's 64 MiB message limit but not the 262144-byte
+# spec limit: it is refused at submit naming its size, in a short message.
+# No job is made of it (the list below still holds one), so it never
+# reaches a node's heartbeat.
 expect_error "INVALID_ARGUMENT .*spec: 5242[0-9]* bytes serialized exceeds the limit of 262144 bytes" \
   /usr/bin/python3 - "$COORD" "$(cat "$TOKEN")" <<'PY'
 import sys, grpc
