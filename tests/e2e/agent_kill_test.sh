@@ -20,9 +20,7 @@ killed_at=$(date +%s%N)
 log "kill -9 agent nodeb (pid $PID_nodeb)"
 kill -9 "$PID_nodeb"
 # Its worker dies with it, long before its 300 steps (30 s) would end it.
-# gone PID: no such process, or a zombie not yet reaped by its new parent.
-gone() { ! kill -0 "$1" 2>/dev/null || [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" = Z ]; }
-wait_for 10 gone "$victim" ||
+wait_for 10 exited "$victim" ||
   fail "rank 1 (pid $victim) outlived its agent nodeb by 10 s (no PDEATHSIG?)"
 log "rank 1 (pid $victim) died with its agent"
 node_dead() {

@@ -6,8 +6,6 @@
 source tests/e2e/lib.sh "$@"
 
 start_coordinator --no-agent
-# ended PID: PID (a child of this shell) has exited, reaped or not.
-ended() { ! kill -0 "$1" 2>/dev/null || [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" = Z ]; }
 job=$(submit --nproc-per-node 2 --max-restarts 1 --env TRAINER_STEPS=6 --env TRAINER_STEP_MS=100 \
   --env TRAINER_FAIL_RANK=1 --env TRAINER_FAIL_AFTER=3 --env TRAINER_FAIL_UNTIL_RESTART=1)
 ls_cli logs "$job" --rank 1 --follow >"$T/follow.out" 2>"$T/follow.err" &
@@ -19,10 +17,10 @@ wait_for 10 grep -q "waiting for its workers to start" "$T/follow.err" ||
 start_agent nodeb
 # The job takes a few seconds (two rounds of 6 x 100 ms steps); both
 # followers end once they see its final state.
-wait_for 60 ended "$follow" ||
+wait_for 60 exited "$follow" ||
   fail "logs --follow (pid $follow) still runs 60 s after the agent started; job $job is" \
     "$(job_state "$job"): $(tail -n 3 "$T/follow.err")"
-wait_for 20 ended "$all" ||
+wait_for 20 exited "$all" ||
   fail "logs --all-ranks --follow (pid $all) still runs 20 s after logs --follow ended; job $job is" \
     "$(job_state "$job"): $(tail -n 3 "$T/all.err")"
 rc=0; wait "$follow" || rc=$?

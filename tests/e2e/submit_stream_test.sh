@@ -8,8 +8,6 @@
 source tests/e2e/lib.sh "$@"
 
 start_coordinator
-# ended PID: PID (a child of this shell) has exited, reaped or not.
-ended() { ! kill -0 "$1" 2>/dev/null || [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" = Z ]; }
 # Streaming submits below end with their job; bounded by timeout (exit 124).
 
 log "1. a job that fails once and then succeeds, streamed"
@@ -62,7 +60,7 @@ cli=$!
 wait_for 20 grep -q '^\[1\] rank 1 step 2 ' "$T/int.out" || fail "no streamed steps: $(cat "$T/int.out")"
 streamed=$(sed -n 's/^submitted job //p' "$T/int.out")
 kill -INT "$cli"
-wait_for 20 ended "$cli" ||
+wait_for 20 exited "$cli" ||
   fail "submit (pid $cli) still runs 20 s after SIGINT: $(tail -n 3 "$T/int.err")"
 rc=0; wait "$cli" || rc=$?
 [ "$rc" = 130 ] || fail "SIGINT: submit exited $rc, not 130: $(cat "$T/int.err")"
