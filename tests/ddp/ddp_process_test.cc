@@ -331,9 +331,10 @@ TEST(DdpInitTest, TorchrunVariablesWithMasterAddrWork) {
 // backward ends) is the reducer's decision, checked on every step. When the
 // communicator thread actually started it is the scheduler's too: at batch
 // 256 (6 ms backwards) a 2-core machine compiling beside the test left the
-// thread unscheduled until backward's end in 5 of 8 steps. So the test
-// asserts that it started early at least once (a thread that waits for
-// backward's end never does) and logs how often.
+// thread unscheduled until backward's end in 5 of 8 steps; at 4096 it
+// starts early in 8 of 8 here, and the test requires most steps (a thread
+// that waits for backward's end, or for a lock backward holds, fails it)
+// and logs how many.
 TEST(DdpOverlapTest, FirstBucketAllreduceStartsBeforeBackwardEnds) {
   const std::string dir = TempDir();
   auto procs = Spawn(RankEnvs(2, dir),
@@ -342,7 +343,7 @@ TEST(DdpOverlapTest, FirstBucketAllreduceStartsBeforeBackwardEnds) {
                      dir);
   for (const auto& p : procs) ASSERT_EQ(p.exit_code, 0) << Describe(procs);
   // Launch (queued by the hook) must precede backward's end on every step;
-  // the communicator thread must have started it before the end on some.
+  // the communicator thread must have started it before the end on most.
   int steps = 0, launched_early = 0, started_early = 0;
   std::istringstream lines(procs[0].out);
   for (std::string line; std::getline(lines, line);) {
@@ -358,8 +359,10 @@ TEST(DdpOverlapTest, FirstBucketAllreduceStartsBeforeBackwardEnds) {
   }
   EXPECT_EQ(steps, 8);
   EXPECT_EQ(launched_early, steps) << procs[0].out;
-  EXPECT_GE(started_early, 1) << "the first bucket's allreduce never started before "
-                                 "backward's end\n" << procs[0].out;
+  EXPECT_GE(started_early, steps * 3 / 4)
+      << "the first bucket's allreduce started before backward's end in only " << started_early
+      << " of " << steps << " steps\n"
+      << procs[0].out;
   std::cout << "first bucket started before backward's end in " << started_early << " of "
             << steps << " steps\n";
   ::testing::Test::RecordProperty("started_early", started_early);
