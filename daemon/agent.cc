@@ -421,6 +421,12 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
 void Agent::StopRun(const std::string& job_id, JobRun* run, Duration grace,
                     const std::string& why) {
   if (run->stopping) return;
+  // Exits that happened before this stop are the workers' own, whenever
+  // they are reaped: reap them now, before the stop is signalled. The exit
+  // instant alone cannot tell: its watcher thread stamps it when it runs,
+  // which for an agent that was frozen (SIGSTOP, swapped out) is after the
+  // agent resumed and perhaps after this stop.
+  ReapRun(job_id, run, clock_->Now());
   run->stopping = true;
   // The first signal counts (a re-armed stop keeps it).
   if (run->stop_signalled == std::chrono::steady_clock::time_point()) {
@@ -442,47 +448,50 @@ void Agent::StopRun(const std::string& job_id, JobRun* run, Duration grace,
 
 void Agent::Reap() {
   MonoTime now = clock_->Now();
-  for (auto& [job_id, run] : runs_) {
-    bool escalate = run.stopping && !run.killed && now >= run.kill_at;
-    for (auto& w : run.workers) {
-      if (!IsLive(w.status) || !w.process) continue;
-      if (escalate) w.process->SignalGroup(SIGKILL);
-      std::optional<ExitStatus> e = w.process->Poll();
-      if (!e) continue;
-      next_heartbeat_ = now;  // report the exit promptly
-      v1::ExitInfo* exit = w.status.mutable_exit();
-      exit->set_exit_code(e->exit_code);
-      exit->set_signal(e->signal);
-      exit->set_exited_unix_ms(ExitedUnixMs(*e));
-      // steady_clock is CLOCK_MONOTONIC, the clock of sent_mono_ns.
-      exit->set_exited_mono_ns(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(e->exited_at.time_since_epoch())
-              .count());
-      bool failed = e->exit_code != 0 || e->signal != 0;
-      // Stopped by us only if it exited after we signalled it: a rank that
-      // died first (the failure that made the job stop) stays a failure
-      // however late its exit is reaped.
-      const bool stopped = run.stopping && e->exited_at >= run.stop_signalled;
-      w.status.set_state(stopped ? v1::WORKER_STATE_STOPPED : v1::WORKER_STATE_EXITED);
-      if (failed && !stopped) {
-        // Died inside the engine's bootstrap; a program that does not use
-        // the engine never marks its slot and is never a startup failure.
-        const int32_t slot = run.status_page ? run.status_page->Get(w.local_rank)
-                                             : worker_link::kNotStarted;
-        exit->set_startup_failure(slot == worker_link::kBootstrapBegun);
-        // Its collective broke because a peer was gone: a consequence.
-        exit->set_peer_lost(worker_link::IsPeerLost(slot));
-        if (worker_link::LostPeer(slot) >= 0) exit->set_lost_peer(worker_link::LostPeer(slot));
-        std::vector<std::string> lines = TailLines(w.status.stderr_path(), kLastLogLines);
-        if (lines.empty()) lines = TailLines(w.status.stdout_path(), kLastLogLines);
-        for (auto& l : lines) exit->add_last_log_lines(l);
-      }
-      log_.WithJob(job_id).WithRank(w.rank).Info(
-          "worker pid {} {}", w.process->pid(), DescribeWorkerExit(e->exit_code, e->signal, stopped));
-      if (options_.on_worker_exit) options_.on_worker_exit(job_id, w.status);
+  for (auto& [job_id, run] : runs_) ReapRun(job_id, &run, now);
+}
+
+void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
+  JobRun& run = *run_ptr;
+  bool escalate = run.stopping && !run.killed && now >= run.kill_at;
+  for (auto& w : run.workers) {
+    if (!IsLive(w.status) || !w.process) continue;
+    if (escalate) w.process->SignalGroup(SIGKILL);
+    std::optional<ExitStatus> e = w.process->Poll();
+    if (!e) continue;
+    next_heartbeat_ = now;  // report the exit promptly
+    v1::ExitInfo* exit = w.status.mutable_exit();
+    exit->set_exit_code(e->exit_code);
+    exit->set_signal(e->signal);
+    exit->set_exited_unix_ms(ExitedUnixMs(*e));
+    // steady_clock is CLOCK_MONOTONIC, the clock of sent_mono_ns.
+    exit->set_exited_mono_ns(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(e->exited_at.time_since_epoch())
+            .count());
+    bool failed = e->exit_code != 0 || e->signal != 0;
+    // Stopped by us only if it exited after we signalled it: a rank that
+    // died first (the failure that made the job stop) stays a failure
+    // however late its exit is reaped.
+    const bool stopped = run.stopping && e->exited_at >= run.stop_signalled;
+    w.status.set_state(stopped ? v1::WORKER_STATE_STOPPED : v1::WORKER_STATE_EXITED);
+    if (failed && !stopped) {
+      // Died inside the engine's bootstrap; a program that does not use
+      // the engine never marks its slot and is never a startup failure.
+      const int32_t slot = run.status_page ? run.status_page->Get(w.local_rank)
+                                           : worker_link::kNotStarted;
+      exit->set_startup_failure(slot == worker_link::kBootstrapBegun);
+      // Its collective broke because a peer was gone: a consequence.
+      exit->set_peer_lost(worker_link::IsPeerLost(slot));
+      if (worker_link::LostPeer(slot) >= 0) exit->set_lost_peer(worker_link::LostPeer(slot));
+      std::vector<std::string> lines = TailLines(w.status.stderr_path(), kLastLogLines);
+      if (lines.empty()) lines = TailLines(w.status.stdout_path(), kLastLogLines);
+      for (auto& l : lines) exit->add_last_log_lines(l);
     }
-    if (escalate) run.killed = true;
+    log_.WithJob(job_id).WithRank(w.rank).Info(
+        "worker pid {} {}", w.process->pid(), DescribeWorkerExit(e->exit_code, e->signal, stopped));
+    if (options_.on_worker_exit) options_.on_worker_exit(job_id, w.status);
   }
+  if (escalate) run.killed = true;
 }
 
 std::vector<v1::AgentJobReport> Agent::Reports() const {

@@ -214,6 +214,9 @@ class Agent {
   };
 
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reap's work for one job's run.
+  void ReapRun(const std::string& job_id, JobRun* run, MonoTime now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopRun(const std::string& job_id, JobRun* run, Duration grace, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartRun(const v1::AgentCommand& cmd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -13,7 +13,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -325,6 +329,105 @@ class UnavailableLauncher : public ProcessLauncher {
     return absl::UnavailableError(absl::StrCat("launch ", spec.argv[0], ": fork: no memory"));
   }
 };
+
+// Processes whose exit instant is stamped when they are reaped, as when
+// the watcher thread that stamps it ran late (an agent that was frozen).
+class LateExitStampLauncher : public ProcessLauncher {
+ public:
+  explicit LateExitStampLauncher(ProcessLauncher* inner) : inner_(inner) {}
+  StatusOr<std::unique_ptr<Process>> Launch(const LaunchSpec& spec) override {
+    auto p = inner_->Launch(spec);
+    if (!p.ok()) return p.status();
+    return std::unique_ptr<Process>(std::make_unique<LateStamp>(std::move(*p)));
+  }
+
+ private:
+  class LateStamp : public Process {
+   public:
+    explicit LateStamp(std::unique_ptr<Process> p) : p_(std::move(p)) {}
+    int64_t pid() const override { return p_->pid(); }
+    std::optional<ExitStatus> Poll() override {
+      auto e = p_->Poll();
+      if (e && !stamped_) {
+        stamped_ = std::chrono::steady_clock::now();
+      }
+      if (e) e->exited_at = *stamped_;
+      return e;
+    }
+    void SignalGroup(int sig) override { p_->SignalGroup(sig); }
+
+   private:
+    std::unique_ptr<Process> p_;
+    std::optional<std::chrono::steady_clock::time_point> stamped_;
+  };
+  ProcessLauncher* inner_;
+};
+
+bool IsZombie(int64_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && line.size() > paren + 2 && line[paren + 2] == 'Z';
+}
+
+// A worker exits on its own (code 3) while a heartbeat is in flight, and
+// that heartbeat's answer stops the job; its exit instant is seen only when
+// it is reaped, after the stop (as for an agent resumed from SIGSTOP). The
+// exit is still the worker's own: EXITED with its code, not STOPPED. (The
+// e2e first_failure test's frozen agent listed such a rank 0 as stopped by
+// the agent, so it was no consequence that had lost a peer.)
+TEST_F(AgentTest, WorkerThatExitedBeforeTheStopIsNotCountedAsStopped) {
+  AgentOptions options = Options();
+  agent_->Shutdown(milliseconds(10));
+  agent_.reset();
+  auto late = std::make_unique<LateExitStampLauncher>(launcher_.get());
+  agent_ = std::make_unique<Agent>(options, RealClock(), late.get(), &coord_);
+  const std::string go = state_dir_ + "-go";
+  std::filesystem::remove(go);
+  Command({Start("j1", 1, absl::StrCat("echo ready; while [ ! -e ", go, " ]; do sleep 0.01; done; exit 3"),
+                 1)});
+  // Node rank 1 of 2, one worker: rank 1.
+  ASSERT_TRUE(RunUntil([&] { return Output("j1", 1).find("ready") != std::string::npos; }));
+  const int64_t pid = Workers("j1")[0].pid();
+  // The next heartbeat: the worker exits meanwhile, and the answer is that
+  // this node no longer runs j1.
+  Command({});
+  std::atomic<bool> exited{false};
+  coord_.SetOnHeartbeat([&] {
+    if (exited) return;
+    std::ofstream(go) << "go\n";
+    const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+    while (!IsZombie(pid) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    exited = true;
+  });
+  std::vector<v1::WorkerStatus> reported;
+  auto reported_exit = [&] {
+    for (const auto& hb : coord_.heartbeats()) {
+      for (const auto& r : hb.jobs()) {
+        if (r.job_id() == "j1" && r.workers_size() == 1 &&
+            r.workers(0).state() != v1::WORKER_STATE_RUNNING &&
+            r.workers(0).state() != v1::WORKER_STATE_STARTING) {
+          reported.assign(r.workers().begin(), r.workers().end());
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  ASSERT_TRUE(RunUntil(reported_exit));
+  coord_.SetOnHeartbeat(nullptr);
+  ASSERT_TRUE(exited) << "worker pid " << pid << " did not exit during the heartbeat";
+  EXPECT_EQ(reported[0].state(), v1::WORKER_STATE_EXITED)
+      << "an exit before the stop counted as the agent's: " << reported[0].DebugString();
+  EXPECT_EQ(reported[0].exit().exit_code(), 3);
+  agent_->Shutdown(milliseconds(10));
+  agent_.reset();
+  late.reset();
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+}
 
 TEST_F(AgentTest, TransientLaunchFailureIsNotALaunchError) {
   AgentOptions options = Options();

@@ -3,6 +3,8 @@
 #ifndef LOCKSTEP_DAEMON_FAKE_COORDINATOR_CLIENT_H_
 #define LOCKSTEP_DAEMON_FAKE_COORDINATOR_CLIENT_H_
 
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "common/mutex.h"
@@ -25,6 +27,12 @@ class FakeCoordinatorClient : public CoordinatorClient {
   }
   StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
                                             Duration) override {
+    std::function<void()> during;
+    {
+      MutexLock lock(&mu_);
+      during = on_heartbeat_;
+    }
+    if (during) during();  // what happens while the RPC is in flight
     MutexLock lock(&mu_);
     heartbeats_.push_back(request);
     if (!fail_.ok()) return fail_;
@@ -36,6 +44,11 @@ class FakeCoordinatorClient : public CoordinatorClient {
   void SetResponse(const v1::HeartbeatResponse& resp) {
     MutexLock lock(&mu_);
     response_ = resp;
+  }
+  // Runs `f` on the caller's thread at every Heartbeat, before it answers.
+  void SetOnHeartbeat(std::function<void()> f) {
+    MutexLock lock(&mu_);
+    on_heartbeat_ = std::move(f);
   }
   void SetFailure(Status s) {
     MutexLock lock(&mu_);
@@ -58,6 +71,7 @@ class FakeCoordinatorClient : public CoordinatorClient {
   Mutex mu_;
   v1::HeartbeatResponse response_ ABSL_GUARDED_BY(mu_);
   Status fail_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_heartbeat_ ABSL_GUARDED_BY(mu_);
   double lease_s_ ABSL_GUARDED_BY(mu_) = 10;
   std::vector<v1::HeartbeatRequest> heartbeats_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::RegisterNodeRequest> registrations_ ABSL_GUARDED_BY(mu_);
