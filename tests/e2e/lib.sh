@@ -135,8 +135,15 @@ worker_pids() {
 }
 no_workers() { [ -z "$(worker_pids)" ]; }
 # exited PID: the process is gone or a zombie (exited, not yet reaped: a
-# child of this shell until `wait`, or of a frozen agent).
-exited() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
+# child of this shell until `wait`, or of a frozen agent). A thread group
+# leader shows Z as soon as its own thread ends, while the process's other
+# threads may still run (it is not reapable yet): a whole zombie has one
+# task left.
+exited() {
+  [ ! -e "/proc/$1" ] && return 0
+  [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ] &&
+    [ "$(ls "/proc/$1/task" 2>/dev/null | wc -l)" -le 1 ]
+}
 
 # The engine's shared memory (ddp/shm_communicator.cc) is a memfd named
 # "lockstep-shm": never a name in /dev/shm, so a segment exists exactly as

@@ -46,8 +46,15 @@ finish() {
 job=$(submit_train --slow-rank 1 --slow-ms 200)
 wait_for 60 field_is "$job" '((j.get("health") or {}).get("straggler") or {}).get("rank", -1)' 1 ||
   fail "no straggler named for $job (health: $(job_field "$job" 'j.get("health")'))"
-lag=$(job_field "$job" 'int(j["health"]["straggler"]["lag_ms"])')
-(( lag >= 120 && lag <= 400 )) || fail "straggler lag $lag ms/step, expected near 200"
+# The lag is an average over recent steps: the first figures mix in the
+# first steps (113 ms/step seen once on a loaded machine), so it is polled
+# until it settles near the 200 ms sleep.
+lag_near_200() {
+  lag=$(job_field "$job" 'int(j["health"]["straggler"]["lag_ms"])')
+  (( lag >= 120 && lag <= 400 ))
+}
+lag=none
+wait_for 30 lag_near_200 || fail "straggler lag $lag ms/step for 30 s, expected near 200"
 text=$(ls_cli status "$job")
 grep -Eq "^straggler: rank 1 \(others wait [0-9]+ ms/step for it, at bucket [0-9]+" <<<"$text" ||
   fail "status does not name rank 1 as the straggler: $text"
