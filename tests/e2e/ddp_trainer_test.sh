@@ -51,12 +51,7 @@ job=$(ls_cli submit --detach --json --nodes 2 --nproc-per-node 2 --max-restarts 
 wait_state "$job" RUNNING 60
 wait_for 60 grep -q '"rank":1,"step":5,' "$T/coord/jobs/$job/rank-1.stdout" || fail "rank 1 never reached step 5"
 # Mid-run: over shm every worker holds its node's segment; over Gloo none.
-holders=$(shm_holders)
-if [ "$BACKEND" = shm ]; then
-  [ "$(grep -c . <<<"$holders")" -ge 4 ] || fail "4 workers should hold a shm segment mid-run, found: [$holders]"
-else
-  [ -z "$holders" ] || fail "a Gloo job holds shm segments: $holders"
-fi
+expect_shm_holders "$BACKEND" 4
 victim=$(job_field "$job" '[w["pid"] for w in j["workers"] if w.get("rank", 0)==1][0]')
 log "kill -9 DDP rank 1 (pid $victim)"
 kill -9 "$victim" || fail "rank 1 (pid $victim) was gone before the kill"

@@ -69,7 +69,9 @@ for trial in 1 2 3; do
     python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
   reached() { grep -qs '"rank":1,"step":3,' "$T"/*/jobs/"$job"/rank-1.stdout; }
   wait_for 60 reached || fail "2 nodes, trial $trial: rank 1 of $job never reached step 3"
-  read -r node0 pid0 victim < <(job_field "$job" '"%s %s %s" % tuple([w["node_id"] for w in j["workers"] if w.get("rank", 0) == 0] + [w["pid"] for w in j["workers"] if w.get("rank", 0) == 0] + [w["pid"] for w in j["workers"] if w.get("rank", 0) == 1])')
+  # Rank 0's node and pid, rank 1's pid.
+  read -r node0 pid0 victim < <(job_field "$job" \
+    '(lambda r: "%s %s %s" % (r[0]["node_id"], r[0]["pid"], r[1]["pid"]))({w.get("rank", 0): w for w in j["workers"]})')
   [ -n "${victim:-}" ] || fail "2 nodes, trial $trial: no rank 0 and rank 1 in $(ls_cli status "$job")"
   agent0=$(eval echo "\$PID_$node0")
   kill -STOP "$agent0"

@@ -170,6 +170,18 @@ shm_holders() {
   done
 }
 no_shm_holders() { [ -z "$(shm_holders)" ]; }
+# expect_shm_holders BACKEND N: while a job runs, over shm at least N of
+# this test's processes (its workers) hold a segment; over Gloo none does.
+# Shows that shm_holders sees segments before a test counts on its "none".
+expect_shm_holders() {
+  local holders
+  holders=$(shm_holders)
+  if [ "$1" = shm ]; then
+    [ "$(grep -c . <<<"$holders")" -ge "$2" ] || fail "$2 workers should hold a shm segment, found: [$holders]"
+  else
+    [ -z "$holders" ] || fail "a $1 job holds shm segments: $holders"
+  fi
+}
 # describe_workers: the workers left, one per line (pid, state, age, cwd,
 # command), for a failure message.
 describe_workers() {

@@ -66,12 +66,7 @@ data1=$(job_field "$job" 'int([w["progress"]["data_ms"] for w in j["workers"] if
 opt0=$(job_field "$job" '1 if [w["progress"].get("optimizer_ms", 0) for w in j["workers"] if w.get("rank", 0) == 0][0] > 0 else 0')
 [ "$opt0" = 1 ] || fail "rank 0 reports no optimizer time"
 log "case 1: $(echo "$text" | grep '^straggler:')"
-holders=$(shm_holders)
-if [ "$BACKEND" = shm ]; then
-  [ "$(grep -c . <<<"$holders")" -ge 2 ] || fail "both workers should hold the shm segment, found: [$holders]"
-else
-  [ -z "$holders" ] || fail "a Gloo job holds shm segments: $holders"
-fi
+expect_shm_holders "$BACKEND" 2
 finish "$job"
 
 # ---- 2. a rank stopped mid-training
