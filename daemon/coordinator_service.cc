@@ -176,11 +176,15 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* ctx,
                                                             const v1::SubmitJobRequest* req,
                                                             v1::SubmitJobResponse* resp) {
+  // A refused submit has no job id: its line names the submission instead.
+  std::string what = "SubmitJob";
+  if (!req->spec().name().empty()) absl::StrAppend(&what, " of job name ", QuoteForError(req->spec().name()));
+  if (!req->request_id().empty()) absl::StrAppend(&what, " (request ", QuoteForError(req->request_id()), ")");
   Status s = Authorize(*ctx, "SubmitJob");
-  if (!s.ok()) return Answer(ctx, "SubmitJob", "", s);
+  if (!s.ok()) return Answer(ctx, what, "", s);
   auto r = core_->SubmitJob(req->spec(), req->request_id());
   if (r.ok()) *resp->mutable_job() = std::move(*r);
-  return Answer(ctx, "SubmitJob", "", r.status());
+  return Answer(ctx, what, r.ok() ? r->job_id() : "", r.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerContext* ctx,

@@ -168,7 +168,7 @@ void JobMachine::SetState(v1::Job* job, v1::JobState state, const std::string& d
   AddEvent(job, detail);
   log_.WithJob(job->job_id())
       .WithRank(rank)
-      .Info("{} round={} restarts={}: {}", v1::JobState_Name(state), job->current_round().number(),
+      .Info("{} round={} restarts={}: {}", StateName(state), job->current_round().number(),
             job->restart_count(), detail);
 }
 

@@ -251,17 +251,17 @@ TEST_F(JobMachineTest, StateChangesARankCausedAreLoggedWithItsRank) {
   Beat("n1", {Worker(0, v1::WORKER_STATE_EXITED, 2)});
   ASSERT_EQ(State(), v1::JOB_STATE_FAILED);
   const std::string lines = log.Lines();
-  EXPECT_NE(lines.find("[coordinator] job=j rank=- JOB_STATE_RUNNING round=1 restarts=0: all 2 "
+  EXPECT_NE(lines.find("[coordinator] job=j rank=- RUNNING round=1 restarts=0: all 2 "
                        "ranks started"),
             std::string::npos)
       << lines;
-  EXPECT_NE(lines.find("[coordinator] job=j rank=1 JOB_STATE_RESTARTING round=1 restarts=1: "
+  EXPECT_NE(lines.find("[coordinator] job=j rank=1 RESTARTING round=1 restarts=1: "
                        "restart 1 of 1 after rank 1 on node n2 killed by signal 9"),
             std::string::npos)
       << lines;
-  EXPECT_NE(lines.find("[coordinator] job=j rank=- JOB_STATE_RENDEZVOUS round=2"), std::string::npos)
+  EXPECT_NE(lines.find("[coordinator] job=j rank=- RENDEZVOUS round=2"), std::string::npos)
       << lines;
-  EXPECT_NE(lines.find("[coordinator] job=j rank=0 JOB_STATE_FAILED round=2 restarts=1: rank 0 on "
+  EXPECT_NE(lines.find("[coordinator] job=j rank=0 FAILED round=2 restarts=1: rank 0 on "
                        "node n1 exited with code 2"),
             std::string::npos)
       << lines;

@@ -13,7 +13,7 @@ expect_error() {
   log "ok: $* -> $(head -n1 "$T/err.txt")"
 }
 
-expect_error "spec.command: empty" ls_cli submit --nodes 1 --
+expect_error "spec.command: empty" ls_cli submit --name bad-one --nodes 1 --
 expect_error "spec.nproc_per_node" ls_cli submit --nproc-per-node 0 -- /bin/true
 expect_error "spec.nodes: min 3 > max 2" ls_cli submit --nodes 3:2 -- /bin/true
 expect_error "spec.max_restarts" ls_cli submit --max-restarts -1 -- /bin/true
@@ -45,7 +45,9 @@ expect_logged() {
 # Each refusal above is one warning in the coordinator's log naming the RPC,
 # the caller's address, the job when there is one, and the reason.
 peer='from ipv4:127\.0\.0\.1:[0-9]+'
-expect_logged coord "W \[coordinator\] job=- rank=- refused CoordinatorService/SubmitJob $peer: INVALID_ARGUMENT: spec\.command: empty; give the program after"
+# A refused submit has no job id: its line names the job's name and the
+# submission's request id instead.
+expect_logged coord "W \[coordinator\] job=- rank=- refused CoordinatorService/SubmitJob of job name \"bad-one\" \(request \"req-[0-9a-f]+\"\) $peer: INVALID_ARGUMENT: spec\.command: empty; give the program after"
 expect_logged coord "W \[coordinator\] job=- rank=- refused CoordinatorService/ListJobs $peer: UNAUTHENTICATED: .*wrong bearer token"
 expect_logged coord "W \[coordinator\] job=j-abc rank=- refused CoordinatorService/CancelJob $peer: PERMISSION_DENIED: .*viewer"
 if grep -q "refused CoordinatorService/GetJob" "$T/coord.log"; then
@@ -177,7 +179,7 @@ log "ok: a worker's escape sequences are printed escaped"
 ALLOWED_ENV="" start_daemon strict --coordinator --no-agent --listen 127.0.0.1:0 --allowed-command "$TRAINER"
 expect_error "PERMISSION_DENIED: .*not in the allowed list" \
   "$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit -- /bin/sh -c true
-expect_logged strict "refused CoordinatorService/SubmitJob $peer: PERMISSION_DENIED: .*not in the allowed list"
+expect_logged strict "refused CoordinatorService/SubmitJob \(request \"req-[0-9a-f]+\"\) $peer: PERMISSION_DENIED: .*not in the allowed list"
 "$LOCKSTEP" --coordinator "$ADDR_strict" --token-file "$T/strict/token" submit --detach -- "$TRAINER" "$MARKER" >/dev/null ||
   fail "the allowed command was rejected"
 # ... and the allowed command cannot be made to run other code through the

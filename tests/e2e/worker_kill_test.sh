@@ -24,7 +24,7 @@ grep -Eq "job=$job rank=2 worker pid [0-9]+ killed by signal 9, not by the agent
   "$T/nodeb.log" || fail "nodeb's log does not say rank 2 was killed from outside: $(grep "rank=2 worker" "$T/nodeb.log")"
 # The coordinator's line for the restart rank 2 caused is about rank 2 (or,
 # had another rank's exit been reported first, the line settling on rank 2).
-grep -Eq "\[coordinator\] job=$job rank=2 (JOB_STATE_RESTARTING round=1 restarts=1|first failure is rank 2)" \
+grep -Eq "\[coordinator\] job=$job rank=2 (RESTARTING round=1 restarts=1|first failure is rank 2)" \
   "$T/coord.log" ||
   fail "the coordinator's restart line lacks rank=2: $(grep RESTARTING "$T/coord.log")"
 for r in 0 1 2 3; do
