@@ -96,13 +96,16 @@ StatusPage::~StatusPage() {
 
 Status StatusPage::Create(int slots) {
   slots_ = std::max(1, slots);
-  bytes_ = (slots_ * sizeof(int32_t) + kPage - 1) / kPage * kPage;
+  // Slots in the first half, end instants in the second: a worker finds
+  // its instant from the page's size alone.
+  bytes_ = (2 * slots_ * sizeof(int64_t) + kPage - 1) / kPage * kPage;
   ASSIGN_OR_RETURN(fd_, NewMemfd("lockstep-status", bytes_, /*sealable=*/true));
   void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
   if (p == MAP_FAILED) {
     return absl::UnavailableError(absl::StrCat("mmap status page: ", std::strerror(errno)));
   }
   slot_ = static_cast<std::atomic<int32_t>*>(p);  // zero-filled: kNotStarted
+  ended_ = reinterpret_cast<std::atomic<int64_t>*>(static_cast<char*>(p) + bytes_ / 2);
   if (::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
     return absl::UnavailableError(absl::StrCat("sealing the status page: ", std::strerror(errno)));
   }
@@ -114,31 +117,77 @@ int32_t StatusPage::Get(int slot) const {
   return slot_[slot].load(std::memory_order_acquire);
 }
 
+int64_t StatusPage::EndedNs(int slot) const {
+  if (ended_ == nullptr || slot < 0 || slot >= slots_) return 0;
+  return ended_[slot].load(std::memory_order_acquire);
+}
+
 // --------------------------------------------------------------- worker side
 
-void MarkBootstrap(int32_t state) {
-  // Mapped once and kept for the life of the process.
-  static std::atomic<int32_t>* slot = [] () -> std::atomic<int32_t>* {
+namespace {
+
+// This worker's slot and end instant on its status page.
+struct OwnSlot {
+  std::atomic<int32_t>* state = nullptr;
+  std::atomic<int64_t>* ended = nullptr;
+  pid_t pid = 0;  // the worker's: a child forked from it shares the mapping
+};
+
+const OwnSlot& OwnSlotInstance();
+
+void EndingAtExit() {
+  if (::getpid() == OwnSlotInstance().pid) MarkEnding();
+}
+
+// Mapped once and kept for the life of the process.
+const OwnSlot& OwnSlotInstance() {
+  static const OwnSlot slot = [] {
+    OwnSlot s;
     const int fd = FdFromEnv(kStatusFdEnv);
     int local_rank = -1;
     const char* lr = std::getenv(worker_env::kLocalRank);
     if (fd < 0 || lr == nullptr || !absl::SimpleAtoi(lr, &local_rank) || local_rank < 0) {
-      return nullptr;
+      return s;
     }
     struct stat st;
     if (::fstat(fd, &st) != 0 ||
         static_cast<size_t>(st.st_size) < (local_rank + 1) * sizeof(int32_t)) {
-      return nullptr;
+      return s;
     }
     void* p = ::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) return nullptr;
-    return static_cast<std::atomic<int32_t>*>(p) + local_rank;
+    if (p == MAP_FAILED) return s;
+    s.state = static_cast<std::atomic<int32_t>*>(p) + local_rank;
+    const size_t half = static_cast<size_t>(st.st_size) / 2;
+    // A page too small for the instants (an agent older than them) keeps
+    // the states alone.
+    if (half % sizeof(int64_t) == 0 && (local_rank + 1) * sizeof(int32_t) <= half &&
+        half + (local_rank + 1) * sizeof(int64_t) <= static_cast<size_t>(st.st_size)) {
+      s.ended = reinterpret_cast<std::atomic<int64_t>*>(static_cast<char*>(p) + half) + local_rank;
+    }
+    s.pid = ::getpid();
+    std::atexit(EndingAtExit);
+    return s;
   }();
-  if (slot != nullptr) slot->store(state, std::memory_order_release);
+  return slot;
+}
+
+}  // namespace
+
+void MarkBootstrap(int32_t state) {
+  const OwnSlot& slot = OwnSlotInstance();
+  if (slot.state != nullptr) slot.state->store(state, std::memory_order_release);
+}
+
+void MarkEnding() {
+  const OwnSlot& slot = OwnSlotInstance();
+  if (slot.ended == nullptr) return;
+  int64_t none = 0;
+  slot.ended->compare_exchange_strong(none, MonotonicNowNs(), std::memory_order_acq_rel);
 }
 
 void MarkPeerLost(int lost_rank) {
   MarkBootstrap(lost_rank >= 0 && lost_rank < kPeerLostOnRank0 ? PeerLostOn(lost_rank) : kPeerLost);
+  MarkEnding();
 }
 
 bool StartFenceWatchdog() {

@@ -17,7 +17,14 @@
 //                       bootstrap: a startup failure. A program that never
 //                       touches its slot is never one. One that exits at
 //                       kPeerLost gave up because a peer was gone
-//                       (PeerLostOn(r): waiting for rank r).
+//                       (PeerLostOn(r): waiting for rank r). The page's
+//                       second half holds, per slot, when the worker began
+//                       to end on its own (CLOCK_MONOTONIC ns; 0: not
+//                       known): the first of its engine giving up on a lost
+//                       peer and its exit() (an atexit handler). An exit
+//                       the agent reaps late (its watcher thread ran after
+//                       a freeze) is still placed, and told from the
+//                       agent's stop, by the worker's own instant.
 //
 // Both are memfds (no name in /dev/shm, gone with the last descriptor).
 // Only async-signal-safe calls happen on the worker's fence path.
@@ -91,6 +98,9 @@ class StatusPage {
   Status Create(int slots);
   // kNotStarted for a slot out of range.
   int32_t Get(int slot) const;
+  // When that worker began to end on its own (CLOCK_MONOTONIC ns), 0 when
+  // it has not said (or for a slot out of range).
+  int64_t EndedNs(int slot) const;
   int fd() const { return fd_; }
 
  private:
@@ -98,13 +108,19 @@ class StatusPage {
   int slots_ = 0;
   size_t bytes_ = 0;
   std::atomic<int32_t>* slot_ = nullptr;
+  std::atomic<int64_t>* ended_ = nullptr;  // second half of the page
 };
 
 // Worker side (the engine). Both are no-ops without the descriptors in the
 // environment (a worker started by hand or by torchrun).
 //
-// Marks this worker's slot (its LOCKSTEP_LOCAL_RANK).
+// Marks this worker's slot (its LOCKSTEP_LOCAL_RANK). The first call also
+// registers an atexit handler that calls MarkEnding() when this process
+// (not a child forked from it) calls exit() or returns from main.
 void MarkBootstrap(int32_t state);
+// Stamps the instant this worker began to end on its own, once (the first
+// stamp stays). MarkPeerLost calls it.
+void MarkEnding();
 // MarkBootstrap(kPeerLost, or PeerLostOn(lost_rank) when it is known): the
 // engine calls it when a collective or its bootstrap fails because a peer
 // is gone or never arrived, naming the first such rank, so the coordinator

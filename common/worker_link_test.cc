@@ -129,6 +129,48 @@ TEST(StatusPageTest, APeerLostMarkNamesTheRankWaitedForWhenKnown) {
   }
 }
 
+TEST(StatusPageTest, AWorkerStampsWhenItBeganToEndOnItsOwn) {
+  StatusPage page;
+  ASSERT_TRUE(page.Create(4).ok());
+  ::fcntl(page.fd(), F_SETFD, 0);
+  const std::string fd = std::to_string(page.fd());
+  const int64_t before = MonotonicNowNs();
+  // Slot 0 calls exit(): the handler MarkBootstrap registered stamps it.
+  RunChild({{kStatusFdEnv, fd}, {"LOCKSTEP_LOCAL_RANK", "0"}}, [] {
+    MarkBootstrap(kBootstrapDone);
+    std::exit(0);
+  });
+  // Slot 1 gives up on a lost peer, and the stamp is then, not at its later exit().
+  int64_t gave_up = 0;
+  RunChild({{kStatusFdEnv, fd}, {"LOCKSTEP_LOCAL_RANK", "1"}}, [] {
+    MarkBootstrap(kBootstrapDone);
+    MarkPeerLost(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::exit(3);
+  });
+  // Slot 2 ends with _exit (no handlers) and never lost a peer: no stamp.
+  RunChild({{kStatusFdEnv, fd}, {"LOCKSTEP_LOCAL_RANK", "2"}},
+           [] { MarkBootstrap(kBootstrapDone); });
+  // Slot 3: a child forked from the worker shares its page and its atexit
+  // handlers; the child's exit() is not the worker's end.
+  RunChild({{kStatusFdEnv, fd}, {"LOCKSTEP_LOCAL_RANK", "3"}}, [] {
+    MarkBootstrap(kBootstrapDone);
+    const pid_t child = ::fork();
+    if (child == 0) std::exit(0);
+    ::waitpid(child, nullptr, 0);
+  });
+  const int64_t after = MonotonicNowNs();
+  EXPECT_GT(page.EndedNs(0), before);
+  EXPECT_LT(page.EndedNs(0), after);
+  gave_up = page.EndedNs(1);
+  EXPECT_GT(gave_up, before);
+  EXPECT_LT(gave_up, after - int64_t{150} * 1000000) << "stamped at exit, not at giving up";
+  EXPECT_EQ(page.EndedNs(2), 0);
+  EXPECT_EQ(page.EndedNs(3), 0) << "a forked child's exit stamped its parent's slot";
+  EXPECT_EQ(page.EndedNs(4), 0);  // out of range
+  EXPECT_EQ(page.EndedNs(-1), 0);
+}
+
 }  // namespace
 }  // namespace worker_link
 }  // namespace lockstep

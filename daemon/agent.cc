@@ -392,6 +392,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       spec.on_exit = [waker = waker_] { waker->Wake(); };
       spec.log_header = absl::StrCat("=== lockstep: job ", job_id, " round ", cmd.round(),
                                      " rank ", w.rank, " restart ", a.restart_count(), " ===\n");
+      w.launched_at = std::chrono::steady_clock::now();
       auto proc = launcher_->Launch(spec);
       if (proc.ok()) {
         w.process = std::move(*proc);
@@ -460,6 +461,17 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
     std::optional<ExitStatus> e = w.process->Poll();
     if (!e) continue;
     next_heartbeat_ = now;  // report the exit promptly
+    // A worker that exited by itself (a code, no signal) and wrote when it
+    // began to end (worker_link.h: its engine gave up on a lost peer, or it
+    // called exit()) ended then, not when the watcher thread saw it, which
+    // for an agent resumed from a freeze can be long after, and after a
+    // stop this agent signalled since. A signal death keeps the watcher's
+    // instant: it may be this agent's own stop.
+    if (e->signal == 0 && run.status_page) {
+      const std::chrono::steady_clock::time_point ended{
+          std::chrono::nanoseconds(run.status_page->EndedNs(w.local_rank))};
+      if (ended >= w.launched_at && ended < e->exited_at) e->exited_at = ended;
+    }
     v1::ExitInfo* exit = w.status.mutable_exit();
     exit->set_exit_code(e->exit_code);
     exit->set_signal(e->signal);

@@ -196,6 +196,9 @@ class Agent {
     int local_rank = 0;
     std::unique_ptr<Process> process;
     v1::WorkerStatus status;
+    // Just before the launch (steady clock): an end instant the worker
+    // wrote on its status page is believed only from here on.
+    std::chrono::steady_clock::time_point launched_at;
   };
   struct JobRun {
     v1::JobSpec spec;

@@ -75,6 +75,10 @@ class AgentTest : public ::testing::Test {
     if (ticker.joinable()) ticker.join();
   }
 
+  // See its definition.
+  v1::WorkerStatus ExitDuringTheStoppingHeartbeat(const std::string& job, ProcessLauncher* launcher,
+                                                  const std::string& script, const std::string& go);
+
   // Replaces the agent by one on fake_clock_ (same options), for rules
   // that a real clock can check only within a margin.
   void UseFakeClock() {
@@ -371,27 +375,66 @@ bool IsZombie(int64_t pid) {
   return paren != std::string::npos && line.size() > paren + 2 && line[paren + 2] == 'Z';
 }
 
-// A worker exits on its own (code 3) while a heartbeat is in flight, and
-// that heartbeat's answer stops the job; its exit instant is seen only when
-// it is reaped, after the stop (as for an agent resumed from SIGSTOP). The
-// exit is still the worker's own: EXITED with its code, not STOPPED. (The
-// e2e first_failure test's frozen agent listed such a rank 0 as stopped by
-// the agent, so it was no consequence that had lost a peer.)
-TEST_F(AgentTest, WorkerThatExitedBeforeTheStopIsNotCountedAsStopped) {
-  AgentOptions options = Options();
+// Processes whose exit the agent sees only after it has signalled them, as
+// when the watcher thread of an agent resumed from a freeze runs after the
+// heartbeat that stops the job: the exit is hidden from Poll until the
+// first SignalGroup, then stamped at that reaping.
+class ExitSeenAfterStopLauncher : public ProcessLauncher {
+ public:
+  explicit ExitSeenAfterStopLauncher(ProcessLauncher* inner) : inner_(inner) {}
+  StatusOr<std::unique_ptr<Process>> Launch(const LaunchSpec& spec) override {
+    auto p = inner_->Launch(spec);
+    if (!p.ok()) return p.status();
+    return std::unique_ptr<Process>(std::make_unique<SeenLate>(std::move(*p)));
+  }
+
+ private:
+  class SeenLate : public Process {
+   public:
+    explicit SeenLate(std::unique_ptr<Process> p) : p_(std::move(p)) {}
+    int64_t pid() const override { return p_->pid(); }
+    std::optional<ExitStatus> Poll() override {
+      if (!signalled_) return std::nullopt;
+      auto e = p_->Poll();
+      if (e && !stamped_) stamped_ = std::chrono::steady_clock::now();
+      if (e) e->exited_at = *stamped_;
+      return e;
+    }
+    void SignalGroup(int sig) override {
+      signalled_ = true;
+      p_->SignalGroup(sig);
+    }
+
+   private:
+    std::unique_ptr<Process> p_;
+    bool signalled_ = false;
+    std::optional<std::chrono::steady_clock::time_point> stamped_;
+  };
+  ProcessLauncher* inner_;
+};
+
+// One worker of `job` (node rank 1 of 2: rank 1) runs `script`, which must print
+// "ready" and then exit by itself once the file `go` exists. The worker
+// exits while a heartbeat is in flight, and that heartbeat's answer stops
+// the job. Returns the worker as the first heartbeat that reports it done
+// saw it.
+v1::WorkerStatus AgentTest::ExitDuringTheStoppingHeartbeat(const std::string& job,
+                                                          ProcessLauncher* launcher,
+                                                          const std::string& script,
+                                                          const std::string& go) {
   agent_->Shutdown(milliseconds(10));
   agent_.reset();
-  auto late = std::make_unique<LateExitStampLauncher>(launcher_.get());
-  agent_ = std::make_unique<Agent>(options, RealClock(), late.get(), &coord_);
-  const std::string go = state_dir_ + "-go";
+  agent_ = std::make_unique<Agent>(Options(), RealClock(), launcher, &coord_);
   std::filesystem::remove(go);
-  Command({Start("j1", 1, absl::StrCat("echo ready; while [ ! -e ", go, " ]; do sleep 0.01; done; exit 3"),
-                 1)});
-  // Node rank 1 of 2, one worker: rank 1.
-  ASSERT_TRUE(RunUntil([&] { return Output("j1", 1).find("ready") != std::string::npos; }));
-  const int64_t pid = Workers("j1")[0].pid();
+  Command({Start(job, 1, script, 1)});
+  EXPECT_TRUE(RunUntil([&] { return Output(job, 1).find("ready") != std::string::npos; }));
+  if (Workers(job).size() != 1) {
+    ADD_FAILURE() << "no worker of " << job;
+    return {};
+  }
+  const int64_t pid = Workers(job)[0].pid();
   // The next heartbeat: the worker exits meanwhile, and the answer is that
-  // this node no longer runs j1.
+  // this node no longer runs the job.
   Command({});
   std::atomic<bool> exited{false};
   coord_.SetOnHeartbeat([&] {
@@ -403,30 +446,67 @@ TEST_F(AgentTest, WorkerThatExitedBeforeTheStopIsNotCountedAsStopped) {
     }
     exited = true;
   });
-  std::vector<v1::WorkerStatus> reported;
+  v1::WorkerStatus reported;
   auto reported_exit = [&] {
     for (const auto& hb : coord_.heartbeats()) {
       for (const auto& r : hb.jobs()) {
-        if (r.job_id() == "j1" && r.workers_size() == 1 &&
+        if (r.job_id() == job && r.workers_size() == 1 &&
             r.workers(0).state() != v1::WORKER_STATE_RUNNING &&
             r.workers(0).state() != v1::WORKER_STATE_STARTING) {
-          reported.assign(r.workers().begin(), r.workers().end());
+          reported = r.workers(0);
           return true;
         }
       }
     }
     return false;
   };
-  ASSERT_TRUE(RunUntil(reported_exit));
+  EXPECT_TRUE(RunUntil(reported_exit));
   coord_.SetOnHeartbeat(nullptr);
-  ASSERT_TRUE(exited) << "worker pid " << pid << " did not exit during the heartbeat";
-  EXPECT_EQ(reported[0].state(), v1::WORKER_STATE_EXITED)
-      << "an exit before the stop counted as the agent's: " << reported[0].DebugString();
-  EXPECT_EQ(reported[0].exit().exit_code(), 3);
+  EXPECT_TRUE(exited) << "worker pid " << pid << " did not exit during the heartbeat";
   agent_->Shutdown(milliseconds(10));
-  agent_.reset();
-  late.reset();
-  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  agent_ = std::make_unique<Agent>(Options(), RealClock(), launcher_.get(), &coord_);
+  return reported;
+}
+
+// A worker exits on its own (code 3) during the heartbeat whose answer
+// stops the job, and its exit instant is stamped only when it is reaped,
+// after that answer (as for an agent resumed from SIGSTOP). The exit is
+// still the worker's own: EXITED with its code, not STOPPED. (The e2e
+// first_failure test's frozen agent listed such a rank 0 as stopped by the
+// agent, so it was no consequence that had lost a peer.)
+TEST_F(AgentTest, WorkerThatExitedBeforeTheStopIsNotCountedAsStopped) {
+  LateExitStampLauncher late(launcher_.get());
+  const std::string go = state_dir_ + "-go";
+  v1::WorkerStatus w = ExitDuringTheStoppingHeartbeat(
+      "j1", &late, absl::StrCat("echo ready; while [ ! -e ", go, " ]; do sleep 0.01; done; exit 3"), go);
+  EXPECT_EQ(w.state(), v1::WORKER_STATE_EXITED)
+      << "an exit before the stop counted as the agent's: " << w.DebugString();
+  EXPECT_EQ(w.exit().exit_code(), 3);
+}
+
+// The same exit, seen by the agent only after it signalled the stop (its
+// watcher thread ran late). Only the worker knows when it ended: one that
+// stamped it on its status page (worker_link.h; the engine does, and
+// exiting_worker) is EXITED with its code, placed at its own instant; a
+// program that never touched the page is counted as stopped.
+TEST_F(AgentTest, AnExitSeenAfterTheStopIsTheWorkersOwnWhenItStampedIt) {
+  ExitSeenAfterStopLauncher seen_late(launcher_.get());
+  const std::string go = state_dir_ + "-go";
+  const std::string worker = std::filesystem::absolute("daemon/exiting_worker").string();
+  ASSERT_TRUE(std::filesystem::exists(worker)) << worker;
+  const int64_t before = worker_link::MonotonicNowNs();
+  v1::WorkerStatus w =
+      ExitDuringTheStoppingHeartbeat("j1", &seen_late, absl::StrCat("exec ", worker, " ", go, " 3"), go);
+  EXPECT_EQ(w.state(), v1::WORKER_STATE_EXITED)
+      << "an exit the worker stamped before the stop counted as the agent's: " << w.DebugString();
+  EXPECT_EQ(w.exit().exit_code(), 3);
+  EXPECT_EQ(w.exit().signal(), 0);
+  EXPECT_GT(w.exit().exited_mono_ns(), before);
+
+  v1::WorkerStatus unstamped = ExitDuringTheStoppingHeartbeat(
+      "j2", &seen_late, absl::StrCat("echo ready; while [ ! -e ", go, " ]; do sleep 0.01; done; exit 3"),
+      go);
+  EXPECT_EQ(unstamped.state(), v1::WORKER_STATE_STOPPED) << unstamped.DebugString();
 }
 
 TEST_F(AgentTest, TransientLaunchFailureIsNotALaunchError) {
