@@ -1,12 +1,15 @@
 #include "ddp/ddp.h"
 
 #include <ATen/record_function.h>
+#include <cxxabi.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <exception>
 #include <map>
+#include <memory>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -33,7 +36,7 @@ double MillisSince(MonoTime start) {
 // tensor, only when the counts agree but the shapes do not, to name the
 // first tensor that differs. Every rank sees every record, so every rank
 // returns the same error and none is left waiting.
-constexpr int64_t kAgreementMagic = 0x4c53444450303031;  // "LSDDP001"
+constexpr int64_t kAgreementMagic = 0x4c53444450303032;  // "LSDDP002"
 
 uint64_t Fnv1a(uint64_t h, int64_t v) {
   for (int i = 0; i < 8; ++i) {
@@ -47,6 +50,16 @@ uint64_t HashString(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (char c : s) h = Fnv1a(h, static_cast<unsigned char>(c));
   return h;
+}
+
+// The type a comm hook's callable holds, demangled: "none" when empty.
+std::string CallableType(const CommHook::Fn& fn) {
+  if (!fn) return "none";
+  const char* mangled = fn.target_type().name();
+  int failed = 0;
+  std::unique_ptr<char, void (*)(void*)> readable(
+      abi::__cxa_demangle(mangled, nullptr, nullptr, &failed), std::free);
+  return failed == 0 && readable ? std::string(readable.get()) : std::string(mangled);
 }
 
 // One tensor: dtype, requires_grad, dims, numel, a hash of its sizes.
@@ -101,6 +114,12 @@ Status CheckRanksAgree(Communicator& comm, const std::vector<Reducer::NamedParam
       flag("find_unused_parameters", options.find_unused_parameters),
       flag("broadcast_buffers", options.broadcast_buffers),
       {"comm hook", static_cast<int64_t>(HashString(hook.name)), absl::StrCat("'", hook.name, "'")},
+      // Two callables under one name (a user's hooks are all "custom"
+      // unless named): told apart by their types, which are the same
+      // across ranks running one program. Two plain functions of the same
+      // signature still look alike.
+      {"comm hook callable", static_cast<int64_t>(HashString(CallableType(hook.run))),
+       CallableType(hook.run)},
       {"comm hook flags",
        (hook.prescale_by_world ? 1 : 0) | (hook.prescale_optional ? 2 : 0) |
            (hook.takes_deferred_inputs ? 4 : 0) | (hook.sums_weighted_buckets ? 8 : 0),

@@ -440,6 +440,49 @@ TEST(DdpAgreementTest, DifferentBucketSizesAndHooksAreNamedOnEveryRank) {
   EXPECT_NE(status[0].message().find("'allreduce' here"), std::string::npos) << status[0];
 }
 
+// A user's hooks under one name: two different callables are told apart
+// by their types, and one callable on every rank is accepted.
+CommHook Named(std::string name, CommHook::Fn run) {
+  CommHook hook = AllreduceHook();
+  hook.name = std::move(name);
+  hook.run = std::move(run);
+  return hook;
+}
+
+TEST(DdpAgreementTest, DifferentHooksOfOneNameAreNamedOnEveryRank) {
+  auto status = CreateOnRanks([](int rank) {
+    torch::nn::Sequential net(torch::nn::Linear(kIn, kOut));
+    DdpOptions options;
+    const CommHook::Fn inner = AllreduceHook().run;
+    if (rank == 0) {
+      options.comm_hook =
+          Named("mine", [inner](GradBucket& b, Communicator& c) { return inner(b, c); });
+    } else {
+      options.comm_hook = Named("mine", [inner](GradBucket& b, Communicator& c) {
+        b.buffer.mul_(2);
+        return inner(b, c);
+      });
+    }
+    return std::make_pair(net, options);
+  });
+  ExpectRefusedEverywhere(status, {"same DDP options", "comm hook callable (ranks 1 differ from rank 0"});
+  EXPECT_EQ(status[0].message().find("comm hook ("), std::string::npos)
+      << "the names agree: " << status[0];
+  EXPECT_NE(status[0].message().find("lambda"), std::string::npos) << status[0];
+}
+
+TEST(DdpAgreementTest, OneCustomHookOnEveryRankIsAccepted) {
+  auto status = CreateOnRanks([](int) {
+    torch::nn::Sequential net(torch::nn::Linear(kIn, kOut));
+    DdpOptions options;
+    const CommHook::Fn inner = AllreduceHook().run;
+    options.comm_hook =
+        Named("mine", [inner](GradBucket& b, Communicator& c) { return inner(b, c); });
+    return std::make_pair(net, options);
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+}
+
 TEST(DdpAgreementTest, RanksThatAgreeAreAccepted) {
   auto status = CreateOnRanks([](int) {
     torch::nn::Sequential net(torch::nn::Linear(kIn, kOut));
