@@ -23,13 +23,20 @@
 #     namespaces over the root, certificates from the installed `lockstep
 #     certs`, the agent with a copy of the coordinator's agent.token; a job
 #     of one worker per host succeeds with identical parameters;
+#   - the same two hosts under a real systemd (systemd-nspawn --boot over
+#     the root), each unit as shipped started with `systemctl enable --now`:
+#     both run with the sandbox they ask for (NoNewPrivs, a seccomp filter,
+#     their CapabilityBoundingSet), a job over both hosts succeeds with
+#     identical parameters as a uid of its own, `systemctl reload` re-reads
+#     the tokens and `systemctl stop` ends both with Result=success;
 #   - purging the package removes /var/lib/lockstep.
 #
 #   deploy/package_install_test.sh DEB
 #
 # Needs root, debootstrap, and Debian's mirror (the one in the host's apt
 # sources; packages the host already downloaded are taken from its apt
-# cache). Skips, saying so, where it cannot have them.
+# cache), and systemd-nspawn for the systemd part. Skips, saying so, where
+# it cannot have them.
 set -euo pipefail
 if [[ -n "${TEST_SRCDIR:-}" ]]; then
   ROOT="$PWD"
@@ -55,7 +62,10 @@ rm -rf "$W"
 mkdir -p "$W"
 DAEMON=""
 CLUSTER=() NSC="" NSG=""
+BOOTED=()  # PID 1 of each container booted below (host's view)
 cleanup() {
+  # Killing a container's PID 1 ends every process in it.
+  for i in "${BOOTED[@]}"; do kill -9 "$i" 2>/dev/null || true; done
   if [ -n "$DAEMON" ]; then kill -TERM "$DAEMON" 2>/dev/null || true; wait "$DAEMON" 2>/dev/null || true; fi
   for p in "${CLUSTER[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   # Anything still running inside the root (a worker the daemon left).
@@ -302,6 +312,141 @@ log "job $job SUCCEEDED on lsp-coord and lsp-agent over mutual TLS; checksums $(
 for p in "${CLUSTER[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 for p in "${CLUSTER[@]}"; do wait "$p" 2>/dev/null || true; done
 CLUSTER=()
+
+# ---- The same cluster under a real systemd ----
+# The parts above run the units' command lines by hand, so none of their
+# sandboxing ([Service]: capabilities, seccomp, ProtectSystem, ...) applied.
+# Here each host is a container booted with systemd (systemd-nspawn --boot)
+# over the installed root (a volatile overlay: the root itself is not
+# written, both containers share it), in the network namespaces above, with
+# its own /etc/hostname, /etc/hosts, /etc/default/lockstep and an empty
+# /var/lib/lockstep.
+# As an operator would: `systemctl enable --now` each unit, the agent.token
+# copied to the agent's host, a job over both hosts, `systemctl reload`,
+# `systemctl stop`.
+# boot_host NS HOSTNAME DEFAULTS LOG: boots that host; BOOT_INIT is its PID 1.
+boot_host() {
+  echo "$2" >"$W/$2.hostname"  # systemd sets the hostname from /etc/hostname
+  systemd-nspawn --boot --volatile=overlay -D "$R" --register=no --keep-unit -M "$2" \
+    --network-namespace-path="/run/netns/$1" --bind-ro="$W/$2.hostname:/etc/hostname" \
+    --bind-ro="$W/hosts:/etc/hosts" --bind-ro="$3:/etc/default/lockstep" \
+    --tmpfs=/var/lib/lockstep:mode=0711 >"$4" 2>&1 </dev/null &
+  local nspawn=$!
+  BOOT_INIT=""
+  for _ in $(seq 300); do
+    BOOT_INIT="$(pgrep -P "$nspawn" -x systemd || true)"
+    [ -n "$BOOT_INIT" ] && break
+    kill -0 "$nspawn" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$BOOT_INIT" ] || { tail -n 20 "$4" >&2; fail "$2: systemd-nspawn --boot did not start systemd"; }
+  BOOTED+=("$BOOT_INIT")
+}
+# in_host INIT CMD...: CMD in that container (its namespaces, root and cgroup).
+in_host() { local i=$1; shift; nsenter -t "$i" -a /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "$@"; }
+booted() {  # booted INIT NAME: systemd there has finished starting up
+  local state=""
+  for _ in $(seq 600); do
+    state="$(in_host "$1" systemctl is-system-running 2>/dev/null || true)"
+    case "$state" in running|degraded) return 0 ;; esac
+    sleep 0.1
+  done
+  fail "$2: systemd did not finish booting within 60 s (is-system-running: $state)"
+}
+# unit_sandboxed INIT UNIT: the unit's main process runs with the sandbox
+# the unit asks for: no new privileges, a seccomp filter, and only the
+# capabilities of its CapabilityBoundingSet.
+unit_sandboxed() {
+  local pid status want
+  pid="$(in_host "$1" systemctl show -p MainPID --value "$2")"
+  [[ "$pid" =~ ^[1-9][0-9]*$ ]] || fail "$2 has no main process: $pid"
+  status="$(in_host "$1" cat "/proc/$pid/status")"
+  grep -Eq "^NoNewPrivs:[[:space:]]+1$" <<<"$status" || fail "$2 (pid $pid) runs without NoNewPrivs"
+  grep -Eq "^Seccomp:[[:space:]]+2$" <<<"$status" || fail "$2 (pid $pid) runs without a seccomp filter"
+  # CAP_CHOWN 0, DAC_OVERRIDE 1, DAC_READ_SEARCH 2, FOWNER 3, KILL 5,
+  # SETGID 6, SETUID 7, SYS_NICE 23.
+  want="$(printf '%016x' $(( (1<<0)|(1<<1)|(1<<2)|(1<<3)|(1<<5)|(1<<6)|(1<<7)|(1<<23) )))"
+  grep -Eq "^CapBnd:[[:space:]]+$want$" <<<"$status" ||
+    fail "$2 (pid $pid) has capability bounding set $(sed -n 's/^CapBnd:[[:space:]]*//p' <<<"$status"), want $want"
+}
+under_systemd() {
+  log "booting lsp-coord and lsp-agent with systemd (systemd-nspawn --boot)"
+  boot_host "$NSC" lsp-coord "$W/coord.default" "$W/nspawn-coord.log"
+  init_c=$BOOT_INIT
+  boot_host "$NSG" lsp-agent "$W/agent.default" "$W/nspawn-agent.log"
+  init_g=$BOOT_INIT
+  booted "$init_c" lsp-coord
+  booted "$init_g" lsp-agent
+  in_host "$init_c" systemctl enable --now lockstepd-coordinator.service >"$W/enable.log" 2>&1 ||
+    { cat "$W/enable.log" >&2; fail "lsp-coord: systemctl enable --now lockstepd-coordinator"; }
+  sdcli() {
+    in_host "$init_c" /usr/bin/lockstep --coordinator lsp-coord:7070 --token-file /var/lib/lockstep/token \
+      --tls-ca /etc/lockstep/tls/ca.pem --tls-cert /etc/lockstep/tls/client.pem \
+      --tls-key /etc/lockstep/tls/client.key "$@"
+  }
+  for _ in $(seq 300); do sdcli nodes >"$W/nodes.txt" 2>&1 && break; sleep 0.1; done
+  sdcli nodes >"$W/nodes.txt" 2>&1 ||
+    { cat "$W/nodes.txt" >&2; in_host "$init_c" journalctl -u lockstepd-coordinator --no-pager | tail -n 20 >&2
+      fail "the coordinator unit under systemd did not serve within 30 s"; }
+  in_host "$init_c" cat /var/lib/lockstep/agent.token | in_host "$init_g" sh -c 'umask 077 && cat >/var/lib/lockstep/token'
+  in_host "$init_g" systemctl enable --now lockstepd-agent.service >"$W/enable.log" 2>&1 ||
+    { cat "$W/enable.log" >&2; fail "lsp-agent: systemctl enable --now lockstepd-agent"; }
+  for _ in $(seq 300); do
+    sdcli nodes >"$W/nodes.txt" 2>&1 && grep -q lsp-agent "$W/nodes.txt" && break
+    sleep 0.1
+  done
+  grep -q lsp-agent "$W/nodes.txt" ||
+    { cat "$W/nodes.txt" >&2; in_host "$init_g" journalctl -u lockstepd-agent --no-pager | tail -n 20 >&2
+      fail "the agent unit's node never joined under systemd"; }
+  unit_sandboxed "$init_c" lockstepd-coordinator.service
+  unit_sandboxed "$init_g" lockstepd-agent.service
+  log "both units active under systemd, each with NoNewPrivs, a seccomp filter and its 8 capabilities"
+  out="$(sdcli submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --wait -- /usr/lib/lockstep/examples/train \
+    --model mlp_small --steps 10 2>&1)" ||
+    { echo "$out" >&2; in_host "$init_g" journalctl -u lockstepd-agent --no-pager | tail -n 20 >&2
+      fail "the job over both hosts under systemd did not succeed"; }
+  grep -q SUCCEEDED <<<"$out" || fail "no SUCCEEDED in: $out"
+  job="$(sed -n 's/^submitted job //p' <<<"$out")"
+  sums=""
+  for init in "$init_c" "$init_g"; do
+    mapfile -t ranks < <(compgen -G "/proc/$init/root/var/lib/lockstep/jobs/$job/rank-*.stdout" || true)
+    ((${#ranks[@]} == 1)) || fail "want one rank's output per host for $job, found: ${ranks[*]:-none}"
+    sums+="$(sed -n 's/.*"checksum":\([^,]*\),.*/\1/p' "${ranks[0]}")"$'\n'
+  done
+  sums="${sums%$'\n'}"
+  [ "$(wc -l <<<"$sums")" = 2 ] && [ "$(sort -u <<<"$sums" | wc -l)" = 1 ] ||
+    fail "the hosts did not end with one checksum under systemd: $sums"
+  in_host "$init_g" journalctl -u lockstepd-agent --no-pager | grep -q "job=$job .*workers run as uid 70[0-9][0-9][0-9] (--job-uids)" ||
+    fail "the agent unit under systemd did not run the job as a uid of its own"
+  log "job $job SUCCEEDED under systemd on both hosts; checksums $(head -n 1 <<<"$sums")"
+  in_host "$init_c" systemctl reload lockstepd-coordinator.service || fail "systemctl reload lockstepd-coordinator"
+  for _ in $(seq 100); do
+    in_host "$init_c" journalctl -u lockstepd-coordinator --no-pager | grep -q "tokens re-read (SIGHUP)" && break
+    sleep 0.1
+  done
+  in_host "$init_c" journalctl -u lockstepd-coordinator --no-pager | grep -q "tokens re-read (SIGHUP)" ||
+    fail "systemctl reload did not make the coordinator re-read its tokens"
+  for pair in "$init_g lockstepd-agent" "$init_c lockstepd-coordinator"; do
+    read -r init unit <<<"$pair"
+    in_host "$init" systemctl stop "$unit.service" || fail "systemctl stop $unit"
+    result="$(in_host "$init" systemctl show -p Result --value "$unit.service")"
+    [ "$result" = success ] || fail "$unit stopped with result '$result'"
+    ! in_host "$init" systemctl is-active --quiet "$unit.service" || fail "$unit still active after systemctl stop"
+  done
+  log "systemctl reload re-read the tokens; both units stopped cleanly (Result=success)"
+  for i in "${BOOTED[@]}"; do in_host "$i" systemctl poweroff >/dev/null 2>&1 || true; done
+  for i in "${BOOTED[@]}"; do
+    for _ in $(seq 300); do kill -0 "$i" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$i" 2>/dev/null || true
+  done
+  wait  # the systemd-nspawn processes
+  BOOTED=()
+}
+if command -v systemd-nspawn >/dev/null; then
+  under_systemd
+else
+  log "SKIP the part under systemd: systemd-nspawn is not installed (tools/setup.sh installs systemd-container)"
+fi
 
 log "dpkg --purge lockstep"
 in_root dpkg --purge lockstep >"$W/purge.log" 2>&1 || { cat "$W/purge.log" >&2; fail "purge"; }

@@ -27,6 +27,7 @@ PACKAGES=(
   dpkg-dev            # tools/package.sh: dpkg-shlibdeps
   file
   debootstrap         # deploy/package_install_test.sh: a fresh bookworm root
+  systemd-container   # ... booted with systemd (systemd-nspawn) to run the units
   podman              # tools/container.sh: the image (podman import)
   python3-torch
   python3-grpcio
