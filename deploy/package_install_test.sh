@@ -27,8 +27,10 @@
 #     the root), each unit as shipped started with `systemctl enable --now`:
 #     both run with the sandbox they ask for (NoNewPrivs, a seccomp filter,
 #     their CapabilityBoundingSet), a job over both hosts succeeds with
-#     identical parameters as a uid of its own, `systemctl reload` re-reads
-#     the tokens and `systemctl stop` ends both with Result=success;
+#     identical parameters as a uid of its own; a job checkpointing to
+#     /data fails (ProtectSystem=strict) until deploy/README.md's
+#     ReadWritePaths=/data drop-in, then succeeds; `systemctl reload`
+#     re-reads the tokens and `systemctl stop` ends both with Result=success;
 #   - purging the package removes /var/lib/lockstep.
 #
 #   deploy/package_install_test.sh DEB
@@ -419,6 +421,34 @@ under_systemd() {
   in_host "$init_g" journalctl -u lockstepd-agent --no-pager | grep -q "job=$job .*workers run as uid 70[0-9][0-9][0-9] (--job-uids)" ||
     fail "the agent unit under systemd did not run the job as a uid of its own"
   log "job $job SUCCEEDED under systemd on both hosts; checksums $(head -n 1 <<<"$sums")"
+  # deploy/README.md's drop-in for data outside the job dir: under
+  # ProtectSystem=strict a job cannot write /data (a checkpoint there fails
+  # the job, naming the read-only file system) until both units get
+  # ReadWritePaths=/data, as `systemctl edit` would write it.
+  for init in "$init_c" "$init_g"; do in_host "$init" mkdir -m 1777 /data; done
+  data_job() {
+    sdcli submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --wait -- /usr/lib/lockstep/examples/train \
+      --model mlp_small --steps 4 --checkpoint-dir /data/ckpt --checkpoint-every 2 2>&1
+  }
+  out="$(data_job)" && fail "a checkpoint in /data succeeded without ReadWritePaths: $out"
+  grep -q "FAILED" <<<"$out" || fail "the job writing /data did not fail: $out"
+  grep -q "Read-only file system" <<<"$out" || fail "the failed job does not name the read-only /data: $out"
+  for pair in "$init_c lockstepd-coordinator" "$init_g lockstepd-agent"; do
+    read -r init unit <<<"$pair"
+    in_host "$init" sh -c "mkdir -p /etc/systemd/system/$unit.service.d &&
+      printf '[Service]\nReadWritePaths=/data\n' >/etc/systemd/system/$unit.service.d/data.conf &&
+      systemctl daemon-reload && systemctl restart $unit.service" || fail "a ReadWritePaths drop-in for $unit"
+  done
+  for _ in $(seq 300); do
+    sdcli nodes >"$W/nodes.txt" 2>&1 && grep -q lsp-agent "$W/nodes.txt" && break
+    sleep 0.1
+  done
+  grep -q lsp-agent "$W/nodes.txt" || fail "the agent's node did not rejoin after both units restarted: $(cat "$W/nodes.txt")"
+  out="$(data_job)" || fail "the job writing /data failed with ReadWritePaths=/data: $out"
+  ckpts=""
+  for init in "$init_c" "$init_g"; do ckpts+="$(compgen -G "/proc/$init/root/data/ckpt/ckpt-*.pt" || true)"; done
+  [ -n "$ckpts" ] || fail "no checkpoint in /data on either host: $out"
+  log "a job writing /data: refused by ProtectSystem=strict, then SUCCEEDED with a ReadWritePaths=/data drop-in"
   in_host "$init_c" systemctl reload lockstepd-coordinator.service || fail "systemctl reload lockstepd-coordinator"
   for _ in $(seq 100); do
     in_host "$init_c" journalctl -u lockstepd-coordinator --no-pager | grep -q "tokens re-read (SIGHUP)" && break
