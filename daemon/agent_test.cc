@@ -336,35 +336,43 @@ class UnavailableLauncher : public ProcessLauncher {
 
 // Processes whose exit instant is stamped when they are reaped, as when
 // the watcher thread that stamps it ran late (an agent that was frozen).
-class LateExitStampLauncher : public ProcessLauncher {
+// With `seen_after_a_signal`, Poll also hides the exit until the first
+// SignalGroup, as when that watcher ran only after the resumed agent's
+// heartbeat had stopped the job.
+class LateExitLauncher : public ProcessLauncher {
  public:
-  explicit LateExitStampLauncher(ProcessLauncher* inner) : inner_(inner) {}
+  LateExitLauncher(ProcessLauncher* inner, bool seen_after_a_signal)
+      : inner_(inner), seen_after_a_signal_(seen_after_a_signal) {}
   StatusOr<std::unique_ptr<Process>> Launch(const LaunchSpec& spec) override {
     auto p = inner_->Launch(spec);
     if (!p.ok()) return p.status();
-    return std::unique_ptr<Process>(std::make_unique<LateStamp>(std::move(*p)));
+    return std::unique_ptr<Process>(std::make_unique<Late>(std::move(*p), seen_after_a_signal_));
   }
 
  private:
-  class LateStamp : public Process {
+  class Late : public Process {
    public:
-    explicit LateStamp(std::unique_ptr<Process> p) : p_(std::move(p)) {}
+    Late(std::unique_ptr<Process> p, bool hidden) : p_(std::move(p)), hidden_(hidden) {}
     int64_t pid() const override { return p_->pid(); }
     std::optional<ExitStatus> Poll() override {
+      if (hidden_) return std::nullopt;
       auto e = p_->Poll();
-      if (e && !stamped_) {
-        stamped_ = std::chrono::steady_clock::now();
-      }
+      if (e && !stamped_) stamped_ = std::chrono::steady_clock::now();
       if (e) e->exited_at = *stamped_;
       return e;
     }
-    void SignalGroup(int sig) override { p_->SignalGroup(sig); }
+    void SignalGroup(int sig) override {
+      hidden_ = false;
+      p_->SignalGroup(sig);
+    }
 
    private:
     std::unique_ptr<Process> p_;
+    bool hidden_;
     std::optional<std::chrono::steady_clock::time_point> stamped_;
   };
   ProcessLauncher* inner_;
+  const bool seen_after_a_signal_;
 };
 
 bool IsZombie(int64_t pid) {
@@ -374,44 +382,6 @@ bool IsZombie(int64_t pid) {
   const size_t paren = line.rfind(')');
   return paren != std::string::npos && line.size() > paren + 2 && line[paren + 2] == 'Z';
 }
-
-// Processes whose exit the agent sees only after it has signalled them, as
-// when the watcher thread of an agent resumed from a freeze runs after the
-// heartbeat that stops the job: the exit is hidden from Poll until the
-// first SignalGroup, then stamped at that reaping.
-class ExitSeenAfterStopLauncher : public ProcessLauncher {
- public:
-  explicit ExitSeenAfterStopLauncher(ProcessLauncher* inner) : inner_(inner) {}
-  StatusOr<std::unique_ptr<Process>> Launch(const LaunchSpec& spec) override {
-    auto p = inner_->Launch(spec);
-    if (!p.ok()) return p.status();
-    return std::unique_ptr<Process>(std::make_unique<SeenLate>(std::move(*p)));
-  }
-
- private:
-  class SeenLate : public Process {
-   public:
-    explicit SeenLate(std::unique_ptr<Process> p) : p_(std::move(p)) {}
-    int64_t pid() const override { return p_->pid(); }
-    std::optional<ExitStatus> Poll() override {
-      if (!signalled_) return std::nullopt;
-      auto e = p_->Poll();
-      if (e && !stamped_) stamped_ = std::chrono::steady_clock::now();
-      if (e) e->exited_at = *stamped_;
-      return e;
-    }
-    void SignalGroup(int sig) override {
-      signalled_ = true;
-      p_->SignalGroup(sig);
-    }
-
-   private:
-    std::unique_ptr<Process> p_;
-    bool signalled_ = false;
-    std::optional<std::chrono::steady_clock::time_point> stamped_;
-  };
-  ProcessLauncher* inner_;
-};
 
 // One worker of `job` (node rank 1 of 2: rank 1) runs `script`, which must print
 // "ready" and then exit by itself once the file `go` exists. The worker
@@ -475,7 +445,7 @@ v1::WorkerStatus AgentTest::ExitDuringTheStoppingHeartbeat(const std::string& jo
 // first_failure test's frozen agent listed such a rank 0 as stopped by the
 // agent, so it was no consequence that had lost a peer.)
 TEST_F(AgentTest, WorkerThatExitedBeforeTheStopIsNotCountedAsStopped) {
-  LateExitStampLauncher late(launcher_.get());
+  LateExitLauncher late(launcher_.get(), /*seen_after_a_signal=*/false);
   const std::string go = state_dir_ + "-go";
   v1::WorkerStatus w = ExitDuringTheStoppingHeartbeat(
       "j1", &late, absl::StrCat("echo ready; while [ ! -e ", go, " ]; do sleep 0.01; done; exit 3"), go);
@@ -490,7 +460,7 @@ TEST_F(AgentTest, WorkerThatExitedBeforeTheStopIsNotCountedAsStopped) {
 // exiting_worker) is EXITED with its code, placed at its own instant; a
 // program that never touched the page is counted as stopped.
 TEST_F(AgentTest, AnExitSeenAfterTheStopIsTheWorkersOwnWhenItStampedIt) {
-  ExitSeenAfterStopLauncher seen_late(launcher_.get());
+  LateExitLauncher seen_late(launcher_.get(), /*seen_after_a_signal=*/true);
   const std::string go = state_dir_ + "-go";
   const std::string worker = std::filesystem::absolute("daemon/exiting_worker").string();
   ASSERT_TRUE(std::filesystem::exists(worker)) << worker;
