@@ -165,13 +165,15 @@ void HealthTracker::Update(v1::Job* job, const v1::AgentJobReport& report, MonoT
       std::vector<int> culprits;
       for (const auto& c : hang->culprits()) culprits.push_back(c.rank());
       // About one rank when one is waited for.
-      log.WithRank(culprits.size() == 1 ? culprits[0] : -1)
+      beats.hang_rank = culprits.size() == 1 ? culprits[0] : -1;
+      log.WithRank(beats.hang_rank)
           .Warn("hang: ranks [{}] wait {:.0f} s in {} (step {}, bucket {}) for ranks [{}]",
                 absl::StrJoin(hang->waiting_ranks(), ", "), hang->wait_s(), hang->op(),
                 hang->step(), hang->bucket(), absl::StrJoin(culprits, ", "));
     } else {
-      log.Info("hang over: no rank waits in a collective past {:.0f} s",
-               ToSeconds(hang_threshold_));
+      log.WithRank(beats.hang_rank)
+          .Info("hang over: no rank waits in a collective past {:.0f} s",
+                ToSeconds(hang_threshold_));
     }
     beats.hung = hang.has_value();
   }

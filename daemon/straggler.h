@@ -91,6 +91,7 @@ class HealthTracker {
     std::map<int, RankBeat> ranks;
     int straggler = -1;     // for logging changes
     bool hung = false;
+    int hang_rank = -1;  // the "hang" line's rank (its one culprit or -1), for "hang over"
   };
 
   const Duration hang_threshold_;

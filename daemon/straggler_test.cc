@@ -161,6 +161,26 @@ TEST_F(HealthTrackerTest, StragglerFromTheRanksProgress) {
   EXPECT_FALSE(job_.health().has_hang());
 }
 
+TEST_F(HealthTrackerTest, StragglerLinesAreAboutTheStragglingRank) {
+  LogCapture log;
+  SetProgress(0, Waits(0, {205}), 1);
+  SetProgress(1, Waits(1, {4}), 1);
+  Heartbeat(2, kT0, kT0);
+  ASSERT_TRUE(job_.health().has_straggler());
+  EXPECT_NE(log.Lines().find("[health] job=j1 rank=1 straggler: the other ranks wait 201 ms per "
+                             "step for rank 1 (bucket 0)\n"),
+            std::string::npos)
+      << log.Lines();
+  // Balanced again: the line that it ended is about the same rank.
+  SetProgress(0, Waits(0, {30}), 3);
+  SetProgress(1, Waits(1, {12}), 3);
+  Heartbeat(4, kT0 + seconds(1), kT0 + seconds(1));
+  EXPECT_FALSE(job_.health().has_straggler());
+  EXPECT_NE(log.Lines().find("[health] job=j1 rank=1 rank 1 is no longer a straggler\n"),
+            std::string::npos)
+      << log.Lines();
+}
+
 TEST_F(HealthTrackerTest, HangFromBeatsPlacedOnTheCoordinatorsClock) {
   LogCapture log;
   // The agent's clock runs 500 s ahead of the coordinator's: only its
@@ -198,6 +218,18 @@ TEST_F(HealthTrackerTest, HangFromBeatsPlacedOnTheCoordinatorsClock) {
   // One rank waited for: the line is about it.
   EXPECT_NE(log.Lines().find("[health] job=j1 rank=1 hang: ranks [0] wait 5 s in allreduce (step "
                              "41, bucket 0) for ranks [1]"),
+            std::string::npos)
+      << log.Lines();
+  // Rank 0 leaves the collective: the hang is over, and that line is about
+  // the rank the hang was about too.
+  r0.set_in_collective(false);
+  r0.set_step(41);
+  SetProgress(0, r0, agent + 13 * 1000 * ms);
+  Heartbeat(agent + 13 * 1000 * ms + 100 * ms, kT0 + seconds(13) + milliseconds(200),
+            kT0 + seconds(13) + milliseconds(200));
+  EXPECT_FALSE(job_.health().has_hang());
+  EXPECT_NE(log.Lines().find(
+                "[health] job=j1 rank=1 hang over: no rank waits in a collective past 5 s\n"),
             std::string::npos)
       << log.Lines();
 }
