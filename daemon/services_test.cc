@@ -7,12 +7,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <limits>
+#include <regex>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/log_capture.h"
 #include "daemon/agent.h"
 #include "daemon/agent_service.h"
 #include "daemon/coordinator.h"
@@ -130,6 +133,32 @@ TEST_F(ServicesTest, EveryCallNeedsTheToken) {
   EXPECT_EQ(agent_stub_->ReadLogs(Ctx("wrong").get(), {}, &lresp).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(coord_stub_->ListJobs(Ctx().get(), {}, &resp).ok());
+}
+
+// Every worker reports about once a second, and may keep a stale or forged
+// token: refused reports are logged at most once every 10 s. The limiter is
+// per process and reads the real clock, so this must stay the only test
+// here whose reports are refused; its 100 reports take well under 10 s.
+TEST_F(ServicesTest, RefusedProgressReportsInARowAreLoggedOnce) {
+  LogCapture log;
+  v1::ReportProgressRequest req;
+  req.set_job_id("j-none");
+  req.set_round(1);
+  req.set_token("pt-forged");
+  req.mutable_progress()->set_rank(0);
+  for (int i = 0; i < 100; ++i) {
+    v1::ReportProgressResponse resp;
+    ASSERT_EQ(agent_stub_->ReportProgress(Ctx("").get(), req, &resp).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  const std::string lines = log.Lines();
+  const std::regex refusal(
+      "\\[agent\\] job=j-none rank=- refused AgentService/ReportProgress from "
+      "ipv4:127\\.0\\.0\\.1:[0-9]+: PERMISSION_DENIED: wrong progress token[^\n]*\n");
+  EXPECT_EQ(std::distance(std::sregex_iterator(lines.begin(), lines.end(), refusal),
+                          std::sregex_iterator()),
+            1)
+      << lines;
 }
 
 // Jobs that stay PENDING (two nodes wanted, none registered), each with an

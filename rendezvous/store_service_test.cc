@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <regex>
@@ -229,6 +230,43 @@ TEST_F(StoreServiceAuthTest, UnauthenticatedSessionsAreRefusedAtOpenAndHoldNothi
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(service_->NumSessions(), 0);
+}
+
+// A worker may repeat a refused op in a loop: refusals of Session ops are
+// logged at most once every 10 s over all streams. The limiter is per
+// process and reads the real clock, so this must stay the only test here
+// whose Session ops are refused; its 200 ops take well under 10 s.
+TEST_F(StoreServiceAuthTest, RefusedSessionOpsInARowAreLoggedOnce) {
+  LogCapture log;
+  int64_t id = 0;
+  for (int stream_number = 0; stream_number < 2; ++stream_number) {
+    grpc::ClientContext ctx;
+    auto stream = RawSession(stub_.get(), &ctx, "job-a", "tok-job-a");
+    for (int i = 0; i < 100; ++i) {
+      v1::StoreOp op;
+      op.set_id(++id);
+      op.mutable_set()->set_namespace_("job-b/0");  // not job-a's token's
+      op.mutable_set()->set_key("k");
+      op.mutable_set()->set_value("v");
+      ASSERT_TRUE(stream->Write(op));
+      // The result comes after its refusal was (or was not) logged.
+      v1::StoreOpResult result;
+      ASSERT_TRUE(stream->Read(&result));
+      ASSERT_EQ(result.code(), grpc::StatusCode::PERMISSION_DENIED) << result.message();
+    }
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  const std::string lines = log.Lines();
+  const std::regex refusal(
+      "\\[store\\] job=job-b rank=- refused StoreService/Session on namespace \"job-b/0\" from "
+      "ipv4:127\\.0\\.0\\.1:[0-9]+: PERMISSION_DENIED: token does not open namespace "
+      "'job-b/0'\n");
+  EXPECT_EQ(std::distance(std::sregex_iterator(lines.begin(), lines.end(), refusal),
+                          std::sregex_iterator()),
+            1)
+      << lines;
+  EXPECT_FALSE(core_.NumKeys("job-b/0").ok() && *core_.NumKeys("job-b/0") > 0);
 }
 
 // The store client reports a refused stream with the server's code and
