@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <limits>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/log_capture.h"
 #include "daemon/fake_job_store.h"
 #include "daemon/job_spec.h"
 #include "daemon/test_spec.h"
@@ -526,6 +528,50 @@ TEST_F(CoordinatorTest, DirectoryDeletionsAreRepeatedUntilTheNodeAcknowledgesThe
   auto quiet = BeatAcking("n1", {});
   ASSERT_TRUE(quiet.ok());
   EXPECT_EQ(quiet->deleted_job_ids_size(), 0) << "an acknowledged deletion came back after a restart";
+}
+
+// A node holds at most kMaxPendingDeletesPerNode unacknowledged directory
+// deletions: past that a deleted job's directory is not queued for it, and
+// the log line counts only the nodes it was queued for. One acknowledged
+// deletion makes room again.
+TEST_F(CoordinatorTest, DirectoryDeletionsPerNodeAreCapped) {
+  // n2 (down, or an agent that never acknowledges) already holds the cap,
+  // as the job store hands them to a restarted coordinator.
+  std::set<std::string>& n2_held = store_.dir_deletions["n2"];
+  for (size_t i = 0; i < kMaxPendingDeletesPerNode; ++i) n2_held.insert(absl::StrCat("j-old-", i));
+  Reset();
+  Register("n1");
+  Register("n2");
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    auto job = Submit(TestSpec(1, 1, 1, 0), "");
+    ASSERT_TRUE(job.ok());
+    ASSERT_TRUE(coord_->CancelJob(JobId(job->job_id())).ok());
+    ids.push_back(job->job_id());
+  }
+  coord_->Tick();
+  LogCapture log;
+  ASSERT_TRUE(coord_->DeleteJob(JobId(ids[0])).ok());
+  EXPECT_EQ(store_.dir_deletions["n1"], std::set<std::string>{ids[0]});
+  EXPECT_EQ(store_.dir_deletions["n2"].size(), kMaxPendingDeletesPerNode);
+  EXPECT_EQ(store_.dir_deletions["n2"].count(ids[0]), 0u) << "queued past the cap";
+  EXPECT_NE(log.Lines().find(absl::StrCat("[coordinator] job=", ids[0],
+                                          " rank=- job deleted on request (it had CANCELLED); "
+                                          "its directory goes from 1 node(s)\n")),
+            std::string::npos)
+      << log.Lines();
+  auto n2 = BeatAcking("n2", {"j-old-0"});
+  ASSERT_TRUE(n2.ok()) << n2.status();
+  EXPECT_EQ(n2->deleted_job_ids_size(), static_cast<int>(kMaxPendingDeletesPerNode) - 1);
+  EXPECT_FALSE(Lists(*n2, ids[0]));
+  // Below the cap again: the next deletion is queued for both nodes.
+  ASSERT_TRUE(coord_->DeleteJob(JobId(ids[1])).ok());
+  EXPECT_EQ(store_.dir_deletions["n2"].count(ids[1]), 1u);
+  EXPECT_NE(log.Lines().find(absl::StrCat("[coordinator] job=", ids[1],
+                                          " rank=- job deleted on request (it had CANCELLED); "
+                                          "its directory goes from 2 node(s)\n")),
+            std::string::npos)
+      << log.Lines();
 }
 
 // Metrics read the job table from memory: the jobs in memory and, by
