@@ -3,7 +3,9 @@
 #include <atomic>
 #include <chrono>
 #include <limits>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace lockstep {
@@ -97,6 +99,30 @@ TEST_P(StoreConformanceTest, TooManyKeysInOneRequestIsInvalidArgumentNamingTheLi
   EXPECT_EQ(set.code(), absl::StatusCode::kInvalidArgument) << set;
   EXPECT_NE(set.message().find("kMaxKeysPerRequest"), std::string::npos) << set;
   EXPECT_EQ(*store_->NumKeys(), 0) << "nothing of a refused MultiSet is written";
+}
+
+// One invalid entry among valid ones: InvalidArgument, and none of them is
+// written, wherever the invalid one stands (a store that wrote entry by
+// entry as it checked them would have written those before it).
+TEST_P(StoreConformanceTest, MultiSetWithAnInvalidEntryWritesNothing) {
+  ASSERT_TRUE(store_->Set("a", "old").ok());
+  const std::pair<std::string, std::string> invalid[] = {
+      {"", "an empty key"},
+      {std::string(kMaxKeyBytes + 1, 'k'), "a key over kMaxKeyBytes"},
+      {"big", std::string(kMaxValueBytes + 1, 'v')},  // a value over kMaxValueBytes
+  };
+  for (const auto& bad : invalid) {
+    for (size_t at = 0; at < 3; ++at) {
+      std::vector<std::pair<std::string, std::string>> entries = {{"a", "new"}, {"b", "new"}};
+      entries.insert(entries.begin() + at, bad);
+      const std::string which =
+          "invalid entry " + std::to_string(&bad - invalid) + " at " + std::to_string(at);
+      Status set = store_->MultiSet(entries);
+      EXPECT_EQ(set.code(), absl::StatusCode::kInvalidArgument) << which << ": " << set;
+      EXPECT_EQ(*store_->NumKeys(), 1) << which;
+      EXPECT_EQ(*store_->Get("a", seconds(5)), "old") << which;
+    }
+  }
 }
 
 TEST_P(StoreConformanceTest, ConcurrentAddsFromManyClientsAreAtomic) {
