@@ -16,18 +16,27 @@ for name in $(sed -n 's/^lockstep_test(NAME \([A-Za-z0-9_]*\).*/\1/p' "$cmake_fi
 done
 # Bazel-only sources, with the reason (none today).
 bazel_only=" "
+gpu_tests=0
 for src in ddp/*.cc; do
   base=$(basename "$src")
   case "$base" in
     *_test.cc)
       # GPU tests must be in the CMake build; CPU-only Bazel tests need not.
-      if grep -q 'NcclUnavailableReason' "$src" && ! grep -q "NAME ${base%.cc}" "$cmake_file"; then
-        echo "FAIL: GPU test $src is not built by $cmake_file"; fail=1
+      # A GPU test skips without one through nccl_test_util.h.
+      if grep -Eq 'LOCKSTEP_SKIP_WITHOUT_GPU|NcclUnavailableReason|"ddp/nccl_test_util\.h"' "$src"; then
+        gpu_tests=$((gpu_tests + 1))
+        grep -q "NAME ${base%.cc}" "$cmake_file" || { echo "FAIL: GPU test $src is not built by $cmake_file"; fail=1; }
       fi
       continue ;;
   esac
   [[ "$bazel_only" == *" $base "* ]] && continue
   grep -q "/ddp/$base\"" "$cmake_file" || { echo "FAIL: $src is not in $cmake_file (add it, or to bazel_only here with the reason)"; fail=1; }
 done
-[ "$fail" = 0 ] && echo "PASS: $cmake_file matches the ddp/ sources"
+# The check above must see the GPU tests it guards (it once looked for a
+# marker no test had any more, and passed whatever CMake built).
+if ((gpu_tests < 2)); then
+  echo "FAIL: found $gpu_tests GPU tests in ddp/ (ddp_cuda_test and nccl_communicator_test at least): how a GPU test is recognised here is out of date"
+  fail=1
+fi
+[ "$fail" = 0 ] && echo "PASS: $cmake_file matches the ddp/ sources ($gpu_tests GPU tests among them)"
 exit "$fail"
