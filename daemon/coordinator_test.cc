@@ -127,6 +127,22 @@ class CoordinatorTest : public ::testing::Test {
     return job;
   }
 
+  // Submits `n` one-node jobs and cancels each; their ids (empty after a
+  // failed assertion).
+  std::vector<std::string> CancelledJobs(int n) {
+    std::vector<std::string> ids;
+    for (int i = 0; i < n; ++i) {
+      auto job = Submit(TestSpec(1, 1, 1, 0), "");
+      EXPECT_TRUE(job.ok()) << job.status();
+      if (!job.ok() || !coord_->CancelJob(JobId(job->job_id())).ok()) {
+        ADD_FAILURE() << "cannot submit and cancel job " << i;
+        return {};
+      }
+      ids.push_back(job->job_id());
+    }
+    return ids;
+  }
+
   FakeClock clock_;
   FakeJobStore store_;
   std::vector<std::string> dropped_;  // store prefixes the coordinator dropped
@@ -481,13 +497,8 @@ TEST_F(CoordinatorTest, DirectoryDeletionsOutliveACoordinatorRestart) {
 TEST_F(CoordinatorTest, DirectoryDeletionsAreRepeatedUntilTheNodeAcknowledgesThem) {
   Register("n1");
   Register("n2");
-  std::vector<std::string> ids;
-  for (int i = 0; i < 2; ++i) {
-    auto job = Submit(TestSpec(1, 1, 1, 0), "");
-    ASSERT_TRUE(job.ok());
-    ASSERT_TRUE(coord_->CancelJob(JobId(job->job_id())).ok());
-    ids.push_back(job->job_id());
-  }
+  const std::vector<std::string> ids = CancelledJobs(2);
+  ASSERT_EQ(ids.size(), 2u);
   coord_->Tick();
   for (const auto& id : ids) ASSERT_TRUE(coord_->DeleteJob(JobId(id)).ok());
   // n1's first response is lost on the way: nothing acknowledged.
@@ -542,13 +553,8 @@ TEST_F(CoordinatorTest, DirectoryDeletionsPerNodeAreCapped) {
   Reset();
   Register("n1");
   Register("n2");
-  std::vector<std::string> ids;
-  for (int i = 0; i < 2; ++i) {
-    auto job = Submit(TestSpec(1, 1, 1, 0), "");
-    ASSERT_TRUE(job.ok());
-    ASSERT_TRUE(coord_->CancelJob(JobId(job->job_id())).ok());
-    ids.push_back(job->job_id());
-  }
+  const std::vector<std::string> ids = CancelledJobs(2);
+  ASSERT_EQ(ids.size(), 2u);
   coord_->Tick();
   LogCapture log;
   ASSERT_TRUE(coord_->DeleteJob(JobId(ids[0])).ok());
