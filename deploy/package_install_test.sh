@@ -274,6 +274,28 @@ ccli() {
   on_host "$NSC" lsp-coord "$W/coord.default" "" \
     "/usr/bin/lockstep --coordinator lsp-coord:7070 --token-file /var/lib/lockstep/token --tls-ca /etc/lockstep/tls/ca.pem --tls-cert /etc/lockstep/tls/client.pem --tls-key /etc/lockstep/tls/client.key $*"
 }
+# agent_listed CLI: within 30 s, `CLI nodes` (into $W/nodes.txt) lists lsp-agent.
+agent_listed() {
+  for _ in $(seq 300); do
+    "$1" nodes >"$W/nodes.txt" 2>&1 && grep -q lsp-agent "$W/nodes.txt" && return 0
+    sleep 0.1
+  done
+  return 1
+}
+# one_checksum JOB STATE_DIR...: each host's state dir holds one rank's
+# output of JOB, and all end with the same checksum (printed).
+one_checksum() {
+  local job=$1 dir sums="" ranks
+  shift
+  for dir in "$@"; do
+    mapfile -t ranks < <(compgen -G "$dir/jobs/$job/rank-*.stdout" || true)
+    ((${#ranks[@]} == 1)) || fail "want one rank's output in $dir/jobs/$job, found: ${ranks[*]:-none}"
+    sums+="$(sed -n 's/.*"checksum":\([^,]*\),.*/\1/p' "${ranks[0]}")"$'\n'
+  done
+  [ "$(grep -c . <<<"$sums")" = "$#" ] && [ "$(grep . <<<"$sums" | sort -u | wc -l)" = 1 ] ||
+    fail "the hosts did not end $job with one checksum: $sums"
+  head -n 1 <<<"$sums"
+}
 start_unit "$NSC" lsp-coord "$W/coord.default" "" lockstepd-coordinator.service "$W/coord.log"
 for _ in $(seq 300); do
   ccli nodes >"$W/nodes.txt" 2>&1 && break
@@ -285,12 +307,7 @@ grep -q "mutual TLS: CA /etc/lockstep/tls/ca.pem" "$W/coord.log" || fail "the co
 [ -s "$R/var/lib/lockstep/agent.token" ] || fail "the coordinator made no agent.token"
 install -m 0600 "$R/var/lib/lockstep/agent.token" "$W/agent-state/token"
 start_unit "$NSG" lsp-agent "$W/agent.default" "$AGENT_BINDS" lockstepd-agent.service "$W/agent.log"
-for _ in $(seq 300); do
-  ccli nodes >"$W/nodes.txt" 2>&1 && grep -q lsp-agent "$W/nodes.txt" && break
-  kill -0 "${CLUSTER[1]}" 2>/dev/null || break
-  sleep 0.1
-done
-grep -q lsp-agent "$W/nodes.txt" || { cat "$W/nodes.txt" >&2; tail -n 20 "$W/agent.log" >&2; fail "the agent unit's node never joined"; }
+agent_listed ccli || { cat "$W/nodes.txt" >&2; tail -n 20 "$W/agent.log" >&2; fail "the agent unit's node never joined"; }
 grep -q lsp-coord "$W/nodes.txt" || fail "the coordinator's own node is not listed: $(cat "$W/nodes.txt")"
 log "a job over both hosts (one worker each, Gloo between them)"
 out="$(ccli submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --wait -- /usr/lib/lockstep/examples/train \
@@ -299,18 +316,10 @@ out="$(ccli submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --wait -- /usr/
 grep -q SUCCEEDED <<<"$out" || fail "no SUCCEEDED in: $out"
 job="$(sed -n 's/^submitted job //p' <<<"$out")"
 # One rank on each host (which gets rank 0 is the coordinator's choice).
-outs=()
-for host_dir in "$R/var/lib/lockstep" "$W/agent-state"; do
-  mapfile -t ranks < <(compgen -G "$host_dir/jobs/$job/rank-*.stdout" || true)
-  ((${#ranks[@]} == 1)) || fail "want one rank's output in $host_dir/jobs/$job, found: ${ranks[*]:-none}"
-  outs+=("${ranks[0]}")
-done
-sums="$(sed -n 's/.*"checksum":\([^,]*\),.*/\1/p' "${outs[@]}")"
-[ "$(wc -l <<<"$sums")" = 2 ] && [ "$(sort -u <<<"$sums" | wc -l)" = 1 ] ||
-  fail "the hosts did not end with one checksum: $sums"
+sum="$(one_checksum "$job" "$R/var/lib/lockstep" "$W/agent-state")"
 grep -q "job=$job .*workers run as uid 70[0-9][0-9][0-9] (--job-uids)" "$W/agent.log" ||
   fail "the agent unit did not run the job as a uid of its own: $(grep "$job" "$W/agent.log" | head -n 5)"
-log "job $job SUCCEEDED on lsp-coord and lsp-agent over mutual TLS; checksums $(head -n 1 <<<"$sums")"
+log "job $job SUCCEEDED on lsp-coord and lsp-agent over mutual TLS; checksums $sum"
 for p in "${CLUSTER[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 for p in "${CLUSTER[@]}"; do wait "$p" 2>/dev/null || true; done
 CLUSTER=()
@@ -399,11 +408,7 @@ under_systemd() {
   in_host "$init_c" cat /var/lib/lockstep/agent.token | in_host "$init_g" sh -c 'umask 077 && cat >/var/lib/lockstep/token'
   in_host "$init_g" systemctl enable --now lockstepd-agent.service >"$W/enable.log" 2>&1 ||
     { cat "$W/enable.log" >&2; fail "lsp-agent: systemctl enable --now lockstepd-agent"; }
-  for _ in $(seq 300); do
-    sdcli nodes >"$W/nodes.txt" 2>&1 && grep -q lsp-agent "$W/nodes.txt" && break
-    sleep 0.1
-  done
-  grep -q lsp-agent "$W/nodes.txt" ||
+  agent_listed sdcli ||
     { cat "$W/nodes.txt" >&2; in_host "$init_g" journalctl -u lockstepd-agent --no-pager | tail -n 20 >&2
       fail "the agent unit's node never joined under systemd"; }
   unit_sandboxed "$init_c" lockstepd-coordinator.service
@@ -415,18 +420,10 @@ under_systemd() {
       fail "the job over both hosts under systemd did not succeed"; }
   grep -q SUCCEEDED <<<"$out" || fail "no SUCCEEDED in: $out"
   job="$(sed -n 's/^submitted job //p' <<<"$out")"
-  sums=""
-  for init in "$init_c" "$init_g"; do
-    mapfile -t ranks < <(compgen -G "/proc/$init/root/var/lib/lockstep/jobs/$job/rank-*.stdout" || true)
-    ((${#ranks[@]} == 1)) || fail "want one rank's output per host for $job, found: ${ranks[*]:-none}"
-    sums+="$(sed -n 's/.*"checksum":\([^,]*\),.*/\1/p' "${ranks[0]}")"$'\n'
-  done
-  sums="${sums%$'\n'}"
-  [ "$(wc -l <<<"$sums")" = 2 ] && [ "$(sort -u <<<"$sums" | wc -l)" = 1 ] ||
-    fail "the hosts did not end with one checksum under systemd: $sums"
+  sum="$(one_checksum "$job" "/proc/$init_c/root/var/lib/lockstep" "/proc/$init_g/root/var/lib/lockstep")"
   in_host "$init_g" journalctl -u lockstepd-agent --no-pager | grep -q "job=$job .*workers run as uid 70[0-9][0-9][0-9] (--job-uids)" ||
     fail "the agent unit under systemd did not run the job as a uid of its own"
-  log "job $job SUCCEEDED under systemd on both hosts; checksums $(head -n 1 <<<"$sums")"
+  log "job $job SUCCEEDED under systemd on both hosts; checksums $sum"
   # deploy/README.md's drop-in for data outside the job dir: under
   # ProtectSystem=strict a job cannot write /data (a checkpoint there fails
   # the job, naming the read-only file system) until both units get
@@ -445,11 +442,7 @@ under_systemd() {
       printf '[Service]\nReadWritePaths=/data\n' >/etc/systemd/system/$unit.service.d/data.conf &&
       systemctl daemon-reload && systemctl restart $unit.service" || fail "a ReadWritePaths drop-in for $unit"
   done
-  for _ in $(seq 300); do
-    sdcli nodes >"$W/nodes.txt" 2>&1 && grep -q lsp-agent "$W/nodes.txt" && break
-    sleep 0.1
-  done
-  grep -q lsp-agent "$W/nodes.txt" || fail "the agent's node did not rejoin after both units restarted: $(cat "$W/nodes.txt")"
+  agent_listed sdcli || fail "the agent's node did not rejoin after both units restarted: $(cat "$W/nodes.txt")"
   out="$(data_job)" || fail "the job writing /data failed with ReadWritePaths=/data: $out"
   ckpts=""
   for init in "$init_c" "$init_g"; do ckpts+="$(compgen -G "/proc/$init/root/data/ckpt/ckpt-*.pt" || true)"; done
