@@ -1,15 +1,13 @@
 #include "ddp/ddp.h"
 
 #include <ATen/record_function.h>
-#include <cxxabi.h>
+#include <c10/util/Type.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <exception>
 #include <map>
-#include <memory>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -54,12 +52,7 @@ uint64_t HashString(const std::string& s) {
 
 // The type a comm hook's callable holds, demangled: "none" when empty.
 std::string CallableType(const CommHook::Fn& fn) {
-  if (!fn) return "none";
-  const char* mangled = fn.target_type().name();
-  int failed = 0;
-  std::unique_ptr<char, void (*)(void*)> readable(
-      abi::__cxa_demangle(mangled, nullptr, nullptr, &failed), std::free);
-  return failed == 0 && readable ? std::string(readable.get()) : std::string(mangled);
+  return fn ? c10::demangle(fn.target_type().name()) : "none";
 }
 
 // One tensor: dtype, requires_grad, dims, numel, a hash of its sizes.
@@ -105,6 +98,7 @@ Status CheckRanksAgree(Communicator& comm, const std::vector<Reducer::NamedParam
     with_grad += s.tensor.requires_grad() ? 1 : 0;
   }
   const CommHook& hook = options.comm_hook;
+  const std::string hook_type = CallableType(hook.run);
   const auto flag = [](const char* name, bool value) {
     return AgreementField{name, value ? 1 : 0, value ? "true" : "false"};
   };
@@ -118,8 +112,7 @@ Status CheckRanksAgree(Communicator& comm, const std::vector<Reducer::NamedParam
       // unless named): told apart by their types, which are the same
       // across ranks running one program. Two plain functions of the same
       // signature still look alike.
-      {"comm hook callable", static_cast<int64_t>(HashString(CallableType(hook.run))),
-       CallableType(hook.run)},
+      {"comm hook callable", static_cast<int64_t>(HashString(hook_type)), hook_type},
       {"comm hook flags",
        (hook.prescale_by_world ? 1 : 0) | (hook.prescale_optional ? 2 : 0) |
            (hook.takes_deferred_inputs ? 4 : 0) | (hook.sums_weighted_buckets ? 8 : 0),
