@@ -141,7 +141,6 @@ TEST(StatusPageTest, AWorkerStampsWhenItBeganToEndOnItsOwn) {
     std::exit(0);
   });
   // Slot 1 gives up on a lost peer, and the stamp is then, not at its later exit().
-  int64_t gave_up = 0;
   RunChild({{kStatusFdEnv, fd}, {"LOCKSTEP_LOCAL_RANK", "1"}}, [] {
     MarkBootstrap(kBootstrapDone);
     MarkPeerLost(0);
@@ -162,7 +161,7 @@ TEST(StatusPageTest, AWorkerStampsWhenItBeganToEndOnItsOwn) {
   const int64_t after = MonotonicNowNs();
   EXPECT_GT(page.EndedNs(0), before);
   EXPECT_LT(page.EndedNs(0), after);
-  gave_up = page.EndedNs(1);
+  const int64_t gave_up = page.EndedNs(1);
   EXPECT_GT(gave_up, before);
   EXPECT_LT(gave_up, after - int64_t{150} * 1000000) << "stamped at exit, not at giving up";
   EXPECT_EQ(page.EndedNs(2), 0);
