@@ -47,10 +47,9 @@ grpc::ServerUnaryReactor* AgentGrpcService::ReportProgress(grpc::CallbackServerC
                                                            v1::ReportProgressResponse*) {
   if (req->job_id().empty()) return Done(ctx, absl::InvalidArgumentError("job_id: empty"));
   Status s = core_->ReportProgress(req->job_id(), req->round(), req->token(), req->progress());
-  // Every worker reports about once a second: a refused one (a stale or
-  // forged token) is logged at most every 10 s.
-  static RateLimiter limiter(std::chrono::seconds(10));
-  if (IsRefusal(s) && limiter.Allow()) return Answer(ctx, "ReportProgress", req->job_id(), s);
+  if (IsRefusal(s) && refused_progress_log_.Allow()) {
+    return Answer(ctx, "ReportProgress", req->job_id(), s);
+  }
   return Done(ctx, s);
 }
 

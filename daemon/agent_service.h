@@ -14,8 +14,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <string>
 
+#include "common/logging.h"
 #include "daemon/agent.h"
 #include "lockstep/v1/agent.grpc.pb.h"
 
@@ -39,6 +41,9 @@ class AgentGrpcService final : public v1::AgentService::CallbackService {
 
  private:
   Agent* const core_;
+  // Every worker reports about once a second: a refused report (a stale or
+  // forged token) is logged at most every 10 s by each service.
+  RateLimiter refused_progress_log_{std::chrono::seconds(10)};
 };
 
 }  // namespace daemon

@@ -136,10 +136,13 @@ TEST_F(ServicesTest, EveryCallNeedsTheToken) {
 }
 
 // Every worker reports about once a second, and may keep a stale or forged
-// token: refused reports are logged at most once every 10 s. The limiter is
-// per process and reads the real clock, so this must stay the only test
-// here whose reports are refused; its 100 reports take well under 10 s.
-TEST_F(ServicesTest, RefusedProgressReportsInARowAreLoggedOnce) {
+// token: refused reports are logged at most once every 10 s by each agent
+// service. 100 refused reports in a row (well under 10 s) give one line.
+// The test runs twice, each time on its own service: with one limiter for
+// the whole process the second run would log nothing.
+class RefusedProgressTest : public ServicesTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(RefusedProgressTest, RefusedProgressReportsInARowAreLoggedOnce) {
   LogCapture log;
   v1::ReportProgressRequest req;
   req.set_job_id("j-none");
@@ -160,6 +163,8 @@ TEST_F(ServicesTest, RefusedProgressReportsInARowAreLoggedOnce) {
             1)
       << lines;
 }
+
+INSTANTIATE_TEST_SUITE_P(EachOnItsOwnService, RefusedProgressTest, ::testing::Values(1, 2));
 
 // Jobs that stay PENDING (two nodes wanted, none registered), each with an
 // `pad_bytes` of arguments so the spec has a size.

@@ -172,9 +172,10 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
  public:
   SessionReactor(StoreCore* core, const StoreAuthorizer* authorizer,
                  grpc::CallbackServerContext* ctx,
-                 std::unique_ptr<StoreGrpcService::SessionSlot> slot, size_t max_queued)
+                 std::unique_ptr<StoreGrpcService::SessionSlot> slot, size_t max_queued,
+                 RateLimiter* refused_op_log)
       : core_(core), authorizer_(authorizer), ctx_(ctx), slot_(std::move(slot)),
-        max_queued_(std::max<size_t>(max_queued, 1)) {
+        max_queued_(std::max<size_t>(max_queued, 1)), refused_op_log_(refused_op_log) {
     StartRead(&op_);
   }
 
@@ -275,11 +276,10 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
     Complete(std::move(result), status);
   }
 
-  // A refused op (its namespace's token, a quota) is logged at most every
-  // 10 s over all Session streams: a worker may retry one in a loop.
+  // A refused op is logged at most every 10 s over all of the service's
+  // Session streams (StoreGrpcService::refused_op_log_).
   void LogRefusedOp(const v1::StoreOp& op, const Status& status) const {
-    static RateLimiter limiter(std::chrono::seconds(10));
-    if (IsRefusal(status) && limiter.Allow()) {
+    if (IsRefusal(status) && refused_op_log_->Allow()) {
       LogIfRefusedOn(*ctx_, "Session", OpNamespace(op), status);
     }
   }
@@ -402,6 +402,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   grpc::CallbackServerContext* const ctx_;
   const std::unique_ptr<StoreGrpcService::SessionSlot> slot_;  // released with the reactor
   const size_t max_queued_;  // results queued before reads pause
+  RateLimiter* const refused_op_log_;  // the service's; outlives every stream
   v1::StoreOp op_;  // the read in progress; only touched by the read chain
 
   Mutex mu_;
@@ -539,7 +540,8 @@ grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* StoreGrpcService::Sessi
     LogIfRefusedOn(*ctx, "Session", ns, slot.status());
     return new RefusedSession(ToGrpcStatus(slot.status()));
   }
-  return new SessionReactor(core_, &authorizer_, ctx, std::move(*slot), limits_.max_queued_results);
+  return new SessionReactor(core_, &authorizer_, ctx, std::move(*slot), limits_.max_queued_results,
+                            &refused_op_log_);
 }
 
 StatusOr<std::unique_ptr<StoreGrpcService::SessionSlot>> StoreGrpcService::AcquireSessionSlot(

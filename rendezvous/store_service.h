@@ -57,6 +57,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -66,6 +67,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "common/logging.h"
 #include "common/mutex.h"
 #include "common/status.h"
 
@@ -162,6 +164,10 @@ class StoreGrpcService final : public lockstep::v1::StoreService::CallbackServic
   mutable Mutex sessions_mu_;
   std::unordered_map<std::string, int> sessions_by_job_ ABSL_GUARDED_BY(sessions_mu_);
   int sessions_ ABSL_GUARDED_BY(sessions_mu_) = 0;
+  // A refused op on a Session stream (its namespace's token, a quota) is
+  // logged at most every 10 s over all of this service's streams: a worker
+  // may retry one in a loop.
+  RateLimiter refused_op_log_{std::chrono::seconds(10)};
 };
 
 }  // namespace rendezvous

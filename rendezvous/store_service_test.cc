@@ -233,10 +233,16 @@ TEST_F(StoreServiceAuthTest, UnauthenticatedSessionsAreRefusedAtOpenAndHoldNothi
 }
 
 // A worker may repeat a refused op in a loop: refusals of Session ops are
-// logged at most once every 10 s over all streams. The limiter is per
-// process and reads the real clock, so this must stay the only test here
-// whose Session ops are refused; its 200 ops take well under 10 s.
-TEST_F(StoreServiceAuthTest, RefusedSessionOpsInARowAreLoggedOnce) {
+// logged at most once every 10 s over all of a service's streams. 200 ops
+// (well under 10 s) on two streams give one line. The test runs twice,
+// each time on its own service: with one limiter for the whole process the
+// second run would log nothing.
+class RefusedSessionOpsTest : public StoreServiceAuthTest,
+                              public ::testing::WithParamInterface<int> {};
+
+INSTANTIATE_TEST_SUITE_P(EachOnItsOwnService, RefusedSessionOpsTest, ::testing::Values(1, 2));
+
+TEST_P(RefusedSessionOpsTest, RefusedSessionOpsInARowAreLoggedOnce) {
   LogCapture log;
   int64_t id = 0;
   for (int stream_number = 0; stream_number < 2; ++stream_number) {
