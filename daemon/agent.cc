@@ -134,7 +134,13 @@ StatusOr<int> PickFreePort(const std::string& host) {
 
 }  // namespace
 
-std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent) {
+std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent,
+                               bool gave_up_before_stop) {
+  if (gave_up_before_stop) {
+    return absl::StrCat("killed by signal ", signal,
+                        " after its engine had given up on a lost peer, before the agent's stop"
+                        " (counted as its own exit)");
+  }
   if (stopped_by_agent) {
     return absl::StrCat(signal ? absl::StrCat("killed by signal ", signal)
                                : absl::StrCat("exited with code ", exit_code),
@@ -466,11 +472,19 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
     // called exit()) ended then, not when the watcher thread saw it, which
     // for an agent resumed from a freeze can be long after, and after a
     // stop this agent signalled since. A signal death keeps the watcher's
-    // instant: it may be this agent's own stop.
-    if (e->signal == 0 && run.status_page) {
+    // instant (it may be this agent's own stop), unless the engine had
+    // given up on a lost peer before this agent signalled the stop: the
+    // worker was ending on its own, and the stop only cut that short.
+    const int32_t slot =
+        run.status_page ? run.status_page->Get(w.local_rank) : worker_link::kNotStarted;
+    bool gave_up_first = false;
+    if (run.status_page) {
       const std::chrono::steady_clock::time_point ended{
           std::chrono::nanoseconds(run.status_page->EndedNs(w.local_rank))};
-      if (ended >= w.launched_at && ended < e->exited_at) e->exited_at = ended;
+      const bool stamped = ended >= w.launched_at && ended < e->exited_at;
+      gave_up_first = stamped && e->signal != 0 && worker_link::IsPeerLost(slot) &&
+                      run.stopping && ended < run.stop_signalled;
+      if (stamped && (e->signal == 0 || gave_up_first)) e->exited_at = ended;
     }
     v1::ExitInfo* exit = w.status.mutable_exit();
     exit->set_exit_code(e->exit_code);
@@ -489,8 +503,6 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
     if (failed && !stopped) {
       // Died inside the engine's bootstrap; a program that does not use
       // the engine never marks its slot and is never a startup failure.
-      const int32_t slot = run.status_page ? run.status_page->Get(w.local_rank)
-                                           : worker_link::kNotStarted;
       exit->set_startup_failure(slot == worker_link::kBootstrapBegun);
       // Its collective broke because a peer was gone: a consequence.
       exit->set_peer_lost(worker_link::IsPeerLost(slot));
@@ -500,7 +512,8 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
       for (auto& l : lines) exit->add_last_log_lines(l);
     }
     log_.WithJob(job_id).WithRank(w.rank).Info(
-        "worker pid {} {}", w.process->pid(), DescribeWorkerExit(e->exit_code, e->signal, stopped));
+        "worker pid {} {}", w.process->pid(),
+        DescribeWorkerExit(e->exit_code, e->signal, stopped, gave_up_first));
     if (options_.on_worker_exit) options_.on_worker_exit(job_id, w.status);
   }
   if (escalate) run.killed = true;

@@ -120,8 +120,11 @@ struct AgentOptions {
 // by itself (not stopped by the agent)", "killed by signal 9, not by the
 // agent (by the worker itself or from outside)", "killed by signal 15
 // (stopped by the agent)". `stopped_by_agent`: it exited after the agent
-// signalled it (a stop, restart or cancel).
-std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent);
+// signalled it (a stop, restart or cancel). `gave_up_before_stop`: a
+// signal death of a worker whose engine had given up on a lost peer
+// before the agent signalled the stop (its own exit, cut short).
+std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent,
+                               bool gave_up_before_stop = false);
 
 struct LogChunk {
   std::string data;

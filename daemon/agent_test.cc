@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
+#include "common/log_capture.h"
 #include "common/worker_link.h"
 #include "daemon/fake_coordinator_client.h"
 
@@ -174,6 +175,9 @@ TEST(DescribeWorkerExitTest, SaysWhetherTheAgentStoppedTheWorker) {
   EXPECT_EQ(DescribeWorkerExit(1, 0, false), "exited with code 1 by itself (not stopped by the agent)");
   EXPECT_EQ(DescribeWorkerExit(0, 15, true), "killed by signal 15 (stopped by the agent)");
   EXPECT_EQ(DescribeWorkerExit(0, 0, true), "exited with code 0 (stopped by the agent)");
+  EXPECT_EQ(DescribeWorkerExit(0, 15, false, /*gave_up_before_stop=*/true),
+            "killed by signal 15 after its engine had given up on a lost peer, before the "
+            "agent's stop (counted as its own exit)");
 }
 
 TEST_F(AgentTest, NodeRankZeroPicksAFreeMasterPortAndReportsIt) {
@@ -477,6 +481,61 @@ TEST_F(AgentTest, AnExitSeenAfterTheStopIsTheWorkersOwnWhenItStampedIt) {
       "j2", &seen_late, absl::StrCat("echo ready; while [ ! -e ", go, " ]; do sleep 0.01; done; exit 3"),
       go);
   EXPECT_EQ(unstamped.state(), v1::WORKER_STATE_STOPPED) << unstamped.DebugString();
+}
+
+// A worker whose engine gave up on a lost peer (it marked its slot, which
+// stamps when it began to end) is still finishing when the job's stop
+// arrives, and the stop's SIGTERM kills it. It was ending on its own: it
+// is EXITED, a consequence naming the rank it lost, not STOPPED. One that
+// gave up only once the stop came (in its SIGTERM handler) was stopped.
+TEST_F(AgentTest, AWorkerThatGaveUpBeforeTheStopIsAConsequenceNotStopped) {
+  const std::string worker = std::filesystem::absolute("daemon/exiting_worker").string();
+  ASSERT_TRUE(std::filesystem::exists(worker)) << worker;
+  auto stopped_run = [&](const std::string& job, const std::string& mode) -> v1::WorkerStatus {
+    Command({Start(job, 1, absl::StrCat("exec ", worker, " ", mode, " 0"), 1)});
+    EXPECT_TRUE(RunUntil([&] { return Output(job, 1).find("ready") != std::string::npos; }))
+        << job << ": " << Output(job, 1);
+    v1::AgentCommand stop;
+    stop.set_kind(v1::AgentCommand::KIND_STOP);
+    stop.set_job_id(job);
+    stop.set_round(1);
+    Command({stop});
+    // The run is gone once its worker is: read the exit from the heartbeat
+    // that reported it.
+    v1::WorkerStatus reported;
+    EXPECT_TRUE(RunUntil([&] {
+      for (const auto& hb : coord_.heartbeats()) {
+        for (const auto& r : hb.jobs()) {
+          if (r.job_id() == job && r.workers_size() == 1 &&
+              r.workers(0).state() != v1::WORKER_STATE_RUNNING &&
+              r.workers(0).state() != v1::WORKER_STATE_STARTING) {
+            reported = r.workers(0);
+            return true;
+          }
+        }
+      }
+      return false;
+    })) << job << ": no heartbeat reported its worker's end";
+    return reported;
+  };
+  LogCapture log;
+  const v1::WorkerStatus gave_up = stopped_run("j1", "--gave-up");
+  EXPECT_EQ(gave_up.state(), v1::WORKER_STATE_EXITED)
+      << "a worker that had given up before the stop counted as stopped: " << gave_up.DebugString();
+  EXPECT_EQ(gave_up.exit().signal(), SIGTERM);
+  EXPECT_TRUE(gave_up.exit().peer_lost());
+  EXPECT_EQ(gave_up.exit().lost_peer(), 0);
+  EXPECT_NE(log.Lines().find("killed by signal 15 after its engine had given up on a lost peer, "
+                             "before the agent's stop (counted as its own exit)"),
+            std::string::npos)
+      << log.Lines();
+
+  const v1::WorkerStatus at_stop = stopped_run("j2", "--gives-up-when-stopped");
+  EXPECT_EQ(at_stop.state(), v1::WORKER_STATE_STOPPED)
+      << "a worker that gave up only when stopped counted as its own exit: "
+      << at_stop.DebugString();
+  EXPECT_EQ(at_stop.exit().signal(), SIGTERM);
+  EXPECT_FALSE(at_stop.exit().peer_lost());
 }
 
 TEST_F(AgentTest, TransientLaunchFailureIsNotALaunchError) {
