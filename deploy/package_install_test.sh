@@ -27,7 +27,9 @@
 #     the root), each unit as shipped started with `systemctl enable --now`:
 #     both run with the sandbox they ask for (NoNewPrivs, a seccomp filter,
 #     their CapabilityBoundingSet), a job over both hosts succeeds with
-#     identical parameters as a uid of its own; a job checkpointing to
+#     identical parameters as a uid of its own; a worker of the agent unit
+#     has NoNewPrivs, a seccomp filter, no capabilities, no user namespace,
+#     the unit's private /tmp and no /dev/net/tun; a job checkpointing to
 #     /data fails (ProtectSystem=strict) until deploy/README.md's
 #     ReadWritePaths=/data drop-in, then succeeds; `systemctl reload`
 #     re-reads the tokens and `systemctl stop` ends both with Result=success;
@@ -424,6 +426,36 @@ under_systemd() {
   in_host "$init_g" journalctl -u lockstepd-agent --no-pager | grep -q "job=$job .*workers run as uid 70[0-9][0-9][0-9] (--job-uids)" ||
     fail "the agent unit under systemd did not run the job as a uid of its own"
   log "job $job SUCCEEDED under systemd on both hosts; checksums $sum"
+  # What a worker inherits from the unit, seen from inside a job (the
+  # agent's host): no new privileges, a seccomp filter, no effective
+  # capabilities, no new namespaces (RestrictNamespaces=), the unit's own
+  # /tmp (PrivateTmp=) and no physical devices (PrivateDevices=). The same
+  # uid outside the unit is the control: it may create a user namespace,
+  # and the host it runs on has /dev/net/tun.
+  probe='grep -E "^(NoNewPrivs|Seccomp|CapEff):" /proc/self/status
+    echo "uid $(id -u)"
+    if unshare --user --map-root-user true 2>/dev/null; then echo "userns allowed"; else echo "userns refused"; fi
+    echo "$LOCKSTEP_JOB_ID" >/tmp/lockstep-probe && echo "tmp written"
+    if [ -e /dev/net/tun ]; then echo "tun seen"; else echo "tun absent"; fi'
+  out="$(sdcli submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --wait -- /bin/sh -c "$probe" 2>&1)" ||
+    fail "the probe job under systemd did not succeed: $out"
+  job="$(sed -n 's/^submitted job //p' <<<"$out")"
+  seen="$(cat "/proc/$init_g/root/var/lib/lockstep/jobs/$job/"rank-*.stdout)"
+  grep -Eq "^NoNewPrivs:[[:space:]]+1$" <<<"$seen" || fail "a worker of the agent unit runs without NoNewPrivs: $seen"
+  grep -Eq "^Seccomp:[[:space:]]+2$" <<<"$seen" || fail "a worker of the agent unit runs without a seccomp filter: $seen"
+  grep -Eq "^CapEff:[[:space:]]+0+$" <<<"$seen" || fail "a worker of the agent unit has capabilities: $seen"
+  juid="$(sed -n 's/^uid //p' <<<"$seen")"
+  [[ "$juid" =~ ^70[0-9]{3}$ ]] || fail "the probe did not run as a job uid: $seen"
+  in_host "$init_g" setpriv --reuid "$juid" --regid "$juid" --clear-groups unshare --user --map-root-user true ||
+    fail "control: uid $juid cannot create a user namespace outside the unit either, so the probe shows nothing"
+  grep -qx "userns refused" <<<"$seen" || fail "a worker of the agent unit created a user namespace (RestrictNamespaces=): $seen"
+  grep -qx "tmp written" <<<"$seen" || fail "the worker could not write /tmp (PrivateTmp= gives it a writable one under ProtectSystem=strict): $seen"
+  [ ! -e "/proc/$init_g/root/tmp/lockstep-probe" ] || fail "the worker's /tmp is the host's (PrivateTmp=)"
+  grep -qx "$job" /proc/$init_g/root/tmp/systemd-private-*-lockstepd-agent.service-*/tmp/lockstep-probe 2>/dev/null ||
+    fail "the worker's /tmp file is not in the agent unit's private /tmp"
+  [ -e "/proc/$init_g/root/dev/net/tun" ] || fail "control: lsp-agent has no /dev/net/tun, so the probe shows nothing"
+  grep -qx "tun absent" <<<"$seen" || fail "a worker of the agent unit sees /dev/net/tun (PrivateDevices=): $seen"
+  log "a worker under the agent unit: NoNewPrivs, seccomp, no capabilities, no user namespace, the unit's private /tmp, no /dev/net/tun"
   # deploy/README.md's drop-in for data outside the job dir: under
   # ProtectSystem=strict a job cannot write /data (a checkpoint there fails
   # the job, naming the read-only file system) until both units get
