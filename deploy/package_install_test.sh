@@ -29,7 +29,10 @@
 #     their CapabilityBoundingSet), a job over both hosts succeeds with
 #     identical parameters as a uid of its own; a worker of the agent unit
 #     has NoNewPrivs, a seccomp filter, no capabilities, no user namespace,
-#     the unit's private /tmp and no /dev/net/tun; a job checkpointing to
+#     the unit's private /tmp and no /dev/net/tun; a stand-in GPU node
+#     (/dev/nvidia0, no driver) is hidden as shipped and with DeviceAllow=
+#     alone, and reached with deploy/README.md's PrivateDevices=false
+#     drop-in; a job checkpointing to
 #     /data fails (ProtectSystem=strict) until deploy/README.md's
 #     ReadWritePaths=/data drop-in, then succeeds; `systemctl reload`
 #     re-reads the tokens and `systemctl stop` ends both with Result=success;
@@ -284,6 +287,21 @@ agent_listed() {
   done
   return 1
 }
+# agent_incarnation CLI: the incarnation the coordinator lists for lsp-agent.
+agent_incarnation() { "$1" nodes 2>/dev/null | awk '$1 == "lsp-agent" && $3 == "yes" { print $5 }'; }
+# agent_rejoined CLI OLD: lsp-agent is listed alive with an incarnation
+# other than OLD (its restarted agent registered: a job submitted earlier
+# could be placed on the old one and fail as "node lost").
+agent_rejoined() {
+  for _ in $(seq 300); do
+    local now
+    now="$(agent_incarnation "$1")"
+    [ -n "$now" ] && [ "$now" != "$2" ] && return 0
+    sleep 0.1
+  done
+  "$1" nodes >"$W/nodes.txt" 2>&1 || true
+  return 1
+}
 # one_checksum JOB STATE_DIR...: each host's state dir holds one rank's
 # output of JOB, and all end with the same checksum (printed).
 one_checksum() {
@@ -468,18 +486,51 @@ under_systemd() {
   out="$(data_job)" && fail "a checkpoint in /data succeeded without ReadWritePaths: $out"
   grep -q "FAILED" <<<"$out" || fail "the job writing /data did not fail: $out"
   grep -q "Read-only file system" <<<"$out" || fail "the failed job does not name the read-only /data: $out"
+  inc="$(agent_incarnation sdcli)"
   for pair in "$init_c lockstepd-coordinator" "$init_g lockstepd-agent"; do
     read -r init unit <<<"$pair"
     in_host "$init" sh -c "mkdir -p /etc/systemd/system/$unit.service.d &&
       printf '[Service]\nReadWritePaths=/data\n' >/etc/systemd/system/$unit.service.d/data.conf &&
       systemctl daemon-reload && systemctl restart $unit.service" || fail "a ReadWritePaths drop-in for $unit"
   done
-  agent_listed sdcli || fail "the agent's node did not rejoin after both units restarted: $(cat "$W/nodes.txt")"
+  agent_rejoined sdcli "$inc" || fail "the agent's node did not rejoin after both units restarted: $(cat "$W/nodes.txt")"
   out="$(data_job)" || fail "the job writing /data failed with ReadWritePaths=/data: $out"
   ckpts=""
   for init in "$init_c" "$init_g"; do ckpts+="$(compgen -G "/proc/$init/root/data/ckpt/ckpt-*.pt" || true)"; done
   [ -n "$ckpts" ] || fail "no checkpoint in /data on either host: $out"
   log "a job writing /data: refused by ProtectSystem=strict, then SUCCEEDED with a ReadWritePaths=/data drop-in"
+  # deploy/README.md's GPU drop-in, on a stand-in for a GPU's device node:
+  # a character node with NVIDIA's major number (195) and no driver behind
+  # it, so a worker that reaches it gets ENXIO from the kernel. As shipped
+  # (PrivateDevices=) a worker does not see it; DeviceAllow= alone does not
+  # bring it into the unit's private /dev; PrivateDevices=false does.
+  mknod -m 0666 "/proc/$init_g/root/dev/nvidia0" c 195 0
+  gpu_seen() {  # what a worker of the agent unit sees of /dev/nvidia0
+    local out job
+    out="$(sdcli submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --wait -- /bin/sh -c \
+      'if [ -c /dev/nvidia0 ]; then (exec 3</dev/nvidia0) 2>&1 | sed "s/^/nvidia0 seen: /"; else echo "nvidia0 absent"; fi' 2>&1)" ||
+      fail "the job probing /dev/nvidia0 did not succeed: $out"
+    job="$(sed -n 's/^submitted job //p' <<<"$out")"
+    grep -h "^nvidia0 " "/proc/$init_g/root/var/lib/lockstep/jobs/$job/"rank-*.stdout
+  }
+  agent_dropin() {  # agent_dropin CONTENT: the agent unit restarted with drop-in gpu.conf
+    local inc
+    inc="$(agent_incarnation sdcli)"
+    in_host "$init_g" sh -c "printf '$1' >/etc/systemd/system/lockstepd-agent.service.d/gpu.conf &&
+      systemctl daemon-reload && systemctl restart lockstepd-agent.service" || fail "the GPU drop-in: $1"
+    agent_rejoined sdcli "$inc" || fail "the agent's node did not rejoin after its restart: $(cat "$W/nodes.txt")"
+  }
+  seen="$(gpu_seen)"
+  [ "$seen" = "nvidia0 absent" ] || fail "a worker of the agent unit as shipped sees /dev/nvidia0: $seen"
+  agent_dropin '[Service]\nDeviceAllow=/dev/nvidia0 rw\n'
+  seen="$(gpu_seen)"
+  [ "$seen" = "nvidia0 absent" ] || fail "DeviceAllow= alone brought /dev/nvidia0 into the private /dev: $seen"
+  agent_dropin '[Service]\nPrivateDevices=false\n'
+  seen="$(gpu_seen)"
+  grep -q "^nvidia0 seen: .*No such device or address" <<<"$seen" ||
+    fail "with PrivateDevices=false a worker does not reach /dev/nvidia0 (want ENXIO, no driver): $seen"
+  agent_dropin ''
+  log "GPU drop-in: /dev/nvidia0 hidden as shipped and with DeviceAllow= alone, reached with PrivateDevices=false"
   in_host "$init_c" systemctl reload lockstepd-coordinator.service || fail "systemctl reload lockstepd-coordinator"
   for _ in $(seq 100); do
     in_host "$init_c" journalctl -u lockstepd-coordinator --no-pager | grep -q "tokens re-read (SIGHUP)" && break
