@@ -76,6 +76,22 @@ class AgentTest : public ::testing::Test {
     if (ticker.joinable()) ticker.join();
   }
 
+  // Whether a heartbeat so far reported the end of `job`'s one worker
+  // (neither starting nor running); that report into *out.
+  bool ReportedEnd(const std::string& job, v1::WorkerStatus* out) {
+    for (const auto& hb : coord_.heartbeats()) {
+      for (const auto& r : hb.jobs()) {
+        if (r.job_id() == job && r.workers_size() == 1 &&
+            r.workers(0).state() != v1::WORKER_STATE_RUNNING &&
+            r.workers(0).state() != v1::WORKER_STATE_STARTING) {
+          *out = r.workers(0);
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+
   // See its definition.
   v1::WorkerStatus ExitDuringTheStoppingHeartbeat(const std::string& job, ProcessLauncher* launcher,
                                                   const std::string& script, const std::string& go);
@@ -421,20 +437,7 @@ v1::WorkerStatus AgentTest::ExitDuringTheStoppingHeartbeat(const std::string& jo
     exited = true;
   });
   v1::WorkerStatus reported;
-  auto reported_exit = [&] {
-    for (const auto& hb : coord_.heartbeats()) {
-      for (const auto& r : hb.jobs()) {
-        if (r.job_id() == job && r.workers_size() == 1 &&
-            r.workers(0).state() != v1::WORKER_STATE_RUNNING &&
-            r.workers(0).state() != v1::WORKER_STATE_STARTING) {
-          reported = r.workers(0);
-          return true;
-        }
-      }
-    }
-    return false;
-  };
-  EXPECT_TRUE(RunUntil(reported_exit));
+  EXPECT_TRUE(RunUntil([&] { return ReportedEnd(job, &reported); }));
   coord_.SetOnHeartbeat(nullptr);
   EXPECT_TRUE(exited) << "worker pid " << pid << " did not exit during the heartbeat";
   agent_->Shutdown(milliseconds(10));
@@ -503,19 +506,8 @@ TEST_F(AgentTest, AWorkerThatGaveUpBeforeTheStopIsAConsequenceNotStopped) {
     // The run is gone once its worker is: read the exit from the heartbeat
     // that reported it.
     v1::WorkerStatus reported;
-    EXPECT_TRUE(RunUntil([&] {
-      for (const auto& hb : coord_.heartbeats()) {
-        for (const auto& r : hb.jobs()) {
-          if (r.job_id() == job && r.workers_size() == 1 &&
-              r.workers(0).state() != v1::WORKER_STATE_RUNNING &&
-              r.workers(0).state() != v1::WORKER_STATE_STARTING) {
-            reported = r.workers(0);
-            return true;
-          }
-        }
-      }
-      return false;
-    })) << job << ": no heartbeat reported its worker's end";
+    EXPECT_TRUE(RunUntil([&] { return ReportedEnd(job, &reported); }))
+        << job << ": no heartbeat reported its worker's end";
     return reported;
   };
   LogCapture log;
