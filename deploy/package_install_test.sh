@@ -279,28 +279,22 @@ ccli() {
   on_host "$NSC" lsp-coord "$W/coord.default" "" \
     "/usr/bin/lockstep --coordinator lsp-coord:7070 --token-file /var/lib/lockstep/token --tls-ca /etc/lockstep/tls/ca.pem --tls-cert /etc/lockstep/tls/client.pem --tls-key /etc/lockstep/tls/client.key $*"
 }
-# agent_listed CLI: within 30 s, `CLI nodes` (into $W/nodes.txt) lists lsp-agent.
-agent_listed() {
-  for _ in $(seq 300); do
-    "$1" nodes >"$W/nodes.txt" 2>&1 && grep -q lsp-agent "$W/nodes.txt" && return 0
-    sleep 0.1
-  done
-  return 1
-}
-# agent_incarnation CLI: the incarnation the coordinator lists for lsp-agent.
+# agent_incarnation CLI: the incarnation the coordinator lists for lsp-agent
+# while it is alive (empty otherwise).
 agent_incarnation() { "$1" nodes 2>/dev/null | awk '$1 == "lsp-agent" && $3 == "yes" { print $5 }'; }
-# agent_rejoined CLI OLD: lsp-agent is listed alive with an incarnation
-# other than OLD (its restarted agent registered: a job submitted earlier
-# could be placed on the old one and fail as "node lost").
-agent_rejoined() {
+# agent_listed CLI [OLD]: within 30 s, the coordinator lists lsp-agent alive
+# with an incarnation other than OLD (after a restart: a job submitted
+# before the new agent registered could be placed on the old one and fail
+# as "node lost"). `CLI nodes` is left in $W/nodes.txt.
+agent_listed() {
+  local now
   for _ in $(seq 300); do
-    local now
     now="$(agent_incarnation "$1")"
-    [ -n "$now" ] && [ "$now" != "$2" ] && return 0
+    [ -n "$now" ] && [ "$now" != "${2:-}" ] && break
     sleep 0.1
   done
   "$1" nodes >"$W/nodes.txt" 2>&1 || true
-  return 1
+  [ -n "$now" ] && [ "$now" != "${2:-}" ]
 }
 # one_checksum JOB STATE_DIR...: each host's state dir holds one rank's
 # output of JOB, and all end with the same checksum (printed).
@@ -493,7 +487,7 @@ under_systemd() {
       printf '[Service]\nReadWritePaths=/data\n' >/etc/systemd/system/$unit.service.d/data.conf &&
       systemctl daemon-reload && systemctl restart $unit.service" || fail "a ReadWritePaths drop-in for $unit"
   done
-  agent_rejoined sdcli "$inc" || fail "the agent's node did not rejoin after both units restarted: $(cat "$W/nodes.txt")"
+  agent_listed sdcli "$inc" || fail "the agent's node did not rejoin after both units restarted: $(cat "$W/nodes.txt")"
   out="$(data_job)" || fail "the job writing /data failed with ReadWritePaths=/data: $out"
   ckpts=""
   for init in "$init_c" "$init_g"; do ckpts+="$(compgen -G "/proc/$init/root/data/ckpt/ckpt-*.pt" || true)"; done
@@ -505,28 +499,28 @@ under_systemd() {
   # (PrivateDevices=) a worker does not see it; DeviceAllow= alone does not
   # bring it into the unit's private /dev; PrivateDevices=false does.
   mknod -m 0666 "/proc/$init_g/root/dev/nvidia0" c 195 0
-  gpu_seen() {  # what a worker of the agent unit sees of /dev/nvidia0
+  gpu_seen() {  # into $seen: what a worker of the agent unit sees of /dev/nvidia0
     local out job
     out="$(sdcli submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --wait -- /bin/sh -c \
       'if [ -c /dev/nvidia0 ]; then (exec 3</dev/nvidia0) 2>&1 | sed "s/^/nvidia0 seen: /"; else echo "nvidia0 absent"; fi' 2>&1)" ||
       fail "the job probing /dev/nvidia0 did not succeed: $out"
     job="$(sed -n 's/^submitted job //p' <<<"$out")"
-    grep -h "^nvidia0 " "/proc/$init_g/root/var/lib/lockstep/jobs/$job/"rank-*.stdout
+    seen="$(grep -h "^nvidia0 " "/proc/$init_g/root/var/lib/lockstep/jobs/$job/"rank-*.stdout || true)"
   }
   agent_dropin() {  # agent_dropin CONTENT: the agent unit restarted with drop-in gpu.conf
     local inc
     inc="$(agent_incarnation sdcli)"
     in_host "$init_g" sh -c "printf '$1' >/etc/systemd/system/lockstepd-agent.service.d/gpu.conf &&
       systemctl daemon-reload && systemctl restart lockstepd-agent.service" || fail "the GPU drop-in: $1"
-    agent_rejoined sdcli "$inc" || fail "the agent's node did not rejoin after its restart: $(cat "$W/nodes.txt")"
+    agent_listed sdcli "$inc" || fail "the agent's node did not rejoin after its restart: $(cat "$W/nodes.txt")"
   }
-  seen="$(gpu_seen)"
+  gpu_seen
   [ "$seen" = "nvidia0 absent" ] || fail "a worker of the agent unit as shipped sees /dev/nvidia0: $seen"
   agent_dropin '[Service]\nDeviceAllow=/dev/nvidia0 rw\n'
-  seen="$(gpu_seen)"
+  gpu_seen
   [ "$seen" = "nvidia0 absent" ] || fail "DeviceAllow= alone brought /dev/nvidia0 into the private /dev: $seen"
   agent_dropin '[Service]\nPrivateDevices=false\n'
-  seen="$(gpu_seen)"
+  gpu_seen
   grep -q "^nvidia0 seen: .*No such device or address" <<<"$seen" ||
     fail "with PrivateDevices=false a worker does not reach /dev/nvidia0 (want ENXIO, no driver): $seen"
   agent_dropin ''
