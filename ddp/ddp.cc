@@ -1,11 +1,14 @@
 #include "ddp/ddp.h"
 
+#include <dlfcn.h>
+
 #include <ATen/record_function.h>
 #include <c10/util/Type.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <thread>
@@ -13,6 +16,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "ddp/op_inputs.h"
 
@@ -50,9 +54,30 @@ uint64_t HashString(const std::string& s) {
   return h;
 }
 
-// The type a comm hook's callable holds, demangled: "none" when empty.
+// What a comm hook's callable is, alike on every rank that runs one
+// program: the demangled type it holds ("none" when empty), and for a plain
+// function pointer the function itself, since every function of one
+// signature has one type. A function is named by its symbol where the
+// dynamic linker knows one (dladdr: exported symbols only), otherwise by its
+// module's file name and its offset there, which do not depend on where the
+// module was loaded.
 std::string CallableType(const CommHook::Fn& fn) {
-  return fn ? c10::demangle(fn.target_type().name()) : "none";
+  if (!fn) return "none";
+  using Plain = std::shared_ptr<BucketWork> (*)(GradBucket&, Communicator&);
+  const Plain* plain = fn.target<Plain>();
+  if (plain == nullptr || *plain == nullptr) return c10::demangle(fn.target_type().name());
+  const void* address = reinterpret_cast<const void*>(*plain);
+  Dl_info info{};
+  if (dladdr(address, &info) == 0 || info.dli_fbase == nullptr) {
+    return "a plain function (not found in any loaded module)";
+  }
+  if (info.dli_sname != nullptr && info.dli_saddr == address) {
+    return absl::StrCat("function ", c10::demangle(info.dli_sname));
+  }
+  const char* file = info.dli_fname != nullptr ? info.dli_fname : "?";
+  if (const char* slash = std::strrchr(file, '/'); slash != nullptr) file = slash + 1;
+  return absl::StrFormat("function at %s+0x%x", file,
+                         static_cast<const char*>(address) - static_cast<const char*>(info.dli_fbase));
 }
 
 // One tensor: dtype, requires_grad, dims, numel, a hash of its sizes.
@@ -110,8 +135,8 @@ Status CheckRanksAgree(Communicator& comm, const std::vector<Reducer::NamedParam
       {"comm hook", static_cast<int64_t>(HashString(hook.name)), absl::StrCat("'", hook.name, "'")},
       // Two callables under one name (a user's hooks are all "custom"
       // unless named): told apart by their types, which are the same
-      // across ranks running one program. Two plain functions of the same
-      // signature still look alike.
+      // across ranks running one program, and plain functions by which
+      // function they are (CallableType).
       {"comm hook callable", static_cast<int64_t>(HashString(hook_type)), hook_type},
       {"comm hook flags",
        (hook.prescale_by_world ? 1 : 0) | (hook.prescale_optional ? 2 : 0) |

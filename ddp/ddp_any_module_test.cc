@@ -483,6 +483,37 @@ TEST(DdpAgreementTest, OneCustomHookOnEveryRankIsAccepted) {
   for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
 }
 
+// Two plain functions of one signature: one type, two functions.
+std::shared_ptr<BucketWork> PlainAllreduce(GradBucket& bucket, Communicator& comm) {
+  return AllreduceHook().run(bucket, comm);
+}
+std::shared_ptr<BucketWork> PlainDoubledAllreduce(GradBucket& bucket, Communicator& comm) {
+  bucket.buffer.mul_(2);
+  return AllreduceHook().run(bucket, comm);
+}
+
+TEST(DdpAgreementTest, DifferentPlainFunctionsOfOneSignatureAreNamedOnEveryRank) {
+  auto status = CreateOnRanks([](int rank) {
+    torch::nn::Sequential net(torch::nn::Linear(kIn, kOut));
+    DdpOptions options;
+    options.comm_hook = Named("mine", rank == 0 ? &PlainAllreduce : &PlainDoubledAllreduce);
+    return std::make_pair(net, options);
+  });
+  ExpectRefusedEverywhere(status, {"same DDP options", "comm hook callable (ranks 1 differ from rank 0"});
+  // Not exported, so named by where it is: "function at <file>+0x<offset>".
+  EXPECT_NE(status[0].message().find("function at "), std::string::npos) << status[0];
+}
+
+TEST(DdpAgreementTest, OnePlainFunctionOnEveryRankIsAccepted) {
+  auto status = CreateOnRanks([](int) {
+    torch::nn::Sequential net(torch::nn::Linear(kIn, kOut));
+    DdpOptions options;
+    options.comm_hook = Named("mine", &PlainDoubledAllreduce);
+    return std::make_pair(net, options);
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+}
+
 TEST(DdpAgreementTest, RanksThatAgreeAreAccepted) {
   auto status = CreateOnRanks([](int) {
     torch::nn::Sequential net(torch::nn::Linear(kIn, kOut));
