@@ -556,8 +556,7 @@ void Agent::Register() {
   req.set_sent_mono_ns(worker_link::MonotonicNowNs());
   auto resp = coordinator_->RegisterNode(req, options_.rpc_timeout);
   if (!resp.ok()) {
-    static RateLimiter limiter(std::chrono::seconds(5));
-    if (limiter.Allow()) log_.Warn("cannot register with the coordinator: {}", resp.status().ToString());
+    if (register_warning_.Allow()) log_.Warn("cannot register with the coordinator: {}", resp.status().ToString());
     return;
   }
   if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
@@ -603,8 +602,7 @@ void Agent::Heartbeat() {
       incarnation_ = NewRandomId("inc-");
       registered_ = false;
     } else {
-      static RateLimiter limiter(std::chrono::seconds(2));
-      if (limiter.Allow()) {
+      if (heartbeat_warning_.Allow()) {
         log_.Warn("heartbeat failed ({}s since the last accepted one, lease {}s): {}",
                   last_renewed_ ? ToSeconds(clock_->Now() - *last_renewed_) : 0.0,
                   ToSeconds(lease_), resp.status().ToString());

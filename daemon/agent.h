@@ -254,6 +254,10 @@ class Agent {
   std::string incarnation_;
   std::string agent_address_;
   Logger log_{"agent"};
+  // While the coordinator cannot be reached each try would warn again: at
+  // most one warning per interval, each agent its own.
+  RateLimiter register_warning_{std::chrono::seconds(5)};
+  RateLimiter heartbeat_warning_{std::chrono::seconds(2)};
 
   // The node's fence page, inherited by every worker.
   worker_link::FencePage fence_;

@@ -886,5 +886,47 @@ TEST_F(AgentTest, ReadLogsRejectsPathsAndUnknownRanks) {
 }
 
 }  // namespace
+// While the coordinator is down every loop turn retries, and each failure
+// would warn: at most one "cannot register" line per 5 s and one "heartbeat
+// failed" line per 2 s, counted per agent. The test runs twice, each time
+// on its own agent: with one limiter for the whole process the second run
+// would log nothing.
+class UnreachableCoordinatorTest : public AgentTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(UnreachableCoordinatorTest, RepeatedFailuresAreLoggedOncePerAgent) {
+  UseFakeClock();
+  const auto count = [](const std::string& lines, const std::string& what) {
+    int n = 0;
+    for (size_t at = lines.find(what); at != std::string::npos; at = lines.find(what, at + 1)) ++n;
+    return n;
+  };
+  {
+    LogCapture log;
+    coord_.SetFailure(absl::UnavailableError("coordinator down"));
+    for (int i = 0; i < 20; ++i) {
+      fake_clock_.Advance(seconds(1));
+      agent_->RunOnce();
+    }
+    EXPECT_FALSE(agent_->registered());
+    EXPECT_EQ(count(log.Lines(), "cannot register with the coordinator: UNAVAILABLE: coordinator down"), 1)
+        << log.Lines();
+  }
+  coord_.SetFailure(absl::OkStatus());
+  fake_clock_.Advance(seconds(1));
+  agent_->RunOnce();
+  ASSERT_TRUE(agent_->registered());
+  {
+    LogCapture log;
+    coord_.SetFailure(absl::UnavailableError("coordinator down"));
+    for (int i = 0; i < 20; ++i) {
+      fake_clock_.Advance(seconds(1));
+      agent_->RunOnce();
+    }
+    EXPECT_EQ(count(log.Lines(), "heartbeat failed"), 1) << log.Lines();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EachOnItsOwnAgent, UnreachableCoordinatorTest, ::testing::Values(1, 2));
+
 }  // namespace daemon
 }  // namespace lockstep
