@@ -91,9 +91,11 @@ class Logger {
   std::string prefix_;
 };
 
-// Lets through at most one event per `interval`; for logging in hot loops:
-//   static RateLimiter limiter(std::chrono::seconds(5));
-//   if (limiter.Allow()) log.Warn(...);
+// Lets through at most one event per `interval`; for logging in hot loops.
+// Keep one per object that logs (a member), not a function-local static,
+// so that two of them in one process each log their own first event:
+//   RateLimiter refused_log_{std::chrono::seconds(5)};
+//   if (refused_log_.Allow()) log_.Warn(...);
 // Thread-safe.
 class RateLimiter {
  public:
