@@ -885,7 +885,6 @@ TEST_F(AgentTest, ReadLogsRejectsPathsAndUnknownRanks) {
             absl::StatusCode::kNotFound);
 }
 
-}  // namespace
 // While the coordinator is down every loop turn retries, and each failure
 // would warn: at most one "cannot register" line per 5 s and one "heartbeat
 // failed" line per 2 s, counted per agent. The test runs twice, each time
@@ -928,5 +927,6 @@ TEST_P(UnreachableCoordinatorTest, RepeatedFailuresAreLoggedOncePerAgent) {
 
 INSTANTIATE_TEST_SUITE_P(EachOnItsOwnAgent, UnreachableCoordinatorTest, ::testing::Values(1, 2));
 
+}  // namespace
 }  // namespace daemon
 }  // namespace lockstep

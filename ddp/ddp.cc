@@ -61,7 +61,7 @@ uint64_t HashString(const std::string& s) {
 // dynamic linker knows one (dladdr: exported symbols only), otherwise by its
 // module's file name and its offset there, which do not depend on where the
 // module was loaded.
-std::string CallableType(const CommHook::Fn& fn) {
+std::string CallableIdentity(const CommHook::Fn& fn) {
   if (!fn) return "none";
   using Plain = std::shared_ptr<BucketWork> (*)(GradBucket&, Communicator&);
   const Plain* plain = fn.target<Plain>();
@@ -123,7 +123,7 @@ Status CheckRanksAgree(Communicator& comm, const std::vector<Reducer::NamedParam
     with_grad += s.tensor.requires_grad() ? 1 : 0;
   }
   const CommHook& hook = options.comm_hook;
-  const std::string hook_type = CallableType(hook.run);
+  const std::string hook_identity = CallableIdentity(hook.run);
   const auto flag = [](const char* name, bool value) {
     return AgreementField{name, value ? 1 : 0, value ? "true" : "false"};
   };
@@ -136,8 +136,8 @@ Status CheckRanksAgree(Communicator& comm, const std::vector<Reducer::NamedParam
       // Two callables under one name (a user's hooks are all "custom"
       // unless named): told apart by their types, which are the same
       // across ranks running one program, and plain functions by which
-      // function they are (CallableType).
-      {"comm hook callable", static_cast<int64_t>(HashString(hook_type)), hook_type},
+      // function they are (CallableIdentity).
+      {"comm hook callable", static_cast<int64_t>(HashString(hook_identity)), hook_identity},
       {"comm hook flags",
        (hook.prescale_by_world ? 1 : 0) | (hook.prescale_optional ? 2 : 0) |
            (hook.takes_deferred_inputs ? 4 : 0) | (hook.sums_weighted_buckets ? 8 : 0),
