@@ -176,7 +176,7 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   flags.Double("max-restart-backoff-s", &c.max_restart_backoff_s, "coordinator: backoff cap");
   flags.Double("retain-finished-s", &c.retain_finished_s,
                "coordinator: a finished job, its record and its logs on every node, is deleted "
-               "this long after it ended (0 = kept until `lockstep delete`; default 7 days)");
+               "this long after it ended (0 = kept until `lockstep delete`; 604800 = 7 days)");
   flags.Double("shutdown-grace-s", &c.shutdown_grace_s,
                "on SIGTERM: workers get this long after SIGTERM before SIGKILL");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error (default LOCKSTEP_LOG_LEVEL or info)");

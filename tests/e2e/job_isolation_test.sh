@@ -8,8 +8,9 @@
 # processes are gone and its job dir belongs to root again. The uids are leased host-wide
 # (/run/lockstep/job-uids): a second daemon on the same host runs the other
 # rank of a real 2-node DDP job (examples/train) as a different uid, and the
-# job succeeds with identical parameters. A root daemon without CAP_SETUID
-# says jobs are not isolated. Needs root (skips otherwise).
+# job succeeds with identical parameters. A root daemon without CAP_SETUID,
+# one with --job-uids=off or --run-as, and a non-root daemon each say at
+# start that jobs are not isolated, and how. Needs root (skips otherwise).
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
 if [ "$(id -u)" != 0 ]; then log "SKIP: needs root to switch users"; exit 0; fi
@@ -162,4 +163,34 @@ timeout 20 setpriv --bounding-set=-setuid,-setgid "$LOCKSTEPD" --coordinator --l
   --state-dir "$T/nocaps-explicit" --job-uids 70000-70009 >"$T/nocaps-explicit.log" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q -- "--job-uids needs CAP_SETUID, CAP_SETGID, which this lockstepd lacks" "$T/nocaps-explicit.log" ||
   fail "--job-uids without CAP_SETUID: exit $rc: $(cat "$T/nocaps-explicit.log")"
+
+# The other ways a daemon leaves jobs unisolated, each said at start:
+# --job-uids=off, --run-as, and a daemon that is not root. Each daemon's
+# state dir and address file lie in $bin/NAME, made beforehand.
+says_at_start() {  # says_at_start NAME MESSAGE [prefix...] -- [lockstepd flags...]
+  local name=$1 want=$2 prefix=() pid
+  shift 2
+  while [ "$1" != -- ]; do prefix+=("$1"); shift; done
+  shift
+  ${prefix[@]+"${prefix[@]}"} "$LOCKSTEPD" --coordinator --listen 127.0.0.1:0 \
+    --state-dir "$bin/$name/state" --address-file "$bin/$name/addr" "$@" >"$T/$name.log" 2>&1 &
+  pid=$!
+  DAEMON_PIDS+=("$pid")
+  wait_for 30 test -s "$bin/$name/addr" ||
+    fail "daemon $name did not become ready: $(tail -n 5 "$T/$name.log")"
+  grep -qF -- "$want" "$T/$name.log" || fail "daemon $name did not say \"$want\": $(head -n 20 "$T/$name.log")"
+  if grep -q "job isolation: each job runs as its own uid" "$T/$name.log"; then
+    fail "daemon $name claimed per-job uids: $(head -n 20 "$T/$name.log")"
+  fi
+  log "daemon $name said at start: $want"
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+}
+mkdir -m 0700 "$bin/off" "$bin/runas"
+install -d -o 65534 -g 65534 -m 0700 "$bin/nonroot"
+says_at_start off "jobs are not isolated: their workers run as root (--job-uids=off)" -- --job-uids=off
+says_at_start runas "jobs are not isolated from each other: every job runs as nobody (--job-uids gives each its own uid)" \
+  -- --run-as nobody
+says_at_start nonroot "jobs are not isolated: their workers run as this daemon's uid 65534 and can read its token" \
+  setpriv --reuid=65534 --regid=65534 --clear-groups --
 log "PASS"

@@ -8,6 +8,8 @@
 #   - SIGINT mid-job: the job is cancelled, exit 130;
 #   - the CLI killed with SIGKILL: its daemon and the workers still go
 #     (the daemon's parent-death signal);
+#   - a CLI copied out of the Bazel tree finds lockstepd through
+#     $LOCKSTEPD, else beside itself, else on PATH;
 #   - usage errors name the flag.
 # In every case nothing is left running. (Its jobs use Gloo, which shares
 # no memory: ddp_trainer_test and straggler_test check shm segments.)
@@ -82,7 +84,40 @@ wait "$cli" 2>/dev/null || true
 assert_nothing_left "SIGKILL of the CLI"
 grep -q 'stopping' "$T/run4/lockstepd.log" || fail "the daemon did not log stopping its workers"
 
-# 5. Usage errors name what was wrong and start nothing.
+# 5. Where a CLI outside the Bazel tree finds lockstepd, in order: $LOCKSTEPD,
+# beside itself, on PATH. Each candidate is a wrapper that notes its use and
+# runs the real daemon; a copy of the CLI sits where nothing else is found.
+wrapper() {  # wrapper DIR NAME: DIR/lockstepd, which appends NAME to $T/used
+  mkdir -p "$1"
+  printf '#!/bin/sh\necho %s >>"%s/used"\nexec "%s" "$@"\n' "$2" "$T" "$LOCKSTEPD" >"$1/lockstepd"
+  chmod 0755 "$1/lockstepd"
+}
+wrapper "$T/env" env
+wrapper "$T/beside" beside
+wrapper "$T/path" path
+cp "$LOCKSTEP" "$T/beside/lockstep"
+mkdir -p "$T/alone" && cp "$LOCKSTEP" "$T/alone/lockstep"
+found_by() {  # found_by WANT CLI [env...]: a run of /bin/true used wrapper WANT only
+  local want=$1 cli=$2 out rc=0
+  shift 2
+  rm -f "$T/used"
+  out=$(env "$@" "$cli" run --state-dir "$T/find-$want" -- /bin/true 2>&1) || rc=$?
+  [ "$rc" = 0 ] || fail "lockstep run, lockstepd to be found by $want: exit $rc: $out"
+  [ "$(cat "$T/used" 2>/dev/null)" = "$want" ] ||
+    fail "lockstep run should have found lockstepd by $want, used: [$(cat "$T/used" 2>/dev/null)]"
+}
+clean_path=PATH=/usr/bin:/bin
+found_by env "$T/beside/lockstep" LOCKSTEPD="$T/env/lockstepd" PATH="$T/path:/usr/bin:/bin"
+found_by beside "$T/beside/lockstep" -u LOCKSTEPD PATH="$T/path:/usr/bin:/bin"
+found_by beside "$T/beside/lockstep" LOCKSTEPD="$T/nonexistent" "$clean_path"
+found_by path "$T/alone/lockstep" -u LOCKSTEPD PATH="$T/path:/usr/bin:/bin"
+rc=0
+out=$(env -u LOCKSTEPD "$clean_path" "$T/alone/lockstep" run --state-dir "$T/find-none" -- /bin/true 2>&1) || rc=$?
+[ "$rc" = 1 ] && grep -q "cannot find lockstepd to start (tried $T/alone/lockstepd, .*lockstepd on PATH); pass --lockstepd PATH or set LOCKSTEPD" <<<"$out" ||
+  fail "no lockstepd anywhere: exit $rc: $out"
+assert_nothing_left "finding lockstepd"
+
+# 6. Usage errors name what was wrong and start nothing.
 expect_usage "--nodes must be 1" "$LOCKSTEP" run --nodes 2 -- /bin/true
 expect_usage "--coordinator cannot be used with lockstep run" "$LOCKSTEP" run --coordinator 127.0.0.1:1 -- /bin/true
 # Every flag that names a cluster is refused, not ignored, however given;
