@@ -567,6 +567,13 @@ void Agent::Register() {
   next_heartbeat_ = clock_->Now();  // fetch commands at once
   log_.Info("registered as node {} (incarnation {}), lease {}s", options_.node_id, incarnation_,
             ToSeconds(lease_));
+  WarnReportsNotApplied(resp->reports_not_applied());
+}
+
+void Agent::WarnReportsNotApplied(const std::string& why) {
+  if (why.empty() || !reports_warning_.Allow()) return;
+  log_.Warn("the coordinator renewed this node's lease but could not apply its job reports; "
+            "they go again with every heartbeat: {}", why);
 }
 
 void Agent::Heartbeat() {
@@ -616,7 +623,11 @@ void Agent::Heartbeat() {
     log_.Info("heartbeat accepted again after {}s", ToSeconds(clock_->Now() - *last_renewed_));
   }
   Renewed(sent);
+  WarnReportsNotApplied(resp->reports_not_applied());
   MutexLock lock(&mu_);
+  // Reports the coordinator could not apply are not yet its: a finished run
+  // is reported until one is.
+  if (!resp->reports_not_applied().empty()) done_at_send.clear();
   for (const auto& id : done_at_send) {
     auto it = runs_.find(id);
     if (it != runs_.end() && RunDone(it->second)) it->second.final_reported = true;

@@ -232,6 +232,9 @@ class Agent {
   static bool RunDone(const JobRun& run);
   void Register();
   void Heartbeat();
+  // Logs (rate-limited) a RegisterNode or Heartbeat response's
+  // reports_not_applied, if any.
+  void WarnReportsNotApplied(const std::string& why);
   // A heartbeat or registration sent at `sent` was accepted.
   void Renewed(MonoTime sent);
   void StopAllAndReap(Duration grace);
@@ -258,6 +261,7 @@ class Agent {
   // most one warning per interval, each agent its own.
   RateLimiter register_warning_{std::chrono::seconds(5)};
   RateLimiter heartbeat_warning_{std::chrono::seconds(2)};
+  RateLimiter reports_warning_{std::chrono::seconds(10)};
 
   // The node's fence page, inherited by every worker.
   worker_link::FencePage fence_;

@@ -885,6 +885,58 @@ TEST_F(AgentTest, ReadLogsRejectsPathsAndUnknownRanks) {
             absl::StatusCode::kNotFound);
 }
 
+// A coordinator that renews the lease but cannot apply the reports (its job
+// store full) says so in reports_not_applied. The agent keeps its workers
+// past many leases, says so once (rate-limited), and reports a finished run
+// until a heartbeat carrying it is applied: only then does it forget it.
+TEST_F(AgentTest, ReportsNotAppliedKeepTheLeaseAndAreSentAgain) {
+  UseFakeClock();
+  coord_.SetLease(1.0);
+  LogCapture log;
+  v1::HeartbeatResponse resp;
+  *resp.add_commands() = Start("long", 1, "echo up; exec sleep 60", 1);
+  *resp.add_commands() = Start("short", 1, "exit 0", 1);
+  resp.set_reports_not_applied("job store full");
+  coord_.SetResponse(resp);
+  ASSERT_TRUE(RunUntil([&] {
+    return Output("long", 1).find("up") != std::string::npos &&
+           AllIn("short", v1::WORKER_STATE_EXITED, 1);
+  })) << "workers did not start, or the short one did not end";
+  resp.mutable_commands()->DeleteSubrange(1, 1);  // as if "short" were done
+  coord_.SetResponse(resp);
+  const auto reports_short = [](const v1::HeartbeatRequest& hb) {
+    for (const auto& r : hb.jobs()) {
+      if (r.job_id() == "short") return true;
+    }
+    return false;
+  };
+  for (int i = 0; i < 50; ++i) {  // 5 s: five leases
+    fake_clock_.Advance(milliseconds(100));
+    agent_->RunOnce();
+  }
+  EXPECT_TRUE(AllIn("long", v1::WORKER_STATE_RUNNING, 1) || AllIn("long", v1::WORKER_STATE_STARTING, 1))
+      << "the long job's worker was stopped though every heartbeat renewed the lease";
+  ASSERT_FALSE(coord_.heartbeats().empty());
+  EXPECT_TRUE(reports_short(coord_.heartbeats().back()))
+      << "a finished run whose report was not applied is no longer reported";
+  const std::string lines = log.Lines();
+  const std::string warning =
+      "the coordinator renewed this node's lease but could not apply its job reports; they go "
+      "again with every heartbeat: job store full";
+  EXPECT_NE(lines.find(warning), std::string::npos) << lines;
+  EXPECT_EQ(lines.find(warning, lines.find(warning) + 1), std::string::npos) << "said twice in 5 s";
+  EXPECT_EQ(lines.find("stopped this node's workers"), std::string::npos) << lines;
+
+  // Applied: "short" goes with the heartbeat after the one that carried it.
+  resp.clear_reports_not_applied();
+  coord_.SetResponse(resp);
+  for (int i = 0; i < 3; ++i) {
+    fake_clock_.Advance(milliseconds(100));
+    agent_->RunOnce();
+  }
+  EXPECT_FALSE(reports_short(coord_.heartbeats().back())) << "still reported once applied";
+}
+
 // While the coordinator is down every loop turn retries, and each failure
 // would warn: at most one "cannot register" line per 5 s and one "heartbeat
 // failed" line per 2 s, counted per agent. The test runs twice, each time

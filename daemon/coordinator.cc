@@ -102,7 +102,7 @@ StatusOr<std::pair<v1::Job, int64_t>> Coordinator::FindJob(const std::string& id
 }
 
 Status Coordinator::Commit(const std::string& id, JobDraft next, Effects* effects,
-                          bool retried_by_tick) {
+                          Retry retry) {
   JobEntry& entry = jobs_.at(id);
   JobMachine::MirrorRound(&next.job);
   const v1::Job& before = entry.current.job;
@@ -110,13 +110,27 @@ Status Coordinator::Commit(const std::string& id, JobDraft next, Effects* effect
   if (changed) {
     Status s = store_->PutJob(next.job);
     if (!s.ok()) {
-      // A tick recomputes the same change 10 times a second: log it then at
-      // most every few seconds.
-      if (!retried_by_tick || tick_error_limiter_.Allow()) {
-        log_.WithJob(id).Error("persisting the job failed, change discarded{}: {}",
-                               retried_by_tick ? " (retried every tick)" : "", s.ToString());
+      // A tick recomputes the same change 10 times a second, and every
+      // heartbeat of a node its reports: log it then at most every few
+      // seconds.
+      const MonoTime now = clock_->Now();
+      if (retry == Retry::kNone || !entry.persist_error_logged ||
+          now - *entry.persist_error_logged >= kPersistErrorLogInterval) {
+        entry.persist_error_logged = now;
+        const std::string what =
+            next.job.state() != before.state()
+                ? absl::StrCat(" (to ", JobMachine::StateName(next.job.state()), ")")
+                : "";
+        const char* again = retry == Retry::kEveryTick    ? " (retried every tick)"
+                            : retry == Retry::kNextReport ? " (made again from the next report)"
+                                                          : "";
+        log_.WithJob(id).Error("persisting the job failed, change{} discarded{}: {}", what, again,
+                               s.ToString());
       }
       return s;
+    }
+    for (const ChangeLine& line : next.changes) {
+      log_.WithJob(id).WithRank(line.rank).Info("{}", line.text);
     }
     const int old_round = before.current_round().number();
     if (next.job.current_round().number() > old_round && old_round > 0) {
@@ -131,6 +145,7 @@ Status Coordinator::Commit(const std::string& id, JobDraft next, Effects* effect
       finished_by_time_.emplace(next.job.finished_unix_ms(), id);
     }
   }
+  next.changes.clear();
   entry.current = std::move(next);
   if (!changed) return absl::OkStatus();
   ++entry.version;
@@ -402,7 +417,7 @@ Status Coordinator::ApplyReports(const std::string& node_id, const NodeTable::Re
     JobDraft draft = it->second.current;
     machine_.ApplyReport(&draft, node_id, report, receipt, sent_mono_ns);
     health_.Update(&draft.job, report, receipt, sent_mono_ns, clock_->Now());
-    Status s = Commit(report.job_id(), std::move(draft), effects);
+    Status s = Commit(report.job_id(), std::move(draft), effects, Retry::kNextReport);
     if (first_error.ok()) first_error = s;
   }
   return first_error;
@@ -417,20 +432,22 @@ StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::RegisterN
     return absl::InvalidArgumentError(absl::StrCat("node ", req.node_id(), ": empty incarnation"));
   }
   Effects effects;
-  Status s;
+  Status s, reports;
   {
     MutexLock lock(&mu_);
-    s = RegisterLocked(req, &effects);
+    s = RegisterLocked(req, &effects, &reports);
   }
   Run(&effects);
   RETURN_IF_ERROR(s);
   v1::RegisterNodeResponse resp;
   resp.set_lease_s(ToSeconds(options_.lease));
   resp.set_heartbeat_interval_s(ToSeconds(options_.heartbeat_interval));
+  if (!reports.ok()) resp.set_reports_not_applied(reports.ToString());  // as in Heartbeat
   return resp;
 }
 
-Status Coordinator::RegisterLocked(const v1::RegisterNodeRequest& req, Effects* effects) {
+Status Coordinator::RegisterLocked(const v1::RegisterNodeRequest& req, Effects* effects,
+                                   Status* reports) {
   const v1::NodeInfo* known = nodes_.Find(req.node_id());
   v1::NodeInfo info;
   if (known) info = *known;
@@ -457,7 +474,8 @@ Status Coordinator::RegisterLocked(const v1::RegisterNodeRequest& req, Effects* 
   nodes_.Register(info, clock_->Now(), req.jobs());
   log_.Info("node {} registered: address {} incarnation {}", req.node_id(), req.agent_address(),
             req.incarnation());
-  return ApplyReports(req.node_id(), req.jobs(), req.sent_mono_ns(), effects);
+  *reports = ApplyReports(req.node_id(), req.jobs(), req.sent_mono_ns(), effects);
+  return absl::OkStatus();
 }
 
 StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
@@ -515,7 +533,10 @@ StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatReques
     }
   }
   Run(&effects);
-  RETURN_IF_ERROR(error);
+  // The lease is renewed whatever became of the reports: an agent that
+  // cannot be told so stops its workers when the lease runs out, so a
+  // failing job store would stop every job on every node.
+  if (!error.ok()) resp.set_reports_not_applied(error.ToString());
   return resp;
 }
 
@@ -603,7 +624,7 @@ void Coordinator::Tick() {
       if (JobMachine::IsTerminal(current.job.state())) continue;
       JobDraft draft = current;
       machine_.Advance(&draft, nodes_);
-      (void)Commit(id, std::move(draft), &effects, /*retried_by_tick=*/true);
+      (void)Commit(id, std::move(draft), &effects, Retry::kEveryTick);
     }
     EvictFinished();
     if (now >= next_retention_sweep_) {

@@ -11,9 +11,13 @@
 //
 // Compute, persist, apply. Every change to a job is computed by the
 // JobMachine on a copy (JobDraft: the Job and its runtime state), written
-// with JobStore::PutJob, and only then applied to memory; a failed write
-// changes nothing, is logged with the job id, and is returned to the caller
-// where there is one (a Tick has none: it retries on the next tick). Node
+// with JobStore::PutJob, and only then applied to memory and logged
+// (JobDraft::changes); a failed write changes nothing, is logged with the
+// job id, and is returned to the caller where there is one (a Tick has
+// none: it retries on the next tick). A heartbeat or registration whose
+// reports could not be written still renews the node's lease: the error
+// goes back in reports_not_applied, and the next reports make the change
+// again. Node
 // registrations are written with PutNode before they are applied. Leases
 // are never persisted: Recover gives every reloaded node a full lease.
 //
@@ -42,6 +46,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -204,7 +209,11 @@ class Coordinator {
   struct JobEntry {
     JobDraft current;
     int64_t version = 1;
+    // When a failed write of this job was last logged (a retried change
+    // is said again after kPersistErrorLogInterval, per job).
+    std::optional<MonoTime> persist_error_logged;
   };
+  static constexpr Duration kPersistErrorLogInterval = std::chrono::seconds(5);
   struct Watch {
     std::string job_id;
     int64_t after_version;
@@ -217,17 +226,21 @@ class Coordinator {
     std::vector<std::string> closed_jobs;
   };
 
+  // What computes a change again after its write failed.
+  enum class Retry { kNone, kEveryTick, kNextReport };
   // Persists `next` (the new value of job `id`) if the Job changed, then
-  // applies it; on a failed write logs it with the job id (rate-limited
-  // when `retried_by_tick`), returns it and changes nothing. Collects the
-  // watches and store drops it causes.
+  // logs next.changes and applies it; on a failed write logs that with the
+  // job id (rate-limited when the change is retried), returns it and
+  // changes nothing. Collects the watches and store drops it causes.
   Status Commit(const std::string& id, JobDraft next, Effects* effects,
-                bool retried_by_tick = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                Retry retry = Retry::kNone) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails every job whose current round used `node_id` (its agent
   // restarted); the first persistence error.
   Status NodeLost(const std::string& node_id, const std::string& reason, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Status RegisterLocked(const v1::RegisterNodeRequest& request, Effects* effects)
+  // Registers the node (its earlier incarnation's rounds failed first);
+  // the first persistence error of its job reports goes to `reports`.
+  Status RegisterLocked(const v1::RegisterNodeRequest& request, Effects* effects, Status* reports)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies an agent's job reports; the first persistence error.
   Status ApplyReports(const std::string& node_id, const NodeTable::Reports& reports,
@@ -258,7 +271,6 @@ class Coordinator {
   JobStore* const store_;
   const JobMachine machine_;
   Logger log_{"coordinator"};
-  RateLimiter tick_error_limiter_{std::chrono::seconds(5)};
 
   mutable Mutex mu_;
   NodeTable nodes_ ABSL_GUARDED_BY(mu_);

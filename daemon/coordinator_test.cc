@@ -1111,7 +1111,9 @@ TEST_F(CoordinatorTest, RoundRecordIsPersistedWithTheJob) {
 }
 
 // Compute, persist, apply: a write that fails leaves the job, its runtime
-// state and its version as they were, and the caller gets the error.
+// state and its version as they were, and the caller gets the error. A
+// heartbeat is still accepted (the lease renewed), with the error in
+// reports_not_applied: the agent keeps its workers and reports again.
 TEST_F(CoordinatorTest, FailedPersistenceChangesNothing) {
   std::string id = RunningTwoByTwo(/*max_restarts=*/2);
   const v1::Job before = Job(id);
@@ -1120,7 +1122,9 @@ TEST_F(CoordinatorTest, FailedPersistenceChangesNothing) {
 
   auto beat = Beat("n2", id, 1, {Worker(2, v1::WORKER_STATE_EXITED, 1),
                                  Worker(3, v1::WORKER_STATE_RUNNING)});
-  EXPECT_EQ(beat.status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_NE(beat->reports_not_applied().find("fake job store: writes disabled"), std::string::npos)
+      << beat->reports_not_applied();
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(Job(id).restart_count(), 0);
   EXPECT_EQ(Job(id).workers(2).state(), v1::WORKER_STATE_RUNNING) << "the report was not applied";
@@ -1142,11 +1146,17 @@ TEST_F(CoordinatorTest, FailedPersistenceChangesNothing) {
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
 
   // Time-driven changes cannot be written either; they happen once writes
-  // work again (n2 silent for a lease: its round fails then).
+  // work again (n2 silent for a lease: its round fails then). n1's
+  // heartbeats renew its lease all along.
   for (int i = 0; i < 11; ++i) {
     clock_.Advance(seconds(1));
-    (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
+    auto n1 = Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
+    ASSERT_TRUE(n1.ok()) << n1.status();
     coord_->Tick();
+  }
+  ASSERT_EQ(coord_->ListNodes().size(), 2u);
+  for (const auto& node : coord_->ListNodes()) {
+    EXPECT_EQ(node.alive(), node.node_id() == "n1") << node.node_id();
   }
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(store_.jobs[id], before));
@@ -1156,6 +1166,42 @@ TEST_F(CoordinatorTest, FailedPersistenceChangesNothing) {
   EXPECT_NE(Job(id).first_failure().reason().find("node n2 lost"), std::string::npos);
   EXPECT_EQ(store_.jobs[id].state(), v1::JOB_STATE_RESTARTING);
   EXPECT_EQ(coord_->GetJobVersion(JobId(id))->second, version + 1);
+}
+
+// A change is logged once it is written: while writes fail, the report
+// that would fail the round is applied again at every heartbeat and the log
+// says, at most every few seconds, that it was discarded; never that the
+// job restarted. Once written, the change is logged once, with its rank.
+TEST_F(CoordinatorTest, ChangesAreLoggedOnceWrittenNotWhileDiscarded) {
+  std::string id = RunningTwoByTwo(/*max_restarts=*/2);
+  LogCapture log;
+  store_.fail_writes = true;
+  const std::vector<v1::WorkerStatus> exited = {Worker(2, v1::WORKER_STATE_EXITED, 1),
+                                                Worker(3, v1::WORKER_STATE_RUNNING)};
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(milliseconds(300));
+    ASSERT_TRUE(Beat("n2", id, 1, exited).ok());
+  }
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  std::string lines = log.Lines();
+  EXPECT_EQ(lines.find("RESTARTING round=1"), std::string::npos) << lines;
+  const std::string discarded = absl::StrCat(
+      "[coordinator] job=", id,
+      " rank=- persisting the job failed, change (to RESTARTING) discarded (made again from the "
+      "next report): UNAVAILABLE: fake job store: writes disabled");
+  EXPECT_NE(lines.find(discarded), std::string::npos) << lines;
+  EXPECT_EQ(lines.find(discarded, lines.find(discarded) + 1), std::string::npos)
+      << "said more than once in a second: " << lines;
+
+  store_.fail_writes = false;
+  auto beat = Beat("n2", id, 1, exited);
+  ASSERT_TRUE(beat.ok());
+  EXPECT_EQ(beat->reports_not_applied(), "");
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
+  lines = log.Lines();
+  const std::string restarting = absl::StrCat("[coordinator] job=", id, " rank=2 RESTARTING round=1");
+  EXPECT_NE(lines.find(restarting), std::string::npos) << lines;
+  EXPECT_EQ(lines.find(restarting, lines.find(restarting) + 1), std::string::npos) << lines;
 }
 
 TEST_F(CoordinatorTest, StoreNamespacesOfOldRoundsAndEndedJobsAreDropped) {

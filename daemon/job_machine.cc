@@ -160,16 +160,15 @@ void JobMachine::AddEvent(v1::Job* job, const std::string& detail) const {
   if (job->history_size() > kMaxHistory) job->mutable_history()->DeleteSubrange(1, 1);
 }
 
-void JobMachine::SetState(v1::Job* job, v1::JobState state, const std::string& detail,
+void JobMachine::SetState(JobDraft* d, v1::JobState state, const std::string& detail,
                           int rank) const {
+  v1::Job* job = &d->job;
   job->set_state(state);
   job->set_message(detail);
   if (IsTerminal(state)) job->set_finished_unix_ms(clock_->UnixMillis());
   AddEvent(job, detail);
-  log_.WithJob(job->job_id())
-      .WithRank(rank)
-      .Info("{} round={} restarts={}: {}", StateName(state), job->current_round().number(),
-            job->restart_count(), detail);
+  d->changes.push_back({rank, absl::StrCat(StateName(state), " round=", job->current_round().number(),
+                                           " restarts=", job->restart_count(), ": ", detail)});
 }
 
 Duration JobMachine::BackoffFor(int restart_count) const {
@@ -211,7 +210,7 @@ void JobMachine::HandleFailure(JobDraft* d, const v1::Failure& failure, bool cou
     // The program, its working dir or its user is wrong the same way on
     // every try: a restart would only spend the budget and the backoff.
     *job->mutable_first_failure() = failure;
-    SetState(job, v1::JOB_STATE_FAILED,
+    SetState(d, v1::JOB_STATE_FAILED,
              absl::StrCat("rank ", failure.rank(), " on node ", failure.node_id(),
                           " could not be launched: ", failure.exit().message(),
                           "; not retried (a restart cannot fix a launch error)"),
@@ -222,20 +221,20 @@ void JobMachine::HandleFailure(JobDraft* d, const v1::Failure& failure, bool cou
   if (!counts) {
     job->set_rescale_count(job->rescale_count() + 1);
     d->rt.restart_at = clock_->Now();
-    SetState(job, v1::JOB_STATE_RESTARTING, absl::StrCat("membership change: ", what));
+    SetState(d, v1::JOB_STATE_RESTARTING, absl::StrCat("membership change: ", what));
     return;
   }
   if (!job->has_first_failure() || job->first_failure().round() != job->current_round().number()) {
     *job->mutable_first_failure() = failure;
   }
   if (job->restart_count() >= job->spec().max_restarts()) {
-    SetState(job, v1::JOB_STATE_FAILED, BudgetSpent(*job), job->first_failure().rank());
+    SetState(d, v1::JOB_STATE_FAILED, BudgetSpent(*job), job->first_failure().rank());
     return;
   }
   job->set_restart_count(job->restart_count() + 1);
   const Duration backoff = BackoffFor(job->restart_count());
   d->rt.restart_at = clock_->Now() + backoff;
-  SetState(job, v1::JOB_STATE_RESTARTING,
+  SetState(d, v1::JOB_STATE_RESTARTING,
            absl::StrCat("restart ", job->restart_count(), " of ", job->spec().max_restarts(),
                         " after ", what, " (backoff ", ToSeconds(backoff), "s)"),
            failure.rank());
@@ -302,7 +301,7 @@ void JobMachine::AttributeFailures(JobDraft* d) const {
       const std::string event =
           absl::StrCat("first failure is rank ", first.rank(), why, ": ", DescribeFailure(first));
       AddEvent(job, event);
-      log_.WithJob(job->job_id()).WithRank(first.rank()).Info("{}", event);
+      d->changes.push_back({first.rank(), event});
       // The state's message named the rank that gave up: name the cause.
       std::string message = job->message();
       if (absl::StrReplaceAll({{was_described, DescribeFailure(first)}}, &message) > 0) {
@@ -365,7 +364,7 @@ void JobMachine::ApplyReport(JobDraft* d, const std::string& node_id,
       return;
   }
   if (job->state() == v1::JOB_STATE_RENDEZVOUS && job->workers_size() == round->world_size()) {
-    SetState(job, v1::JOB_STATE_RUNNING,
+    SetState(d, v1::JOB_STATE_RUNNING,
              absl::StrCat("all ", round->world_size(), " ranks started on ",
                           round->node_ids_size(), " nodes"));
   }
@@ -394,7 +393,7 @@ void JobMachine::ApplyReport(JobDraft* d, const std::string& node_id,
     HandleFailure(d, f, /*counts=*/true);
     AttributeFailures(d);
   } else if (succeeded == round->world_size() && round->world_size() > 0) {
-    SetState(job, v1::JOB_STATE_SUCCEEDED,
+    SetState(d, v1::JOB_STATE_SUCCEEDED,
              absl::StrCat("all ", round->world_size(), " ranks exited 0"));
   }
 }
@@ -414,7 +413,7 @@ void JobMachine::NodeLost(JobDraft* d, const std::string& node_id,
 }
 
 void JobMachine::Cancel(JobDraft* d) const {
-  SetState(&d->job, v1::JOB_STATE_CANCELLED, "cancelled by user");
+  SetState(d, v1::JOB_STATE_CANCELLED, "cancelled by user");
 }
 
 void JobMachine::OpenNextRound(JobDraft* d) const {
@@ -431,7 +430,7 @@ void JobMachine::OpenNextRound(JobDraft* d) const {
   d->rt.last_call_deadline.reset();
   d->rt.exit_at.clear();
   const v1::JobSpec& spec = job->spec();
-  SetState(job, v1::JOB_STATE_RENDEZVOUS,
+  SetState(d, v1::JOB_STATE_RENDEZVOUS,
            absl::StrCat("round ", job->current_round().number(), " opened: waiting for ",
                         spec.min_nodes(), "..", spec.max_nodes(), " nodes"));
 }
@@ -457,7 +456,7 @@ void JobMachine::PlanOpenRound(JobDraft* d, const NodeTable& nodes) const {
       job->set_message(absl::StrCat("round ", round->number(), " ",
                                     WaitingForNodes(spec, static_cast<int>(in.eligible.size()))));
       if (spec.join_timeout_s() > 0 && now - d->rt.waiting_since >= FromSeconds(spec.join_timeout_s())) {
-        SetState(job, v1::JOB_STATE_FAILED,
+        SetState(d, v1::JOB_STATE_FAILED,
                  absl::StrCat("rendezvous round ", round->number(), ": fewer than min ",
                               spec.min_nodes(), " nodes within join timeout ",
                               spec.join_timeout_s(), "s"));
@@ -498,7 +497,7 @@ void JobMachine::Advance(JobDraft* d, const NodeTable& nodes) const {
         job->set_message(WaitingForNodes(spec, have));
         if (spec.join_timeout_s() > 0 &&
             now - d->rt.waiting_since >= FromSeconds(spec.join_timeout_s())) {
-          SetState(job, v1::JOB_STATE_FAILED,
+          SetState(d, v1::JOB_STATE_FAILED,
                    absl::StrCat("no rendezvous: fewer than min ", spec.min_nodes(),
                                 " nodes within join timeout ", spec.join_timeout_s(), "s"));
         }

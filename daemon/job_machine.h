@@ -55,9 +55,9 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
-#include "common/logging.h"
 #include "daemon/node_table.h"
 #include "lockstep/v1/common.pb.h"
 
@@ -81,10 +81,22 @@ struct JobRuntime {
   std::map<int, MonoTime> exit_at;
 };
 
+// A line the JobMachine has to say about a change (a new state, a new first
+// failure), with the rank it is about (-1: the whole job).
+struct ChangeLine {
+  int rank = -1;
+  std::string text;
+};
+
 // A job and its runtime state: the unit that is computed, persisted, applied.
 struct JobDraft {
   v1::Job job;
   JobRuntime rt;
+  // What the machine did to this draft, for the log. Whoever persists the
+  // draft logs them once it is written (Coordinator::Commit), so a change
+  // whose write failed, and that is computed again at the next report or
+  // tick, is never logged as made. Never persisted.
+  std::vector<ChangeLine> changes;
 };
 
 struct JobMachineOptions {
@@ -139,9 +151,9 @@ class JobMachine {
 
  private:
   void AddEvent(v1::Job* job, const std::string& detail) const;
-  // Logs the change with the job's id, and with `rank` when it is about
-  // one rank (a rank's failure; -1: the whole job).
-  void SetState(v1::Job* job, v1::JobState state, const std::string& detail, int rank = -1) const;
+  // Records the change in the job's history and in d->changes, with `rank`
+  // when it is about one rank (a rank's failure; -1: the whole job).
+  void SetState(JobDraft* d, v1::JobState state, const std::string& detail, int rank = -1) const;
   // Applies a failure of the current round: FAILED (launch error, budget
   // spent), else RESTARTING. `counts` = false for a rescale.
   void HandleFailure(JobDraft* d, const v1::Failure& failure, bool counts) const;
@@ -155,7 +167,6 @@ class JobMachine {
 
   const JobMachineOptions options_;
   Clock* const clock_;
-  Logger log_{"coordinator"};
 };
 
 }  // namespace daemon
