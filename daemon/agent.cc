@@ -671,7 +671,52 @@ void Agent::ApplyCommands(const v1::HeartbeatResponse& resp) {
   }
 }
 
+void Agent::CapLogs() {
+  if (options_.max_log_bytes <= 0 || clock_->Now() < next_log_check_) return;
+  next_log_check_ = clock_->Now() + kLogCheckInterval;
+  struct Full {
+    std::string job_id;
+    int rank;
+    std::string path;
+  };
+  std::vector<Full> full;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [id, run] : runs_) {
+      for (const auto& w : run.workers) {
+        if (!IsLive(w.status)) continue;
+        for (bool err : {false, true}) {
+          std::string path = LogPath(id, w.rank, err);
+          struct stat st;
+          if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+              st.st_size > options_.max_log_bytes) {
+            full.push_back({id, w.rank, std::move(path)});
+          }
+        }
+      }
+    }
+  }
+  for (const Full& f : full) {
+    const std::string name = f.path.substr(f.path.rfind('/') + 1);
+    StatusOr<Rotation> r = RotateLog(
+        f.path, absl::StrCat("=== lockstep: ", name, " grew past ", options_.max_log_bytes,
+                             " bytes (lockstepd --max-log-mb) and was rotated"));
+    if (!r.ok()) {
+      if (rotate_warning_.Allow()) log_.WithJob(f.job_id).WithRank(f.rank).Warn("{}", r.status().ToString());
+    } else if (r->kept) {
+      log_.WithJob(f.job_id).WithRank(f.rank).Info(
+          "{} grew past {} bytes: its {} bytes moved to {}.1, the file emptied", name,
+          options_.max_log_bytes, r->bytes, name);
+    } else {
+      log_.WithJob(f.job_id).WithRank(f.rank).Warn(
+          "{} grew past {} bytes: emptied, its {} bytes dropped ({})", name,
+          options_.max_log_bytes, r->bytes, r->why_lost);
+    }
+  }
+}
+
 void Agent::RunOnce() {
+  CapLogs();
   MonoTime now = clock_->Now();
   {
     MutexLock lock(&mu_);
@@ -816,7 +861,9 @@ StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool std
   struct stat st;
   if (::fstat(*fd, &st) != 0) st.st_size = 0;
   if (tail_bytes > 0 && offset == 0) offset = std::max<int64_t>(0, st.st_size - tail_bytes);
-  offset = std::min<int64_t>(offset, st.st_size);
+  // Past the end: the file was rotated (emptied) since the reader's last
+  // chunk; it goes on from the start, the rotation's line first.
+  if (offset > st.st_size) offset = 0;
   chunk.data = ReadAt(*fd, offset, std::min<int64_t>(max_bytes, st.st_size - offset));
   ::close(*fd);
   chunk.next_offset = offset + chunk.data.size();

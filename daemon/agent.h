@@ -77,6 +77,8 @@ inline constexpr Duration kDefaultRpcTimeout = std::chrono::seconds(2);
 inline constexpr int kLastLogLines = 20;
 // Cap of one ReadLogs chunk.
 inline constexpr int64_t kMaxLogChunkBytes = 1 << 20;
+// How often live workers' log files are measured against max_log_bytes.
+inline constexpr Duration kLogCheckInterval = std::chrono::seconds(1);
 
 struct AgentOptions {
   std::string node_id;
@@ -114,6 +116,12 @@ struct AgentOptions {
   // reaches the next workers; an error fails that launch. Default: none
   // (workers without TLS).
   std::function<StatusOr<WorkerTlsPem>()> worker_tls;
+  // A live worker's stdout or stderr file that has grown past this many
+  // bytes is rotated, looked at every kLogCheckInterval: moved to
+  // rank-R.stdout.1 (replacing the previous one) and emptied
+  // (log_files.h, RotateLog), so one job's output cannot fill the state
+  // dir's disk. 0: never. lockstepd: --max-log-mb.
+  int64_t max_log_bytes = 0;
 };
 
 // How the agent's log line words a worker's exit: "exited with code 1
@@ -220,6 +228,9 @@ class Agent {
   };
 
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rotates the live workers' log files past max_log_bytes (at most every
+  // kLogCheckInterval); copies outside the lock.
+  void CapLogs() ABSL_LOCKS_EXCLUDED(mu_);
   // Reap's work for one job's run.
   void ReapRun(const std::string& job_id, JobRun* run, MonoTime now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -262,6 +273,8 @@ class Agent {
   RateLimiter register_warning_{std::chrono::seconds(5)};
   RateLimiter heartbeat_warning_{std::chrono::seconds(2)};
   RateLimiter reports_warning_{std::chrono::seconds(10)};
+  RateLimiter rotate_warning_{std::chrono::seconds(10)};
+  MonoTime next_log_check_{};  // agent thread only
 
   // The node's fence page, inherited by every worker.
   worker_link::FencePage fence_;

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -883,6 +884,58 @@ TEST_F(AgentTest, ReadLogsRejectsPathsAndUnknownRanks) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(agent_->ReadLogs("j1", 9, false, 0, 0, 0).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A worker's output past max_log_bytes is moved to rank-R.stdout.1 and the
+// file emptied; the worker writes on into it, after the rotation's line. A
+// reader following from an offset past the new end starts again from 0.
+TEST_F(AgentTest, LogsPastTheCapAreRotatedAndTheWorkerWritesOn) {
+  agent_->Shutdown(milliseconds(200));
+  AgentOptions options = Options();
+  options.base_env = {"PATH=/usr/bin:/bin"};
+  options.max_log_bytes = 64 * 1024;
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  LogCapture log;
+  const std::string printed = state_dir_ + "/printed", go = state_dir_ + "/go";
+  Command({Start("j1", 1,
+                 absl::StrCat("i=0; while [ $i -lt 2000 ]; do echo \"line $i of a hundred bytes: "
+                              "padding padding padding padding padding padding padding\"; "
+                              "i=$((i+1)); done; echo small >&2; touch ", printed, "; "
+                              "while [ ! -e ", go, " ]; do sleep 0.05; done; echo after; exec sleep 60"),
+                 1)});
+  ASSERT_TRUE(RunUntil([&] { return Workers("j1").size() == 1; }));
+  // The loop stands still (only RunOnce measures the logs) until the worker
+  // has printed it all: the rotation cannot cut the output short.
+  for (int i = 0; i < 300 && ::access(printed.c_str(), F_OK) != 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_EQ(::access(printed.c_str(), F_OK), 0) << "the worker did not print its lines in 15 s";
+  const std::string path = state_dir_ + "/jobs/j1/rank-1.stdout";
+  ASSERT_TRUE(RunUntil([&] { return ::access((path + ".1").c_str(), F_OK) == 0; }))
+      << "no rotation: " << Output("j1", 1).size() << " bytes in " << path;
+  std::ifstream in(path + ".1");
+  std::stringstream previous;
+  previous << in.rdbuf();
+  EXPECT_EQ(previous.str().rfind("=== lockstep: job j1 round 1 rank 1", 0), 0u) << previous.str().substr(0, 200);
+  EXPECT_NE(previous.str().find("line 1999 of a hundred bytes"), std::string::npos);
+  const std::string marker =
+      "=== lockstep: rank-1.stdout grew past 65536 bytes (lockstepd --max-log-mb) and was rotated; "
+      "the earlier output is in rank-1.stdout.1 ===\n";
+  EXPECT_EQ(Output("j1", 1), marker);
+  // A follower whose offset is past the new end reads it again from 0.
+  auto chunk = agent_->ReadLogs("j1", 1, false, static_cast<int64_t>(previous.str().size()), 0, 0);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(chunk->data, marker);
+  std::ofstream(go) << "";
+  ASSERT_TRUE(RunUntil([&] { return Output("j1", 1) == marker + "after\n"; })) << Output("j1", 1);
+  auto err = agent_->ReadLogs("j1", 1, true, 0, 0, 0);
+  ASSERT_TRUE(err.ok());
+  EXPECT_NE(err->data.find("small\n"), std::string::npos) << "stderr, below the cap, kept: " << err->data;
+  EXPECT_NE(::access((state_dir_ + "/jobs/j1/rank-1.stderr.1").c_str(), F_OK), 0);
+  EXPECT_NE(log.Lines().find(absl::StrCat("job=j1 rank=1 rank-1.stdout grew past 65536 bytes: its ",
+                                          previous.str().size(), " bytes moved to rank-1.stdout.1")),
+            std::string::npos)
+      << log.Lines();
 }
 
 // A coordinator that renews the lease but cannot apply the reports (its job

@@ -88,6 +88,7 @@ struct Config {
   double restart_backoff_s = ToSeconds(kDefaultRestartBackoff);
   double max_restart_backoff_s = ToSeconds(kDefaultMaxRestartBackoff);
   double shutdown_grace_s = 10;
+  double max_log_mb = 1024;
   double retain_finished_s = ToSeconds(kDefaultFinishedJobRetention);
   std::string log_level;
   std::string metrics_listen;  // empty: no /metrics endpoint
@@ -179,6 +180,10 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
                "this long after it ended (0 = kept until `lockstep delete`; 604800 = 7 days)");
   flags.Double("shutdown-grace-s", &c.shutdown_grace_s,
                "on SIGTERM: workers get this long after SIGTERM before SIGKILL");
+  flags.Double("max-log-mb", &c.max_log_mb,
+               "agent: a worker's stdout or stderr file past this many MiB is moved to "
+               "rank-R.stdout.1 (or .stderr.1, replacing the previous one) and emptied, so one "
+               "job's output cannot fill the state dir's disk; 0 = never");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error (default LOCKSTEP_LOG_LEVEL or info)");
   flags.String("metrics-listen", &c.metrics_listen,
                "serve Prometheus metrics at http://HOST:PORT/metrics, https with --tls-* (a "
@@ -227,6 +232,10 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   if (!(c.retain_finished_s >= 0 && c.retain_finished_s <= 100.0 * 365 * 86400)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--retain-finished-s: want 0 (keep) to 100 years in seconds, got ", c.retain_finished_s));
+  }
+  if (!(c.max_log_mb >= 0 && c.max_log_mb <= 1024.0 * 1024 * 1024)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-log-mb: want 0 (no cap) to 1 PiB in MiB, got ", c.max_log_mb));
   }
   if (c.run_as == "root" || c.run_as == "0") {
     return absl::InvalidArgumentError("--run-as: workers never run as root");
@@ -649,6 +658,7 @@ int Run(int argc, char** argv) {
     for (char** e = environ; *e; ++e) options.base_env.push_back(*e);
     options.heartbeat_interval = FromSeconds(config.heartbeat_interval_s);
     options.lease = FromSeconds(config.lease_s);
+    options.max_log_bytes = static_cast<int64_t>(config.max_log_mb * 1024 * 1024);
     if (tls.enabled()) {
       // Read at each launch: a renewed certificate reaches the next workers.
       options.worker_tls = [tls, config] { return ReadWorkerTls(tls, config); };

@@ -8,6 +8,7 @@
 #ifndef LOCKSTEP_DAEMON_LOG_FILES_H_
 #define LOCKSTEP_DAEMON_LOG_FILES_H_
 
+#include <cstdint>
 #include <string>
 
 #include "common/status.h"
@@ -20,6 +21,28 @@ namespace daemon {
 // a regular file (a symlink, a FIFO, a socket) is unlinked first and a new
 // file made in its place. Unavailable naming the path when that fails.
 StatusOr<int> OpenLogForAppend(const std::string& path);
+
+// What RotateLog did.
+struct Rotation {
+  int64_t bytes = 0;     // what `path` held
+  bool kept = false;     // copied to `path`.1; else dropped
+  std::string why_lost;  // when not kept: why `path`.1 could not be written
+};
+
+// Rotates a log file that its worker keeps appending to (through an
+// O_APPEND descriptor, as OpenLogForAppend gives): copies what `path` holds
+// to `path`.1 (made anew, mode 0640, replacing an earlier one, whatever that
+// was), empties `path`, then appends a line: `marker_head` followed by
+// "; the earlier output is in <name>.1 ===" or, when the copy could not be
+// written (the disk full, say), "; the earlier output was dropped (<why>)
+// ===": the file is emptied either way, since a log that keeps growing would
+// fill the disk. Copy then truncate, as logrotate's copytruncate: what the
+// worker writes between the end of the copy and the truncation is lost.
+// Nothing is followed through a symlink: `path` must be a regular file
+// (FailedPrecondition naming it otherwise; nothing changed); a symlink at
+// `path`.1 is replaced, never written through. Unavailable naming the path
+// when `path` cannot be emptied.
+StatusOr<Rotation> RotateLog(const std::string& path, const std::string& marker_head);
 
 // For reading (close-on-exec). NotFound when there is no file;
 // FailedPrecondition naming the path when it is not a regular file (nothing

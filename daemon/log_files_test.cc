@@ -107,6 +107,71 @@ TEST_F(LogFilesTest, ReadOpensOnlyARegularFile) {
   EXPECT_EQ(OpenLogForRead(fifo).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A worker keeps appending through its O_APPEND descriptor: after the
+// rotation its output lands after the marker in the emptied file, and what
+// was there is in .1; a second rotation replaces .1.
+TEST_F(LogFilesTest, RotateMovesTheOutputAsideAndTheWriterGoesOn) {
+  const std::string path = dir_ + "/rank-0.stdout";
+  StatusOr<int> fd = OpenLogForAppend(path);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_EQ(::write(*fd, "one\ntwo\n", 8), 8);
+  StatusOr<Rotation> r = RotateLog(path, "=== head");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->kept);
+  EXPECT_EQ(r->bytes, 8);
+  EXPECT_EQ(Contents(path + ".1"), "one\ntwo\n");
+  EXPECT_EQ(Mode(path + ".1"), 0640);
+  ASSERT_EQ(::write(*fd, "three\n", 6), 6);
+  EXPECT_EQ(Contents(path), "=== head; the earlier output is in rank-0.stdout.1 ===\nthree\n");
+  r = RotateLog(path, "=== again");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Contents(path + ".1"), "=== head; the earlier output is in rank-0.stdout.1 ===\nthree\n");
+  EXPECT_EQ(Contents(path), "=== again; the earlier output is in rank-0.stdout.1 ===\n");
+  ::close(*fd);
+  struct stat st;
+  EXPECT_NE(::lstat((path + ".1.tmp").c_str(), &st), 0) << "a temporary file was left";
+}
+
+// The job owns the dir: a symlink at the log's name is not rotated (nor
+// read), and symlinks at .1 or its temporary name are replaced, never
+// written through.
+TEST_F(LogFilesTest, RotateFollowsNoSymlink) {
+  const std::string link = dir_ + "/link.stdout";
+  ASSERT_EQ(::symlink(victim_.c_str(), link.c_str()), 0);
+  StatusOr<Rotation> r = RotateLog(link, "=== x");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("a symlink"), std::string::npos) << r.status();
+
+  const std::string path = dir_ + "/rank-1.stderr";
+  std::ofstream(path) << "output\n";
+  ASSERT_EQ(::symlink(victim_.c_str(), (path + ".1").c_str()), 0);
+  ASSERT_EQ(::symlink(victim_.c_str(), (path + ".1.tmp").c_str()), 0);
+  r = RotateLog(path, "=== x");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->kept);
+  struct stat st;
+  ASSERT_EQ(::lstat((path + ".1").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(Contents(path + ".1"), "output\n");
+  EXPECT_EQ(Contents(victim_), "secret\n");
+  EXPECT_EQ(Mode(victim_), 0600);
+}
+
+// .1 cannot be made (here a directory stands at its temporary name's
+// place and cannot be unlinked; on a full disk the copy fails alike): the
+// log is emptied anyway, and its marker says the output was dropped and why.
+TEST_F(LogFilesTest, RotateEmptiesTheLogWhenTheCopyCannotBeWritten) {
+  const std::string path = dir_ + "/rank-2.stdout";
+  std::ofstream(path) << "lots of output\n";
+  ASSERT_EQ(::mkdir((path + ".1.tmp").c_str(), 0755), 0);
+  StatusOr<Rotation> r = RotateLog(path, "=== full");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->kept);
+  EXPECT_EQ(r->bytes, 15);
+  EXPECT_NE(r->why_lost.find("create " + path + ".1.tmp: File exists"), std::string::npos) << r->why_lost;
+  EXPECT_EQ(Contents(path), absl::StrCat("=== full; the earlier output was dropped (", r->why_lost, ") ===\n"));
+}
+
 }  // namespace
 }  // namespace daemon
 }  // namespace lockstep

@@ -9,6 +9,8 @@
 #   - no state change is logged as made while it is not written;
 #   - once space is back, the short job's end is written (SUCCEEDED), the
 #     DDP job succeeds in round 1 with identical parameters on both ranks.
+# Then a job prints 20 MiB into the 16 MB state dir: --max-log-mb 1 rotates
+# its log, the disk never fills and the job's end is written.
 # Needs root (mount); runs in a mount namespace of its own (skips where
 # it cannot make one).
 if [ -z "${LOCKSTEP_DISK_FULL_NS:-}" ]; then
@@ -24,7 +26,7 @@ TRAIN="$PWD/$4"
 
 mkdir -p "$T/coord"
 mount -t tmpfs -o size=16m lockstep-disk-full-test "$T/coord" || fail "cannot mount a tmpfs on $T/coord"
-start_coordinator
+start_coordinator --max-log-mb 1
 # The DDP job trains for 15 s or more, dumping its parameters outside the
 # full disk (its stdout, on it, loses lines while the disk is full).
 ddp=$(ls_cli submit --detach --json --nproc-per-node 2 --max-restarts 0 -- "$TRAIN" --model mlp_small \
@@ -71,4 +73,20 @@ wait_state "$ddp" SUCCEEDED 90
 cmp -s "$T/out/params.0" "$T/out/params.1" || fail "ranks ended with different parameters"
 [ "$(ls_cli list --json | grep -o '"job_id"' | wc -l)" = 2 ] || fail "the refused submit left a job: $(ls_cli list)"
 check_invariants "$ddp" 0
+
+# A job that prints 20 MiB, 512 KiB every 0.25 s, into the 16 MB state dir:
+# its log is rotated once past 1 MiB (--max-log-mb 1; looked at every
+# second, so a log holds at most 1 MiB + a second's output, as does .1),
+# the disk never fills and the job's end is written.
+chatty=$(ls_cli submit --detach --json --nproc-per-node 1 -- /bin/sh -c \
+  'for i in $(seq 40); do head -c 524288 /dev/zero | tr "\0" x; echo " chunk $i"; sleep 0.25; done' |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
+wait_state "$chatty" SUCCEEDED 60
+used_mb=$(du -sm "$T/coord" | cut -f1)
+(( used_mb <= 12 )) || fail "the state dir holds $used_mb MB after a job printed 20 MiB with --max-log-mb 1"
+grep -q "job=$chatty rank=0 rank-0.stdout grew past 1048576 bytes: its [0-9]* bytes moved to rank-0.stdout.1" "$T/coord.log" ||
+  fail "no rotation of the chatty job's log was logged"
+grep -q "chunk 40$" "$T/coord/jobs/$chatty/rank-0.stdout" "$T/coord/jobs/$chatty/rank-0.stdout.1" ||
+  fail "the chatty job's last chunk is in neither its log nor .1"
+log "a job that printed 20 MiB left $used_mb MB in the state dir"
 log "PASS"
