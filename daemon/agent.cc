@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -26,6 +27,7 @@
 #include "daemon/job_env.h"
 #include "daemon/job_spec.h"
 #include "daemon/log_files.h"
+#include "daemon/orphans.h"
 #include "daemon/token.h"
 
 namespace lockstep {
@@ -166,6 +168,11 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
       heartbeat_interval_(options_.heartbeat_interval),
       lease_(options_.lease),
       next_heartbeat_(clock->Now()) {
+  if (!BecomeChildSubreaper()) {
+    log_.Warn("cannot become the child subreaper ({}): processes a worker leaves running in a "
+              "session of its own are not stopped with it",
+              std::strerror(errno));
+  }
   Status fence = fence_.Create();
   if (!fence.ok()) {
     log_.Error("no fence page ({}): a frozen agent's workers will not stop themselves",
@@ -672,8 +679,7 @@ void Agent::ApplyCommands(const v1::HeartbeatResponse& resp) {
 }
 
 void Agent::CapLogs() {
-  if (options_.max_log_bytes <= 0 || clock_->Now() < next_log_check_) return;
-  next_log_check_ = clock_->Now() + kLogCheckInterval;
+  if (options_.max_log_bytes <= 0) return;
   struct Full {
     std::string job_id;
     int rank;
@@ -715,8 +721,49 @@ void Agent::CapLogs() {
   }
 }
 
+void Agent::SweepOrphans(bool all) {
+  std::set<pid_t> workers;
+  for (const auto& [id, run] : runs_) {
+    for (const auto& w : run.workers) {
+      if (w.process) workers.insert(static_cast<pid_t>(w.process->pid()));
+    }
+  }
+  for (const pid_t pid : ChildrenOf(::getpid())) {
+    if (workers.count(pid)) continue;  // reaped by its Process
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) continue;  // one that had exited
+    const auto env = EnvironOf(pid, {worker_env::kAgent, worker_env::kJobId, worker_env::kRound});
+    auto at = [&env](const char* name) {
+      auto it = env.find(name);
+      return it == env.end() ? std::string() : it->second;
+    };
+    const std::string job_id = at(worker_env::kJobId);
+    // Only what this agent's workers started: another agent in this
+    // process (tests) or a child of the daemon's own is left alone.
+    if (job_id.empty() || at(worker_env::kAgent) != agent_address_) continue;
+    int round = 0;
+    (void)absl::SimpleAtoi(at(worker_env::kRound), &round);
+    auto run = runs_.find(job_id);
+    const bool live = run != runs_.end() && run->second.assignment.round() == round &&
+                      !RunDone(run->second);
+    if (live && !all) continue;
+    const bool leader = ::getpgid(pid) == pid;
+    ::kill(leader ? -pid : pid, SIGKILL);
+    log_.WithJob(job_id).Warn(
+        "killed pid {} ({}{}), which round {}'s workers left running {} (it had left their "
+        "process group: setsid or a double fork)",
+        pid, CommOf(pid), leader ? " and its process group" : "", round,
+        all ? "as the agent stops" : "after they ended");
+  }
+}
+
 void Agent::RunOnce() {
-  CapLogs();
+  if (clock_->Now() >= next_housekeeping_) {
+    next_housekeeping_ = clock_->Now() + kHousekeepingInterval;
+    CapLogs();
+    MutexLock lock(&mu_);
+    SweepOrphans(/*all=*/false);
+  }
   MonoTime now = clock_->Now();
   {
     MutexLock lock(&mu_);
@@ -809,6 +856,8 @@ void Agent::StopAllAndReap(Duration grace) {
     }
     waker_->Wait(std::chrono::milliseconds(20));  // not under mu_
   }
+  MutexLock lock(&mu_);
+  SweepOrphans(/*all=*/true);
 }
 
 Status Agent::ReportProgress(const std::string& job_id, int round, const std::string& token,

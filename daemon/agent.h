@@ -77,8 +77,9 @@ inline constexpr Duration kDefaultRpcTimeout = std::chrono::seconds(2);
 inline constexpr int kLastLogLines = 20;
 // Cap of one ReadLogs chunk.
 inline constexpr int64_t kMaxLogChunkBytes = 1 << 20;
-// How often live workers' log files are measured against max_log_bytes.
-inline constexpr Duration kLogCheckInterval = std::chrono::seconds(1);
+// How often the agent measures live workers' log files against
+// max_log_bytes and looks for processes workers left behind (orphans.h).
+inline constexpr Duration kHousekeepingInterval = std::chrono::seconds(1);
 
 struct AgentOptions {
   std::string node_id;
@@ -117,7 +118,7 @@ struct AgentOptions {
   // (workers without TLS).
   std::function<StatusOr<WorkerTlsPem>()> worker_tls;
   // A live worker's stdout or stderr file that has grown past this many
-  // bytes is rotated, looked at every kLogCheckInterval: moved to
+  // bytes is rotated, looked at every kHousekeepingInterval: moved to
   // rank-R.stdout.1 (replacing the previous one) and emptied
   // (log_files.h, RotateLog), so one job's output cannot fill the state
   // dir's disk. 0: never. lockstepd: --max-log-mb.
@@ -228,9 +229,15 @@ class Agent {
   };
 
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Rotates the live workers' log files past max_log_bytes (at most every
-  // kLogCheckInterval); copies outside the lock.
+  // Rotates the live workers' log files past max_log_bytes; copies outside
+  // the lock.
   void CapLogs() ABSL_LOCKS_EXCLUDED(mu_);
+  // Reaps the agent's children that are not workers (orphans it adopted as
+  // a child subreaper, see orphans.h) once they exit, and SIGKILLs (with
+  // their process group, if they lead one) those this agent's workers left
+  // behind: their job has no live worker here in their round, or `all`
+  // (the agent shutting down). Logs each.
+  void SweepOrphans(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reap's work for one job's run.
   void ReapRun(const std::string& job_id, JobRun* run, MonoTime now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -274,7 +281,7 @@ class Agent {
   RateLimiter heartbeat_warning_{std::chrono::seconds(2)};
   RateLimiter reports_warning_{std::chrono::seconds(10)};
   RateLimiter rotate_warning_{std::chrono::seconds(10)};
-  MonoTime next_log_check_{};  // agent thread only
+  MonoTime next_housekeeping_{};  // agent thread only
 
   // The node's fence page, inherited by every worker.
   worker_link::FencePage fence_;

@@ -886,6 +886,62 @@ TEST_F(AgentTest, ReadLogsRejectsPathsAndUnknownRanks) {
             absl::StatusCode::kNotFound);
 }
 
+// A worker's child in a session of its own (setsid) outlives the kill of
+// the worker's process group. The agent, its subreaper, adopts it once its
+// parent is gone, keeps it while its job's round still has a live worker
+// here, and kills it once the round's workers have ended.
+TEST_F(AgentTest, WhatAWorkerLeftRunningInASessionOfItsOwnIsKilledWithItsRound) {
+  LogCapture log;
+  const std::string pid_file = state_dir_ + "/helper.pid";
+  // A subshell starts the helper and exits: the helper is orphaned at once
+  // while the worker itself goes on.
+  Command({Start("j1", 1,
+                 absl::StrCat("(setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > ", pid_file,
+                              ".tmp; mv ", pid_file, ".tmp ", pid_file, "); echo started; exec sleep 60"),
+                 1)});
+  ASSERT_TRUE(RunUntil([&] { return Output("j1", 1).find("started") != std::string::npos; }));
+  std::ifstream in(pid_file);
+  pid_t helper = 0;
+  in >> helper;
+  ASSERT_GT(helper, 0);
+  const auto alive = [](pid_t pid) {
+    // A zombie counts as gone: it was killed and awaits its reaping.
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    return close != std::string::npos && line.size() > close + 2 && line[close + 2] != 'Z';
+  };
+  ASSERT_TRUE(alive(helper));
+  const auto adopted = [&] {
+    std::ifstream stat("/proc/" + std::to_string(helper) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    return close != std::string::npos &&
+           std::atoi(line.c_str() + close + 4) == static_cast<int>(::getpid());
+  };
+  ASSERT_TRUE(RunUntil(adopted)) << "the agent's process did not adopt the helper";
+  // Three housekeeping turns with the round's worker alive: the helper stays.
+  const auto until = std::chrono::steady_clock::now() + 3 * kHousekeepingInterval + milliseconds(200);
+  while (std::chrono::steady_clock::now() < until) {
+    agent_->RunOnce();
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(alive(helper)) << "killed while its job's worker still ran";
+  EXPECT_EQ(log.Lines().find("killed pid"), std::string::npos) << log.Lines();
+  // The job is no longer this node's: its worker is stopped, then the helper goes.
+  Command({});
+  ASSERT_TRUE(RunUntil([&] { return !alive(helper); })) << "the helper outlived its round";
+  EXPECT_NE(log.Lines().find(absl::StrCat("job=j1 rank=- killed pid ", helper,
+                                          " (sleep and its process group), which round 1's "
+                                          "workers left running after they ended")),
+            std::string::npos)
+      << log.Lines();
+  ASSERT_TRUE(RunUntil([&] { return ::access(("/proc/" + std::to_string(helper)).c_str(), F_OK) != 0; }))
+      << "the killed helper was not reaped";
+}
+
 // A worker's output past max_log_bytes is moved to rank-R.stdout.1 and the
 // file emptied; the worker writes on into it, after the rotation's line. A
 // reader following from an offset past the new end starts again from 0.

@@ -8,6 +8,8 @@
 #   - SIGINT mid-job: the job is cancelled, exit 130;
 #   - the CLI killed with SIGKILL: its daemon and the workers still go
 #     (the daemon's parent-death signal);
+#   - a process the program left running in a session of its own is
+#     killed with the job;
 #   - a CLI copied out of the Bazel tree finds lockstepd through
 #     $LOCKSTEPD, else beside itself, else on PATH;
 #   - usage errors name the flag.
@@ -83,6 +85,21 @@ kill -KILL "$cli"
 wait "$cli" 2>/dev/null || true
 assert_nothing_left "SIGKILL of the CLI"
 grep -q 'stopping' "$T/run4/lockstepd.log" || fail "the daemon did not log stopping its workers"
+
+# 4b. A program that leaves a process running in a session of its own
+# (setsid) and exits: the agent kills it with the job; nothing outlives the
+# run.
+rc=0
+"$LOCKSTEP" run --state-dir "$T/run4b" -- /bin/sh -c \
+  "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo \$! > '$T/helper.pid'; exit 0" \
+  >"$T/run4b.out" 2>"$T/run4b.err" || rc=$?
+[ "$rc" = 0 ] || fail "the run that left a helper exited $rc: $(tail -n 5 "$T/run4b.err")"
+helper=$(cat "$T/helper.pid")
+helper_gone() { ! kill -0 "$helper" 2>/dev/null; }
+wait_for 10 helper_gone || fail "the helper (pid $helper, setsid) outlived its run: $(ps -o pid,ppid,sess,cmd -p "$helper")"
+grep -q "killed pid $helper (sleep and its process group), which round 1's workers left running" "$T/run4b/lockstepd.log" ||
+  fail "the daemon did not log killing the helper: $(grep -i 'killed pid' "$T/run4b/lockstepd.log")"
+assert_nothing_left "a run that left a helper"
 
 # 5. Where a CLI outside the Bazel tree finds lockstepd, in order: $LOCKSTEPD,
 # beside itself, on PATH. Each candidate is a wrapper that notes its use and

@@ -1,0 +1,66 @@
+#include "daemon/orphans.h"
+
+#include <dirent.h>
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace lockstep {
+namespace daemon {
+
+bool BecomeChildSubreaper() { return ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0; }
+
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return out;
+  while (struct dirent* e = ::readdir(proc)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+    std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> fields =
+        absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
+    pid_t ppid = 0;
+    if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &ppid) && ppid == parent) {
+      out.push_back(pid);
+    }
+  }
+  ::closedir(proc);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::map<std::string, std::string> EnvironOf(pid_t pid, const std::vector<std::string>& names) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(absl::StrCat("/proc/", pid, "/environ"));
+  std::string entry;
+  while (std::getline(in, entry, '\0')) {
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string name = entry.substr(0, eq);
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      out[name] = entry.substr(eq + 1);
+    }
+  }
+  return out;
+}
+
+std::string CommOf(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/comm"));
+  std::string comm;
+  if (!std::getline(in, comm) || comm.empty()) return "?";
+  return comm;
+}
+
+}  // namespace daemon
+}  // namespace lockstep

@@ -1,0 +1,43 @@
+// Processes a worker left behind. A worker's descendants that left its
+// process group (setsid, a daemon's double fork) outlive the agent's kill
+// of the group, and keep what they hold (a port, GPU memory, files) into
+// the next round and past the job. With the agent a child subreaper
+// (PR_SET_CHILD_SUBREAPER) such a process becomes the agent's child when
+// its parent dies; the agent finds it among its children, tells it from
+// its workers, and reads the job and round it belongs to from its
+// environment (LOCKSTEP_JOB_ID, LOCKSTEP_ROUND, LOCKSTEP_AGENT, which every
+// worker's descendants inherit unless they clear them), as HTCondor's procd
+// tracks a job's processes by an inherited environment marker.
+//
+// Thread safety: pure functions of /proc.
+#ifndef LOCKSTEP_DAEMON_ORPHANS_H_
+#define LOCKSTEP_DAEMON_ORPHANS_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace lockstep {
+namespace daemon {
+
+// Makes this process the child subreaper of its descendants; false (errno
+// set) where the kernel refuses.
+bool BecomeChildSubreaper();
+
+// The pids whose parent is `parent`, from /proc/<pid>/stat.
+std::vector<pid_t> ChildrenOf(pid_t parent);
+
+// The values of `names` in /proc/<pid>/environ (the environment the process
+// was started with); a name that is not there is absent. Empty when the
+// file cannot be read (a zombie, another uid's process without privilege).
+std::map<std::string, std::string> EnvironOf(pid_t pid, const std::vector<std::string>& names);
+
+// The process's command name (/proc/<pid>/comm), or "?".
+std::string CommOf(pid_t pid);
+
+}  // namespace daemon
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DAEMON_ORPHANS_H_
