@@ -748,11 +748,12 @@ void Agent::SweepOrphans(bool all) {
                       !RunDone(run->second);
     if (live && !all) continue;
     const bool leader = ::getpgid(pid) == pid;
+    const std::string comm = CommOf(pid);
     ::kill(leader ? -pid : pid, SIGKILL);
     log_.WithJob(job_id).Warn(
         "killed pid {} ({}{}), which round {}'s workers left running {} (it had left their "
         "process group: setsid or a double fork)",
-        pid, CommOf(pid), leader ? " and its process group" : "", round,
+        pid, comm, leader ? " and its process group" : "", round,
         all ? "as the agent stops" : "after they ended");
   }
 }
