@@ -29,6 +29,7 @@
 #include "daemon/log_files.h"
 #include "daemon/orphans.h"
 #include "daemon/token.h"
+#include "daemon/uid_leftovers.h"
 
 namespace lockstep {
 namespace daemon {
@@ -219,6 +220,18 @@ void Agent::ReleaseJobUid(const std::string& job_id) {
   // Its files stay readable to `lockstep logs` (root), not to the next job.
   const std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
   ::nftw(dir.c_str(), ChownToRoot, 16, FTW_PHYS);
+  // Nor what it left in the shared temporary dirs and System V IPC, which
+  // the next job given the uid would own (uid_leftovers.h). The state dir
+  // may lie under /tmp: its job dirs are never swept.
+  const Leftovers files =
+      RemoveUidLeftovers(uid, options_.uid_leftover_dirs, {options_.state_dir}, /*ipc=*/true);
+  if (files.entries > 0 || files.ipc > 0) {
+    log.Info("removed what uid {} left: {} entries under {} and {} System V IPC objects", uid,
+             files.entries, absl::StrJoin(options_.uid_leftover_dirs, ", "), files.ipc);
+  }
+  for (size_t i = 0; i < files.errors.size() && i < 5; ++i) {
+    log.Warn("could not remove what uid {} left: {}", uid, files.errors[i]);
+  }
   job_uids_.erase(it);
   log.Info("uid {} returned; {} given back to root", uid, dir);
 }

@@ -64,6 +64,7 @@
 #include "daemon/process_launcher.h"
 #include "daemon/roles.h"
 #include "daemon/uid_lease.h"
+#include "daemon/uid_leftovers.h"
 #include "lockstep/v1/common.pb.h"
 
 namespace lockstep {
@@ -97,6 +98,9 @@ struct AgentOptions {
   // Where the host-wide leases on those uids are taken (uid_lease.h), so
   // that no other lockstepd on the host gives a job the same uid.
   std::string uid_lease_dir = kDefaultUidLeaseDir;
+  // When a job's uid is returned, what it owns under these dirs goes, with
+  // its System V IPC objects (uid_leftovers.h).
+  std::vector<std::string> uid_leftover_dirs = DefaultLeftoverDirs();
   std::vector<std::string> allowed_commands;
   // Names or PREFIX* a job's env may set beyond the engine's (job_env.h).
   std::vector<std::string> allowed_env;

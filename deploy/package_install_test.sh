@@ -29,7 +29,8 @@
 #     their CapabilityBoundingSet), a job over both hosts succeeds with
 #     identical parameters as a uid of its own; a worker of the agent unit
 #     has NoNewPrivs, a seccomp filter, no capabilities, no user namespace,
-#     the unit's private /tmp and no /dev/net/tun; a stand-in GPU node
+#     the unit's private /tmp (what it wrote there gone once its uid is
+#     returned) and no /dev/net/tun; a stand-in GPU node
 #     (/dev/nvidia0, no driver) is hidden as shipped and with DeviceAllow=
 #     alone, and reached with deploy/README.md's PrivateDevices=false
 #     drop-in; a job checkpointing to
@@ -448,6 +449,7 @@ under_systemd() {
     echo "uid $(id -u)"
     if unshare --user --map-root-user true 2>/dev/null; then echo "userns allowed"; else echo "userns refused"; fi
     echo "$LOCKSTEP_JOB_ID" >/tmp/lockstep-probe && echo "tmp written"
+    echo "tmp from $(awk '\''$5 == "/tmp" { print $4 }'\'' /proc/self/mountinfo | tail -n 1)"
     if [ -e /dev/net/tun ]; then echo "tun seen"; else echo "tun absent"; fi'
   out="$(sdcli submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --wait -- /bin/sh -c "$probe" 2>&1)" ||
     fail "the probe job under systemd did not succeed: $out"
@@ -463,8 +465,17 @@ under_systemd() {
   grep -qx "userns refused" <<<"$seen" || fail "a worker of the agent unit created a user namespace (RestrictNamespaces=): $seen"
   grep -qx "tmp written" <<<"$seen" || fail "the worker could not write /tmp (PrivateTmp= gives it a writable one under ProtectSystem=strict): $seen"
   [ ! -e "/proc/$init_g/root/tmp/lockstep-probe" ] || fail "the worker's /tmp is the host's (PrivateTmp=)"
-  grep -qx "$job" /proc/$init_g/root/tmp/systemd-private-*-lockstepd-agent.service-*/tmp/lockstep-probe 2>/dev/null ||
-    fail "the worker's /tmp file is not in the agent unit's private /tmp"
+  grep -Eqx "tmp from (/tmp)?/systemd-private-[^/]*-lockstepd-agent.service-[^/]*/tmp" <<<"$seen" ||
+    fail "the worker's /tmp is not the agent unit's private /tmp: $seen"
+  # Once the job's uid is returned, what it left there is gone (the agent
+  # removes a returned uid's entries of /tmp, seen through the unit's own).
+  for _ in $(seq 100); do
+    compgen -G "/proc/$init_g/root/tmp/systemd-private-*-lockstepd-agent.service-*/tmp/lockstep-probe" >/dev/null || break
+    sleep 0.1
+  done
+  if compgen -G "/proc/$init_g/root/tmp/systemd-private-*-lockstepd-agent.service-*/tmp/lockstep-probe" >/dev/null; then
+    fail "the probe's /tmp file outlived its job's uid under the agent unit"
+  fi
   [ -e "/proc/$init_g/root/dev/net/tun" ] || fail "control: lsp-agent has no /dev/net/tun, so the probe shows nothing"
   grep -qx "tun absent" <<<"$seen" || fail "a worker of the agent unit sees /dev/net/tun (PrivateDevices=): $seen"
   log "a worker under the agent unit: NoNewPrivs, seccomp, no capabilities, no user namespace, the unit's private /tmp, no /dev/net/tun"

@@ -6,7 +6,8 @@
 # jobs/ dir, or read the daemon's admin token, though it reaches them all
 # (a state dir under a dir every uid may traverse); when A ends, its uid's
 # processes are gone and its job dir belongs to root again. The uids are leased host-wide
-# (/run/lockstep/job-uids): a second daemon on the same host runs the other
+# (/run/lockstep/job-uids), and what A left in /tmp, /dev/shm and System V
+# IPC goes with its uid: a second daemon on the same host runs the other
 # rank of a real 2-node DDP job (examples/train) as a different uid, and the
 # job succeeds with identical parameters. A root daemon without CAP_SETUID,
 # one with --job-uids=off or --run-as, and a non-root daemon each say at
@@ -37,7 +38,13 @@ abs_field() { absc status --json "$1" | python3 -c "import json,sys; j=json.load
 abs_state_is() { [ "$(abs_field "$1" 'j["state"]')" = "$2" ]; }
 
 # A: records its uid, then waits (its store token is in its environment).
-jobA=$(absc submit --detach --json --nproc-per-node 1 -- /bin/sh -c 'id -u > uid.txt; exec sleep 300' | job_id)
+# A also leaves data where the next job given its uid would find it: a
+# file in /dev/shm, a dir in /tmp, a System V shared memory segment.
+left="lockstep-isolation-$$"
+jobA=$(absc submit --detach --json --nproc-per-node 1 -- /bin/sh -c \
+  "echo a-data > /dev/shm/$left; mkdir /tmp/$left && echo a-data > /tmp/$left/f; \
+   ipcmk -M 4096 | sed -n 's/.*id: //p' > shmid.txt; id -u > uid.txt; exec sleep 300" | job_id)
+EXTRA_CLEANUP="$EXTRA_CLEANUP; rm -rf '/dev/shm/$left' '/tmp/$left'"
 wait_for 30 abs_state_is "$jobA" RUNNING || fail "job A is not RUNNING: $(absc status "$jobA")"
 dirA="$bin/state/jobs/$jobA"
 wait_for 30 test -s "$dirA/uid.txt" || fail "job A never wrote its uid"
@@ -82,7 +89,17 @@ wait_for 30 owned_by_root "$dirA" ||
 no_processes_of() { [ -z "$(pgrep -u "$1")" ]; }
 wait_for 15 no_processes_of "$uidA" || fail "processes of uid $uidA outlived job A: $(pgrep -a -u "$uidA")"
 wait_for 15 no_processes_of "$uidB" || fail "processes of uid $uidB outlived job B: $(pgrep -a -u "$uidB")"
-grep -q "uid $uidA returned" "$T/abs.log" || fail "the daemon did not log returning uid $uidA"
+wait_for 15 grep -q "uid $uidA returned" "$T/abs.log" || fail "the daemon did not log returning uid $uidA"
+# What A left on the host went with its uid, as systemd's RemoveIPC does.
+shmid=$(cat "$dirA/shmid.txt")
+[ -n "$shmid" ] || fail "job A made no System V segment"
+[ ! -e "/dev/shm/$left" ] && [ ! -e "/tmp/$left" ] ||
+  fail "what job A left outlived its uid: $(ls -ld "/dev/shm/$left" "/tmp/$left" 2>&1)"
+if ipcs -m | awk -v id="$shmid" '$2 == id { found = 1 } END { exit !found }'; then
+  fail "job A's System V segment $shmid outlived its uid: $(ipcs -m)"
+fi
+grep -Eq "removed what uid $uidA left: [0-9]+ entries under /tmp, /var/tmp, /dev/shm, /dev/mqueue and [0-9]+ System V IPC objects" "$T/abs.log" ||
+  fail "the daemon did not log removing what uid $uidA left: $(grep "uid $uidA" "$T/abs.log")"
 
 # Two daemons on one host, one rank each of a real DDP job: the trainer
 # copied where every uid may run it (Bazel's tree is under /root, 0700).

@@ -1,0 +1,156 @@
+#include "daemon/uid_leftovers.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/ipc.h>
+#include <sys/msg.h>
+#include <sys/sem.h>
+#include <sys/shm.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+constexpr int kMaxDepth = 64;
+
+// The names in the open directory `dfd` (not "." or "..").
+std::vector<std::string> Names(int dfd) {
+  std::vector<std::string> out;
+  const int copy = ::dup(dfd);
+  if (copy < 0) return out;
+  DIR* d = ::fdopendir(copy);
+  if (d == nullptr) {
+    ::close(copy);
+    return out;
+  }
+  while (struct dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      out.push_back(e->d_name);
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+// Opens `name` in `dfd` as a directory, never through a symlink; -1 if it
+// is none.
+int OpenDirAt(int dfd, const std::string& name) {
+  return ::openat(dfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+// Removes `name` in `dfd` and, for a directory, all it holds.
+bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown, int depth,
+                  Leftovers* out) {
+  struct stat st;
+  if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT;
+  if (S_ISDIR(st.st_mode)) {
+    const int sub = OpenDirAt(dfd, name);
+    if (sub < 0 || depth >= kMaxDepth) {
+      if (sub >= 0) ::close(sub);
+      out->errors.push_back(absl::StrCat(shown, ": ", sub < 0 ? std::strerror(errno) : "too deep"));
+      return false;
+    }
+    for (const std::string& child : Names(sub)) {
+      RemoveTreeAt(sub, child, absl::StrCat(shown, "/", child), depth + 1, out);
+    }
+    ::close(sub);
+  }
+  if (::unlinkat(dfd, name.c_str(), S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) != 0 && errno != ENOENT) {
+    out->errors.push_back(absl::StrCat(shown, ": ", std::strerror(errno)));
+    return false;
+  }
+  return true;
+}
+
+// A directory by its device and inode.
+using DirId = std::pair<dev_t, ino_t>;
+
+// The entries of the open directory `dfd` that `uid` owns go whole; those
+// in `keep` stay.
+void Sweep(int dfd, const std::string& shown, uint32_t uid, const std::set<DirId>& keep,
+           Leftovers* out) {
+  for (const std::string& name : Names(dfd)) {
+    struct stat st;
+    if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != uid) continue;
+    if (S_ISDIR(st.st_mode) && keep.count({st.st_dev, st.st_ino})) continue;
+    if (RemoveTreeAt(dfd, name, absl::StrCat(shown, "/", name), 0, out)) ++out->entries;
+  }
+}
+
+// The ids of the System V objects `uid` owns or created (an owner may give
+// an object away with IPC_SET; its creator stays), from
+// /proc/sysvipc/<table>, whose header line names the columns.
+std::vector<int> IpcIdsOf(const std::string& table, uint32_t uid) {
+  std::vector<int> ids;
+  std::ifstream in("/proc/sysvipc/" + table);
+  std::string line;
+  if (!std::getline(in, line)) return ids;
+  const std::vector<std::string> header = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  int id_col = -1, uid_col = -1, cuid_col = -1;
+  for (size_t i = 0; i < header.size(); ++i) {
+    const int col = static_cast<int>(i);
+    if (header[i] == "shmid" || header[i] == "semid" || header[i] == "msqid") id_col = col;
+    if (header[i] == "uid") uid_col = col;
+    if (header[i] == "cuid") cuid_col = col;
+  }
+  if (id_col < 0 || uid_col < 0 || cuid_col < 0) return ids;
+  const size_t need = static_cast<size_t>(std::max({id_col, uid_col, cuid_col})) + 1;
+  while (std::getline(in, line)) {
+    const std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    int id = 0;
+    uint32_t owner = 0, creator = 0;
+    if (f.size() >= need && absl::SimpleAtoi(f[id_col], &id) && absl::SimpleAtoi(f[uid_col], &owner) &&
+        absl::SimpleAtoi(f[cuid_col], &creator) && (owner == uid || creator == uid)) {
+      ids.push_back(id);
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+std::vector<std::string> DefaultLeftoverDirs() { return {"/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue"}; }
+
+Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
+                             const std::vector<std::string>& keep, bool ipc) {
+  Leftovers out;
+  std::set<DirId> kept;
+  for (const std::string& dir : keep) {
+    struct stat st;
+    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) kept.insert({st.st_dev, st.st_ino});
+  }
+  for (const std::string& dir : dirs) {
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0) continue;
+    Sweep(dfd, dir, uid, kept, &out);
+    ::close(dfd);
+  }
+  if (!ipc) return out;
+  auto removed = [&out](const char* what, int id, int rc) {
+    if (rc == 0) {
+      ++out.ipc;
+    } else if (errno != EINVAL && errno != EIDRM) {
+      out.errors.push_back(absl::StrCat("System V ", what, " ", id, ": ", std::strerror(errno)));
+    }
+  };
+  for (int id : IpcIdsOf("shm", uid)) removed("shared memory", id, ::shmctl(id, IPC_RMID, nullptr));
+  for (int id : IpcIdsOf("sem", uid)) removed("semaphore set", id, ::semctl(id, 0, IPC_RMID));
+  for (int id : IpcIdsOf("msg", uid)) removed("message queue", id, ::msgctl(id, IPC_RMID, nullptr));
+  return out;
+}
+
+}  // namespace daemon
+}  // namespace lockstep

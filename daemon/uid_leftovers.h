@@ -1,0 +1,51 @@
+// What a job's uid leaves on the host besides processes: files in the
+// shared temporary dirs (/tmp, /var/tmp, /dev/shm, /dev/mqueue) and System V
+// shared memory, semaphores and message queues. When the agent returns a
+// job's uid (--job-uids) the next job given that uid would own all of it
+// (it could read the first job's data) and /dev/shm and shared memory hold
+// RAM until reboot; systemd's DynamicUser= removes the same with
+// RemoveIPC=. These functions remove what one uid owns, as root.
+//
+// Only the entries of those dirs that the uid owns are removed, whole (a
+// directory with what it holds, whoever owns that); a file the uid put
+// inside another user's directory there is not looked for, so the work
+// stays that of one directory listing plus what the job made (the agent
+// does it between heartbeats). The removal never follows a symlink: every
+// step is relative to an open directory (openat, O_NOFOLLOW, unlinkat), so
+// a path swapped for a link while it runs leads nowhere.
+//
+// Thread safety: pure functions of the file system and the kernel's IPC
+// tables.
+#ifndef LOCKSTEP_DAEMON_UID_LEFTOVERS_H_
+#define LOCKSTEP_DAEMON_UID_LEFTOVERS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lockstep {
+namespace daemon {
+
+// The dirs the agent cleans by default.
+std::vector<std::string> DefaultLeftoverDirs();
+
+struct Leftovers {
+  int entries = 0;  // files, dirs, links and the like removed (whole trees count once)
+  int ipc = 0;      // System V objects removed
+  std::vector<std::string> errors;  // what could not be removed, and why
+};
+
+// Removes every entry of each of `dirs` that `uid` owns (with what it
+// holds), except the dirs in `keep` (the daemon's state dir, which may be
+// one of /tmp's entries: its job dirs are the daemon's to handle), and, when
+// `ipc`, every System V shared memory segment, semaphore set and message
+// queue `uid` owns or created. A dir in `dirs` or `keep` that does not
+// exist is skipped. The uid should have no process left (the agent kills
+// them first), or it could make more.
+Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
+                             const std::vector<std::string>& keep, bool ipc);
+
+}  // namespace daemon
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DAEMON_UID_LEFTOVERS_H_

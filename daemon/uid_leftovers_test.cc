@@ -1,0 +1,164 @@
+#include "daemon/uid_leftovers.h"
+
+#include <sys/ipc.h>
+#include <sys/msg.h>
+#include <sys/sem.h>
+#include <sys/shm.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+// A uid no test runs jobs as (the job uids are 70000-70999).
+constexpr uid_t kUid = 64999;
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+class UidLeftoversTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root (chown, System V objects of another uid)";
+    root_ = absl::StrCat(::testing::TempDir(), "/leftovers_", ::getpid(), "_",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_EQ(::mkdir(root_.c_str(), 0755), 0);
+  }
+  // A file at `path` owned by `uid`.
+  static void File(const std::string& path, uid_t uid) {
+    std::ofstream(path) << "data\n";
+    ASSERT_EQ(::lchown(path.c_str(), uid, uid), 0) << path;
+  }
+  static void Dir(const std::string& path, uid_t uid, mode_t mode) {
+    ASSERT_EQ(::mkdir(path.c_str(), mode), 0) << path;
+    ASSERT_EQ(::chmod(path.c_str(), mode), 0) << path;
+    ASSERT_EQ(::lchown(path.c_str(), uid, uid), 0) << path;
+  }
+  std::string root_;
+};
+
+// What the uid owns in the dir goes, whole; what others own stays, and so
+// does what the uid put inside their dirs (not looked for); a symlink is
+// removed, never followed.
+TEST_F(UidLeftoversTest, RemovesWhatTheUidOwnsAndNothingElse) {
+  const std::string tmp = root_ + "/tmp", outside = root_ + "/outside";
+  Dir(tmp, 0, 01777);
+  Dir(outside, 0, 0755);
+  File(tmp + "/mine", kUid);
+  File(tmp + "/roots", 0);
+  Dir(tmp + "/mydir", kUid, 0777);
+  File(tmp + "/mydir/put-there-by-root", 0);
+  Dir(tmp + "/shared", 0, 01777);
+  File(tmp + "/shared/mine-too", kUid);
+  File(tmp + "/shared/others", 1);
+  // A link the uid made to a root file, and a root-owned link to a dir
+  // outside holding a file of the uid's: neither target is touched.
+  File(outside + "/victim", 0);
+  ASSERT_EQ(::symlink((outside + "/victim").c_str(), (tmp + "/link").c_str()), 0);
+  ASSERT_EQ(::lchown((tmp + "/link").c_str(), kUid, kUid), 0);
+  File(outside + "/uids-file-elsewhere", kUid);
+  ASSERT_EQ(::symlink(outside.c_str(), (tmp + "/shared/to-outside").c_str()), 0);
+
+  // A daemon's state dir there that the uid owns (as a non-root daemon's
+  // would be, were it the uid's): kept.
+  Dir(tmp + "/state", kUid, 0711);
+  File(tmp + "/state/coordinator.db", kUid);
+
+  const Leftovers got =
+      RemoveUidLeftovers(kUid, {tmp, root_ + "/does-not-exist"}, {tmp + "/state"}, /*ipc=*/false);
+  EXPECT_TRUE(got.errors.empty()) << got.errors.front();
+  EXPECT_EQ(got.entries, 3) << "mine, mydir (whole), link";
+  EXPECT_EQ(got.ipc, 0);
+  EXPECT_TRUE(Exists(tmp + "/state/coordinator.db")) << "the state dir was removed";
+  for (const char* gone : {"/mine", "/mydir", "/link"}) {
+    EXPECT_FALSE(Exists(tmp + gone)) << gone;
+  }
+  for (const char* kept : {"/roots", "/shared", "/shared/mine-too", "/shared/others", "/shared/to-outside"}) {
+    EXPECT_TRUE(Exists(tmp + kept)) << kept;
+  }
+  EXPECT_TRUE(Exists(outside + "/victim"));
+  EXPECT_TRUE(Exists(outside + "/uids-file-elsewhere")) << "found through a symlink";
+}
+
+// System V objects the uid owns, or created and gave away, are removed;
+// root's stay.
+TEST_F(UidLeftoversTest, RemovesTheUidsSystemVObjects) {
+  auto give = [](int shmid, uid_t uid) {
+    struct shmid_ds ds;
+    ASSERT_EQ(::shmctl(shmid, IPC_STAT, &ds), 0);
+    ds.shm_perm.uid = uid;
+    ASSERT_EQ(::shmctl(shmid, IPC_SET, &ds), 0);
+  };
+  const int owned = ::shmget(IPC_PRIVATE, 4096, IPC_CREAT | 0600);
+  ASSERT_GE(owned, 0);
+  give(owned, kUid);
+  const int roots = ::shmget(IPC_PRIVATE, 4096, IPC_CREAT | 0600);
+  ASSERT_GE(roots, 0);
+  const int sem = ::semget(IPC_PRIVATE, 1, IPC_CREAT | 0600);
+  ASSERT_GE(sem, 0);
+  struct semid_ds sds;
+  union {
+    int val;
+    struct semid_ds* buf;
+  } arg;
+  arg.buf = &sds;
+  ASSERT_EQ(::semctl(sem, 0, IPC_STAT, arg), 0);
+  sds.sem_perm.uid = kUid;
+  ASSERT_EQ(::semctl(sem, 0, IPC_SET, arg), 0);
+  const int msg = ::msgget(IPC_PRIVATE, IPC_CREAT | 0600);
+  ASSERT_GE(msg, 0);
+  struct msqid_ds mds;
+  ASSERT_EQ(::msgctl(msg, IPC_STAT, &mds), 0);
+  mds.msg_perm.uid = kUid;
+  ASSERT_EQ(::msgctl(msg, IPC_SET, &mds), 0);
+  // Made by the uid itself, then given to root.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int id = -1;
+    if (::setresgid(kUid, kUid, kUid) == 0 && ::setresuid(kUid, kUid, kUid) == 0) {
+      id = ::shmget(IPC_PRIVATE, 4096, IPC_CREAT | 0600);
+      struct shmid_ds ds;
+      if (id >= 0 && ::shmctl(id, IPC_STAT, &ds) == 0) {
+        ds.shm_perm.uid = 0;
+        (void)::shmctl(id, IPC_SET, &ds);
+      }
+    }
+    (void)!::write(fds[1], &id, sizeof(id));
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  int created = -1;
+  ASSERT_EQ(::read(fds[0], &created, sizeof(created)), static_cast<ssize_t>(sizeof(created)));
+  ::close(fds[0]);
+  int st;
+  ::waitpid(child, &st, 0);
+  ASSERT_GE(created, 0);
+
+  const Leftovers got = RemoveUidLeftovers(kUid, {}, {}, /*ipc=*/true);
+  EXPECT_TRUE(got.errors.empty()) << got.errors.front();
+  EXPECT_EQ(got.ipc, 4);
+  struct shmid_ds ds;
+  EXPECT_NE(::shmctl(owned, IPC_STAT, &ds), 0);
+  EXPECT_NE(::shmctl(created, IPC_STAT, &ds), 0) << "created by the uid, given to root";
+  EXPECT_NE(::msgctl(msg, IPC_STAT, &mds), 0);
+  EXPECT_NE(::semctl(sem, 0, IPC_STAT, arg), 0);
+  EXPECT_EQ(::shmctl(roots, IPC_STAT, &ds), 0) << "root's segment was removed";
+  ::shmctl(roots, IPC_RMID, nullptr);
+}
+
+}  // namespace
+}  // namespace daemon
+}  // namespace lockstep
