@@ -16,13 +16,22 @@ namespace daemon {
 
 bool BecomeChildSubreaper() { return ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0; }
 
-std::vector<pid_t> ChildrenOf(pid_t parent) {
+std::vector<pid_t> AllPids() {
   std::vector<pid_t> out;
   DIR* proc = ::opendir("/proc");
   if (proc == nullptr) return out;
   while (struct dirent* e = ::readdir(proc)) {
     pid_t pid = 0;
-    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+    if (absl::SimpleAtoi(e->d_name, &pid)) out.push_back(pid);
+  }
+  ::closedir(proc);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const pid_t pid : AllPids()) {
     std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
     std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
@@ -35,8 +44,6 @@ std::vector<pid_t> ChildrenOf(pid_t parent) {
       out.push_back(pid);
     }
   }
-  ::closedir(proc);
-  std::sort(out.begin(), out.end());
   return out;
 }
 

@@ -26,6 +26,9 @@ namespace daemon {
 // set) where the kernel refuses.
 bool BecomeChildSubreaper();
 
+// Every process's pid, from /proc, ascending.
+std::vector<pid_t> AllPids();
+
 // The pids whose parent is `parent`, from /proc/<pid>/stat.
 std::vector<pid_t> ChildrenOf(pid_t parent);
 

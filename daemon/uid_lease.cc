@@ -1,6 +1,5 @@
 #include "daemon/uid_lease.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pwd.h>
@@ -17,16 +16,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "daemon/orphans.h"
 
 namespace lockstep {
 
 std::vector<pid_t> ProcessesOfUid(uint32_t uid) {
   std::vector<pid_t> pids;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return pids;
-  while (struct dirent* e = ::readdir(proc)) {
-    pid_t pid = 0;
-    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+  for (const pid_t pid : daemon::AllPids()) {
     std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
     std::string line;
     while (std::getline(status, line)) {
@@ -37,7 +33,6 @@ std::vector<pid_t> ProcessesOfUid(uint32_t uid) {
       break;
     }
   }
-  ::closedir(proc);
   return pids;
 }
 
