@@ -555,6 +555,7 @@ class Cli {
         std::cout << "rank " << f.rank() << " on node " << f.node_id() << " "
                   << (f.exit().signal() ? absl::StrCat("killed by signal ", f.exit().signal())
                                         : absl::StrCat("exit code ", f.exit().exit_code()))
+                  << (f.exit().oom_killed() ? " (out of memory: the kernel's OOM killer)" : "")
                   << (f.exit().startup_failure() ? " (startup failure: died in the engine's bootstrap)" : "")
                   << (f.exit().launch_error() ? " (launch error: not retried)" : "")
                   << "\n";
@@ -581,7 +582,8 @@ class Cli {
             WorkerStateName(w.state()), w.progress().step(), w.progress().loss(),
             w.progress().samples_per_s(),
             w.state() == v1::WORKER_STATE_EXITED || w.state() == v1::WORKER_STATE_STOPPED
-                ? (w.exit().signal() ? absl::StrCat("signal ", w.exit().signal())
+                ? (w.exit().signal() ? absl::StrCat("signal ", w.exit().signal(),
+                                                    w.exit().oom_killed() ? " (OOM)" : "")
                                      : absl::StrCat("code ", w.exit().exit_code()))
                 : "-");
       }

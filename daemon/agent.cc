@@ -27,6 +27,7 @@
 #include "daemon/job_env.h"
 #include "daemon/job_spec.h"
 #include "daemon/log_files.h"
+#include "daemon/oom.h"
 #include "daemon/orphans.h"
 #include "daemon/token.h"
 #include "daemon/uid_leftovers.h"
@@ -138,7 +139,10 @@ StatusOr<int> PickFreePort(const std::string& host) {
 }  // namespace
 
 std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent,
-                               bool gave_up_before_stop) {
+                               bool gave_up_before_stop, bool oom_killed) {
+  if (oom_killed) {
+    return absl::StrCat("killed by signal ", signal, " by the kernel's OOM killer (out of memory)");
+  }
   if (gave_up_before_stop) {
     return absl::StrCat("killed by signal ", signal,
                         " after its engine had given up on a lost peer, before the agent's stop"
@@ -530,10 +534,21 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
       std::vector<std::string> lines = TailLines(w.status.stderr_path(), kLastLogLines);
       if (lines.empty()) lines = TailLines(w.status.stdout_path(), kLastLogLines);
       for (auto& l : lines) exit->add_last_log_lines(l);
+      // A SIGKILL this agent did not send: the kernel log says whether it
+      // was the OOM killer's.
+      if (e->signal == SIGKILL) {
+        const int64_t launched_ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(w.launched_at.time_since_epoch())
+                .count();
+        if (auto oom = FindOomKill(static_cast<pid_t>(w.process->pid()), launched_ns)) {
+          exit->set_oom_killed(true);
+          log_.WithJob(job_id).WithRank(w.rank).Warn("the kernel log: {}", *oom);
+        }
+      }
     }
     log_.WithJob(job_id).WithRank(w.rank).Info(
         "worker pid {} {}", w.process->pid(),
-        DescribeWorkerExit(e->exit_code, e->signal, stopped, gave_up_first));
+        DescribeWorkerExit(e->exit_code, e->signal, stopped, gave_up_first, exit->oom_killed()));
     if (options_.on_worker_exit) options_.on_worker_exit(job_id, w.status);
   }
   if (escalate) run.killed = true;

@@ -136,8 +136,10 @@ struct AgentOptions {
 // signalled it (a stop, restart or cancel). `gave_up_before_stop`: a
 // signal death of a worker whose engine had given up on a lost peer
 // before the agent signalled the stop (its own exit, cut short).
+// `oom_killed`: the kernel log says its OOM killer sent the signal
+// (oom.h): "killed by signal 9 by the kernel's OOM killer (out of memory)".
 std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent,
-                               bool gave_up_before_stop = false);
+                               bool gave_up_before_stop = false, bool oom_killed = false);
 
 struct LogChunk {
   std::string data;

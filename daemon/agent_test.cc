@@ -189,6 +189,8 @@ class AgentTest : public ::testing::Test {
 TEST(DescribeWorkerExitTest, SaysWhetherTheAgentStoppedTheWorker) {
   EXPECT_EQ(DescribeWorkerExit(0, 9, /*stopped_by_agent=*/false),
             "killed by signal 9, not by the agent (by the worker itself or from outside)");
+  EXPECT_EQ(DescribeWorkerExit(0, 9, false, false, /*oom_killed=*/true),
+            "killed by signal 9 by the kernel's OOM killer (out of memory)");
   EXPECT_EQ(DescribeWorkerExit(1, 0, false), "exited with code 1 by itself (not stopped by the agent)");
   EXPECT_EQ(DescribeWorkerExit(0, 15, true), "killed by signal 15 (stopped by the agent)");
   EXPECT_EQ(DescribeWorkerExit(0, 0, true), "exited with code 0 (stopped by the agent)");
@@ -884,6 +886,74 @@ TEST_F(AgentTest, ReadLogsRejectsPathsAndUnknownRanks) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(agent_->ReadLogs("j1", 9, false, 0, 0, 0).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A memory cgroup of `limit` bytes (no swap) that a worker can join by
+// writing its pid to `<path>/cgroup.procs`; empty where this process cannot
+// make one (not root, no memory controller it may use). cgroup v2 (a child
+// of the root cgroup, whose controllers are enabled there) or v1 (a child of
+// this process's memory cgroup).
+std::string MakeMemoryCgroup(int64_t limit) {
+  if (::geteuid() != 0) return "";
+  const std::string name = absl::StrCat("lockstep-agent-test-oom-", ::getpid());
+  auto write = [](const std::string& path, const std::string& value) {
+    std::ofstream out(path);
+    out << value;
+    out.flush();
+    return static_cast<bool>(out);
+  };
+  std::ifstream controllers("/sys/fs/cgroup/cgroup.controllers");
+  std::string line;
+  if (std::getline(controllers, line) && line.find("memory") != std::string::npos) {
+    const std::string path = "/sys/fs/cgroup/" + name;
+    (void)write("/sys/fs/cgroup/cgroup.subtree_control", "+memory");
+    if (::mkdir(path.c_str(), 0755) != 0) return "";
+    if (write(path + "/memory.max", std::to_string(limit))) {
+      (void)write(path + "/memory.swap.max", "0");
+      return path;
+    }
+    ::rmdir(path.c_str());
+    return "";
+  }
+  std::ifstream self("/proc/self/cgroup");
+  while (std::getline(self, line)) {
+    const size_t at = line.find(":memory:");
+    if (at == std::string::npos) continue;
+    const std::string path = "/sys/fs/cgroup/memory" + line.substr(at + 8) + "/" + name;
+    if (::mkdir(path.c_str(), 0755) != 0) return "";
+    if (write(path + "/memory.limit_in_bytes", std::to_string(limit))) {
+      (void)write(path + "/memory.swappiness", "0");
+      return path;
+    }
+    ::rmdir(path.c_str());
+  }
+  return "";
+}
+
+// A worker the kernel's OOM killer kills (here its memory cgroup's limit,
+// as a container's would be) is reported so, not as a SIGKILL "from
+// outside": its exit says oom_killed and the agent's line says why.
+TEST_F(AgentTest, AWorkerTheOomKillerKilledIsReportedSo) {
+  const std::string cgroup = MakeMemoryCgroup(64 << 20);
+  if (cgroup.empty()) GTEST_SKIP() << "needs root and a memory cgroup it can make";
+  LogCapture log;
+  Command({Start("j1", 1,
+                 absl::StrCat("echo $$ > ", cgroup, "/cgroup.procs && "
+                              "exec python3 -c 'x = bytearray(512 << 20); print(len(x))'"),
+                 1)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }))
+      << "the worker did not end";
+  const v1::WorkerStatus w = Workers("j1")[0];
+  ::rmdir(cgroup.c_str());
+  EXPECT_EQ(w.exit().signal(), SIGKILL);
+  EXPECT_TRUE(w.exit().oom_killed()) << log.Lines();
+  EXPECT_NE(log.Lines().find(absl::StrCat("job=j1 rank=1 worker pid ", w.pid(),
+                                          " killed by signal 9 by the kernel's OOM killer "
+                                          "(out of memory)")),
+            std::string::npos)
+      << log.Lines();
+  EXPECT_NE(log.Lines().find(absl::StrCat("Killed process ", w.pid(), " (python3)")), std::string::npos)
+      << "the kernel's line is not in the agent's log: " << log.Lines();
 }
 
 // A worker's child in a session of its own (setsid) outlives the kill of

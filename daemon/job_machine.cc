@@ -27,6 +27,7 @@ bool Failed(const v1::WorkerStatus& w) {
 std::string DescribeExit(const v1::ExitInfo& exit) {
   std::string s = exit.signal() != 0 ? absl::StrCat("killed by signal ", exit.signal())
                                      : absl::StrCat("exited with code ", exit.exit_code());
+  if (exit.oom_killed()) absl::StrAppend(&s, " (out of memory: the kernel's OOM killer)");
   if (exit.startup_failure()) absl::StrAppend(&s, " (startup failure: died in the engine's bootstrap)");
   if (exit.launch_error()) absl::StrAppend(&s, " (launch error: not retried)");
   if (!exit.message().empty()) absl::StrAppend(&s, ": ", exit.message());

@@ -290,6 +290,20 @@ TEST_F(JobMachineTest, BudgetSpentFailsNamingTheFirstFailure) {
   EXPECT_NE(d_.job.message().find("restart budget spent (0 of max_restarts 0)"), std::string::npos);
 }
 
+// The OOM killer's SIGKILL (the agent read it in the kernel log) is named
+// in the job's message, so `status` says out of memory, not just signal 9.
+TEST_F(JobMachineTest, AnOomKillIsNamedAsSuch) {
+  RunningOnTwoNodes(0);
+  v1::WorkerStatus w = Worker(1, v1::WORKER_STATE_EXITED, 0, 9);
+  w.mutable_exit()->set_oom_killed(true);
+  Beat("n2", {w});
+  EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(d_.job.message().find(
+                "rank 1 on node n2 killed by signal 9 (out of memory: the kernel's OOM killer) in round 1"),
+            std::string::npos)
+      << d_.job.message();
+}
+
 TEST_F(JobMachineTest, LaunchErrorFailsAtOnceWhateverTheBudget) {
   RunningOnTwoNodes(5);
   v1::WorkerStatus w = Worker(0, v1::WORKER_STATE_EXITED, 127);
