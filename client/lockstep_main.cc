@@ -260,10 +260,13 @@ class Cli {
     flags.Double("last-call-s", &last_call_s, "wait this long for more than MIN nodes (default 2)");
     flags.Double("join-timeout-s", &join_timeout_s, "fail if MIN nodes never come (0 = wait)");
     flags.String("request-id", &request_id, "idempotency key (default: random)");
-    int64_t max_open_files = 0, max_address_space = 0, max_cpu_seconds = 0;
+    int64_t max_open_files = 0, max_address_space = 0, max_cpu_seconds = 0, max_processes = 0;
     flags.Int("max-open-files", &max_open_files, "workers' RLIMIT_NOFILE (0 = inherit)");
     flags.Int("max-address-space", &max_address_space, "workers' RLIMIT_AS in bytes (0 = inherit)");
     flags.Int("max-cpu-seconds", &max_cpu_seconds, "workers' RLIMIT_CPU (0 = inherit)");
+    flags.Int("max-processes", &max_processes,
+              "workers' RLIMIT_NPROC: processes and threads of their uid, so per job on a node "
+              "that gives each job a uid (0 = inherit)");
     bool detach = false;
     flags.Bool("detach", &detach,
                "print the job id (with --json: the job) once it is accepted and return, instead "
@@ -375,6 +378,7 @@ class Cli {
     spec->mutable_limits()->set_max_open_files(max_open_files);
     spec->mutable_limits()->set_max_address_space(max_address_space);
     spec->mutable_limits()->set_max_cpu_seconds(max_cpu_seconds);
+    spec->mutable_limits()->set_max_processes(max_processes);
     req.set_request_id(request_id.empty() ? NewRandomId("req-") : request_id);
     if (standalone) return RunStandalone(req, lockstepd, state_dir);
     RETURN_IF_ERROR(Connect());

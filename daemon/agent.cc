@@ -415,6 +415,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       spec.max_open_files = cmd.spec().limits().max_open_files();
       spec.max_address_space = cmd.spec().limits().max_address_space();
       spec.max_cpu_seconds = cmd.spec().limits().max_cpu_seconds();
+      spec.max_processes = cmd.spec().limits().max_processes();
       spec.run_as = run_as;
       spec.run_as_uid = job_uid;
       if (fence_.fd() >= 0) spec.inherit_fds.push_back(fence_.fd());

@@ -329,9 +329,16 @@ TEST(JobSpecTest, ValidatesSizesCharactersNumbersAndRangesFieldByField) {
   s.mutable_limits()->set_max_cpu_seconds(-1);
   refused(s, "spec.limits.max_cpu_seconds");
   s = ok;
+  s.mutable_limits()->set_max_processes(huge);
+  refused(s, "spec.limits.max_processes");
+  s = ok;
+  s.mutable_limits()->set_max_processes(-1);
+  refused(s, "spec.limits.max_processes");
+  s = ok;
   s.mutable_limits()->set_max_open_files(kMaxOpenFilesLimit);
   s.mutable_limits()->set_max_address_space(kMaxAddressSpaceLimit);
   s.mutable_limits()->set_max_cpu_seconds(kMaxCpuSecondsLimit);
+  s.mutable_limits()->set_max_processes(kMaxProcessesLimit);
   EXPECT_TRUE(ValidateJobSpec(s, {}).ok());
 }
 

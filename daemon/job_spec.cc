@@ -114,6 +114,8 @@ Status ValidateFields(const v1::JobSpec& spec) {
                              kMaxAddressSpaceLimit));
   RETURN_IF_ERROR(CheckLimit("spec.limits.max_cpu_seconds", spec.limits().max_cpu_seconds(),
                              kMaxCpuSecondsLimit));
+  RETURN_IF_ERROR(CheckLimit("spec.limits.max_processes", spec.limits().max_processes(),
+                             kMaxProcessesLimit));
   return absl::OkStatus();
 }
 

@@ -45,6 +45,7 @@ inline constexpr double kMaxJoinTimeoutSeconds = 365 * 86400.0;     // a year; 0
 inline constexpr int64_t kMaxOpenFilesLimit = int64_t{1} << 20;      // Linux's default nr_open
 inline constexpr int64_t kMaxAddressSpaceLimit = int64_t{1} << 50;   // 1 PiB
 inline constexpr int64_t kMaxCpuSecondsLimit = int64_t{365} * 86400; // a year
+inline constexpr int64_t kMaxProcessesLimit = int64_t{1} << 22;      // Linux's PID_MAX_LIMIT
 
 // Returns InvalidArgument naming the field ("spec.command", "spec.nodes",
 // "spec.nproc_per_node", ...) and quoting at most a short prefix of the bad

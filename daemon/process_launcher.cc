@@ -143,6 +143,7 @@ enum ChildStage : int {
   kCpuLimit = 5,
   kSwitchUser = 6,
   kExec = 7,
+  kProcessLimit = 8,
 };
 
 // What execvp searches when the environment has no PATH (glibc's CS_PATH).
@@ -204,6 +205,9 @@ Status ChildFailure(const LaunchSpec& spec, const std::string& search_path, uid_
       break;
     case kCpuLimit:
       what = absl::StrCat("setrlimit RLIMIT_CPU to ", spec.max_cpu_seconds);
+      break;
+    case kProcessLimit:
+      what = absl::StrCat("setrlimit RLIMIT_NPROC to ", spec.max_processes);
       break;
     case kSwitchUser:
       what = absl::StrCat("switching to user \"", spec.run_as, "\"");
@@ -400,6 +404,10 @@ class PosixProcessLauncher : public ProcessLauncher {
       if (spec.max_cpu_seconds > 0) {
         rl.rlim_cur = rl.rlim_max = spec.max_cpu_seconds;
         if (::setrlimit(RLIMIT_CPU, &rl) != 0) fail(kCpuLimit);
+      }
+      if (spec.max_processes > 0) {
+        rl.rlim_cur = rl.rlim_max = spec.max_processes;
+        if (::setrlimit(RLIMIT_NPROC, &rl) != 0) fail(kProcessLimit);
       }
       if (user && user->uid != ::geteuid()) {
         if (::setgroups(user->groups.size(), user->groups.data()) != 0) fail(kSwitchUser);

@@ -48,6 +48,7 @@ struct LaunchSpec {
   int64_t max_open_files = 0;     // RLIMIT_NOFILE; 0 = inherit
   int64_t max_address_space = 0;  // RLIMIT_AS bytes; 0 = inherit
   int64_t max_cpu_seconds = 0;    // RLIMIT_CPU; 0 = inherit
+  int64_t max_processes = 0;      // RLIMIT_NPROC (the uid's processes and threads); 0 = inherit
   std::string run_as;             // user name or uid; empty = the agent's user
   // Nonzero: run as this uid with gid the same number and no supplementary
   // groups, with no passwd entry needed (a job's own uid, lockstepd

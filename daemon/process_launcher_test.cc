@@ -382,6 +382,33 @@ TEST(PosixProcessLauncherTest, RunsAsABareUidWhenRoot) {
   EXPECT_EQ(Slurp(spec.stdout_path), "61999 61999 61999\n");
 }
 
+// max_processes is the uid's RLIMIT_NPROC: a worker of a uid of its own
+// with a limit of 3 runs two children beside itself, and its third fork
+// fails (a fork bomb stops there, not at the host's pid table).
+// Without the limit the same script prints "done" and exits 0.
+TEST(PosixProcessLauncherTest, MaxProcessesBoundsTheUidsForks) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  auto launcher = NewPosixProcessLauncher();
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c",
+               "grep 'Max processes' /proc/self/limits; sleep 1 & sleep 1 & sleep 1 & wait; echo done"};
+  spec.env = {"PATH=/usr/bin:/bin"};
+  spec.stdout_path = TmpDir() + "/nproc.out";
+  spec.stderr_path = TmpDir() + "/nproc.err";
+  ::unlink(spec.stdout_path.c_str());
+  ::unlink(spec.stderr_path.c_str());
+  spec.run_as_uid = 61996;  // no other process runs as it
+  spec.max_processes = 3;
+  auto p = launcher->Launch(spec);
+  ASSERT_TRUE(p.ok()) << p.status();
+  // dash gives up on a fork that fails: exit 2.
+  EXPECT_EQ(WaitExit(p->get()).exit_code, 2);
+  const std::string out = Slurp(spec.stdout_path), err = Slurp(spec.stderr_path);
+  EXPECT_NE(out.find("Max processes             3                    3"), std::string::npos) << out;
+  EXPECT_EQ(out.find("done"), std::string::npos) << out;
+  EXPECT_NE(err.find("Cannot fork"), std::string::npos) << "the third child was not refused: " << err;
+}
+
 // The job dir the agent made is the worker's to write (its cwd); a working
 // dir the job spec named keeps its owner.
 TEST(PosixProcessLauncherTest, RunAsOwnsTheWorkingDirTheAgentMade) {

@@ -103,6 +103,8 @@ void CheckAcceptedSpec(const v1::JobSpec& spec, const std::vector<std::string>& 
              absl::StrCat("max_address_space ", limits.max_address_space(), " accepted"));
   FUZZ_CHECK(limits.max_cpu_seconds() >= 0 && limits.max_cpu_seconds() <= kMaxCpuSecondsLimit,
              absl::StrCat("max_cpu_seconds ", limits.max_cpu_seconds(), " accepted"));
+  FUZZ_CHECK(limits.max_processes() >= 0 && limits.max_processes() <= kMaxProcessesLimit,
+             absl::StrCat("max_processes ", limits.max_processes(), " accepted"));
   FUZZ_CHECK(spec.working_dir().empty() || spec.working_dir()[0] == '/', "relative working_dir: " + s);
   FUZZ_CHECK(program[0] == '/' || program.find('/') == std::string::npos || !spec.working_dir().empty(),
              "relative command[0] without a working dir: " + s);
