@@ -902,30 +902,29 @@ std::string MakeMemoryCgroup(int64_t limit) {
     out.flush();
     return static_cast<bool>(out);
   };
+  // The cgroup at `path`, limited through `limit_file`, without swap
+  // through `swap_file` (best effort); empty if it cannot be made.
+  auto make = [&](const std::string& path, const char* limit_file, const char* swap_file) {
+    if (::mkdir(path.c_str(), 0755) != 0) return std::string();
+    if (!write(path + "/" + limit_file, std::to_string(limit))) {
+      ::rmdir(path.c_str());
+      return std::string();
+    }
+    (void)write(path + "/" + swap_file, "0");
+    return path;
+  };
   std::ifstream controllers("/sys/fs/cgroup/cgroup.controllers");
   std::string line;
   if (std::getline(controllers, line) && line.find("memory") != std::string::npos) {
-    const std::string path = "/sys/fs/cgroup/" + name;
     (void)write("/sys/fs/cgroup/cgroup.subtree_control", "+memory");
-    if (::mkdir(path.c_str(), 0755) != 0) return "";
-    if (write(path + "/memory.max", std::to_string(limit))) {
-      (void)write(path + "/memory.swap.max", "0");
-      return path;
-    }
-    ::rmdir(path.c_str());
-    return "";
+    return make("/sys/fs/cgroup/" + name, "memory.max", "memory.swap.max");
   }
   std::ifstream self("/proc/self/cgroup");
   while (std::getline(self, line)) {
     const size_t at = line.find(":memory:");
     if (at == std::string::npos) continue;
-    const std::string path = "/sys/fs/cgroup/memory" + line.substr(at + 8) + "/" + name;
-    if (::mkdir(path.c_str(), 0755) != 0) return "";
-    if (write(path + "/memory.limit_in_bytes", std::to_string(limit))) {
-      (void)write(path + "/memory.swappiness", "0");
-      return path;
-    }
-    ::rmdir(path.c_str());
+    return make("/sys/fs/cgroup/memory" + line.substr(at + 8) + "/" + name, "memory.limit_in_bytes",
+                "memory.swappiness");
   }
   return "";
 }
