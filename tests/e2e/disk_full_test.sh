@@ -14,8 +14,10 @@
 # Needs root (mount); runs in a mount namespace of its own (skips where
 # it cannot make one).
 if [ -z "${LOCKSTEP_DISK_FULL_NS:-}" ]; then
-  if [ "$(id -u)" != 0 ] || ! unshare -m --propagation private true 2>/dev/null; then
-    echo "SKIP: needs root and a mount namespace (unshare -m)"
+  # A mount namespace of its own where a tmpfs can be mounted.
+  can_mount='d=$(mktemp -d) && mount -t tmpfs -o size=1m lockstep-probe "$d" && umount "$d"; r=$?; rmdir "$d"; exit $r'
+  if [ "$(id -u)" != 0 ] || ! unshare -m --propagation private sh -c "$can_mount" 2>/dev/null; then
+    echo "SKIP: needs root, a mount namespace (unshare -m) and tmpfs mounts in it"
     exit 0
   fi
   LOCKSTEP_DISK_FULL_NS=1 exec unshare -m --propagation private -- bash "$0" "$@"
