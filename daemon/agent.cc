@@ -228,7 +228,7 @@ void Agent::ReleaseJobUid(const std::string& job_id) {
   // the next job given the uid would own (uid_leftovers.h). The state dir
   // may lie under /tmp: its job dirs are never swept.
   const Leftovers files =
-      RemoveUidLeftovers(uid, options_.uid_leftover_dirs, {options_.state_dir}, /*ipc=*/true);
+      RemoveUidLeftovers(uid, options_.uid_leftover_dirs, {options_.state_dir});
   if (files.entries > 0 || files.ipc > 0) {
     log.Info("removed what uid {} left: {} entries under {} and {} System V IPC objects", uid,
              files.entries, absl::StrJoin(options_.uid_leftover_dirs, ", "), files.ipc);

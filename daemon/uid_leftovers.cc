@@ -125,7 +125,7 @@ std::vector<int> IpcIdsOf(const std::string& table, uint32_t uid) {
 std::vector<std::string> DefaultLeftoverDirs() { return {"/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue"}; }
 
 Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
-                             const std::vector<std::string>& keep, bool ipc) {
+                             const std::vector<std::string>& keep) {
   Leftovers out;
   std::set<DirId> kept;
   for (const std::string& dir : keep) {
@@ -138,7 +138,6 @@ Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
     Sweep(dfd, dir, uid, kept, &out);
     ::close(dfd);
   }
-  if (!ipc) return out;
   auto removed = [&out](const char* what, int id, int rc) {
     if (rc == 0) {
       ++out.ipc;

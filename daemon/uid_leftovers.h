@@ -37,13 +37,13 @@ struct Leftovers {
 
 // Removes every entry of each of `dirs` that `uid` owns (with what it
 // holds), except the dirs in `keep` (the daemon's state dir, which may be
-// one of /tmp's entries: its job dirs are the daemon's to handle), and, when
-// `ipc`, every System V shared memory segment, semaphore set and message
-// queue `uid` owns or created. A dir in `dirs` or `keep` that does not
+// one of /tmp's entries: its job dirs are the daemon's to handle), and every
+// System V shared memory segment, semaphore set and message queue `uid` owns
+// or created. A dir in `dirs` or `keep` that does not
 // exist is skipped. The uid should have no process left (the agent kills
 // them first), or it could make more.
 Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
-                             const std::vector<std::string>& keep, bool ipc);
+                             const std::vector<std::string>& keep);
 
 }  // namespace daemon
 }  // namespace lockstep

@@ -76,7 +76,7 @@ TEST_F(UidLeftoversTest, RemovesWhatTheUidOwnsAndNothingElse) {
   File(tmp + "/state/coordinator.db", kUid);
 
   const Leftovers got =
-      RemoveUidLeftovers(kUid, {tmp, root_ + "/does-not-exist"}, {tmp + "/state"}, /*ipc=*/false);
+      RemoveUidLeftovers(kUid, {tmp, root_ + "/does-not-exist"}, {tmp + "/state"});
   EXPECT_TRUE(got.errors.empty()) << got.errors.front();
   EXPECT_EQ(got.entries, 3) << "mine, mydir (whole), link";
   EXPECT_EQ(got.ipc, 0);
@@ -147,7 +147,7 @@ TEST_F(UidLeftoversTest, RemovesTheUidsSystemVObjects) {
   ::waitpid(child, &st, 0);
   ASSERT_GE(created, 0);
 
-  const Leftovers got = RemoveUidLeftovers(kUid, {}, {}, /*ipc=*/true);
+  const Leftovers got = RemoveUidLeftovers(kUid, {}, {});
   EXPECT_TRUE(got.errors.empty()) << got.errors.front();
   EXPECT_EQ(got.ipc, 4);
   struct shmid_ds ds;
