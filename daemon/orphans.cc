@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -16,20 +17,48 @@ namespace daemon {
 
 bool BecomeChildSubreaper() { return ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0; }
 
-std::vector<pid_t> AllPids() {
+namespace {
+
+// The entries of `dir` that are numbers (pids, tids), ascending.
+std::vector<pid_t> NumericEntries(const std::string& dir) {
   std::vector<pid_t> out;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return out;
-  while (struct dirent* e = ::readdir(proc)) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (struct dirent* e = ::readdir(d)) {
     pid_t pid = 0;
     if (absl::SimpleAtoi(e->d_name, &pid)) out.push_back(pid);
   }
-  ::closedir(proc);
+  ::closedir(d);
   std::sort(out.begin(), out.end());
   return out;
 }
 
+}  // namespace
+
+std::vector<pid_t> AllPids() { return NumericEntries("/proc"); }
+
 std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  // Each thread of `parent` lists the children it has in
+  // /proc/<parent>/task/<tid>/children (CONFIG_PROC_CHILDREN, set in
+  // Debian's kernels): a read per thread, however many processes the host
+  // runs. (A child that exits meanwhile may be missed: the caller looks
+  // again.)
+  const std::string tasks = absl::StrCat("/proc/", parent, "/task");
+  if (::access(absl::StrCat(tasks, "/", parent, "/children").c_str(), R_OK) == 0) {
+    for (const pid_t tid : NumericEntries(tasks)) {
+      std::ifstream in(absl::StrCat(tasks, "/", tid, "/children"));
+      pid_t pid = 0;
+      while (in >> pid) out.push_back(pid);
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+  return ChildrenOfByScan(parent);
+}
+
+std::vector<pid_t> ChildrenOfByScan(pid_t parent) {
   std::vector<pid_t> out;
   for (const pid_t pid : AllPids()) {
     std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));

@@ -29,8 +29,12 @@ bool BecomeChildSubreaper();
 // Every process's pid, from /proc, ascending.
 std::vector<pid_t> AllPids();
 
-// The pids whose parent is `parent`, from /proc/<pid>/stat.
+// The pids whose parent is `parent`: from its threads' /proc children lists
+// where the kernel has them, else from every process's /proc/<pid>/stat.
 std::vector<pid_t> ChildrenOf(pid_t parent);
+// The same from every process's /proc/<pid>/stat alone: ChildrenOf's way on
+// a kernel without children lists.
+std::vector<pid_t> ChildrenOfByScan(pid_t parent);
 
 // The values of `names` in /proc/<pid>/environ (the environment the process
 // was started with); a name that is not there is absent. Empty when the

@@ -41,12 +41,14 @@ TEST(OrphansTest, ChildrenAndTheirEnvironment) {
     env = EnvironOf(pid, {"LOCKSTEP_JOB_ID", "LOCKSTEP_ROUND", "LOCKSTEP_AGENT"});
   }
   EXPECT_TRUE(Has(ChildrenOf(::getpid()), pid));
+  EXPECT_TRUE(Has(ChildrenOfByScan(::getpid()), pid));
   EXPECT_EQ(env, (std::map<std::string, std::string>{{"LOCKSTEP_JOB_ID", "j-1"}, {"LOCKSTEP_ROUND", "2"}}));
   EXPECT_EQ(CommOf(pid), "sleep");
   ::kill(pid, SIGKILL);
   int st;
   ::waitpid(pid, &st, 0);
   EXPECT_FALSE(Has(ChildrenOf(::getpid()), pid));
+  EXPECT_FALSE(Has(ChildrenOfByScan(::getpid()), pid));
   EXPECT_TRUE(EnvironOf(pid, {"LOCKSTEP_JOB_ID"}).empty());
   EXPECT_EQ(CommOf(pid), "?");
 }
@@ -77,7 +79,7 @@ TEST(OrphansTest, ASubreaperAdoptsWhatAChildLeftBehind) {
   ASSERT_EQ(::waitpid(child, &st, 0), child);
   bool adopted = false;
   for (int i = 0; i < 200 && !adopted; ++i) {
-    adopted = Has(ChildrenOf(::getpid()), grandchild);
+    adopted = Has(ChildrenOf(::getpid()), grandchild) && Has(ChildrenOfByScan(::getpid()), grandchild);
     if (!adopted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(adopted);
