@@ -413,6 +413,11 @@ class PosixProcessLauncher : public ProcessLauncher {
         if (::setgroups(user->groups.size(), user->groups.data()) != 0) fail(kSwitchUser);
         if (::setgid(user->gid) != 0) fail(kSwitchUser);
         if (::setuid(user->uid) != 0) fail(kSwitchUser);
+        // Changing the effective uid or gid clears the parent-death signal
+        // (prctl(2)): set it again, or a worker of a job uid would outlive
+        // a killed agent.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) ::_exit(127);
       }
       // A working dir the spec named is entered as the worker's user: one it
       // may not enter is refused, not entered with root's rights (which kept

@@ -13,6 +13,7 @@
 #include <memory>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -380,6 +381,37 @@ TEST(PosixProcessLauncherTest, RunsAsABareUidWhenRoot) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(WaitExit(p->get()).exit_code, 0);
   EXPECT_EQ(Slurp(spec.stdout_path), "61999 61999 61999\n");
+}
+
+// A worker dies with the thread that launched it (PR_SET_PDEATHSIG), the
+// agent's, whether or not it runs as another user: changing uids clears the
+// parent-death signal, so the launcher sets it after the switch. (Before
+// that, every worker of a root agent outlived a kill -9 of its daemon.)
+TEST(PosixProcessLauncherTest, AWorkerDiesWithTheThreadThatLaunchedItAsAnyUser) {
+  auto launcher = NewPosixProcessLauncher();
+  struct Case {
+    const char* label;
+    std::string run_as;
+    uint32_t uid;
+  };
+  std::vector<Case> cases;
+  if (::geteuid() == 0) {
+    cases = {{"run_as nobody", "nobody", 0}, {"a bare job uid", "", 61998}};
+  } else {
+    cases = {{"the launcher's own user", "", 0}};
+  }
+  for (const Case& c : cases) {
+    LaunchSpec spec;
+    spec.argv = {"/bin/sleep", "60"};
+    spec.env = {"PATH=/usr/bin:/bin"};
+    spec.stdout_path = TmpDir() + "/pdeath.out";
+    spec.run_as = c.run_as;
+    spec.run_as_uid = c.uid;
+    StatusOr<std::unique_ptr<Process>> p = absl::UnknownError("not launched");
+    std::thread([&] { p = launcher->Launch(spec); }).join();  // the launching thread ends
+    ASSERT_TRUE(p.ok()) << c.label << ": " << p.status();
+    EXPECT_EQ(WaitExit(p->get()).signal, SIGKILL) << c.label << ": outlived its launching thread";
+  }
 }
 
 // max_processes is the uid's RLIMIT_NPROC: a worker of a uid of its own
