@@ -1,6 +1,5 @@
 #include "daemon/agent.h"
 
-#include <ftw.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -178,6 +177,8 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
               "session of its own are not stopped with it",
               std::strerror(errno));
   }
+  reclaimer_ = std::make_unique<UidReclaimer>(UidReclaimerOptions{
+      options_.state_dir, options_.uid_leftover_dirs, options_.before_uid_clean});
   Status fence = fence_.Create();
   if (!fence.ok()) {
     log_.Error("no fence page ({}): a frozen agent's workers will not stop themselves",
@@ -193,7 +194,21 @@ StatusOr<uint32_t> Agent::JobUid(const std::string& job_id) {
   auto it = job_uids_.find(job_id);
   if (it != job_uids_.end()) return it->second.uid();
   UidLeases leases(options_.uid_lease_dir, options_.job_uid_first, options_.job_uid_last);
-  StatusOr<UidLease> lease = leases.Acquire();
+  // A uid whose last job's files, IPC objects or dir are still its own (a
+  // daemon stopped or crashed before cleaning it) is cleaned first, never
+  // handed out as it is: the next job would own all of that.
+  const std::string jobs = absl::StrCat(options_.state_dir, "/jobs");
+  std::vector<std::string> look = options_.uid_leftover_dirs;
+  look.push_back(jobs);
+  std::vector<UidLease> unclean;
+  StatusOr<UidLease> lease = leases.Acquire(
+      [&](uint32_t uid) { return HasUidLeftovers(uid, look, {options_.state_dir}); }, &unclean);
+  for (UidLease& dirty : unclean) {
+    log_.Warn("uid {} still owns what an earlier job left (files under {} or {}, or System V "
+              "IPC objects): cleaning it before any job is given it",
+              dirty.uid(), absl::StrJoin(options_.uid_leftover_dirs, ", "), jobs);
+    reclaimer_->Reclaim(std::move(dirty), "");
+  }
   if (!lease.ok()) return lease.status();
   const uint32_t uid = lease->uid();
   job_uids_[job_id] = *std::move(lease);
@@ -202,42 +217,14 @@ StatusOr<uint32_t> Agent::JobUid(const std::string& job_id) {
   return uid;
 }
 
-namespace {
-
-int ChownToRoot(const char* path, const struct stat*, int, struct FTW*) {
-  (void)::lchown(path, 0, 0);
-  return 0;  // Keep walking whatever one entry did.
-}
-
-}  // namespace
-
 void Agent::ReleaseJobUid(const std::string& job_id) {
   auto it = job_uids_.find(job_id);
   if (it == job_uids_.end()) return;
-  const uint32_t uid = it->second.uid();
-  Logger log = log_.WithJob(job_id);
-  // What escaped the workers' process groups (a daemonized helper) must not
-  // live on into the next job given this uid.
-  std::vector<pid_t> left = ProcessesOfUid(uid);
-  for (pid_t pid : left) ::kill(pid, SIGKILL);
-  if (!left.empty()) log.Warn("killed {} process(es) still running as uid {}", left.size(), uid);
-  // Its files stay readable to `lockstep logs` (root), not to the next job.
-  const std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
-  ::nftw(dir.c_str(), ChownToRoot, 16, FTW_PHYS);
-  // Nor what it left in the shared temporary dirs and System V IPC, which
-  // the next job given the uid would own (uid_leftovers.h). The state dir
-  // may lie under /tmp: its job dirs are never swept.
-  const Leftovers files =
-      RemoveUidLeftovers(uid, options_.uid_leftover_dirs, {options_.state_dir});
-  if (files.entries > 0 || files.ipc > 0) {
-    log.Info("removed what uid {} left: {} entries under {} and {} System V IPC objects", uid,
-             files.entries, absl::StrJoin(options_.uid_leftover_dirs, ", "), files.ipc);
-  }
-  for (size_t i = 0; i < files.errors.size() && i < 5; ++i) {
-    log.Warn("could not remove what uid {} left: {}", uid, files.errors[i]);
-  }
+  log_.WithJob(job_id).Info("uid {}: its processes, job dir and leftovers go on the reclaimer's "
+                            "thread; the uid is free once they are gone",
+                            it->second.uid());
+  reclaimer_->Reclaim(std::move(it->second), job_id);
   job_uids_.erase(it);
-  log.Info("uid {} returned; {} given back to root", uid, dir);
 }
 
 void Agent::RemoveJobDir(const std::string& job_id) {
@@ -805,6 +792,12 @@ void Agent::RunOnce() {
         ++it;
         continue;
       }
+      // Its uid from an earlier run here is still being cleaned: the
+      // reclaimer gives the job dir to root meanwhile.
+      if (reclaimer_->Pending(it->first)) {
+        ++it;
+        continue;
+      }
       StartRun(it->second);
       it = pending_starts_.erase(it);
     }
@@ -886,8 +879,14 @@ void Agent::StopAllAndReap(Duration grace) {
     }
     waker_->Wait(std::chrono::milliseconds(20));  // not under mu_
   }
-  MutexLock lock(&mu_);
-  SweepOrphans(/*all=*/true);
+  {
+    MutexLock lock(&mu_);
+    SweepOrphans(/*all=*/true);
+    // Every job's uid goes back clean before the daemon exits (one that
+    // dies first leaves them to the next daemon's JobUid).
+    while (!job_uids_.empty()) ReleaseJobUid(job_uids_.begin()->first);
+  }
+  reclaimer_->Drain();
 }
 
 Status Agent::ReportProgress(const std::string& job_id, int round, const std::string& token,

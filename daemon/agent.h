@@ -65,6 +65,7 @@
 #include "daemon/roles.h"
 #include "daemon/uid_lease.h"
 #include "daemon/uid_leftovers.h"
+#include "daemon/uid_reclaimer.h"
 #include "lockstep/v1/common.pb.h"
 
 namespace lockstep {
@@ -90,9 +91,12 @@ struct AgentOptions {
   std::string run_as;         // default user for workers (never root)
   // Nonzero: each job's workers on this node run as a uid of their own from
   // [job_uid_first, job_uid_last] (gid the same number), allocated when its
-  // first worker starts and returned when the agent forgets the job, after
-  // every process of that uid is killed and the job dir is given back to
-  // root. run_as is then not used. Needs a root agent.
+  // first worker starts and returned when the agent forgets the job (or
+  // stops), after every process of that uid is killed, the job dir is given
+  // back to root and the uid's leftovers are removed: on a thread of its own
+  // (uid_reclaimer.h), so a job that left a million files stalls no
+  // heartbeat. A uid an earlier daemon left unclean is cleaned before it is
+  // handed out. run_as is then not used. Needs a root agent.
   uint32_t job_uid_first = 0;
   uint32_t job_uid_last = 0;
   // Where the host-wide leases on those uids are taken (uid_lease.h), so
@@ -101,6 +105,9 @@ struct AgentOptions {
   // When a job's uid is returned, what it owns under these dirs goes, with
   // its System V IPC objects (uid_leftovers.h).
   std::vector<std::string> uid_leftover_dirs = DefaultLeftoverDirs();
+  // Called on the uid reclaimer's thread before it cleans a uid (tests hold
+  // it there). Default: none.
+  std::function<void(uint32_t uid)> before_uid_clean;
   std::vector<std::string> allowed_commands;
   // Names or PREFIX* a job's env may set beyond the engine's (job_env.h).
   std::vector<std::string> allowed_env;
@@ -270,8 +277,8 @@ class Agent {
   void RemoveJobDir(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's uid (allocated if new), or ResourceExhausted naming the range.
   StatusOr<uint32_t> JobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Kills what still runs as the job's uid, gives its dir back to root and
-  // frees the uid for another job.
+  // Hands the job's uid to the reclaimer, which kills what still runs as
+  // it, gives its dir back to root, removes its leftovers and frees it.
   void ReleaseJobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AgentOptions options_;
@@ -311,6 +318,8 @@ class Agent {
   std::set<std::string> deletion_deferred_ ABSL_GUARDED_BY(mu_);
   // Job -> its leased uid on this node (options_.job_uid_first..last).
   std::map<std::string, UidLease> job_uids_ ABSL_GUARDED_BY(mu_);
+  // Returns uids off the loop thread (thread-safe itself).
+  std::unique_ptr<UidReclaimer> reclaimer_;
 
   std::atomic<bool> stop_{false};
   Duration shutdown_grace_ = std::chrono::seconds(10);  // written before stop_

@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -1163,6 +1165,132 @@ TEST_P(UnreachableCoordinatorTest, RepeatedFailuresAreLoggedOncePerAgent) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EachOnItsOwnAgent, UnreachableCoordinatorTest, ::testing::Values(1, 2));
+
+
+// A job's uid (--job-uids) is returned off the agent's loop thread: while
+// the reclaimer cleans it (held here by a hook, as a huge tree in /tmp
+// would hold it) the agent goes on heartbeating and starting jobs; the uid
+// is handed to no job until it is clean, and the job that had it starts
+// here again only after (its dir changes owner meanwhile). A uid an earlier
+// daemon left unclean is cleaned before anyone gets it.
+TEST_F(AgentTest, AJobsUidIsCleanedOffTheLoopThreadAndHandedOutOnlyOnceClean) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run workers as job uids";
+  // Workers must reach their job dirs and the leftover dir: both under a
+  // 0755 dir in /tmp (Bazel's TEST_TMPDIR lies under /root, 0700).
+  char made[] = "/tmp/lockstep-agent-uids.XXXXXX";
+  ASSERT_NE(::mkdtemp(made), nullptr);
+  const std::string base = made;
+  ASSERT_EQ(::chmod(base.c_str(), 0755), 0);
+  const std::string left = base + "/tmp";
+  ASSERT_EQ(::mkdir(left.c_str(), 01777), 0);
+  ASSERT_EQ(::chmod(left.c_str(), 01777), 0);
+  constexpr uint32_t kUid = 70980;  // 70980-70982, no other test's
+  for (uint32_t u = kUid; u <= kUid + 2; ++u) {
+    ASSERT_TRUE(ProcessesOfUid(u).empty()) << "uid " << u << " is in use on this machine";
+  }
+  std::mutex hold_mu;
+  std::condition_variable hold_cv;
+  bool holding = true;
+  std::vector<uint32_t> cleaned;  // the uids the hook saw, in order
+  agent_->Shutdown(milliseconds(200));
+  AgentOptions options = Options();
+  options.base_env = {"PATH=/usr/bin:/bin"};
+  options.state_dir = base + "/state";
+  options.job_uid_first = kUid;
+  options.job_uid_last = kUid + 2;
+  options.uid_lease_dir = base + "/leases";
+  options.uid_leftover_dirs = {left};
+  options.heartbeat_interval = milliseconds(50);
+  options.before_uid_clean = [&](uint32_t uid) {
+    std::unique_lock<std::mutex> lock(hold_mu);
+    cleaned.push_back(uid);
+    hold_cv.notify_all();
+    hold_cv.wait(lock, [&] { return !holding; });
+  };
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  LogCapture log;
+  auto hook_saw = [&](size_t n) {
+    std::lock_guard<std::mutex> lock(hold_mu);
+    return cleaned.size() >= n;
+  };
+  auto exists = [](const std::string& path) { return ::access(path.c_str(), F_OK) == 0; };
+  auto uid_of = [&](const std::string& job) {
+    const std::string out = Output(job, 1);
+    const size_t at = out.find("uid=");
+    return at == std::string::npos ? -1 : std::atoi(out.c_str() + at + 4);
+  };
+
+  // j1 runs as the first uid and leaves a file in the shared dir.
+  Command({Start("j1", 1, absl::StrCat("echo left > ", left, "/j1-file; echo uid=$(id -u)"), 1)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  EXPECT_EQ(uid_of("j1"), static_cast<int>(kUid)) << Output("j1", 1);
+  ASSERT_TRUE(exists(left + "/j1-file"));
+  // The coordinator forgets j1 here: its uid goes to the reclaimer, which
+  // the hook holds.
+  Command({});
+  ASSERT_TRUE(RunUntil([&] { return hook_saw(1); })) << "the uid was never handed to the reclaimer";
+  EXPECT_EQ(cleaned[0], kUid);
+  // The loop goes on meanwhile: heartbeats, and starts. j1 is assigned here
+  // again and j2 arrives: j2 gets the next uid (the first is not clean yet),
+  // and j1 waits until its uid is clean.
+  const size_t beats = coord_.heartbeats().size();
+  Command({Start("j1", 2, "echo uid=$(id -u) dir=$(stat -c %u .)", 1),
+           Start("j2", 1, "echo uid=$(id -u); exec sleep 60", 1)});
+  ASSERT_TRUE(RunUntil([&] { return uid_of("j2") > 0; })) << Output("j2", 1);
+  EXPECT_EQ(uid_of("j2"), static_cast<int>(kUid + 1)) << "given a uid still being cleaned";
+  ASSERT_TRUE(RunUntil([&] { return coord_.heartbeats().size() >= beats + 10; }))
+      << "the agent stopped heartbeating while a uid was cleaned";
+  EXPECT_TRUE(Workers("j1").empty()) << "j1 started again while its dir was being given to root";
+  EXPECT_TRUE(exists(left + "/j1-file"));
+  // Cleaned: the file goes, then j1 starts, as the first uid again, in its
+  // own dir.
+  {
+    std::lock_guard<std::mutex> lock(hold_mu);
+    holding = false;
+  }
+  hold_cv.notify_all();
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }))
+      << "j1 did not start again once its uid was clean: " << log.Lines();
+  EXPECT_FALSE(exists(left + "/j1-file"));
+  EXPECT_NE(Output("j1", 1).find(absl::StrCat("uid=", kUid, " dir=", kUid)), std::string::npos)
+      << Output("j1", 1);
+  EXPECT_NE(log.Lines().find(absl::StrCat("job=j1 rank=- removed what uid ", kUid, " left: 1 entries under ",
+                                          left, " and 0 System V IPC objects")),
+            std::string::npos)
+      << log.Lines();
+  EXPECT_NE(log.Lines().find(absl::StrCat("job=j1 rank=- uid ", kUid, " returned; ")), std::string::npos)
+      << log.Lines();
+
+  // A file of the third uid's, as a daemon that stopped before cleaning it
+  // leaves it: j3 is not given that uid (the first and second are held) and
+  // cannot start; the uid is cleaned meanwhile, and j4 gets it, clean.
+  const std::string stale = left + "/stale";
+  std::ofstream(stale) << "an earlier job's\n";
+  ASSERT_EQ(::chown(stale.c_str(), kUid + 2, kUid + 2), 0);
+  Command({Start("j1", 2, "true", 1), Start("j2", 1, "exec sleep 60", 1), Start("j3", 1, "echo ran", 1)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j3", v1::WORKER_STATE_EXITED, 1); })) << log.Lines();
+  EXPECT_NE(Workers("j3")[0].exit().message().find("1 with an earlier job's files or IPC objects left"),
+            std::string::npos)
+      << Workers("j3")[0].DebugString();
+  ASSERT_TRUE(RunUntil([&] { return !exists(stale); })) << "the unclean uid was never cleaned";
+  EXPECT_NE(log.Lines().find(absl::StrCat("uid ", kUid + 2, " still owns what an earlier job left")),
+            std::string::npos)
+      << log.Lines();
+  EXPECT_NE(log.Lines().find(absl::StrCat("uid ", kUid + 2, " cleaned of an earlier job's leftovers")),
+            std::string::npos)
+      << log.Lines();
+  Command({Start("j1", 2, "true", 1), Start("j2", 1, "exec sleep 60", 1),
+           Start("j4", 1, "echo uid=$(id -u)", 1)});
+  ASSERT_TRUE(RunUntil([&] { return uid_of("j4") > 0; })) << log.Lines();
+  EXPECT_EQ(uid_of("j4"), static_cast<int>(kUid + 2));
+  // The agent stops: every uid goes back clean before Shutdown returns.
+  agent_->Shutdown(milliseconds(200));
+  for (uint32_t u = kUid; u <= kUid + 2; ++u) {
+    auto lease = UidLeases(options.uid_lease_dir, u, u).Acquire();
+    EXPECT_TRUE(lease.ok()) << "uid " << u << " still leased after the agent stopped: " << lease.status();
+  }
+  std::filesystem::remove_all(base);
+}
 
 }  // namespace
 }  // namespace daemon

@@ -111,9 +111,10 @@ absl::Status UidLeases::Prepare() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<UidLease> UidLeases::Acquire() const {
+absl::StatusOr<UidLease> UidLeases::Acquire(const std::function<bool(uint32_t uid)>& unclean,
+                                            std::vector<UidLease>* to_clean) const {
   if (absl::Status ready = Prepare(); !ready.ok()) return ready;
-  int held = 0, named = 0, busy = 0;
+  int held = 0, named = 0, busy = 0, dirty = 0;
   for (uint64_t uid = first_; uid <= last_; ++uid) {
     const std::string path = absl::StrCat(dir_, "/", uid);
     UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
@@ -137,12 +138,18 @@ absl::StatusOr<UidLease> UidLeases::Acquire() const {
       ++busy;
       continue;
     }
+    if (unclean && unclean(lease.uid())) {
+      ++dirty;
+      if (to_clean != nullptr) to_clean->push_back(std::move(lease));
+      continue;
+    }
     return lease;
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "no free uid for this job in ", first_, "-", last_, ": ", held,
-      " leased to running jobs (in ", dir_, ", by this or another lockstepd), ", named,
-      " named in the user database, ", busy, " with processes no lockstepd leases"));
+      " leased to running jobs or being cleaned (in ", dir_, ", by this or another lockstepd), ",
+      named, " named in the user database, ", busy, " with processes no lockstepd leases, ", dirty,
+      " with an earlier job's files or IPC objects left"));
 }
 
 }  // namespace lockstep

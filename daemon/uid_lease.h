@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,8 +74,14 @@ class UidLeases {
   // or replaced since the daemon started, and a lease file made in a dir
   // others can write would not be safe. RESOURCE_EXHAUSTED when none
   // is free, saying how many were held here, by other daemons, named in the
-  // user database or busy with processes.
-  absl::StatusOr<UidLease> Acquire() const;
+  // user database, busy with processes or left unclean.
+  //
+  // `unclean`, if given, is asked about each uid that is otherwise free:
+  // true means an earlier job's leftovers are still there (a daemon that
+  // stopped before removing them). Such a uid is not handed out; its lease
+  // goes into `*to_clean`, for the caller to clean it and then drop it.
+  absl::StatusOr<UidLease> Acquire(const std::function<bool(uint32_t uid)>& unclean = nullptr,
+                                   std::vector<UidLease>* to_clean = nullptr) const;
 
   const std::string& dir() const { return dir_; }
 

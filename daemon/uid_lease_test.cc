@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -117,6 +118,41 @@ TEST_F(UidLeaseTest, AUidWithProcessesButNoLeaseIsSkipped) {
   EXPECT_THAT(none.status().message(), HasSubstr("1 with processes no lockstepd leases"));
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
+}
+
+// A uid an earlier job left unclean is not handed out: its lease goes to
+// the caller to clean, held (no other daemon can take it meanwhile), and the
+// next clean uid is handed out; once cleaned and dropped it comes back.
+TEST_F(UidLeaseTest, AnUncleanUidIsHandedBackToBeCleanedNotOut) {
+  UidLeases leases(dir_, kFirst, kFirst + 2);
+  bool first_unclean = true;
+  auto unclean = [&](uint32_t uid) { return uid == kFirst && first_unclean; };
+  std::vector<UidLease> to_clean;
+  auto got = leases.Acquire(unclean, &to_clean);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->uid(), kFirst + 1);
+  ASSERT_EQ(to_clean.size(), 1u);
+  EXPECT_EQ(to_clean[0].uid(), kFirst);
+  EXPECT_TRUE(to_clean[0].held());
+  // Being cleaned: another daemon's Acquire skips it as held.
+  auto other = UidLeases(dir_, kFirst, kFirst).Acquire();
+  ASSERT_FALSE(other.ok());
+  EXPECT_THAT(other.status().message(), HasSubstr("1 leased to running jobs or being cleaned"));
+  // Every uid left is unclean: none is handed out, and the message says so.
+  std::vector<UidLease> more;
+  auto none = leases.Acquire([](uint32_t) { return true; }, &more);
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(),
+              HasSubstr("1 with an earlier job's files or IPC objects left"));
+  EXPECT_EQ(more.size(), 1u);
+  more.clear();
+  // Cleaned and dropped: the lowest uid is free and clean again.
+  first_unclean = false;
+  to_clean.clear();
+  auto again = leases.Acquire(unclean, &to_clean);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->uid(), kFirst);
+  EXPECT_TRUE(to_clean.empty());
 }
 
 TEST(UserSwitchCapabilitiesTest, AProcessWithoutCapabilitiesLacksAllFour) {

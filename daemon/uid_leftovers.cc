@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <utility>
 
@@ -78,16 +79,41 @@ bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown, in
 // A directory by its device and inode.
 using DirId = std::pair<dev_t, ino_t>;
 
-// The entries of the open directory `dfd` that `uid` owns go whole; those
-// in `keep` stay.
-void Sweep(int dfd, const std::string& shown, uint32_t uid, const std::set<DirId>& keep,
-           Leftovers* out) {
-  for (const std::string& name : Names(dfd)) {
+// The entries of the open directory `dfd` that `uid` owns, but for the
+// directories in `keep`.
+std::vector<std::string> OwnedEntries(int dfd, uint32_t uid, const std::set<DirId>& keep) {
+  std::vector<std::string> owned;
+  for (std::string& name : Names(dfd)) {
     struct stat st;
     if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != uid) continue;
     if (S_ISDIR(st.st_mode) && keep.count({st.st_dev, st.st_ino})) continue;
-    if (RemoveTreeAt(dfd, name, absl::StrCat(shown, "/", name), 0, out)) ++out->entries;
+    owned.push_back(std::move(name));
   }
+  return owned;
+}
+
+// The directories `keep` names that exist, by their ids.
+std::set<DirId> KeptDirs(const std::vector<std::string>& keep) {
+  std::set<DirId> kept;
+  for (const std::string& dir : keep) {
+    struct stat st;
+    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) kept.insert({st.st_dev, st.st_ino});
+  }
+  return kept;
+}
+
+// Calls `each(dfd, dir)` with every one of `dirs` that can be opened as a
+// directory (never through a symlink); stops once it returns true.
+bool ForEachDir(const std::vector<std::string>& dirs,
+                const std::function<bool(int dfd, const std::string& dir)>& each) {
+  for (const std::string& dir : dirs) {
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0) continue;
+    const bool stop = each(dfd, dir);
+    ::close(dfd);
+    if (stop) return true;
+  }
+  return false;
 }
 
 // The ids of the System V objects `uid` owns or created (an owner may give
@@ -127,17 +153,13 @@ std::vector<std::string> DefaultLeftoverDirs() { return {"/tmp", "/var/tmp", "/d
 Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
                              const std::vector<std::string>& keep) {
   Leftovers out;
-  std::set<DirId> kept;
-  for (const std::string& dir : keep) {
-    struct stat st;
-    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) kept.insert({st.st_dev, st.st_ino});
-  }
-  for (const std::string& dir : dirs) {
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dfd < 0) continue;
-    Sweep(dfd, dir, uid, kept, &out);
-    ::close(dfd);
-  }
+  const std::set<DirId> kept = KeptDirs(keep);
+  ForEachDir(dirs, [&](int dfd, const std::string& dir) {
+    for (const std::string& name : OwnedEntries(dfd, uid, kept)) {
+      if (RemoveTreeAt(dfd, name, absl::StrCat(dir, "/", name), 0, &out)) ++out.entries;
+    }
+    return false;
+  });
   auto removed = [&out](const char* what, int id, int rc) {
     if (rc == 0) {
       ++out.ipc;
@@ -149,6 +171,20 @@ Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
   for (int id : IpcIdsOf("sem", uid)) removed("semaphore set", id, ::semctl(id, 0, IPC_RMID));
   for (int id : IpcIdsOf("msg", uid)) removed("message queue", id, ::msgctl(id, IPC_RMID, nullptr));
   return out;
+}
+
+bool HasUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
+                     const std::vector<std::string>& keep) {
+  const std::set<DirId> kept = KeptDirs(keep);
+  if (ForEachDir(dirs, [&](int dfd, const std::string&) {
+        return !OwnedEntries(dfd, uid, kept).empty();
+      })) {
+    return true;
+  }
+  for (const char* table : {"shm", "sem", "msg"}) {
+    if (!IpcIdsOf(table, uid).empty()) return true;
+  }
+  return false;
 }
 
 }  // namespace daemon

@@ -45,6 +45,13 @@ struct Leftovers {
 Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
                              const std::vector<std::string>& keep);
 
+// Whether RemoveUidLeftovers(uid, dirs, keep) would find anything: an entry
+// of one of `dirs` that `uid` owns (not one of `keep`), or a System V object
+// it owns or created. One listing of each dir; what it finds is not
+// removed.
+bool HasUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
+                     const std::vector<std::string>& keep);
+
 }  // namespace daemon
 }  // namespace lockstep
 

@@ -75,8 +75,14 @@ TEST_F(UidLeftoversTest, RemovesWhatTheUidOwnsAndNothingElse) {
   Dir(tmp + "/state", kUid, 0711);
   File(tmp + "/state/coordinator.db", kUid);
 
+  EXPECT_TRUE(HasUidLeftovers(kUid, {root_ + "/does-not-exist", tmp}, {tmp + "/state"}));
+  EXPECT_FALSE(HasUidLeftovers(kUid, {outside + "/none"}, {}));
   const Leftovers got =
       RemoveUidLeftovers(kUid, {tmp, root_ + "/does-not-exist"}, {tmp + "/state"});
+  // What is left of the uid's there is inside the state dir (kept) or
+  // inside others' dirs (not looked for).
+  EXPECT_FALSE(HasUidLeftovers(kUid, {tmp}, {tmp + "/state"}));
+  EXPECT_TRUE(HasUidLeftovers(kUid, {tmp}, {})) << "the state dir is the uid's here";
   EXPECT_TRUE(got.errors.empty()) << got.errors.front();
   EXPECT_EQ(got.entries, 3) << "mine, mydir (whole), link";
   EXPECT_EQ(got.ipc, 0);
@@ -147,9 +153,11 @@ TEST_F(UidLeftoversTest, RemovesTheUidsSystemVObjects) {
   ::waitpid(child, &st, 0);
   ASSERT_GE(created, 0);
 
+  EXPECT_TRUE(HasUidLeftovers(kUid, {}, {})) << "its System V objects";
   const Leftovers got = RemoveUidLeftovers(kUid, {}, {});
   EXPECT_TRUE(got.errors.empty()) << got.errors.front();
   EXPECT_EQ(got.ipc, 4);
+  EXPECT_FALSE(HasUidLeftovers(kUid, {}, {}));
   struct shmid_ds ds;
   EXPECT_NE(::shmctl(owned, IPC_STAT, &ds), 0);
   EXPECT_NE(::shmctl(created, IPC_STAT, &ds), 0) << "created by the uid, given to root";

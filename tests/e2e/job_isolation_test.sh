@@ -29,10 +29,15 @@ job_id() { python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])'; 
 bin=$(mktemp -d /tmp/lockstep-isolation.XXXXXX)
 EXTRA_CLEANUP="rm -rf '$bin'"
 chmod 0755 "$bin"
-"$LOCKSTEPD" --coordinator --listen 127.0.0.1:0 --state-dir "$bin/state" --address-file "$bin/abs.addr" \
-  --node-id abs >"$T/abs.log" 2>&1 &
-DAEMON_PIDS+=("$!")
-wait_for 30 test -s "$bin/abs.addr" || fail "daemon abs did not become ready: $(tail -n 5 "$T/abs.log")"
+start_abs() {  # start_abs LOG: daemon abs on its state dir; its pid in $abs_pid
+  rm -f "$bin/abs.addr"
+  "$LOCKSTEPD" --coordinator --listen 127.0.0.1:0 --state-dir "$bin/state" --address-file "$bin/abs.addr" \
+    --node-id abs >"$1" 2>&1 &
+  abs_pid=$!
+  DAEMON_PIDS+=("$abs_pid")
+  wait_for 30 test -s "$bin/abs.addr" || fail "daemon abs did not become ready: $(tail -n 5 "$1")"
+}
+start_abs "$T/abs.log"
 absc() { "$LOCKSTEP" --coordinator "$(cat "$bin/abs.addr")" --token-file "$bin/state/token" "$@"; }
 abs_field() { absc status --json "$1" | python3 -c "import json,sys; j=json.load(sys.stdin); print($2)"; }
 abs_state_is() { [ "$(abs_field "$1" 'j["state"]')" = "$2" ]; }
@@ -166,6 +171,44 @@ wait_for 60 finished || fail "the symlinking job did not finish: $(absc status "
 seen="$(absc status --json "$job"; absc logs "$job" --rank 0 2>&1; absc logs "$job" --rank 0 --stderr 2>&1)" || true
 if grep -q ROOT-ONLY-SECRET <<<"$seen"; then fail "root read $victim through a job's symlink: $seen"; fi
 log "log files a job replaced with symlinks were not followed (state $(state_of "$job"))"
+
+# A daemon that stops while a job runs returns its uid clean before it
+# exits; one that is killed (SIGKILL) cannot, and the next daemon cleans
+# that uid before giving it to any job: no job ever finds what an earlier
+# job of its uid left (checked with the file an earlier job left in /tmp).
+secret_job() {  # secret_job NAME: a job leaving /tmp/$left-NAME, as its uid
+  absc submit --detach --json --nproc-per-node 1 --max-restarts 0 -- /bin/sh -c \
+    "[ \"\$TORCHELASTIC_RESTART_COUNT\" = 0 ] && echo secret-of-$1 > /tmp/$left-$1; id -u > uid.txt; exec sleep 300" | job_id
+}
+EXTRA_CLEANUP="$EXTRA_CLEANUP; rm -f '/tmp/$left-c' '/tmp/$left-d'"
+jobC=$(secret_job c)
+wait_for 30 test -s "$bin/state/jobs/$jobC/uid.txt" || fail "job C never started: $(absc status "$jobC")"
+uidC=$(cat "$bin/state/jobs/$jobC/uid.txt")
+[ "$(stat -c %u "/tmp/$left-c")" = "$uidC" ] || fail "job C left no file of its uid $uidC"
+kill -TERM "$abs_pid"
+wait_for 30 exited "$abs_pid" || fail "daemon abs did not stop on SIGTERM"
+[ ! -e "/tmp/$left-c" ] || fail "a daemon stopped with SIGTERM left job C's file (uid $uidC): $(ls -ln "/tmp/$left-c")"
+grep -q "job=$jobC .*uid $uidC returned" "$T/abs.log" || fail "daemon abs did not log returning uid $uidC as it stopped"
+start_abs "$T/abs2.log"
+jobD=$(secret_job d)
+dirD="$bin/state/jobs/$jobD"
+wait_for 30 test -s "$dirD/uid.txt" || fail "job D never started: $(absc status "$jobD")"
+uidD=$(cat "$dirD/uid.txt")
+kill -KILL "$abs_pid"
+wait_for 15 no_processes_of "$uidD" || fail "job D's worker outlived its killed daemon: $(pgrep -a -u "$uidD")"
+[ "$(stat -c %u "/tmp/$left-d" "$dirD" | sort -u)" = "$uidD" ] ||
+  fail "expected job D's file and dir still to be uid $uidD's after the daemon's SIGKILL: $(ls -lnd "/tmp/$left-d" "$dirD")"
+start_abs "$T/abs3.log"
+out=$(absc submit --nproc-per-node 1 --max-restarts 0 -- /bin/sh -c "id -u; cat /tmp/$left-d 2>&1 || true; ls $dirD 2>&1 || true" 2>&1) ||
+  fail "the job after the killed daemon failed: $out"
+if grep -q "secret-of-d\|uid.txt" <<<"$out"; then fail "a job read what job D (uid $uidD) left: $out"; fi
+grep -q "uid $uidD still owns what an earlier job left" "$T/abs3.log" ||
+  fail "the restarted daemon did not say it cleans uid $uidD: $(grep "uid $uidD" "$T/abs3.log")"
+wait_for 15 grep -q "uid $uidD cleaned of an earlier job's leftovers (1 job dir(s) given back to root)" "$T/abs3.log" ||
+  fail "the restarted daemon did not clean uid $uidD: $(grep "uid $uidD" "$T/abs3.log")"
+[ ! -e "/tmp/$left-d" ] && owned_by_root "$dirD" ||
+  fail "uid $uidD not cleaned: $(ls -lnd "/tmp/$left-d" "$dirD" 2>&1)"
+log "uids came back clean: $uidC as its daemon stopped, $uidD (its daemon killed) before the next job; the next job ran as uid $(sed -n 's/^\[0\] \([0-9]*\)$/\1/p' <<<"$out" | head -n 1)"
 
 # A root daemon that cannot switch users (a container or unit that dropped
 # CAP_SETUID and CAP_SETGID) says at start that jobs are not isolated, and

@@ -1,0 +1,173 @@
+#include "daemon/uid_reclaimer.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/uid_leftovers.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+// Rounds of "kill every process of the uid" before its files go: a process
+// that forks while it is being killed leaves a child the next round finds.
+constexpr int kKillRounds = 5;
+
+int ChownToRoot(const char* path, const struct stat*, int, struct FTW*) {
+  (void)::lchown(path, 0, 0);
+  return 0;  // Keep walking whatever one entry did.
+}
+
+// The names of the entries of `dir` that `uid` owns (not followed through
+// symlinks).
+std::vector<std::string> EntriesOwnedBy(const std::string& dir, uint32_t uid) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (struct dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    struct stat st;
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_uid == uid) {
+      names.push_back(e->d_name);
+    }
+  }
+  ::closedir(d);
+  return names;
+}
+
+}  // namespace
+
+UidReclaimer::UidReclaimer(UidReclaimerOptions options)
+    : options_(std::move(options)), thread_([this] { Loop(); }) {}
+
+UidReclaimer::~UidReclaimer() {
+  Drain();
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  changed_.SignalAll();
+  thread_.join();
+}
+
+void UidReclaimer::Reclaim(UidLease lease, std::string job_id) {
+  {
+    MutexLock lock(&mu_);
+    queue_.push_back({std::move(lease), std::move(job_id)});
+  }
+  changed_.SignalAll();
+}
+
+bool UidReclaimer::Pending(const std::string& job_id) const {
+  MutexLock lock(&mu_);
+  if (busy_ && busy_job_ == job_id) return true;
+  for (const Item& item : queue_) {
+    if (item.job_id == job_id) return true;
+  }
+  return false;
+}
+
+void UidReclaimer::Drain() {
+  const auto start = std::chrono::steady_clock::now();
+  MutexLock lock(&mu_);
+  while (busy_ || !queue_.empty()) {
+    if (changed_.WaitWithTimeout(&mu_, kReclaimProgressInterval) && (busy_ || !queue_.empty())) {
+      std::vector<uint32_t> left;
+      if (busy_) left.push_back(busy_uid_);
+      for (const Item& item : queue_) left.push_back(item.lease.uid());
+      log_.Info("still cleaning job uids {} (their processes, job dirs and leftovers) after {} s",
+                absl::StrJoin(left, ", "),
+                std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
+                                                                 start)
+                    .count());
+    }
+  }
+}
+
+void UidReclaimer::Loop() {
+  while (true) {
+    Item item;
+    {
+      MutexLock lock(&mu_);
+      while (!stop_ && queue_.empty()) changed_.Wait(&mu_);
+      if (queue_.empty()) return;  // stop_, and nothing left
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      busy_job_ = item.job_id;
+      busy_uid_ = item.lease.uid();
+    }
+    if (options_.before_clean) options_.before_clean(item.lease.uid());
+    Clean(item);
+    {
+      MutexLock lock(&mu_);
+      item = Item();  // the lease dropped: the uid is free again
+      busy_ = false;
+      busy_job_.clear();
+    }
+    changed_.SignalAll();
+  }
+}
+
+void UidReclaimer::Clean(const Item& item) const {
+  const uint32_t uid = item.lease.uid();
+  const Logger log = item.job_id.empty() ? log_ : log_.WithJob(item.job_id);
+  const auto start = std::chrono::steady_clock::now();
+  // What escaped the workers' process groups (a daemonized helper) must not
+  // live on into the next job given this uid.
+  size_t killed = 0;
+  for (int round = 0; round < kKillRounds; ++round) {
+    const std::vector<pid_t> left = ProcessesOfUid(uid);
+    if (left.empty()) break;
+    for (pid_t pid : left) ::kill(pid, SIGKILL);
+    killed += left.size();
+  }
+  if (killed > 0) log.Warn("killed {} process(es) still running as uid {}", killed, uid);
+  // Its files stay readable to `lockstep logs` (root), not to the next job:
+  // its own dir whoever owns it (the workers made what is in it), and any
+  // other job dir still the uid's (left by a daemon that stopped first).
+  const std::string jobs = absl::StrCat(options_.state_dir, "/jobs");
+  std::vector<std::string> dirs = EntriesOwnedBy(jobs, uid);
+  if (!item.job_id.empty() &&
+      std::find(dirs.begin(), dirs.end(), item.job_id) == dirs.end()) {
+    dirs.push_back(item.job_id);
+  }
+  for (const std::string& dir : dirs) {
+    const std::string path = absl::StrCat(jobs, "/", dir);
+    ::nftw(path.c_str(), ChownToRoot, 16, FTW_PHYS);
+  }
+  // Nor what it left in the shared temporary dirs and System V IPC, which
+  // the next job given the uid would own (uid_leftovers.h). The state dir
+  // may lie under /tmp: its job dirs are never swept.
+  const Leftovers files = RemoveUidLeftovers(uid, options_.leftover_dirs, {options_.state_dir});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (files.entries > 0 || files.ipc > 0) {
+    log.Info("removed what uid {} left: {} entries under {} and {} System V IPC objects ({:.2f} s)",
+             uid, files.entries, absl::StrJoin(options_.leftover_dirs, ", "), files.ipc, seconds);
+  }
+  for (size_t i = 0; i < files.errors.size() && i < 5; ++i) {
+    log.Warn("could not remove what uid {} left: {}", uid, files.errors[i]);
+  }
+  if (item.job_id.empty()) {
+    log.Info("uid {} cleaned of an earlier job's leftovers ({} job dir(s) given back to root) and "
+             "free again",
+             uid, dirs.size());
+  } else {
+    log.Info("uid {} returned; {}/{} given back to root", uid, jobs, item.job_id);
+  }
+}
+
+}  // namespace daemon
+}  // namespace lockstep
