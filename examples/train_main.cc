@@ -24,7 +24,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -72,6 +74,8 @@ struct Config {
   int64_t step_delay_ms = 0;
   int64_t slow_rank = -1;
   int64_t slow_ms = 0;
+  int64_t leak_rank = -1;
+  int64_t leak_mb = 0;
   std::string device = "cpu";
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
@@ -255,6 +259,14 @@ Status Run(const Config& cfg) {
     if (rank == cfg.slow_rank && cfg.slow_ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(cfg.slow_ms));
     }
+    if (rank == cfg.leak_rank && cfg.leak_mb > 0) {
+      // Test hook: memory this rank never gives back, touched so that it
+      // is charged (an OOM kill's cause, tests/e2e:oom_kill_test).
+      static std::vector<std::unique_ptr<char[]>> leaked;
+      const size_t bytes = static_cast<size_t>(cfg.leak_mb) << 20;
+      leaked.push_back(std::make_unique<char[]>(bytes));
+      std::memset(leaked.back().get(), 1, bytes);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = ProcessCpuMs();
     if (cfg.set_to_none) {
@@ -406,6 +418,9 @@ int main(int argc, char** argv) {
   flags.Int("slow-rank", &cfg.slow_rank,
             "test hook: this rank also sleeps --slow-ms in each step's data loading (a straggler)");
   flags.Int("slow-ms", &cfg.slow_ms, "see --slow-rank");
+  flags.Int("leak-rank", &cfg.leak_rank,
+            "test hook: this rank keeps --leak-mb MiB more memory each step (a leak)");
+  flags.Int("leak-mb", &cfg.leak_mb, "see --leak-rank");
   flags.String("checkpoint-dir", &cfg.checkpoint_dir,
                "restore the newest checkpoint here at start (every rank), if any; save into it "
                "with --checkpoint-every");
