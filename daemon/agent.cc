@@ -1,5 +1,7 @@
 #include "daemon/agent.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -183,6 +185,34 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
   if (!fence.ok()) {
     log_.Error("no fence page ({}): a frozen agent's workers will not stop themselves",
                fence.ToString());
+  }
+  ReclaimStaleJobUids();
+}
+
+void Agent::ReclaimStaleJobUids() {
+  if (options_.job_uid_first == 0) return;
+  const std::string jobs = absl::StrCat(options_.state_dir, "/jobs");
+  std::set<uint32_t> owners;
+  DIR* d = ::opendir(jobs.c_str());
+  if (d == nullptr) return;
+  while (struct dirent* e = ::readdir(d)) {
+    struct stat st;
+    if (e->d_name[0] == '.' || ::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (st.st_uid >= options_.job_uid_first && st.st_uid <= options_.job_uid_last) owners.insert(st.st_uid);
+  }
+  ::closedir(d);
+  UidLeases leases(options_.uid_lease_dir, options_.job_uid_first, options_.job_uid_last);
+  for (const uint32_t uid : owners) {
+    StatusOr<UidLease> lease = leases.Take(uid);
+    if (!lease.ok()) {
+      log_.Warn("a job dir under {} is still uid {}'s, which cannot be cleaned now: {}", jobs, uid,
+                lease.status().ToString());
+      continue;
+    }
+    log_.Warn("job dirs under {} are still uid {}'s (this daemon stopped before returning it): "
+              "cleaning it",
+              jobs, uid);
+    reclaimer_->Reclaim(*std::move(lease), "");
   }
 }
 

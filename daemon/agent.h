@@ -277,6 +277,10 @@ class Agent {
   void RemoveJobDir(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's uid (allocated if new), or ResourceExhausted naming the range.
   StatusOr<uint32_t> JobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At start: the uids that still own job dirs of this state dir (a daemon
+  // killed before it returned them) go to the reclaimer, if no one holds
+  // them; it gives those dirs back to root and removes the uids' leftovers.
+  void ReclaimStaleJobUids();
   // Hands the job's uid to the reclaimer, which kills what still runs as
   // it, gives its dir back to root, removes its leftovers and frees it.
   void ReleaseJobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,6 +32,7 @@
 #include "common/log_capture.h"
 #include "common/worker_link.h"
 #include "daemon/fake_coordinator_client.h"
+#include "daemon/uid_lease.h"
 
 namespace lockstep {
 namespace daemon {
@@ -1167,6 +1169,98 @@ TEST_P(UnreachableCoordinatorTest, RepeatedFailuresAreLoggedOncePerAgent) {
 INSTANTIATE_TEST_SUITE_P(EachOnItsOwnAgent, UnreachableCoordinatorTest, ::testing::Values(1, 2));
 
 
+// A 0755 dir in /tmp for agents running jobs as uids of their own: workers
+// must reach their job dirs and the leftover dir (Bazel's TEST_TMPDIR lies
+// under /root, 0700). Removed with what it holds when it goes.
+struct JobUidDirs {
+  std::string base, left;
+  // False (with a test failure) if it could not be made or a uid of
+  // [first, last] has processes on this machine.
+  bool Make(uint32_t first, uint32_t last) {
+    char made[] = "/tmp/lockstep-agent-uids.XXXXXX";
+    if (::mkdtemp(made) == nullptr) return false;
+    base = made;
+    left = base + "/tmp";
+    EXPECT_EQ(::chmod(base.c_str(), 0755), 0);
+    EXPECT_EQ(::mkdir(left.c_str(), 01777), 0);
+    EXPECT_EQ(::chmod(left.c_str(), 01777), 0);
+    for (uint32_t u = first; u <= last; ++u) {
+      if (!ProcessesOfUid(u).empty()) {
+        ADD_FAILURE() << "uid " << u << " is in use on this machine";
+        return false;
+      }
+    }
+    return !::testing::Test::HasFailure();
+  }
+  // `options` with its state dir, uid range, lease dir and leftover dir here.
+  AgentOptions Options(AgentOptions options, uint32_t first, uint32_t last) const {
+    options.base_env = {"PATH=/usr/bin:/bin"};
+    options.state_dir = base + "/state";
+    options.job_uid_first = first;
+    options.job_uid_last = last;
+    options.uid_lease_dir = base + "/leases";
+    options.uid_leftover_dirs = {left};
+    return options;
+  }
+  ~JobUidDirs() {
+    if (!base.empty()) std::filesystem::remove_all(base);
+  }
+};
+
+// A daemon killed before it returned its jobs' uids leaves their job dirs
+// theirs: when the agent starts again on that state dir, each such uid
+// that no one holds is cleaned (dirs to root, its files removed); one held
+// elsewhere is left, and said so.
+TEST_F(AgentTest, UidsAKilledAgentLeftAreCleanedWhenItStartsAgain) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown to job uids";
+  constexpr uint32_t kUid = 70985;  // 70985-70986, no other test's
+  JobUidDirs dirs;
+  ASSERT_TRUE(dirs.Make(kUid, kUid + 1));
+  AgentOptions options = dirs.Options(Options(), kUid, kUid + 1);
+  const std::string jobs = options.state_dir + "/jobs";
+  std::filesystem::create_directories(jobs);
+  for (uint32_t uid : {kUid, kUid + 1}) {
+    const std::string job = absl::StrCat(jobs, "/old-", uid);
+    ASSERT_EQ(::mkdir(job.c_str(), 0750), 0);
+    std::ofstream(job + "/rank-0.stdout") << "the old job's output\n";
+    const std::string file = absl::StrCat(dirs.left, "/left-", uid);
+    std::ofstream(file) << "the old job's data\n";
+    for (const std::string& path : {job, job + "/rank-0.stdout", file}) {
+      ASSERT_EQ(::chown(path.c_str(), uid, uid), 0) << path;
+    }
+  }
+  // Another daemon on the host holds the second uid now.
+  auto held = UidLeases(options.uid_lease_dir, kUid, kUid + 1).Take(kUid + 1);
+  ASSERT_TRUE(held.ok()) << held.status();
+  LogCapture log;
+  agent_->Shutdown(milliseconds(200));
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  auto owner = [](const std::string& path) {
+    struct stat st;
+    return ::lstat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_uid) : -1;
+  };
+  const std::string first = absl::StrCat(jobs, "/old-", kUid);
+  ASSERT_TRUE(RunUntil([&] {
+    return owner(first) == 0 && owner(first + "/rank-0.stdout") == 0 &&
+           owner(absl::StrCat(dirs.left, "/left-", kUid)) == -1;
+  })) << log.Lines();
+  EXPECT_NE(log.Lines().find(absl::StrCat("job dirs under ", jobs, " are still uid ", kUid,
+                                          "'s (this daemon stopped before returning it): cleaning it")),
+            std::string::npos)
+      << log.Lines();
+  EXPECT_NE(log.Lines().find(absl::StrCat("uid ", kUid, " cleaned of an earlier job's leftovers (1 job dir(s) "
+                                          "given back to root) and free again")),
+            std::string::npos)
+      << log.Lines();
+  // The held uid: untouched, and said so.
+  EXPECT_EQ(owner(absl::StrCat(jobs, "/old-", kUid + 1)), kUid + 1);
+  EXPECT_EQ(owner(absl::StrCat(dirs.left, "/left-", kUid + 1)), kUid + 1);
+  EXPECT_NE(log.Lines().find(absl::StrCat("a job dir under ", jobs, " is still uid ", kUid + 1,
+                                          "'s, which cannot be cleaned now")),
+            std::string::npos)
+      << log.Lines();
+}
+
 // A job's uid (--job-uids) is returned off the agent's loop thread: while
 // the reclaimer cleans it (held here by a hook, as a huge tree in /tmp
 // would hold it) the agent goes on heartbeating and starting jobs; the uid
@@ -1175,31 +1269,16 @@ INSTANTIATE_TEST_SUITE_P(EachOnItsOwnAgent, UnreachableCoordinatorTest, ::testin
 // daemon left unclean is cleaned before anyone gets it.
 TEST_F(AgentTest, AJobsUidIsCleanedOffTheLoopThreadAndHandedOutOnlyOnceClean) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run workers as job uids";
-  // Workers must reach their job dirs and the leftover dir: both under a
-  // 0755 dir in /tmp (Bazel's TEST_TMPDIR lies under /root, 0700).
-  char made[] = "/tmp/lockstep-agent-uids.XXXXXX";
-  ASSERT_NE(::mkdtemp(made), nullptr);
-  const std::string base = made;
-  ASSERT_EQ(::chmod(base.c_str(), 0755), 0);
-  const std::string left = base + "/tmp";
-  ASSERT_EQ(::mkdir(left.c_str(), 01777), 0);
-  ASSERT_EQ(::chmod(left.c_str(), 01777), 0);
   constexpr uint32_t kUid = 70980;  // 70980-70982, no other test's
-  for (uint32_t u = kUid; u <= kUid + 2; ++u) {
-    ASSERT_TRUE(ProcessesOfUid(u).empty()) << "uid " << u << " is in use on this machine";
-  }
+  JobUidDirs dirs;
+  ASSERT_TRUE(dirs.Make(kUid, kUid + 2));
+  const std::string& left = dirs.left;
   std::mutex hold_mu;
   std::condition_variable hold_cv;
   bool holding = true;
   std::vector<uint32_t> cleaned;  // the uids the hook saw, in order
   agent_->Shutdown(milliseconds(200));
-  AgentOptions options = Options();
-  options.base_env = {"PATH=/usr/bin:/bin"};
-  options.state_dir = base + "/state";
-  options.job_uid_first = kUid;
-  options.job_uid_last = kUid + 2;
-  options.uid_lease_dir = base + "/leases";
-  options.uid_leftover_dirs = {left};
+  AgentOptions options = dirs.Options(Options(), kUid, kUid + 2);
   options.heartbeat_interval = milliseconds(50);
   options.before_uid_clean = [&](uint32_t uid) {
     std::unique_lock<std::mutex> lock(hold_mu);
@@ -1289,7 +1368,6 @@ TEST_F(AgentTest, AJobsUidIsCleanedOffTheLoopThreadAndHandedOutOnlyOnceClean) {
     auto lease = UidLeases(options.uid_lease_dir, u, u).Acquire();
     EXPECT_TRUE(lease.ok()) << "uid " << u << " still leased after the agent stopped: " << lease.status();
   }
-  std::filesystem::remove_all(base);
 }
 
 }  // namespace

@@ -111,22 +111,39 @@ absl::Status UidLeases::Prepare() const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<UidLease> UidLeases::Lock(uint32_t uid) const {
+  const std::string path = absl::StrCat(dir_, "/", uid);
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) {
+    return absl::FailedPreconditionError(absl::StrCat("uid lease ", path, ": ", std::strerror(errno)));
+  }
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    return absl::UnavailableError(absl::StrCat("uid ", uid, " is leased (", path, ")"));
+  }
+  return UidLease(uid, std::move(fd));
+}
+
+absl::StatusOr<UidLease> UidLeases::Take(uint32_t uid) const {
+  if (absl::Status ready = Prepare(); !ready.ok()) return ready;
+  if (uid < first_ || uid > last_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("uid ", uid, " is outside the job uid range ", first_, "-", last_));
+  }
+  return Lock(uid);
+}
+
 absl::StatusOr<UidLease> UidLeases::Acquire(const std::function<bool(uint32_t uid)>& unclean,
                                             std::vector<UidLease>* to_clean) const {
   if (absl::Status ready = Prepare(); !ready.ok()) return ready;
   int held = 0, named = 0, busy = 0, dirty = 0;
   for (uint64_t uid = first_; uid <= last_; ++uid) {
-    const std::string path = absl::StrCat(dir_, "/", uid);
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!fd.valid()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("uid lease ", path, ": ", std::strerror(errno)));
-    }
-    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    absl::StatusOr<UidLease> locked = Lock(static_cast<uint32_t>(uid));
+    if (absl::IsUnavailable(locked.status())) {
       ++held;
       continue;
     }
-    UidLease lease(static_cast<uint32_t>(uid), std::move(fd));
+    if (!locked.ok()) return locked.status();
+    UidLease lease = *std::move(locked);
     // Locked, but not necessarily free: an account of that number, or
     // processes left by a daemon that died (they escaped its process
     // groups), would share the job's uid.

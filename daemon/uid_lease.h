@@ -83,9 +83,18 @@ class UidLeases {
   absl::StatusOr<UidLease> Acquire(const std::function<bool(uint32_t uid)>& unclean = nullptr,
                                    std::vector<UidLease>* to_clean = nullptr) const;
 
+  // `uid`'s lease, if no one holds it: for a uid this daemon knows was its
+  // own (a job dir of its state dir still the uid's), whatever else uses it
+  // now. UNAVAILABLE while another holds it; FAILED_PRECONDITION for a bad
+  // lease dir or a uid outside the range.
+  absl::StatusOr<UidLease> Take(uint32_t uid) const;
+
   const std::string& dir() const { return dir_; }
 
  private:
+  // The lease file's lock; UNAVAILABLE while another holds it.
+  absl::StatusOr<UidLease> Lock(uint32_t uid) const;
+
   std::string dir_;
   uint32_t first_;
   uint32_t last_;

@@ -19,13 +19,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace lockstep {
 namespace daemon {
 namespace {
-
-constexpr int kMaxDepth = 64;
 
 // The names in the open directory `dfd` (not "." or "..").
 std::vector<std::string> Names(int dfd) {
@@ -52,28 +51,84 @@ int OpenDirAt(int dfd, const std::string& name) {
   return ::openat(dfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 }
 
-// Removes `name` in `dfd` and, for a directory, all it holds.
-bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown, int depth,
-                  Leftovers* out) {
+// Removes `name` in `dfd` and, for a directory, all it holds, to any
+// depth with one directory open at a time: it goes down into the first
+// subdirectory it finds (removing the other entries on the way), and back
+// up through ".." once a directory is empty, checking that the parent's
+// entry is still the directory it left. (A tree deeper than the descriptors
+// a process may hold is a `mkdir -p` away for a job; a recursion that gave
+// up there left the uid unclean for good.)
+bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown, Leftovers* out) {
   struct stat st;
   if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT;
-  if (S_ISDIR(st.st_mode)) {
-    const int sub = OpenDirAt(dfd, name);
-    if (sub < 0 || depth >= kMaxDepth) {
-      if (sub >= 0) ::close(sub);
-      out->errors.push_back(absl::StrCat(shown, ": ", sub < 0 ? std::strerror(errno) : "too deep"));
-      return false;
-    }
-    for (const std::string& child : Names(sub)) {
-      RemoveTreeAt(sub, child, absl::StrCat(shown, "/", child), depth + 1, out);
-    }
-    ::close(sub);
-  }
-  if (::unlinkat(dfd, name.c_str(), S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) != 0 && errno != ENOENT) {
-    out->errors.push_back(absl::StrCat(shown, ": ", std::strerror(errno)));
+  auto failed = [&](const std::vector<std::string>& where, const char* why) {
+    out->errors.push_back(absl::StrCat(shown, where.size() > 1 ? "/" : "",
+                                       absl::StrJoin(where.begin() + 1, where.end(), "/"), ": ",
+                                       why));
     return false;
+  };
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlinkat(dfd, name.c_str(), 0) != 0 && errno != ENOENT) {
+      return failed({name}, std::strerror(errno));
+    }
+    return true;
   }
-  return true;
+  std::vector<std::string> path = {name};  // from `dfd` down to `cur`
+  int cur = OpenDirAt(dfd, name);
+  if (cur < 0) return failed(path, std::strerror(errno));
+  while (true) {
+    std::string down;
+    for (const std::string& child : Names(cur)) {
+      struct stat cst;
+      if (::fstatat(cur, child.c_str(), &cst, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (S_ISDIR(cst.st_mode)) {
+        down = child;
+        break;
+      }
+      if (::unlinkat(cur, child.c_str(), 0) != 0 && errno != ENOENT) {
+        std::vector<std::string> at = path;
+        at.push_back(child);
+        failed(at, std::strerror(errno));
+      }
+    }
+    if (!down.empty()) {
+      const int sub = OpenDirAt(cur, down);
+      if (sub < 0) {
+        path.push_back(down);
+        ::close(cur);
+        return failed(path, std::strerror(errno));
+      }
+      ::close(cur);
+      cur = sub;
+      path.push_back(std::move(down));
+      continue;
+    }
+    // `cur` holds nothing that could be removed: up, and remove it there.
+    struct stat left;
+    const bool known = ::fstat(cur, &left) == 0;
+    const int parent = path.size() == 1
+                           ? ::dup(dfd)
+                           : ::openat(cur, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    ::close(cur);
+    if (parent < 0) return failed(path, std::strerror(errno));
+    struct stat entry;
+    if (!known || ::fstatat(parent, path.back().c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0 ||
+        entry.st_dev != left.st_dev || entry.st_ino != left.st_ino) {
+      ::close(parent);
+      return failed(path, "moved while it was being removed");
+    }
+    if (::unlinkat(parent, path.back().c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+      const int err = errno;
+      ::close(parent);
+      return failed(path, std::strerror(err));
+    }
+    path.pop_back();
+    if (path.empty()) {
+      ::close(parent);
+      return true;
+    }
+    cur = parent;
+  }
 }
 
 // A directory by its device and inode.
@@ -156,7 +211,7 @@ Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
   const std::set<DirId> kept = KeptDirs(keep);
   ForEachDir(dirs, [&](int dfd, const std::string& dir) {
     for (const std::string& name : OwnedEntries(dfd, uid, kept)) {
-      if (RemoveTreeAt(dfd, name, absl::StrCat(dir, "/", name), 0, &out)) ++out.entries;
+      if (RemoveTreeAt(dfd, name, absl::StrCat(dir, "/", name), &out)) ++out.entries;
     }
     return false;
   });

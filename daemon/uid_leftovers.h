@@ -10,9 +10,11 @@
 // directory with what it holds, whoever owns that); a file the uid put
 // inside another user's directory there is not looked for, so the work
 // stays that of one directory listing plus what the job made (the agent
-// does it between heartbeats). The removal never follows a symlink: every
-// step is relative to an open directory (openat, O_NOFOLLOW, unlinkat), so
-// a path swapped for a link while it runs leads nowhere.
+// does it on a thread of its own, uid_reclaimer.h). The removal never
+// follows a symlink: every step is relative to an open directory (openat,
+// O_NOFOLLOW, unlinkat), so a path swapped for a link while it runs leads
+// nowhere; and it removes trees of any depth with one directory open at a
+// time.
 //
 // Thread safety: pure functions of the file system and the kernel's IPC
 // tables.

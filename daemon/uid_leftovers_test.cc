@@ -1,5 +1,6 @@
 #include "daemon/uid_leftovers.h"
 
+#include <fcntl.h>
 #include <sys/ipc.h>
 #include <sys/msg.h>
 #include <sys/sem.h>
@@ -95,6 +96,36 @@ TEST_F(UidLeftoversTest, RemovesWhatTheUidOwnsAndNothingElse) {
   }
   EXPECT_TRUE(Exists(outside + "/victim"));
   EXPECT_TRUE(Exists(outside + "/uids-file-elsewhere")) << "found through a symlink";
+}
+
+// A tree of any depth goes (a job makes one deeper than the descriptors a
+// process may hold with `mkdir -p`), with the files at every level and
+// whoever owns them; the uid is then clean.
+TEST_F(UidLeftoversTest, RemovesATreeOfAnyDepth) {
+  const std::string tmp = root_ + "/tmp";
+  Dir(tmp, 0, 01777);
+  Dir(tmp + "/deep", kUid, 0755);
+  int fd = ::open((tmp + "/deep").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  constexpr int kDepth = 3000;  // past 1024 descriptors, and past PATH_MAX as a path
+  for (int i = 0; i < kDepth; ++i) {
+    ASSERT_EQ(::mkdirat(fd, "d", 0755), 0) << "level " << i;
+    const int file = ::openat(fd, i % 2 ? "f" : "g", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(file, 0);
+    ASSERT_EQ(::fchown(file, i % 3 ? kUid : 0, 0), 0);
+    ::close(file);
+    const int sub = ::openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(sub, 0);
+    ::close(fd);
+    fd = sub;
+  }
+  ::close(fd);
+  ASSERT_TRUE(HasUidLeftovers(kUid, {tmp}, {}));
+  const Leftovers got = RemoveUidLeftovers(kUid, {tmp}, {});
+  EXPECT_TRUE(got.errors.empty()) << got.errors.front();
+  EXPECT_EQ(got.entries, 1);
+  EXPECT_FALSE(Exists(tmp + "/deep"));
+  EXPECT_FALSE(HasUidLeftovers(kUid, {tmp}, {}));
 }
 
 // System V objects the uid owns, or created and gave away, are removed;

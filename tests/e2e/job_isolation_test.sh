@@ -173,9 +173,10 @@ if grep -q ROOT-ONLY-SECRET <<<"$seen"; then fail "root read $victim through a j
 log "log files a job replaced with symlinks were not followed (state $(state_of "$job"))"
 
 # A daemon that stops while a job runs returns its uid clean before it
-# exits; one that is killed (SIGKILL) cannot, and the next daemon cleans
-# that uid before giving it to any job: no job ever finds what an earlier
-# job of its uid left (checked with the file an earlier job left in /tmp).
+# exits; one that is killed (SIGKILL) cannot, and cleans that uid when it
+# starts again (its job dir is still the uid's): no job ever finds what an
+# earlier job of its uid left (checked with the file an earlier job left in
+# /tmp and its job dir).
 secret_job() {  # secret_job NAME: a job leaving /tmp/$left-NAME, as its uid
   absc submit --detach --json --nproc-per-node 1 --max-restarts 0 -- /bin/sh -c \
     "[ \"\$TORCHELASTIC_RESTART_COUNT\" = 0 ] && echo secret-of-$1 > /tmp/$left-$1; id -u > uid.txt; exec sleep 300" | job_id
@@ -202,13 +203,13 @@ start_abs "$T/abs3.log"
 out=$(absc submit --nproc-per-node 1 --max-restarts 0 -- /bin/sh -c "id -u; cat /tmp/$left-d 2>&1 || true; ls $dirD 2>&1 || true" 2>&1) ||
   fail "the job after the killed daemon failed: $out"
 if grep -q "secret-of-d\|uid.txt" <<<"$out"; then fail "a job read what job D (uid $uidD) left: $out"; fi
-grep -q "uid $uidD still owns what an earlier job left" "$T/abs3.log" ||
+grep -q "job dirs under $bin/state/jobs are still uid $uidD's (this daemon stopped before returning it): cleaning it" "$T/abs3.log" ||
   fail "the restarted daemon did not say it cleans uid $uidD: $(grep "uid $uidD" "$T/abs3.log")"
 wait_for 15 grep -q "uid $uidD cleaned of an earlier job's leftovers (1 job dir(s) given back to root)" "$T/abs3.log" ||
   fail "the restarted daemon did not clean uid $uidD: $(grep "uid $uidD" "$T/abs3.log")"
 [ ! -e "/tmp/$left-d" ] && owned_by_root "$dirD" ||
   fail "uid $uidD not cleaned: $(ls -lnd "/tmp/$left-d" "$dirD" 2>&1)"
-log "uids came back clean: $uidC as its daemon stopped, $uidD (its daemon killed) before the next job; the next job ran as uid $(sed -n 's/^\[0\] \([0-9]*\)$/\1/p' <<<"$out" | head -n 1)"
+log "uids came back clean: $uidC as its daemon stopped, $uidD (its daemon killed) as it started again; the next job ran as uid $(sed -n 's/^\[0\] \([0-9]*\)$/\1/p' <<<"$out" | head -n 1)"
 
 # A root daemon that cannot switch users (a container or unit that dropped
 # CAP_SETUID and CAP_SETGID) says at start that jobs are not isolated, and
