@@ -916,7 +916,7 @@ void Agent::StopAllAndReap(Duration grace) {
     // dies first leaves them to the next daemon's JobUid).
     while (!job_uids_.empty()) ReleaseJobUid(job_uids_.begin()->first);
   }
-  reclaimer_->Drain();
+  reclaimer_->Drain(kReclaimShutdownLimit);
 }
 
 Status Agent::ReportProgress(const std::string& job_id, int round, const std::string& token,

@@ -58,7 +58,8 @@ int OpenDirAt(int dfd, const std::string& name) {
 // entry is still the directory it left. (A tree deeper than the descriptors
 // a process may hold is a `mkdir -p` away for a job; a recursion that gave
 // up there left the uid unclean for good.)
-bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown, Leftovers* out) {
+bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown,
+                  const std::atomic<bool>* stop, Leftovers* out) {
   struct stat st;
   if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT;
   auto failed = [&](const std::vector<std::string>& where, const char* why) {
@@ -77,6 +78,10 @@ bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown, Le
   int cur = OpenDirAt(dfd, name);
   if (cur < 0) return failed(path, std::strerror(errno));
   while (true) {
+    if (stop != nullptr && stop->load()) {
+      ::close(cur);
+      return failed(path, "stopped (the daemon is exiting)");
+    }
     std::string down;
     for (const std::string& child : Names(cur)) {
       struct stat cst;
@@ -206,15 +211,20 @@ std::vector<int> IpcIdsOf(const std::string& table, uint32_t uid) {
 std::vector<std::string> DefaultLeftoverDirs() { return {"/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue"}; }
 
 Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
-                             const std::vector<std::string>& keep) {
+                             const std::vector<std::string>& keep, const std::atomic<bool>* stop) {
   Leftovers out;
   const std::set<DirId> kept = KeptDirs(keep);
   ForEachDir(dirs, [&](int dfd, const std::string& dir) {
     for (const std::string& name : OwnedEntries(dfd, uid, kept)) {
-      if (RemoveTreeAt(dfd, name, absl::StrCat(dir, "/", name), &out)) ++out.entries;
+      if (stop != nullptr && stop->load()) return true;
+      if (RemoveTreeAt(dfd, name, absl::StrCat(dir, "/", name), stop, &out)) ++out.entries;
     }
     return false;
   });
+  if (stop != nullptr && stop->load()) {
+    out.errors.push_back("stopped before the rest (the daemon is exiting)");
+    return out;
+  }
   auto removed = [&out](const char* what, int id, int rc) {
     if (rc == 0) {
       ++out.ipc;

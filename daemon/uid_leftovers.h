@@ -21,6 +21,7 @@
 #ifndef LOCKSTEP_DAEMON_UID_LEFTOVERS_H_
 #define LOCKSTEP_DAEMON_UID_LEFTOVERS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,8 +45,11 @@ struct Leftovers {
 // or created. A dir in `dirs` or `keep` that does not
 // exist is skipped. The uid should have no process left (the agent kills
 // them first), or it could make more.
+// `stop`, if given, is looked at between entries: once it is true the
+// removal ends where it is (an error says so) and what is left stays.
 Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
-                             const std::vector<std::string>& keep);
+                             const std::vector<std::string>& keep,
+                             const std::atomic<bool>* stop = nullptr);
 
 // Whether RemoveUidLeftovers(uid, dirs, keep) would find anything: an entry
 // of one of `dirs` that `uid` owns (not one of `keep`), or a System V object

@@ -24,9 +24,14 @@ namespace {
 // that forks while it is being killed leaves a child the next round finds.
 constexpr int kKillRounds = 5;
 
+// nftw passes its callback no argument: the walk's stop flag, for the
+// thread walking.
+thread_local const std::atomic<bool>* walk_stop = nullptr;
+
 int ChownToRoot(const char* path, const struct stat*, int, struct FTW*) {
   (void)::lchown(path, 0, 0);
-  return 0;  // Keep walking whatever one entry did.
+  // Keep walking whatever one entry did, unless told to stop.
+  return walk_stop != nullptr && walk_stop->load() ? 1 : 0;
 }
 
 // The names of the entries of `dir` that `uid` owns (not followed through
@@ -52,7 +57,7 @@ UidReclaimer::UidReclaimer(UidReclaimerOptions options)
     : options_(std::move(options)), thread_([this] { Loop(); }) {}
 
 UidReclaimer::~UidReclaimer() {
-  Drain();
+  Drain(kReclaimShutdownLimit);
   {
     MutexLock lock(&mu_);
     stop_ = true;
@@ -78,21 +83,39 @@ bool UidReclaimer::Pending(const std::string& job_id) const {
   return false;
 }
 
-void UidReclaimer::Drain() {
+bool UidReclaimer::Drain(Duration limit) {
   const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + limit;
+  auto left = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<uint32_t> uids;
+    if (busy_) uids.push_back(busy_uid_);
+    for (const Item& item : queue_) uids.push_back(item.lease.uid());
+    return absl::StrJoin(uids, ", ");
+  };
+  auto waited = [&start] {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
   MutexLock lock(&mu_);
   while (busy_ || !queue_.empty()) {
-    if (changed_.WaitWithTimeout(&mu_, kReclaimProgressInterval) && (busy_ || !queue_.empty())) {
-      std::vector<uint32_t> left;
-      if (busy_) left.push_back(busy_uid_);
-      for (const Item& item : queue_) left.push_back(item.lease.uid());
-      log_.Info("still cleaning job uids {} (their processes, job dirs and leftovers) after {} s",
-                absl::StrJoin(left, ", "),
-                std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
-                                                                 start)
-                    .count());
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      log_.Warn("gave up cleaning job uids {} after {} s: what is left of theirs is cleaned before "
+                "any job is given them again",
+                left(), waited());
+      cancel_ = true;
+      queue_.clear();  // their leases dropped
+      while (busy_) changed_.Wait(&mu_);
+      return false;
+    }
+    if (changed_.WaitWithTimeout(&mu_, std::min<Duration>(kReclaimProgressInterval, deadline - now)) &&
+        (busy_ || !queue_.empty()) && std::chrono::steady_clock::now() < deadline) {
+      log_.Info("still cleaning job uids {} (their processes, job dirs and leftovers) after {} s of "
+                "at most {} s",
+                left(), waited(), ToSeconds(limit));
     }
   }
+  return true;
 }
 
 void UidReclaimer::Loop() {
@@ -143,6 +166,7 @@ void UidReclaimer::Clean(const Item& item) const {
       std::find(dirs.begin(), dirs.end(), item.job_id) == dirs.end()) {
     dirs.push_back(item.job_id);
   }
+  walk_stop = &cancel_;
   for (const std::string& dir : dirs) {
     const std::string path = absl::StrCat(jobs, "/", dir);
     ::nftw(path.c_str(), ChownToRoot, 16, FTW_PHYS);
@@ -150,7 +174,8 @@ void UidReclaimer::Clean(const Item& item) const {
   // Nor what it left in the shared temporary dirs and System V IPC, which
   // the next job given the uid would own (uid_leftovers.h). The state dir
   // may lie under /tmp: its job dirs are never swept.
-  const Leftovers files = RemoveUidLeftovers(uid, options_.leftover_dirs, {options_.state_dir});
+  const Leftovers files =
+      RemoveUidLeftovers(uid, options_.leftover_dirs, {options_.state_dir}, &cancel_);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (files.entries > 0 || files.ipc > 0) {

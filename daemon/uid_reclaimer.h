@@ -20,6 +20,7 @@
 #ifndef LOCKSTEP_DAEMON_UID_RECLAIMER_H_
 #define LOCKSTEP_DAEMON_UID_RECLAIMER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -38,6 +39,11 @@ namespace daemon {
 
 // How often Drain says which uids it still waits for.
 inline constexpr Duration kReclaimProgressInterval = std::chrono::seconds(5);
+// How long a stopping agent waits for its uids to be clean: with the
+// workers' shutdown grace (10 s by default) inside the shipped units'
+// TimeoutStopSec=30. What is left then is cleaned when a daemon next needs
+// the uid (UidLeases::Acquire's check) or starts on the state dir.
+inline constexpr Duration kReclaimShutdownLimit = std::chrono::seconds(15);
 
 struct UidReclaimerOptions {
   // Job dirs (<state_dir>/jobs/<id>) the uid owns go to root; the state dir
@@ -53,7 +59,8 @@ struct UidReclaimerOptions {
 class UidReclaimer {
  public:
   explicit UidReclaimer(UidReclaimerOptions options);
-  // Finishes what is queued (Drain), then stops its thread.
+  // Finishes what is queued (Drain with kReclaimShutdownLimit), then stops
+  // its thread.
   ~UidReclaimer();
 
   // Queues `lease`'s uid to be cleaned, then dropped. `job_id`: the job that
@@ -64,8 +71,11 @@ class UidReclaimer {
   // job here again only after (its dir must not change owner under it).
   bool Pending(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks until nothing is queued or being cleaned, logging every
-  // kReclaimProgressInterval which uids are left.
-  void Drain() ABSL_LOCKS_EXCLUDED(mu_);
+  // kReclaimProgressInterval which uids are left, or until `limit` has
+  // passed: then it stops the clean under way and drops what is queued
+  // (their leases with them), says which uids were left unclean, and
+  // returns false. Reclaim must not be called after a Drain that gave up.
+  bool Drain(Duration limit) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Item {
@@ -86,6 +96,8 @@ class UidReclaimer {
   std::string busy_job_ ABSL_GUARDED_BY(mu_);
   uint32_t busy_uid_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Set when a Drain gives up: the clean under way ends between entries.
+  std::atomic<bool> cancel_{false};
   std::thread thread_;
 };
 
