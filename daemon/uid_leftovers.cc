@@ -139,17 +139,40 @@ bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown,
 // A directory by its device and inode.
 using DirId = std::pair<dev_t, ino_t>;
 
-// The entries of the open directory `dfd` that `uid` owns, but for the
-// directories in `keep`.
-std::vector<std::string> OwnedEntries(int dfd, uint32_t uid, const std::set<DirId>& keep) {
-  std::vector<std::string> owned;
-  for (std::string& name : Names(dfd)) {
+// How deep VisitOwned goes into world-writable directories of others.
+constexpr int kMaxSharedDepth = 8;
+
+// Calls `each(dfd, name, shown)` for every entry of the open directory
+// `dfd` (shown as `shown`) that `uid` owns, but for the directories in
+// `keep`; and, the uid being able to create entries only where it may
+// write, does the same inside the world-writable directories of others
+// there (a shared 1777 dir under /tmp), on the same file system, to
+// kMaxSharedDepth. Stops once `each` returns true, and returns true then.
+bool VisitOwned(int dfd, const std::string& shown, uint32_t uid, const std::set<DirId>& keep,
+                int depth,
+                const std::function<bool(int dfd, const std::string& name, const std::string& shown)>& each) {
+  struct stat self;
+  if (::fstat(dfd, &self) != 0) return false;
+  for (const std::string& name : Names(dfd)) {
     struct stat st;
-    if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != uid) continue;
-    if (S_ISDIR(st.st_mode) && keep.count({st.st_dev, st.st_ino})) continue;
-    owned.push_back(std::move(name));
+    if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const bool dir = S_ISDIR(st.st_mode);
+    if (dir && keep.count({st.st_dev, st.st_ino})) continue;
+    const std::string child = absl::StrCat(shown, "/", name);
+    if (st.st_uid == uid) {
+      if (each(dfd, name, child)) return true;
+      continue;
+    }
+    if (!dir || (st.st_mode & S_IWOTH) == 0 || st.st_dev != self.st_dev || depth >= kMaxSharedDepth) {
+      continue;
+    }
+    const int sub = OpenDirAt(dfd, name);
+    if (sub < 0) continue;
+    const bool stop = VisitOwned(sub, child, uid, keep, depth + 1, each);
+    ::close(sub);
+    if (stop) return true;
   }
-  return owned;
+  return false;
 }
 
 // The directories `keep` names that exist, by their ids.
@@ -215,11 +238,12 @@ Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
   Leftovers out;
   const std::set<DirId> kept = KeptDirs(keep);
   ForEachDir(dirs, [&](int dfd, const std::string& dir) {
-    for (const std::string& name : OwnedEntries(dfd, uid, kept)) {
-      if (stop != nullptr && stop->load()) return true;
-      if (RemoveTreeAt(dfd, name, absl::StrCat(dir, "/", name), stop, &out)) ++out.entries;
-    }
-    return false;
+    return VisitOwned(dfd, dir, uid, kept, 0,
+                      [&](int parent, const std::string& name, const std::string& shown) {
+                        if (stop != nullptr && stop->load()) return true;
+                        if (RemoveTreeAt(parent, name, shown, stop, &out)) ++out.entries;
+                        return false;
+                      });
   });
   if (stop != nullptr && stop->load()) {
     out.errors.push_back("stopped before the rest (the daemon is exiting)");
@@ -241,8 +265,9 @@ Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
 bool HasUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
                      const std::vector<std::string>& keep) {
   const std::set<DirId> kept = KeptDirs(keep);
-  if (ForEachDir(dirs, [&](int dfd, const std::string&) {
-        return !OwnedEntries(dfd, uid, kept).empty();
+  if (ForEachDir(dirs, [&](int dfd, const std::string& dir) {
+        return VisitOwned(dfd, dir, uid, kept, 0,
+                          [](int, const std::string&, const std::string&) { return true; });
       })) {
     return true;
   }

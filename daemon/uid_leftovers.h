@@ -6,15 +6,18 @@
 // RAM until reboot; systemd's DynamicUser= removes the same with
 // RemoveIPC=. These functions remove what one uid owns, as root.
 //
-// Only the entries of those dirs that the uid owns are removed, whole (a
-// directory with what it holds, whoever owns that); a file the uid put
-// inside another user's directory there is not looked for, so the work
-// stays that of one directory listing plus what the job made (the agent
-// does it on a thread of its own, uid_reclaimer.h). The removal never
-// follows a symlink: every step is relative to an open directory (openat,
-// O_NOFOLLOW, unlinkat), so a path swapped for a link while it runs leads
-// nowhere; and it removes trees of any depth with one directory open at a
-// time.
+// The entries of those dirs that the uid owns are removed, whole (a
+// directory with what it holds, whoever owns that), and so are the uid's
+// entries inside world-writable directories of others there (a shared 1777
+// dir in /tmp), to 8 levels, on the same file system: the uid can create
+// entries only where it may write, its own dirs and those open to every
+// user (its gid is its own; ACLs aside). Other users' directories are
+// not walked, so the work stays that of listing those dirs and the shared
+// ones plus what the job made (the agent does it on a thread of its own,
+// uid_reclaimer.h). The removal never follows a symlink: every step is
+// relative to an open directory (openat, O_NOFOLLOW, unlinkat), so a path
+// swapped for a link while it runs leads nowhere; and it removes trees of
+// any depth with one directory open at a time.
 //
 // Thread safety: pure functions of the file system and the kernel's IPC
 // tables.
@@ -39,22 +42,22 @@ struct Leftovers {
 };
 
 // Removes every entry of each of `dirs` that `uid` owns (with what it
-// holds), except the dirs in `keep` (the daemon's state dir, which may be
-// one of /tmp's entries: its job dirs are the daemon's to handle), and every
-// System V shared memory segment, semaphore set and message queue `uid` owns
-// or created. A dir in `dirs` or `keep` that does not
-// exist is skipped. The uid should have no process left (the agent kills
-// them first), or it could make more.
-// `stop`, if given, is looked at between entries: once it is true the
-// removal ends where it is (an error says so) and what is left stays.
+// holds), and its entries inside the world-writable dirs of others there
+// (see above), except the dirs in `keep` (the daemon's state dir, which may
+// be one of /tmp's entries: its job dirs are the daemon's to handle), and
+// every System V shared memory segment, semaphore set and message queue
+// `uid` owns or created. A dir in `dirs` or `keep` that does not exist is
+// skipped. The uid should have no process left (the agent kills them
+// first), or it could make more. `stop`, if given, is looked at between
+// entries: once it is true the removal ends where it is (an error says so)
+// and what is left stays.
 Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
                              const std::vector<std::string>& keep,
                              const std::atomic<bool>* stop = nullptr);
 
 // Whether RemoveUidLeftovers(uid, dirs, keep) would find anything: an entry
-// of one of `dirs` that `uid` owns (not one of `keep`), or a System V object
-// it owns or created. One listing of each dir; what it finds is not
-// removed.
+// it would remove, or a System V object `uid` owns or created. What it
+// finds is not removed.
 bool HasUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
                      const std::vector<std::string>& keep);
 

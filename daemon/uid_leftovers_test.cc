@@ -49,9 +49,10 @@ class UidLeftoversTest : public ::testing::Test {
   std::string root_;
 };
 
-// What the uid owns in the dir goes, whole; what others own stays, and so
-// does what the uid put inside their dirs (not looked for); a symlink is
-// removed, never followed.
+// What the uid owns in the dir goes, whole, and so does what it put in a
+// world-writable dir of another's there; what others own stays, and so does
+// what the uid owns inside another's dir it could not write (not looked
+// for); a symlink is removed, never followed.
 TEST_F(UidLeftoversTest, RemovesWhatTheUidOwnsAndNothingElse) {
   const std::string tmp = root_ + "/tmp", outside = root_ + "/outside";
   Dir(tmp, 0, 01777);
@@ -63,6 +64,11 @@ TEST_F(UidLeftoversTest, RemovesWhatTheUidOwnsAndNothingElse) {
   Dir(tmp + "/shared", 0, 01777);
   File(tmp + "/shared/mine-too", kUid);
   File(tmp + "/shared/others", 1);
+  Dir(tmp + "/shared/deeper", 1, 01777);
+  Dir(tmp + "/shared/deeper/mydir", kUid, 0700);
+  File(tmp + "/shared/deeper/mydir/f", kUid);
+  Dir(tmp + "/private", 1, 0755);
+  File(tmp + "/private/chowned-to-the-uid", kUid);
   // A link the uid made to a root file, and a root-owned link to a dir
   // outside holding a file of the uid's: neither target is touched.
   File(outside + "/victim", 0);
@@ -85,13 +91,14 @@ TEST_F(UidLeftoversTest, RemovesWhatTheUidOwnsAndNothingElse) {
   EXPECT_FALSE(HasUidLeftovers(kUid, {tmp}, {tmp + "/state"}));
   EXPECT_TRUE(HasUidLeftovers(kUid, {tmp}, {})) << "the state dir is the uid's here";
   EXPECT_TRUE(got.errors.empty()) << got.errors.front();
-  EXPECT_EQ(got.entries, 3) << "mine, mydir (whole), link";
+  EXPECT_EQ(got.entries, 5) << "mine, mydir (whole), link, shared/mine-too, shared/deeper/mydir";
   EXPECT_EQ(got.ipc, 0);
   EXPECT_TRUE(Exists(tmp + "/state/coordinator.db")) << "the state dir was removed";
-  for (const char* gone : {"/mine", "/mydir", "/link"}) {
+  for (const char* gone : {"/mine", "/mydir", "/link", "/shared/mine-too", "/shared/deeper/mydir"}) {
     EXPECT_FALSE(Exists(tmp + gone)) << gone;
   }
-  for (const char* kept : {"/roots", "/shared", "/shared/mine-too", "/shared/others", "/shared/to-outside"}) {
+  for (const char* kept : {"/roots", "/shared", "/shared/others", "/shared/to-outside",
+                           "/shared/deeper", "/private/chowned-to-the-uid"}) {
     EXPECT_TRUE(Exists(tmp + kept)) << kept;
   }
   EXPECT_TRUE(Exists(outside + "/victim"));

@@ -6,7 +6,7 @@
 # jobs/ dir, or read the daemon's admin token, though it reaches them all
 # (a state dir under a dir every uid may traverse); when A ends, its uid's
 # processes are gone and its job dir belongs to root again. The uids are leased host-wide
-# (/run/lockstep/job-uids), and what A left in /tmp, /dev/shm and System V
+# (/run/lockstep/job-uids), and what A left in /tmp (a dir, a file in a shared 1777 dir), /dev/shm and System V
 # IPC goes with its uid: a second daemon on the same host runs the other
 # rank of a real 2-node DDP job (examples/train) as a different uid, and the
 # job succeeds with identical parameters. A root daemon without CAP_SETUID,
@@ -46,10 +46,11 @@ abs_state_is() { [ "$(abs_field "$1" 'j["state"]')" = "$2" ]; }
 # A also leaves data where the next job given its uid would find it: a
 # file in /dev/shm, a dir in /tmp, a System V shared memory segment.
 left="lockstep-isolation-$$"
+install -d -m 1777 "/tmp/$left-shared"  # a dir every user may write, not A's
 jobA=$(absc submit --detach --json --nproc-per-node 1 -- /bin/sh -c \
-  "echo a-data > /dev/shm/$left; mkdir /tmp/$left && echo a-data > /tmp/$left/f; \
+  "echo a-data > /dev/shm/$left; mkdir /tmp/$left && echo a-data > /tmp/$left/f; echo a-data > /tmp/$left-shared/f; \
    ipcmk -M 4096 | sed -n 's/.*id: //p' > shmid.txt; id -u > uid.txt; exec sleep 300" | job_id)
-EXTRA_CLEANUP="$EXTRA_CLEANUP; rm -rf '/dev/shm/$left' '/tmp/$left'"
+EXTRA_CLEANUP="$EXTRA_CLEANUP; rm -rf '/dev/shm/$left' '/tmp/$left' '/tmp/$left-shared'"
 wait_for 30 abs_state_is "$jobA" RUNNING || fail "job A is not RUNNING: $(absc status "$jobA")"
 dirA="$bin/state/jobs/$jobA"
 wait_for 30 test -s "$dirA/uid.txt" || fail "job A never wrote its uid"
@@ -98,8 +99,9 @@ wait_for 15 grep -q "uid $uidA returned" "$T/abs.log" || fail "the daemon did no
 # What A left on the host went with its uid, as systemd's RemoveIPC does.
 shmid=$(cat "$dirA/shmid.txt")
 [ -n "$shmid" ] || fail "job A made no System V segment"
-[ ! -e "/dev/shm/$left" ] && [ ! -e "/tmp/$left" ] ||
-  fail "what job A left outlived its uid: $(ls -ld "/dev/shm/$left" "/tmp/$left" 2>&1)"
+[ ! -e "/dev/shm/$left" ] && [ ! -e "/tmp/$left" ] && [ ! -e "/tmp/$left-shared/f" ] ||
+  fail "what job A left outlived its uid: $(ls -ld "/dev/shm/$left" "/tmp/$left" "/tmp/$left-shared/f" 2>&1)"
+[ -d "/tmp/$left-shared" ] || fail "the shared dir job A wrote into (root's) was removed"
 if ipcs -m | awk -v id="$shmid" '$2 == id { found = 1 } END { exit !found }'; then
   fail "job A's System V segment $shmid outlived its uid: $(ipcs -m)"
 fi
