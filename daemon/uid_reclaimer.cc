@@ -3,13 +3,17 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,9 +24,28 @@ namespace lockstep {
 namespace daemon {
 namespace {
 
-// Rounds of "kill every process of the uid" before its files go: a process
-// that forks while it is being killed leaves a child the next round finds.
+// Rounds of "kill every process of the uid" that /proc still lists (after
+// KillAllAs, zombies not yet reaped, or a process that was starting).
 constexpr int kKillRounds = 5;
+
+// SIGKILLs every process of `uid` at once: a child that becomes `uid` and
+// calls kill(-1), which the kernel sends to every process the caller may
+// signal (those of its uid) but itself, with forks held off meanwhile, so
+// a fork bomb cannot outrun it as a kill per listed pid can. False if the
+// child could not be made or become the uid.
+bool KillAllAs(uint32_t uid) {
+  const pid_t child = ::fork();
+  if (child < 0) return false;
+  if (child == 0) {  // async-signal-safe calls only
+    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(1);
+    ::kill(-1, SIGKILL);
+    ::_exit(0);
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
 // nftw passes its callback no argument: the walk's stop flag, for the
 // thread walking.
@@ -153,8 +176,12 @@ void UidReclaimer::Clean(const Item& item) const {
   for (int round = 0; round < kKillRounds; ++round) {
     const std::vector<pid_t> left = ProcessesOfUid(uid);
     if (left.empty()) break;
+    if (round == 0 && !KillAllAs(uid)) {
+      log.Warn("could not kill uid {}'s processes as that uid: killing them one by one", uid);
+    }
     for (pid_t pid : left) ::kill(pid, SIGKILL);
-    killed += left.size();
+    if (round == 0) killed = left.size();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // their parents reap them
   }
   if (killed > 0) log.Warn("killed {} process(es) still running as uid {}", killed, uid);
   // Its files stay readable to `lockstep logs` (root), not to the next job:

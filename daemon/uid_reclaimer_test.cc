@@ -1,6 +1,10 @@
 #include "daemon/uid_reclaimer.h"
 
+#include <grp.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -8,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -32,7 +37,17 @@ class UidReclaimerTest : public ::testing::Test {
     std::filesystem::create_directories(root_ + "/state/jobs");
   }
   void TearDown() override {
-    if (!root_.empty()) std::filesystem::remove_all(root_);
+    if (root_.empty()) return;
+    std::filesystem::remove_all(root_);
+    // Whatever a failed test left running as the uids (the fork bomb).
+    for (uint32_t uid : {kUid, kUid + 1}) {
+      const pid_t child = ::fork();
+      if (child == 0) {
+        if (::setgroups(0, nullptr) == 0 && ::setgid(uid) == 0 && ::setuid(uid) == 0) ::kill(-1, SIGKILL);
+        ::_exit(0);
+      }
+      if (child > 0) ::waitpid(child, nullptr, 0);
+    }
   }
   // A file of `uid`'s in the leftover dir.
   std::string Leave(uint32_t uid) {
@@ -87,6 +102,52 @@ TEST_F(UidReclaimerTest, ADrainPastItsLimitStopsAndSaysWhatWasLeft) {
   EXPECT_TRUE(Exists(second));
   EXPECT_TRUE(Free(kUid));
   EXPECT_TRUE(Free(kUid + 1));
+}
+
+// The uid's processes that are not zombies.
+std::vector<pid_t> LiveProcessesOf(uint32_t uid) {
+  std::vector<pid_t> live;
+  for (pid_t pid : ProcessesOfUid(uid)) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    if (close != std::string::npos && line.size() > close + 2 && line[close + 2] != 'Z') {
+      live.push_back(pid);
+    }
+  }
+  return live;
+}
+
+// A fork bomb of the uid's (every process forking two more, up to its
+// RLIMIT_NPROC of 200) is gone once its uid is reclaimed: killed at once as
+// that uid, which no listing of pids, each killed in turn, can promise.
+TEST_F(UidReclaimerTest, KillsAForkBombOfTheUid) {
+  ASSERT_TRUE(LiveProcessesOf(kUid).empty()) << "uid " << kUid << " is in use on this machine";
+  const pid_t bomb = ::fork();
+  ASSERT_GE(bomb, 0);
+  if (bomb == 0) {
+    struct rlimit rl = {200, 200};
+    if (::setrlimit(RLIMIT_NPROC, &rl) != 0 || ::setsid() < 0 || ::setgroups(0, nullptr) != 0 ||
+        ::setgid(kUid) != 0 || ::setuid(kUid) != 0) {
+      ::_exit(1);
+    }
+    ::execl("/bin/sh", "sh", "-c", "b() { b & b & wait; }; b", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (LiveProcessesOf(kUid).size() < 40 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(LiveProcessesOf(kUid).size(), 40u) << "the bomb did not go off";
+  LogCapture log;
+  UidReclaimer reclaimer(Options());
+  reclaimer.Reclaim(Lease(kUid), "j1");
+  ASSERT_TRUE(reclaimer.Drain(std::chrono::seconds(10)));
+  ::waitpid(bomb, nullptr, 0);
+  EXPECT_TRUE(LiveProcessesOf(kUid).empty()) << LiveProcessesOf(kUid).size() << " left";
+  EXPECT_NE(log.Lines().find(absl::StrCat("still running as uid ", kUid)), std::string::npos)
+      << log.Lines();
 }
 
 }  // namespace
