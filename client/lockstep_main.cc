@@ -266,7 +266,8 @@ class Cli {
     flags.Int("max-cpu-seconds", &max_cpu_seconds, "workers' RLIMIT_CPU (0 = inherit)");
     flags.Int("max-processes", &max_processes,
               "workers' RLIMIT_NPROC: processes and threads of their uid, so per job on a node "
-              "that gives each job a uid (0 = inherit)");
+              "that gives each job a uid, where it may not pass the node's lockstepd "
+              "--max-processes (0 = the node's, or inherit)");
     bool detach = false;
     flags.Bool("detach", &detach,
                "print the job id (with --json: the job) once it is accepted and return, instead "

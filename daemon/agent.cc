@@ -327,6 +327,18 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
   if (ok.ok()) ok = MakeDirs(dir);
   std::string run_as = cmd.spec().run_as().empty() ? options_.run_as : cmd.spec().run_as();
   uint32_t job_uid = 0;
+  // A job uid's processes and threads: the node's cap unless the job asks
+  // for fewer.
+  int64_t max_processes = cmd.spec().limits().max_processes();
+  if (ok.ok() && options_.job_uid_first != 0 && options_.max_job_processes > 0) {
+    if (max_processes == 0) {
+      max_processes = options_.max_job_processes;
+    } else if (max_processes > options_.max_job_processes) {
+      ok = absl::PermissionDeniedError(absl::StrCat(
+          "spec.limits.max_processes ", max_processes, " is above this node's ",
+          options_.max_job_processes, " processes and threads per job (lockstepd --max-processes)"));
+    }
+  }
   if (ok.ok() && options_.job_uid_first != 0) {
     if (!cmd.spec().run_as().empty()) {
       ok = absl::PermissionDeniedError(absl::StrCat(
@@ -432,7 +444,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       spec.max_open_files = cmd.spec().limits().max_open_files();
       spec.max_address_space = cmd.spec().limits().max_address_space();
       spec.max_cpu_seconds = cmd.spec().limits().max_cpu_seconds();
-      spec.max_processes = cmd.spec().limits().max_processes();
+      spec.max_processes = max_processes;
       spec.run_as = run_as;
       spec.run_as_uid = job_uid;
       if (fence_.fd() >= 0) spec.inherit_fds.push_back(fence_.fd());

@@ -105,6 +105,11 @@ struct AgentOptions {
   // When a job's uid is returned, what it owns under these dirs goes, with
   // its System V IPC objects (uid_leftovers.h).
   std::vector<std::string> uid_leftover_dirs = DefaultLeftoverDirs();
+  // With job uids: a job's RLIMIT_NPROC (every process and thread of its
+  // uid on this node) when its spec sets none, and the most it may set (a
+  // higher limits.max_processes fails its launch, naming both). 0: none of
+  // the node's. lockstepd: --max-processes.
+  int64_t max_job_processes = 0;
   // Called on the uid reclaimer's thread before it cleans a uid (tests hold
   // it there). Default: none.
   std::function<void(uint32_t uid)> before_uid_clean;

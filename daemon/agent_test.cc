@@ -1261,6 +1261,40 @@ TEST_F(AgentTest, UidsAKilledAgentLeftAreCleanedWhenItStartsAgain) {
       << log.Lines();
 }
 
+// With a uid per job, the node caps each job's processes and threads
+// (RLIMIT_NPROC, lockstepd --max-processes): a job that sets none gets the
+// cap, one may ask for fewer, and one that asks for more is refused at
+// launch, naming both numbers.
+TEST_F(AgentTest, AJobUidsProcessesAreCappedByTheNode) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run workers as job uids";
+  constexpr uint32_t kUid = 70987;  // 70987-70989, no other test's
+  JobUidDirs dirs;
+  ASSERT_TRUE(dirs.Make(kUid, kUid + 2));
+  AgentOptions options = dirs.Options(Options(), kUid, kUid + 2);
+  options.max_job_processes = 300;
+  agent_->Shutdown(milliseconds(200));
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  auto with_limit = [](v1::AgentCommand cmd, int64_t limit) {
+    cmd.mutable_spec()->mutable_limits()->set_max_processes(limit);
+    return cmd;
+  };
+  const std::string nproc = "awk '/^Max processes/ { print \"nproc=\" $3 }' /proc/self/limits";
+  Command({Start("j1", 1, nproc, 1), with_limit(Start("j2", 1, nproc, 1), 100),
+           with_limit(Start("j3", 1, "echo ran", 1), 301)});
+  ASSERT_TRUE(RunUntil([&] {
+    return AllIn("j1", v1::WORKER_STATE_EXITED, 1) && AllIn("j2", v1::WORKER_STATE_EXITED, 1) &&
+           AllIn("j3", v1::WORKER_STATE_EXITED, 1);
+  }));
+  EXPECT_NE(Output("j1", 1).find("nproc=300\n"), std::string::npos) << Output("j1", 1);
+  EXPECT_NE(Output("j2", 1).find("nproc=100\n"), std::string::npos) << Output("j2", 1);
+  const v1::WorkerStatus refused = Workers("j3")[0];
+  EXPECT_TRUE(refused.exit().launch_error());
+  EXPECT_EQ(refused.exit().message(),
+            "spec.limits.max_processes 301 is above this node's 300 processes and threads per job "
+            "(lockstepd --max-processes)");
+  EXPECT_EQ(Output("j3", 1).find("ran"), std::string::npos);
+}
+
 // A job's uid (--job-uids) is returned off the agent's loop thread: while
 // the reclaimer cleans it (held here by a hook, as a huge tree in /tmp
 // would hold it) the agent goes on heartbeating and starting jobs; the uid

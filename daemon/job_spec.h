@@ -46,6 +46,9 @@ inline constexpr int64_t kMaxOpenFilesLimit = int64_t{1} << 20;      // Linux's 
 inline constexpr int64_t kMaxAddressSpaceLimit = int64_t{1} << 50;   // 1 PiB
 inline constexpr int64_t kMaxCpuSecondsLimit = int64_t{365} * 86400; // a year
 inline constexpr int64_t kMaxProcessesLimit = int64_t{1} << 22;      // Linux's PID_MAX_LIMIT
+// lockstepd --max-processes: a job uid's processes and threads on a node
+// unless the job asks for fewer; the shipped units' LimitNPROC.
+inline constexpr int64_t kDefaultMaxJobProcesses = 8192;
 
 // Returns InvalidArgument naming the field ("spec.command", "spec.nodes",
 // "spec.nproc_per_node", ...) and quoting at most a short prefix of the bad

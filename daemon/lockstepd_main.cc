@@ -38,6 +38,7 @@
 #include "daemon/agent_service.h"
 #include "daemon/coordinator.h"
 #include "daemon/job_env.h"
+#include "daemon/job_spec.h"
 #include "daemon/coordinator_service.h"
 #include "daemon/daemon_metrics.h"
 #include "daemon/http_server.h"
@@ -89,6 +90,7 @@ struct Config {
   double max_restart_backoff_s = ToSeconds(kDefaultMaxRestartBackoff);
   double shutdown_grace_s = 10;
   double max_log_mb = 1024;
+  int64_t max_processes = kDefaultMaxJobProcesses;
   double retain_finished_s = ToSeconds(kDefaultFinishedJobRetention);
   std::string log_level;
   std::string metrics_listen;  // empty: no /metrics endpoint
@@ -184,6 +186,10 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
                "agent: a worker's stdout or stderr file past this many MiB is moved to "
                "rank-R.stdout.1 (or .stderr.1, replacing the previous one) and emptied, so one "
                "job's output cannot fill the state dir's disk; 0 = never");
+  flags.Int("max-processes", &c.max_processes,
+            "agent: with a uid per job (--job-uids), the most processes and threads one job's "
+            "uid may have on this node (RLIMIT_NPROC), so a fork bomb stops there; a job's "
+            "--max-processes may lower it, not raise it; 0 = no limit of its own");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error (default LOCKSTEP_LOG_LEVEL or info)");
   flags.String("metrics-listen", &c.metrics_listen,
                "serve Prometheus metrics at http://HOST:PORT/metrics, https with --tls-* (a "
@@ -232,6 +238,10 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   if (!(c.retain_finished_s >= 0 && c.retain_finished_s <= 100.0 * 365 * 86400)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--retain-finished-s: want 0 (keep) to 100 years in seconds, got ", c.retain_finished_s));
+  }
+  if (c.max_processes < 0 || c.max_processes > kMaxProcessesLimit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-processes: want 0 (no limit) to ", kMaxProcessesLimit, ", got ", c.max_processes));
   }
   if (!(c.max_log_mb >= 0 && c.max_log_mb <= 1024.0 * 1024 * 1024)) {
     return absl::InvalidArgumentError(
@@ -636,8 +646,12 @@ int Run(int argc, char** argv) {
         log.Error("{} (--uid-lease-dir)", leases.ToString());
         return 1;
       }
-      log.Info("job isolation: each job runs as its own uid from {}-{} (host-wide leases in {})",
-               config.job_uid_first, config.job_uid_last, config.uid_lease_dir);
+      log.Info("job isolation: each job runs as its own uid from {}-{} (host-wide leases in {}), "
+               "at most {} processes and threads each (--max-processes)",
+               config.job_uid_first, config.job_uid_last, config.uid_lease_dir,
+               config.max_processes == 0 ? std::string("unlimited")
+                                         : std::to_string(config.max_processes));
+      options.max_job_processes = config.max_processes;
     } else if (::geteuid() != 0) {
       log.Warn("jobs are not isolated: their workers run as this daemon's uid {} and can read "
                "its token and each other's environment (a root lockstepd gives each job a uid "
