@@ -179,8 +179,8 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
               "session of its own are not stopped with it",
               std::strerror(errno));
   }
-  reclaimer_ = std::make_unique<UidReclaimer>(UidReclaimerOptions{
-      options_.state_dir, options_.uid_leftover_dirs, options_.before_uid_clean});
+  cleaner_ = std::make_unique<Cleaner>(CleanerOptions{
+      options_.state_dir, options_.uid_leftover_dirs, options_.before_clean});
   Status fence = fence_.Create();
   if (!fence.ok()) {
     log_.Error("no fence page ({}): a frozen agent's workers will not stop themselves",
@@ -212,7 +212,7 @@ void Agent::ReclaimStaleJobUids() {
     log_.Warn("job dirs under {} are still uid {}'s (this daemon stopped before returning it): "
               "cleaning it",
               jobs, uid);
-    reclaimer_->Reclaim(*std::move(lease), "");
+    cleaner_->Reclaim(*std::move(lease), "");
   }
 }
 
@@ -237,7 +237,7 @@ StatusOr<uint32_t> Agent::JobUid(const std::string& job_id) {
     log_.Warn("uid {} still owns what an earlier job left (files under {} or {}, or System V "
               "IPC objects): cleaning it before any job is given it",
               dirty.uid(), absl::StrJoin(options_.uid_leftover_dirs, ", "), jobs);
-    reclaimer_->Reclaim(std::move(dirty), "");
+    cleaner_->Reclaim(std::move(dirty), "");
   }
   if (!lease.ok()) return lease.status();
   const uint32_t uid = lease->uid();
@@ -250,10 +250,10 @@ StatusOr<uint32_t> Agent::JobUid(const std::string& job_id) {
 void Agent::ReleaseJobUid(const std::string& job_id) {
   auto it = job_uids_.find(job_id);
   if (it == job_uids_.end()) return;
-  log_.WithJob(job_id).Info("uid {}: its processes, job dir and leftovers go on the reclaimer's "
+  log_.WithJob(job_id).Info("uid {}: its processes, job dir and leftovers go on the cleaner's "
                             "thread; the uid is free once they are gone",
                             it->second.uid());
-  reclaimer_->Reclaim(std::move(it->second), job_id);
+  cleaner_->Reclaim(std::move(it->second), job_id);
   job_uids_.erase(it);
 }
 
@@ -274,18 +274,10 @@ void Agent::RemoveJobDir(const std::string& job_id) {
     return;
   }
   deletion_deferred_.erase(job_id);
-  removed_job_ids_.insert(job_id);
+  // Acknowledged once it is gone (the coordinator sends it until then).
+  if (cleaner_->Pending(job_id)) return;
   const std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
-  std::error_code ec;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) return;
-  // remove_all does not follow symlinks: a link a worker left in its
-  // directory goes, not what it points to.
-  const auto removed = std::filesystem::remove_all(dir, ec);
-  if (ec) {
-    log.Error("job deleted; removing {} failed: {}", dir, ec.message());
-  } else {
-    log.Info("job deleted: removed {} ({} files, logs included)", dir, removed);
-  }
+  cleaner_->RemoveJobDir(job_id, dir);
 }
 
 std::string Agent::LogPath(const std::string& job_id, int rank, bool stderr_stream) const {
@@ -648,6 +640,9 @@ void Agent::Heartbeat() {
   std::set<std::string> done_at_send;
   const std::set<std::string> removed_at_send = [&] {
     MutexLock lock(&mu_);
+    for (std::string& id : cleaner_->TakeRemovedJobDirs()) {
+      removed_job_ids_.insert(std::move(id));
+    }
     for (auto& r : Reports()) {
       if (RunDone(runs_.at(r.job_id()))) done_at_send.insert(r.job_id());
       *req.add_jobs() = std::move(r);
@@ -835,8 +830,8 @@ void Agent::RunOnce() {
         continue;
       }
       // Its uid from an earlier run here is still being cleaned: the
-      // reclaimer gives the job dir to root meanwhile.
-      if (reclaimer_->Pending(it->first)) {
+      // cleaner gives the job dir to root meanwhile.
+      if (cleaner_->Pending(it->first)) {
         ++it;
         continue;
       }
@@ -928,7 +923,7 @@ void Agent::StopAllAndReap(Duration grace) {
     // dies first leaves them to the next daemon's JobUid).
     while (!job_uids_.empty()) ReleaseJobUid(job_uids_.begin()->first);
   }
-  reclaimer_->Drain(kReclaimShutdownLimit);
+  cleaner_->Drain(kCleanShutdownLimit);
 }
 
 Status Agent::ReportProgress(const std::string& job_id, int round, const std::string& token,

@@ -65,7 +65,7 @@
 #include "daemon/roles.h"
 #include "daemon/uid_lease.h"
 #include "daemon/uid_leftovers.h"
-#include "daemon/uid_reclaimer.h"
+#include "daemon/cleaner.h"
 #include "lockstep/v1/common.pb.h"
 
 namespace lockstep {
@@ -94,7 +94,7 @@ struct AgentOptions {
   // first worker starts and returned when the agent forgets the job (or
   // stops), after every process of that uid is killed, the job dir is given
   // back to root and the uid's leftovers are removed: on a thread of its own
-  // (uid_reclaimer.h), so a job that left a million files stalls no
+  // (cleaner.h), so a job that left a million files stalls no
   // heartbeat. A uid an earlier daemon left unclean is cleaned before it is
   // handed out. run_as is then not used. Needs a root agent.
   uint32_t job_uid_first = 0;
@@ -110,9 +110,10 @@ struct AgentOptions {
   // higher limits.max_processes fails its launch, naming both). 0: none of
   // the node's. lockstepd: --max-processes.
   int64_t max_job_processes = 0;
-  // Called on the uid reclaimer's thread before it cleans a uid (tests hold
-  // it there). Default: none.
-  std::function<void(uint32_t uid)> before_uid_clean;
+  // Called on the cleaner's thread before each piece of its work, named
+  // ("uid 70001", or a deleted job's dir); tests hold it there. Default:
+  // none.
+  std::function<void(const std::string& what)> before_clean;
   std::vector<std::string> allowed_commands;
   // Names or PREFIX* a job's env may set beyond the engine's (job_env.h).
   std::vector<std::string> allowed_env;
@@ -283,10 +284,10 @@ class Agent {
   // The job's uid (allocated if new), or ResourceExhausted naming the range.
   StatusOr<uint32_t> JobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At start: the uids that still own job dirs of this state dir (a daemon
-  // killed before it returned them) go to the reclaimer, if no one holds
+  // killed before it returned them) go to the cleaner, if no one holds
   // them; it gives those dirs back to root and removes the uids' leftovers.
   void ReclaimStaleJobUids();
-  // Hands the job's uid to the reclaimer, which kills what still runs as
+  // Hands the job's uid to the cleaner, which kills what still runs as
   // it, gives its dir back to root, removes its leftovers and frees it.
   void ReleaseJobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -328,7 +329,7 @@ class Agent {
   // Job -> its leased uid on this node (options_.job_uid_first..last).
   std::map<std::string, UidLease> job_uids_ ABSL_GUARDED_BY(mu_);
   // Returns uids off the loop thread (thread-safe itself).
-  std::unique_ptr<UidReclaimer> reclaimer_;
+  std::unique_ptr<Cleaner> cleaner_;
 
   std::atomic<bool> stop_{false};
   Duration shutdown_grace_ = std::chrono::seconds(10);  // written before stop_

@@ -835,6 +835,65 @@ TEST_F(AgentTest, DeletedJobDirectoriesAreRemovedAndAcknowledgedOnceNothingRunsT
   EXPECT_EQ(last.removed_job_ids_size(), 0) << "an accepted acknowledgment was sent again";
 }
 
+// A deleted job's dir is removed on the cleaner's thread: while that is
+// held (as a dir of a million files would hold it) the agent goes on
+// heartbeating, and acknowledges the deletion only once the dir is gone.
+TEST_F(AgentTest, ADeletedJobsDirIsRemovedOffTheLoopThreadAndAcknowledgedWhenGone) {
+  namespace fs = std::filesystem;
+  std::mutex hold_mu;
+  std::condition_variable hold_cv;
+  bool holding = true;
+  std::vector<std::string> seen;
+  agent_->Shutdown(milliseconds(200));
+  AgentOptions options = Options();
+  options.heartbeat_interval = milliseconds(50);
+  options.before_clean = [&](const std::string& what) {
+    std::unique_lock<std::mutex> lock(hold_mu);
+    seen.push_back(what);
+    hold_cv.wait(lock, [&] { return !holding; });
+  };
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  const fs::path dir = fs::path(state_dir_) / "jobs" / "j0";
+  fs::create_directories(dir / "deep" / "er");
+  std::ofstream(dir / "rank-0.stdout") << "its log\n";
+  std::ofstream(dir / "deep" / "er" / "f") << "its data\n";
+  auto acked = [&] {
+    for (const auto& hb : coord_.heartbeats()) {
+      for (const auto& id : hb.removed_job_ids()) {
+        if (id == "j0") return true;
+      }
+    }
+    return false;
+  };
+  v1::HeartbeatResponse resp;
+  resp.add_deleted_job_ids("j0");
+  coord_.SetResponse(resp);
+  ASSERT_TRUE(RunUntil([&] {
+    std::lock_guard<std::mutex> lock(hold_mu);
+    return !seen.empty();
+  }));
+  EXPECT_EQ(seen[0], dir.string());
+  const size_t beats = coord_.heartbeats().size();
+  ASSERT_TRUE(RunUntil([&] { return coord_.heartbeats().size() >= beats + 10; }))
+      << "the agent stopped heartbeating while a job dir was removed";
+  EXPECT_FALSE(acked()) << "acknowledged before the dir was gone";
+  EXPECT_TRUE(fs::exists(dir / "deep" / "er" / "f"));
+  // The coordinator repeated the deletion in every response meanwhile; it
+  // stops now (as it would once acknowledged), and the dir goes.
+  coord_.SetResponse(v1::HeartbeatResponse());
+  {
+    std::lock_guard<std::mutex> lock(hold_mu);
+    holding = false;
+  }
+  hold_cv.notify_all();
+  ASSERT_TRUE(RunUntil([&] { return acked(); }));
+  EXPECT_FALSE(fs::exists(dir));
+  const size_t after = coord_.heartbeats().size();
+  ASSERT_TRUE(RunUntil([&] { return coord_.heartbeats().size() >= after + 3; }));
+  std::lock_guard<std::mutex> lock(hold_mu);
+  EXPECT_EQ(seen.size(), 1u) << "the repeated deletion was queued again while one was under way";
+}
+
 TEST_F(AgentTest, ProgressNeedsTheRunTokenAndCurrentRound) {
   Command({Start("j1", 1, "echo token=$LOCKSTEP_AGENT_TOKEN; sleep 60", 1)});
   ASSERT_TRUE(RunUntil([&] { return Output("j1", 1).find("token=") != std::string::npos; }));
@@ -1296,7 +1355,7 @@ TEST_F(AgentTest, AJobUidsProcessesAreCappedByTheNode) {
 }
 
 // A job's uid (--job-uids) is returned off the agent's loop thread: while
-// the reclaimer cleans it (held here by a hook, as a huge tree in /tmp
+// the cleaner cleans it (held here by a hook, as a huge tree in /tmp
 // would hold it) the agent goes on heartbeating and starting jobs; the uid
 // is handed to no job until it is clean, and the job that had it starts
 // here again only after (its dir changes owner meanwhile). A uid an earlier
@@ -1310,13 +1369,13 @@ TEST_F(AgentTest, AJobsUidIsCleanedOffTheLoopThreadAndHandedOutOnlyOnceClean) {
   std::mutex hold_mu;
   std::condition_variable hold_cv;
   bool holding = true;
-  std::vector<uint32_t> cleaned;  // the uids the hook saw, in order
+  std::vector<std::string> cleaned;  // what the hook saw, in order
   agent_->Shutdown(milliseconds(200));
   AgentOptions options = dirs.Options(Options(), kUid, kUid + 2);
   options.heartbeat_interval = milliseconds(50);
-  options.before_uid_clean = [&](uint32_t uid) {
+  options.before_clean = [&](const std::string& what) {
     std::unique_lock<std::mutex> lock(hold_mu);
-    cleaned.push_back(uid);
+    cleaned.push_back(what);
     hold_cv.notify_all();
     hold_cv.wait(lock, [&] { return !holding; });
   };
@@ -1338,11 +1397,11 @@ TEST_F(AgentTest, AJobsUidIsCleanedOffTheLoopThreadAndHandedOutOnlyOnceClean) {
   ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
   EXPECT_EQ(uid_of("j1"), static_cast<int>(kUid)) << Output("j1", 1);
   ASSERT_TRUE(exists(left + "/j1-file"));
-  // The coordinator forgets j1 here: its uid goes to the reclaimer, which
+  // The coordinator forgets j1 here: its uid goes to the cleaner, which
   // the hook holds.
   Command({});
-  ASSERT_TRUE(RunUntil([&] { return hook_saw(1); })) << "the uid was never handed to the reclaimer";
-  EXPECT_EQ(cleaned[0], kUid);
+  ASSERT_TRUE(RunUntil([&] { return hook_saw(1); })) << "the uid was never handed to the cleaner";
+  EXPECT_EQ(cleaned[0], absl::StrCat("uid ", kUid));
   // The loop goes on meanwhile: heartbeats, and starts. j1 is assigned here
   // again and j2 arrives: j2 gets the next uid (the first is not clean yet),
   // and j1 waits until its uid is clean.

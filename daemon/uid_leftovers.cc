@@ -72,6 +72,7 @@ bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown,
     if (::unlinkat(dfd, name.c_str(), 0) != 0 && errno != ENOENT) {
       return failed({name}, std::strerror(errno));
     }
+    ++out->files;
     return true;
   }
   std::vector<std::string> path = {name};  // from `dfd` down to `cur`
@@ -90,7 +91,9 @@ bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown,
         down = child;
         break;
       }
-      if (::unlinkat(cur, child.c_str(), 0) != 0 && errno != ENOENT) {
+      if (::unlinkat(cur, child.c_str(), 0) == 0) {
+        ++out->files;
+      } else if (errno != ENOENT) {
         std::vector<std::string> at = path;
         at.push_back(child);
         failed(at, std::strerror(errno));
@@ -127,6 +130,7 @@ bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown,
       ::close(parent);
       return failed(path, std::strerror(err));
     }
+    ++out->files;
     path.pop_back();
     if (path.empty()) {
       ::close(parent);
@@ -259,6 +263,29 @@ Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
   for (int id : IpcIdsOf("shm", uid)) removed("shared memory", id, ::shmctl(id, IPC_RMID, nullptr));
   for (int id : IpcIdsOf("sem", uid)) removed("semaphore set", id, ::semctl(id, 0, IPC_RMID));
   for (int id : IpcIdsOf("msg", uid)) removed("message queue", id, ::msgctl(id, IPC_RMID, nullptr));
+  return out;
+}
+
+Leftovers RemoveTree(const std::string& path, const std::atomic<bool>* stop) {
+  Leftovers out;
+  const size_t slash = path.find_last_of('/');
+  const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.empty() || name == "." || name == "..") {
+    out.errors.push_back(absl::StrCat(path, ": not a removable path"));
+    return out;
+  }
+  const int dfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    if (errno != ENOENT) out.errors.push_back(absl::StrCat(parent, ": ", std::strerror(errno)));
+    return out;
+  }
+  struct stat st;
+  if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      RemoveTreeAt(dfd, name, path, stop, &out)) {
+    ++out.entries;
+  }
+  ::close(dfd);
   return out;
 }
 

@@ -14,7 +14,7 @@
 // user (its gid is its own; ACLs aside). Other users' directories are
 // not walked, so the work stays that of listing those dirs and the shared
 // ones plus what the job made (the agent does it on a thread of its own,
-// uid_reclaimer.h). The removal never follows a symlink: every step is
+// cleaner.h). The removal never follows a symlink: every step is
 // relative to an open directory (openat, O_NOFOLLOW, unlinkat), so a path
 // swapped for a link while it runs leads nowhere; and it removes trees of
 // any depth with one directory open at a time.
@@ -37,6 +37,7 @@ std::vector<std::string> DefaultLeftoverDirs();
 
 struct Leftovers {
   int entries = 0;  // files, dirs, links and the like removed (whole trees count once)
+  int64_t files = 0;  // everything removed, each file and dir of a tree counted
   int ipc = 0;      // System V objects removed
   std::vector<std::string> errors;  // what could not be removed, and why
 };
@@ -54,6 +55,11 @@ struct Leftovers {
 Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
                              const std::vector<std::string>& keep,
                              const std::atomic<bool>* stop = nullptr);
+
+// Removes `path` and all it holds, to any depth, never through a symlink
+// (its parent is opened, then every step is relative to an open
+// directory). A path that does not exist is no error. `stop` as above.
+Leftovers RemoveTree(const std::string& path, const std::atomic<bool>* stop = nullptr);
 
 // Whether RemoveUidLeftovers(uid, dirs, keep) would find anything: an entry
 // it would remove, or a System V object `uid` owns or created. What it

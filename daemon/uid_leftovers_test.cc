@@ -135,6 +135,28 @@ TEST_F(UidLeftoversTest, RemovesATreeOfAnyDepth) {
   EXPECT_FALSE(HasUidLeftovers(kUid, {tmp}, {}));
 }
 
+// RemoveTree (a deleted job's dir): all of it, files counted, never
+// through a symlink; a path that is not there is no error.
+TEST_F(UidLeftoversTest, RemoveTreeRemovesAllOfADirButNothingALinkPointsTo) {
+  const std::string job = root_ + "/job", outside = root_ + "/outside";
+  Dir(job, 0, 0755);
+  Dir(job + "/ckpt", kUid, 0700);
+  File(job + "/ckpt/step-1", kUid);
+  File(job + "/rank-0.stdout", 0);
+  Dir(outside, 0, 0755);
+  File(outside + "/keep", 0);
+  ASSERT_EQ(::symlink(outside.c_str(), (job + "/ckpt/to-outside").c_str()), 0);
+  const Leftovers got = RemoveTree(job);
+  EXPECT_TRUE(got.errors.empty()) << got.errors.front();
+  EXPECT_EQ(got.entries, 1);
+  EXPECT_EQ(got.files, 5) << "job, ckpt, step-1, rank-0.stdout, the link";
+  EXPECT_FALSE(Exists(job));
+  EXPECT_TRUE(Exists(outside + "/keep")) << "removed through a symlink";
+  const Leftovers none = RemoveTree(root_ + "/not-there");
+  EXPECT_TRUE(none.errors.empty()) << none.errors.front();
+  EXPECT_EQ(none.entries, 0);
+}
+
 // System V objects the uid owns, or created and gave away, are removed;
 // root's stay.
 TEST_F(UidLeftoversTest, RemovesTheUidsSystemVObjects) {

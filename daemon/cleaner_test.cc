@@ -1,4 +1,4 @@
-#include "daemon/uid_reclaimer.h"
+#include "daemon/cleaner.h"
 
 #include <grp.h>
 #include <signal.h>
@@ -27,11 +27,11 @@ namespace {
 // Uids no other test uses.
 constexpr uint32_t kUid = 70990;
 
-class UidReclaimerTest : public ::testing::Test {
+class CleanerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (files of another uid)";
-    root_ = absl::StrCat(::testing::TempDir(), "/reclaimer_", ::getpid(), "_",
+    root_ = absl::StrCat(::testing::TempDir(), "/cleaner_", ::getpid(), "_",
                          ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(root_ + "/tmp");
     std::filesystem::create_directories(root_ + "/state/jobs");
@@ -62,19 +62,19 @@ class UidReclaimerTest : public ::testing::Test {
     return lease.ok() ? *std::move(lease) : UidLease();
   }
   bool Free(uint32_t uid) { return UidLeases(root_ + "/leases", kUid, kUid + 1).Take(uid).ok(); }
-  UidReclaimerOptions Options() const { return {root_ + "/state", {root_ + "/tmp"}, nullptr}; }
+  CleanerOptions Options() const { return {root_ + "/state", {root_ + "/tmp"}, nullptr}; }
   static bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
   std::string root_;
 };
 
 // A uid handed over is pending (its job too) until clean; its lease is
 // held until then, and free after.
-TEST_F(UidReclaimerTest, HoldsTheUidUntilItIsClean) {
+TEST_F(CleanerTest, HoldsTheUidUntilItIsClean) {
   const std::string file = Leave(kUid);
-  UidReclaimer reclaimer(Options());
-  reclaimer.Reclaim(Lease(kUid), "j1");
-  ASSERT_TRUE(reclaimer.Drain(std::chrono::seconds(10)));
-  EXPECT_FALSE(reclaimer.Pending("j1"));
+  Cleaner cleaner(Options());
+  cleaner.Reclaim(Lease(kUid), "j1");
+  ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
+  EXPECT_FALSE(cleaner.Pending("j1"));
   EXPECT_FALSE(Exists(file));
   EXPECT_TRUE(Free(kUid));
 }
@@ -82,22 +82,22 @@ TEST_F(UidReclaimerTest, HoldsTheUidUntilItIsClean) {
 // A drain that runs out of time stops the clean under way, drops what is
 // queued (the leases with it), says which uids were left, and returns;
 // what those uids left stays for the next daemon to clean.
-TEST_F(UidReclaimerTest, ADrainPastItsLimitStopsAndSaysWhatWasLeft) {
+TEST_F(CleanerTest, ADrainPastItsLimitStopsAndSaysWhatWasLeft) {
   const std::string first = Leave(kUid), second = Leave(kUid + 1);
-  UidReclaimerOptions options = Options();
-  options.before_clean = [](uint32_t) { std::this_thread::sleep_for(std::chrono::milliseconds(500)); };
+  CleanerOptions options = Options();
+  options.before_clean = [](const std::string&) { std::this_thread::sleep_for(std::chrono::milliseconds(500)); };
   LogCapture log;
-  UidReclaimer reclaimer(options);
-  reclaimer.Reclaim(Lease(kUid), "j1");
-  reclaimer.Reclaim(Lease(kUid + 1), "j2");
+  Cleaner cleaner(options);
+  cleaner.Reclaim(Lease(kUid), "j1");
+  cleaner.Reclaim(Lease(kUid + 1), "j2");
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_FALSE(reclaimer.Drain(std::chrono::milliseconds(100)));
+  EXPECT_FALSE(cleaner.Drain(std::chrono::milliseconds(100)));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-  EXPECT_NE(log.Lines().find(absl::StrCat("gave up cleaning job uids ", kUid, ", ", kUid + 1)),
+  EXPECT_NE(log.Lines().find(absl::StrCat("gave up cleaning uid ", kUid, ", uid ", kUid + 1)),
             std::string::npos)
       << log.Lines();
-  EXPECT_FALSE(reclaimer.Pending("j1"));
-  EXPECT_FALSE(reclaimer.Pending("j2"));
+  EXPECT_FALSE(cleaner.Pending("j1"));
+  EXPECT_FALSE(cleaner.Pending("j2"));
   EXPECT_TRUE(Exists(first)) << "the clean under way was not stopped";
   EXPECT_TRUE(Exists(second));
   EXPECT_TRUE(Free(kUid));
@@ -122,7 +122,7 @@ std::vector<pid_t> LiveProcessesOf(uint32_t uid) {
 // A fork bomb of the uid's (every process forking two more, up to its
 // RLIMIT_NPROC of 200) is gone once its uid is reclaimed: killed at once as
 // that uid, which no listing of pids, each killed in turn, can promise.
-TEST_F(UidReclaimerTest, KillsAForkBombOfTheUid) {
+TEST_F(CleanerTest, KillsAForkBombOfTheUid) {
   ASSERT_TRUE(LiveProcessesOf(kUid).empty()) << "uid " << kUid << " is in use on this machine";
   const pid_t bomb = ::fork();
   ASSERT_GE(bomb, 0);
@@ -141,9 +141,9 @@ TEST_F(UidReclaimerTest, KillsAForkBombOfTheUid) {
   }
   ASSERT_GE(LiveProcessesOf(kUid).size(), 40u) << "the bomb did not go off";
   LogCapture log;
-  UidReclaimer reclaimer(Options());
-  reclaimer.Reclaim(Lease(kUid), "j1");
-  ASSERT_TRUE(reclaimer.Drain(std::chrono::seconds(10)));
+  Cleaner cleaner(Options());
+  cleaner.Reclaim(Lease(kUid), "j1");
+  ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
   ::waitpid(bomb, nullptr, 0);
   EXPECT_TRUE(LiveProcessesOf(kUid).empty()) << LiveProcessesOf(kUid).size() << " left";
   EXPECT_NE(log.Lines().find(absl::StrCat("still running as uid ", kUid)), std::string::npos)

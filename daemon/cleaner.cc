@@ -1,4 +1,4 @@
-#include "daemon/uid_reclaimer.h"
+#include "daemon/cleaner.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -76,11 +76,11 @@ std::vector<std::string> EntriesOwnedBy(const std::string& dir, uint32_t uid) {
 
 }  // namespace
 
-UidReclaimer::UidReclaimer(UidReclaimerOptions options)
+Cleaner::Cleaner(CleanerOptions options)
     : options_(std::move(options)), thread_([this] { Loop(); }) {}
 
-UidReclaimer::~UidReclaimer() {
-  Drain(kReclaimShutdownLimit);
+Cleaner::~Cleaner() {
+  Drain(kCleanShutdownLimit);
   {
     MutexLock lock(&mu_);
     stop_ = true;
@@ -89,15 +89,40 @@ UidReclaimer::~UidReclaimer() {
   thread_.join();
 }
 
-void UidReclaimer::Reclaim(UidLease lease, std::string job_id) {
+std::string Cleaner::Item::What() const {
+  return dir.empty() ? absl::StrCat("uid ", lease.uid()) : dir;
+}
+
+void Cleaner::Enqueue(Item item) {
   {
     MutexLock lock(&mu_);
-    queue_.push_back({std::move(lease), std::move(job_id)});
+    queue_.push_back(std::move(item));
   }
   changed_.SignalAll();
 }
 
-bool UidReclaimer::Pending(const std::string& job_id) const {
+void Cleaner::Reclaim(UidLease lease, std::string job_id) {
+  Item item;
+  item.lease = std::move(lease);
+  item.job_id = std::move(job_id);
+  Enqueue(std::move(item));
+}
+
+void Cleaner::RemoveJobDir(std::string job_id, std::string dir) {
+  Item item;
+  item.dir = std::move(dir);
+  item.job_id = std::move(job_id);
+  Enqueue(std::move(item));
+}
+
+std::vector<std::string> Cleaner::TakeRemovedJobDirs() {
+  MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  out.swap(removed_);
+  return out;
+}
+
+bool Cleaner::Pending(const std::string& job_id) const {
   MutexLock lock(&mu_);
   if (busy_ && busy_job_ == job_id) return true;
   for (const Item& item : queue_) {
@@ -106,14 +131,14 @@ bool UidReclaimer::Pending(const std::string& job_id) const {
   return false;
 }
 
-bool UidReclaimer::Drain(Duration limit) {
+bool Cleaner::Drain(Duration limit) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + limit;
   auto left = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<uint32_t> uids;
-    if (busy_) uids.push_back(busy_uid_);
-    for (const Item& item : queue_) uids.push_back(item.lease.uid());
-    return absl::StrJoin(uids, ", ");
+    std::vector<std::string> what;
+    if (busy_) what.push_back(busy_what_);
+    for (const Item& item : queue_) what.push_back(item.What());
+    return absl::StrJoin(what, ", ");
   };
   auto waited = [&start] {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)
@@ -123,25 +148,25 @@ bool UidReclaimer::Drain(Duration limit) {
   while (busy_ || !queue_.empty()) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
-      log_.Warn("gave up cleaning job uids {} after {} s: what is left of theirs is cleaned before "
-                "any job is given them again",
+      log_.Warn("gave up cleaning {} after {} s: a uid's leftovers are cleaned before any job "
+                "is given it again, a job dir stays",
                 left(), waited());
       cancel_ = true;
       queue_.clear();  // their leases dropped
       while (busy_) changed_.Wait(&mu_);
       return false;
     }
-    if (changed_.WaitWithTimeout(&mu_, std::min<Duration>(kReclaimProgressInterval, deadline - now)) &&
+    if (changed_.WaitWithTimeout(&mu_, std::min<Duration>(kCleanProgressInterval, deadline - now)) &&
         (busy_ || !queue_.empty()) && std::chrono::steady_clock::now() < deadline) {
-      log_.Info("still cleaning job uids {} (their processes, job dirs and leftovers) after {} s of "
-                "at most {} s",
+      log_.Info("still cleaning {} (job uids' processes, job dirs and leftovers; deleted jobs' "
+                "dirs) after {} s of at most {} s",
                 left(), waited(), ToSeconds(limit));
     }
   }
   return true;
 }
 
-void UidReclaimer::Loop() {
+void Cleaner::Loop() {
   while (true) {
     Item item;
     {
@@ -152,21 +177,42 @@ void UidReclaimer::Loop() {
       queue_.pop_front();
       busy_ = true;
       busy_job_ = item.job_id;
-      busy_uid_ = item.lease.uid();
+      busy_what_ = item.What();
     }
-    if (options_.before_clean) options_.before_clean(item.lease.uid());
-    Clean(item);
+    if (options_.before_clean) options_.before_clean(item.What());
+    if (item.dir.empty()) {
+      Clean(item);
+    } else {
+      Remove(item);
+    }
     {
       MutexLock lock(&mu_);
+      if (!item.dir.empty()) removed_.push_back(item.job_id);
       item = Item();  // the lease dropped: the uid is free again
       busy_ = false;
       busy_job_.clear();
+      busy_what_.clear();
     }
     changed_.SignalAll();
   }
 }
 
-void UidReclaimer::Clean(const Item& item) const {
+void Cleaner::Remove(const Item& item) const {
+  const Logger log = log_.WithJob(item.job_id);
+  const auto start = std::chrono::steady_clock::now();
+  const Leftovers removed = RemoveTree(item.dir, &cancel_);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < removed.errors.size() && i < 5; ++i) {
+    log.Error("job deleted; could not remove all of {}: {}", item.dir, removed.errors[i]);
+  }
+  if (removed.errors.empty() && removed.entries > 0) {
+    log.Info("job deleted: removed {} ({} files, logs included; {:.2f} s)", item.dir, removed.files,
+             seconds);
+  }
+}
+
+void Cleaner::Clean(const Item& item) const {
   const uint32_t uid = item.lease.uid();
   const Logger log = item.job_id.empty() ? log_ : log_.WithJob(item.job_id);
   const auto start = std::chrono::steady_clock::now();

@@ -1,0 +1,128 @@
+// Cleaner: what the agent removes or gives back, on a thread of its own:
+// job uids (--job-uids) and the dirs of deleted jobs.
+//
+// Both take as long as what the job left. Returning a uid: every process
+// of the uid is killed, the job dirs it owns under <state_dir>/jobs are
+// given to root (a walk of all their files), and what it owns in /tmp,
+// /var/tmp, /dev/shm, /dev/mqueue and System V IPC is removed
+// (uid_leftovers.h, a walk of all of that). Deleting a job removes its dir,
+// where its workers may have written any number of files. A job that wrote
+// a million files takes seconds. On the agent's loop thread that stalls
+// every heartbeat, start and exit report on the node, and past the lease
+// the node fences itself and stops every other job's workers. Here it
+// stalls nothing: the agent hands the work over and goes on. A uid's lease
+// is dropped only once the uid is clean, so no job is given it (by this or
+// any other lockstepd on the host) before; a deleted job's dir is
+// acknowledged to the coordinator only once it is gone
+// (TakeRemovedJobDirs).
+//
+// A daemon that stopped mid-clean (or crashed) drops its leases with
+// unclean uids; UidLeases::Acquire, given the agent's check
+// (HasUidLeftovers), passes such a uid here instead of handing it out.
+//
+// Thread safety: thread-safe.
+#ifndef LOCKSTEP_DAEMON_CLEANER_H_
+#define LOCKSTEP_DAEMON_CLEANER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "common/mutex.h"
+#include "daemon/uid_lease.h"
+
+namespace lockstep {
+namespace daemon {
+
+// How often Drain says what it still waits for.
+inline constexpr Duration kCleanProgressInterval = std::chrono::seconds(5);
+// How long a stopping agent waits for its uids to be clean (and its job
+// dirs removed): with the
+// workers' shutdown grace (10 s by default) inside the shipped units'
+// TimeoutStopSec=30. What is left then is cleaned when a daemon next needs
+// the uid (UidLeases::Acquire's check) or starts on the state dir.
+inline constexpr Duration kCleanShutdownLimit = std::chrono::seconds(15);
+
+struct CleanerOptions {
+  // Job dirs (<state_dir>/jobs/<id>) the uid owns go to root; the state dir
+  // itself is never swept as a leftover.
+  std::string state_dir;
+  // Where the uid's files are removed from (uid_leftovers.h).
+  std::vector<std::string> leftover_dirs;
+  // Called on the cleaner's thread before each piece of work, named as
+  // Drain names it ("uid 70001", or a dir); tests hold it there. Default:
+  // none.
+  std::function<void(const std::string& what)> before_clean;
+};
+
+class Cleaner {
+ public:
+  explicit Cleaner(CleanerOptions options);
+  // Finishes what is queued (Drain with kCleanShutdownLimit), then stops
+  // its thread.
+  ~Cleaner();
+
+  // Queues `lease`'s uid to be cleaned, then dropped. `job_id`: the job that
+  // had it (logged; its dir is given to root whoever owns it), or empty for
+  // a uid found with an earlier job's leftovers.
+  void Reclaim(UidLease lease, std::string job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues the removal of deleted job `job_id`'s dir, `dir`, to any depth
+  // and never through a symlink (uid_leftovers.h, RemoveTree); once done the
+  // job is in TakeRemovedJobDirs, whether or not all of it could go (what
+  // could not is logged).
+  void RemoveJobDir(std::string job_id, std::string dir) ABSL_LOCKS_EXCLUDED(mu_);
+  // The jobs whose dirs were removed since the last call.
+  std::vector<std::string> TakeRemovedJobDirs() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `job_id`'s uid or dir is queued or being cleaned: the agent
+  // starts the job here again only after (its dir must not change owner
+  // under it), and asks for no second removal.
+  bool Pending(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks until nothing is queued or being cleaned, logging every
+  // kCleanProgressInterval what is left, or until `limit` has passed: then
+  // it stops the work under way and drops what is queued (the leases with
+  // it), says which uids and dirs were left, and returns false. Nothing
+  // may be queued after a Drain that gave up.
+  bool Drain(Duration limit) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Item {
+    UidLease lease;      // a uid to clean (held), or
+    std::string dir;     // a deleted job's dir to remove
+    std::string job_id;  // whose
+    // What Drain names: "uid 70001" or the dir.
+    std::string What() const;
+  };
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Enqueue(Item item) ABSL_LOCKS_EXCLUDED(mu_);
+  // Kills, chowns and removes; logs what it did. The lease is held throughout.
+  void Clean(const Item& item) const;
+  // Removes item.dir; logs what it did.
+  void Remove(const Item& item) const;
+
+  const CleanerOptions options_;
+  Logger log_{"agent"};
+  mutable Mutex mu_;
+  CondVar changed_;  // an item queued or finished, or stop_
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  // The item being worked on (its job id and what), if any.
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  std::string busy_job_ ABSL_GUARDED_BY(mu_);
+  std::string busy_what_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> removed_ ABSL_GUARDED_BY(mu_);  // see TakeRemovedJobDirs
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Set when a Drain gives up: the clean under way ends between entries.
+  std::atomic<bool> cancel_{false};
+  std::thread thread_;
+};
+
+}  // namespace daemon
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_DAEMON_CLEANER_H_
