@@ -755,22 +755,24 @@ void Agent::CapLogs() {
       }
     }
   }
-  for (const Full& f : full) {
-    const std::string name = f.path.substr(f.path.rfind('/') + 1);
-    StatusOr<Rotation> r = RotateLog(
-        f.path, absl::StrCat("=== lockstep: ", name, " grew past ", options_.max_log_bytes,
-                             " bytes (lockstepd --max-log-mb) and was rotated"));
-    if (!r.ok()) {
-      if (rotate_warning_.Allow()) log_.WithJob(f.job_id).WithRank(f.rank).Warn("{}", r.status().ToString());
-    } else if (r->kept) {
-      log_.WithJob(f.job_id).WithRank(f.rank).Info(
-          "{} grew past {} bytes: its {} bytes moved to {}.1, the file emptied", name,
-          options_.max_log_bytes, r->bytes, name);
-    } else {
-      log_.WithJob(f.job_id).WithRank(f.rank).Warn(
-          "{} grew past {} bytes: emptied, its {} bytes dropped ({})", name,
-          options_.max_log_bytes, r->bytes, r->why_lost);
-    }
+  // The copy is up to max_log_bytes per file: on the cleaner's thread.
+  for (Full& f : full) {
+    Logger log = log_.WithJob(f.job_id).WithRank(f.rank);
+    const int64_t cap = options_.max_log_bytes;
+    cleaner_->Run(f.job_id, f.path, [path = f.path, log, cap, warning = &rotate_warning_] {
+      const std::string name = path.substr(path.rfind('/') + 1);
+      StatusOr<Rotation> r = RotateLog(path, absl::StrCat("=== lockstep: ", name, " grew past ", cap,
+                                                          " bytes (lockstepd --max-log-mb) and was rotated"));
+      if (!r.ok()) {
+        if (warning->Allow()) log.Warn("{}", r.status().ToString());
+      } else if (r->kept) {
+        log.Info("{} grew past {} bytes: its {} bytes moved to {}.1, the file emptied", name, cap,
+                 r->bytes, name);
+      } else {
+        log.Warn("{} grew past {} bytes: emptied, its {} bytes dropped ({})", name, cap, r->bytes,
+                 r->why_lost);
+      }
+    });
   }
 }
 

@@ -248,8 +248,8 @@ class Agent {
   };
 
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Rotates the live workers' log files past max_log_bytes; copies outside
-  // the lock.
+  // Has the cleaner rotate the live workers' log files past max_log_bytes
+  // (each file once at a time).
   void CapLogs() ABSL_LOCKS_EXCLUDED(mu_);
   // Reaps the agent's children that are not workers (orphans it adopted as
   // a child subreaper, see orphans.h) once they exit, and SIGKILLs (with

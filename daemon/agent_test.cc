@@ -1089,6 +1089,13 @@ TEST_F(AgentTest, LogsPastTheCapAreRotatedAndTheWorkerWritesOn) {
   AgentOptions options = Options();
   options.base_env = {"PATH=/usr/bin:/bin"};
   options.max_log_bytes = 64 * 1024;
+  // The copy is the cleaner's work, off the loop thread.
+  std::mutex seen_mu;
+  std::vector<std::string> seen;
+  options.before_clean = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(seen_mu);
+    seen.push_back(what);
+  };
   agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
   LogCapture log;
   const std::string printed = state_dir_ + "/printed", go = state_dir_ + "/go";
@@ -1117,6 +1124,10 @@ TEST_F(AgentTest, LogsPastTheCapAreRotatedAndTheWorkerWritesOn) {
       "=== lockstep: rank-1.stdout grew past 65536 bytes (lockstepd --max-log-mb) and was rotated; "
       "the earlier output is in rank-1.stdout.1 ===\n";
   EXPECT_EQ(Output("j1", 1), marker);
+  {
+    std::lock_guard<std::mutex> lock(seen_mu);
+    EXPECT_EQ(seen, std::vector<std::string>{path}) << "not rotated (once) by the cleaner";
+  }
   // A follower whose offset is past the new end reads it again from 0.
   auto chunk = agent_->ReadLogs("j1", 1, false, static_cast<int64_t>(previous.str().size()), 0, 0);
   ASSERT_TRUE(chunk.ok()) << chunk.status();

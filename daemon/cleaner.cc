@@ -90,6 +90,7 @@ Cleaner::~Cleaner() {
 }
 
 std::string Cleaner::Item::What() const {
+  if (work) return name;
   return dir.empty() ? absl::StrCat("uid ", lease.uid()) : dir;
 }
 
@@ -113,6 +114,23 @@ void Cleaner::RemoveJobDir(std::string job_id, std::string dir) {
   item.dir = std::move(dir);
   item.job_id = std::move(job_id);
   Enqueue(std::move(item));
+}
+
+bool Cleaner::Run(std::string job_id, std::string what, std::function<void()> work) {
+  {
+    MutexLock lock(&mu_);
+    if (busy_ && busy_what_ == what) return false;
+    for (const Item& item : queue_) {
+      if (item.work && item.name == what) return false;
+    }
+    Item item;
+    item.work = std::move(work);
+    item.name = std::move(what);
+    item.job_id = std::move(job_id);
+    queue_.push_back(std::move(item));
+  }
+  changed_.SignalAll();
+  return true;
 }
 
 std::vector<std::string> Cleaner::TakeRemovedJobDirs() {
@@ -180,14 +198,16 @@ void Cleaner::Loop() {
       busy_what_ = item.What();
     }
     if (options_.before_clean) options_.before_clean(item.What());
-    if (item.dir.empty()) {
+    if (item.work) {
+      item.work();
+    } else if (item.dir.empty()) {
       Clean(item);
     } else {
       Remove(item);
     }
     {
       MutexLock lock(&mu_);
-      if (!item.dir.empty()) removed_.push_back(item.job_id);
+      if (!item.dir.empty() && !item.work) removed_.push_back(item.job_id);
       item = Item();  // the lease dropped: the uid is free again
       busy_ = false;
       busy_job_.clear();

@@ -1,5 +1,6 @@
-// Cleaner: what the agent removes or gives back, on a thread of its own:
-// job uids (--job-uids) and the dirs of deleted jobs.
+// Cleaner: the agent's slow file work, on a thread of its own: job uids
+// (--job-uids) given back, the dirs of deleted jobs removed, and logs
+// rotated past --max-log-mb (a copy of up to that many bytes each).
 //
 // Both take as long as what the job left. Returning a uid: every process
 // of the uid is killed, the job dirs it owns under <state_dir>/jobs are
@@ -80,6 +81,10 @@ class Cleaner {
   void RemoveJobDir(std::string job_id, std::string dir) ABSL_LOCKS_EXCLUDED(mu_);
   // The jobs whose dirs were removed since the last call.
   std::vector<std::string> TakeRemovedJobDirs() ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `work` (job `job_id`'s, named `what`: a log rotation); false,
+  // queuing nothing, while work of that name is queued or under way.
+  bool Run(std::string job_id, std::string what, std::function<void()> work)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `job_id`'s uid or dir is queued or being cleaned: the agent
   // starts the job here again only after (its dir must not change owner
   // under it), and asks for no second removal.
@@ -93,10 +98,12 @@ class Cleaner {
 
  private:
   struct Item {
-    UidLease lease;      // a uid to clean (held), or
-    std::string dir;     // a deleted job's dir to remove
+    UidLease lease;               // a uid to clean (held), or
+    std::string dir;              // a deleted job's dir to remove, or
+    std::function<void()> work;   // work to run, named
+    std::string name;
     std::string job_id;  // whose
-    // What Drain names: "uid 70001" or the dir.
+    // What Drain names: "uid 70001", the dir, or the work's name.
     std::string What() const;
   };
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
