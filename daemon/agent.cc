@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -776,6 +777,14 @@ void Agent::CapLogs() {
   }
 }
 
+namespace {
+
+// How often the last sweep reads again, 5 ms apart, the environment of a
+// child that shows none (an exec takes well under a millisecond or two).
+constexpr int kEnvironTries = 100;
+
+}  // namespace
+
 void Agent::SweepOrphans(bool all) {
   std::set<pid_t> workers;
   for (const auto& [id, run] : runs_) {
@@ -787,10 +796,23 @@ void Agent::SweepOrphans(bool all) {
     if (workers.count(pid)) continue;  // reaped by its Process
     int st = 0;
     if (::waitpid(pid, &st, WNOHANG) == pid) continue;  // one that had exited
-    const auto env = EnvironOf(pid, {worker_env::kAgent, worker_env::kJobId, worker_env::kRound});
+    auto env = EnvironOf(pid, {worker_env::kAgent, worker_env::kJobId, worker_env::kRound});
+    // No environment to read: in the middle of an execve (a helper the
+    // worker started just before it exited), or exiting. The next sweep
+    // looks again; the last one, as the agent stops, waits for it (the
+    // window is that of an exec) or for the process to go.
+    for (int tries = 0; all && !env && tries < kEnvironTries; ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (::waitpid(pid, &st, WNOHANG) == pid) break;
+      env = EnvironOf(pid, {worker_env::kAgent, worker_env::kJobId, worker_env::kRound});
+    }
+    if (!env) {
+      if (all) log_.Warn("pid {} ({}), adopted from a worker, shows no environment: left running", pid, CommOf(pid));
+      continue;
+    }
     auto at = [&env](const char* name) {
-      auto it = env.find(name);
-      return it == env.end() ? std::string() : it->second;
+      auto it = env->find(name);
+      return it == env->end() ? std::string() : it->second;
     };
     const std::string job_id = at(worker_env::kJobId);
     // Only what this agent's workers started: another agent in this

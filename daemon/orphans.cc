@@ -76,9 +76,11 @@ std::vector<pid_t> ChildrenOfByScan(pid_t parent) {
   return out;
 }
 
-std::map<std::string, std::string> EnvironOf(pid_t pid, const std::vector<std::string>& names) {
+std::optional<std::map<std::string, std::string>> EnvironOf(pid_t pid,
+                                                            const std::vector<std::string>& names) {
   std::map<std::string, std::string> out;
   std::ifstream in(absl::StrCat("/proc/", pid, "/environ"));
+  if (!in || in.peek() == std::ifstream::traits_type::eof()) return std::nullopt;
   std::string entry;
   while (std::getline(in, entry, '\0')) {
     const size_t eq = entry.find('=');

@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,9 +38,12 @@ std::vector<pid_t> ChildrenOf(pid_t parent);
 std::vector<pid_t> ChildrenOfByScan(pid_t parent);
 
 // The values of `names` in /proc/<pid>/environ (the environment the process
-// was started with); a name that is not there is absent. Empty when the
-// file cannot be read (a zombie, another uid's process without privilege).
-std::map<std::string, std::string> EnvironOf(pid_t pid, const std::vector<std::string>& names);
+// was started with); a name that is not there is absent. None when the file
+// cannot be read or reads empty: a zombie, a process gone, another uid's
+// without privilege, or one in the middle of an execve (the kernel shows no
+// environment until the new program's is set up), which a later read sees.
+std::optional<std::map<std::string, std::string>> EnvironOf(pid_t pid,
+                                                            const std::vector<std::string>& names);
 
 // The process's command name (/proc/<pid>/comm), or "?".
 std::string CommOf(pid_t pid);

@@ -38,18 +38,23 @@ TEST(OrphansTest, ChildrenAndTheirEnvironment) {
   std::map<std::string, std::string> env;
   for (int i = 0; i < 200 && env.empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    env = EnvironOf(pid, {"LOCKSTEP_JOB_ID", "LOCKSTEP_ROUND", "LOCKSTEP_AGENT"});
+    env = EnvironOf(pid, {"LOCKSTEP_JOB_ID", "LOCKSTEP_ROUND", "LOCKSTEP_AGENT"})
+              .value_or(std::map<std::string, std::string>());
   }
   EXPECT_TRUE(Has(ChildrenOf(::getpid()), pid));
   EXPECT_TRUE(Has(ChildrenOfByScan(::getpid()), pid));
   EXPECT_EQ(env, (std::map<std::string, std::string>{{"LOCKSTEP_JOB_ID", "j-1"}, {"LOCKSTEP_ROUND", "2"}}));
   EXPECT_EQ(CommOf(pid), "sleep");
   ::kill(pid, SIGKILL);
+  // A zombie shows no environment (nothing to tell: not "none of those").
+  siginfo_t info;
+  ASSERT_EQ(::waitid(P_PID, pid, &info, WEXITED | WNOWAIT), 0);
+  EXPECT_FALSE(EnvironOf(pid, {"LOCKSTEP_JOB_ID"}).has_value());
   int st;
   ::waitpid(pid, &st, 0);
   EXPECT_FALSE(Has(ChildrenOf(::getpid()), pid));
   EXPECT_FALSE(Has(ChildrenOfByScan(::getpid()), pid));
-  EXPECT_TRUE(EnvironOf(pid, {"LOCKSTEP_JOB_ID"}).empty());
+  EXPECT_FALSE(EnvironOf(pid, {"LOCKSTEP_JOB_ID"}).has_value());
   EXPECT_EQ(CommOf(pid), "?");
 }
 
