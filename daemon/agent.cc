@@ -1,7 +1,5 @@
 #include "daemon/agent.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -14,7 +12,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -194,14 +191,9 @@ void Agent::ReclaimStaleJobUids() {
   if (options_.job_uid_first == 0) return;
   const std::string jobs = absl::StrCat(options_.state_dir, "/jobs");
   std::set<uint32_t> owners;
-  DIR* d = ::opendir(jobs.c_str());
-  if (d == nullptr) return;
-  while (struct dirent* e = ::readdir(d)) {
-    struct stat st;
-    if (e->d_name[0] == '.' || ::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (st.st_uid >= options_.job_uid_first && st.st_uid <= options_.job_uid_last) owners.insert(st.st_uid);
+  for (const auto& [name, uid] : EntryOwners(jobs)) {
+    if (uid >= options_.job_uid_first && uid <= options_.job_uid_last) owners.insert(uid);
   }
-  ::closedir(d);
   UidLeases leases(options_.uid_lease_dir, options_.job_uid_first, options_.job_uid_last);
   for (const uint32_t uid : owners) {
     StatusOr<UidLease> lease = leases.Take(uid);

@@ -1,6 +1,5 @@
 #include "daemon/cleaner.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <grp.h>
@@ -55,23 +54,6 @@ int ChownToRoot(const char* path, const struct stat*, int, struct FTW*) {
   (void)::lchown(path, 0, 0);
   // Keep walking whatever one entry did, unless told to stop.
   return walk_stop != nullptr && walk_stop->load() ? 1 : 0;
-}
-
-// The names of the entries of `dir` that `uid` owns (not followed through
-// symlinks).
-std::vector<std::string> EntriesOwnedBy(const std::string& dir, uint32_t uid) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (struct dirent* e = ::readdir(d)) {
-    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
-    struct stat st;
-    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_uid == uid) {
-      names.push_back(e->d_name);
-    }
-  }
-  ::closedir(d);
-  return names;
 }
 
 }  // namespace
@@ -254,10 +236,9 @@ void Cleaner::Clean(const Item& item) const {
   // its own dir whoever owns it (the workers made what is in it), and any
   // other job dir still the uid's (left by a daemon that stopped first).
   const std::string jobs = absl::StrCat(options_.state_dir, "/jobs");
-  std::vector<std::string> dirs = EntriesOwnedBy(jobs, uid);
-  if (!item.job_id.empty() &&
-      std::find(dirs.begin(), dirs.end(), item.job_id) == dirs.end()) {
-    dirs.push_back(item.job_id);
+  std::vector<std::string> dirs;
+  for (const auto& [name, owner] : EntryOwners(jobs)) {
+    if (owner == uid || name == item.job_id) dirs.push_back(name);
   }
   walk_stop = &cancel_;
   for (const std::string& dir : dirs) {

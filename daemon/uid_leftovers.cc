@@ -266,6 +266,18 @@ Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
   return out;
 }
 
+std::map<std::string, uint32_t> EntryOwners(const std::string& dir) {
+  std::map<std::string, uint32_t> owners;
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return owners;
+  for (std::string& name : Names(dfd)) {
+    struct stat st;
+    if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) owners[std::move(name)] = st.st_uid;
+  }
+  ::close(dfd);
+  return owners;
+}
+
 Leftovers RemoveTree(const std::string& path, const std::atomic<bool>* stop) {
   Leftovers out;
   const size_t slash = path.find_last_of('/');

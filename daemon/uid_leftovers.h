@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,10 @@ struct Leftovers {
 Leftovers RemoveUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
                              const std::vector<std::string>& keep,
                              const std::atomic<bool>* stop = nullptr);
+
+// The owner of each entry of `dir` (not followed through symlinks), by
+// name; empty if it cannot be listed. The agent's look at its job dirs.
+std::map<std::string, uint32_t> EntryOwners(const std::string& dir);
 
 // Removes `path` and all it holds, to any depth, never through a symlink
 // (its parent is opened, then every step is relative to an open
