@@ -1113,7 +1113,8 @@ TEST_F(AgentTest, LogsPastTheCapAreRotatedAndTheWorkerWritesOn) {
   }
   ASSERT_EQ(::access(printed.c_str(), F_OK), 0) << "the worker did not print its lines in 15 s";
   const std::string path = state_dir_ + "/jobs/j1/rank-1.stdout";
-  ASSERT_TRUE(RunUntil([&] { return ::access((path + ".1").c_str(), F_OK) == 0; }))
+  // Done once the cleaner logs it (.1 appears before the log is emptied).
+  ASSERT_TRUE(RunUntil([&] { return log.Lines().find("bytes moved to rank-1.stdout.1") != std::string::npos; }))
       << "no rotation: " << Output("j1", 1).size() << " bytes in " << path;
   std::ifstream in(path + ".1");
   std::stringstream previous;
