@@ -7,11 +7,11 @@
 #ifndef LOCKSTEP_COMMON_LOG_CAPTURE_H_
 #define LOCKSTEP_COMMON_LOG_CAPTURE_H_
 
-#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/sinks/base_sink.h>
 
 #include <algorithm>
 #include <memory>
-#include <sstream>
+#include <mutex>
 #include <string>
 
 #include "common/logging.h"
@@ -20,7 +20,7 @@ namespace lockstep {
 
 class LogCapture {
  public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+  LogCapture() : sink_(std::make_shared<Sink>()) {
     sink_->set_pattern("%v");
     LockstepLogger()->sinks().push_back(sink_);
   }
@@ -31,15 +31,30 @@ class LogCapture {
   LogCapture(const LogCapture&) = delete;
   LogCapture& operator=(const LogCapture&) = delete;
 
-  // Every line so far, each ending in '\n'.
-  std::string Lines() {
-    sink_->flush();
-    return out_.str();
-  }
+  // Every line so far, each ending in '\n' (read under the sink's lock, so
+  // a thread logging meanwhile is no data race).
+  std::string Lines() { return sink_->Text(); }
 
  private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+  class Sink : public spdlog::sinks::base_sink<std::mutex> {
+   public:
+    std::string Text() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return text_;
+    }
+
+   protected:
+    void sink_it_(const spdlog::details::log_msg& msg) override {
+      spdlog::memory_buf_t formatted;
+      formatter_->format(msg, formatted);
+      text_.append(formatted.data(), formatted.size());
+    }
+    void flush_() override {}
+
+   private:
+    std::string text_;
+  };
+  std::shared_ptr<Sink> sink_;
 };
 
 }  // namespace lockstep
