@@ -1,7 +1,6 @@
 #include "daemon/cleaner.h"
 
 #include <fcntl.h>
-#include <ftw.h>
 #include <grp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -44,16 +43,6 @@ bool KillAllAs(uint32_t uid) {
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
-// nftw passes its callback no argument: the walk's stop flag, for the
-// thread walking.
-thread_local const std::atomic<bool>* walk_stop = nullptr;
-
-int ChownToRoot(const char* path, const struct stat*, int, struct FTW*) {
-  (void)::lchown(path, 0, 0);
-  // Keep walking whatever one entry did, unless told to stop.
-  return walk_stop != nullptr && walk_stop->load() ? 1 : 0;
 }
 
 }  // namespace
@@ -232,6 +221,13 @@ void Cleaner::Clean(const Item& item) const {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));  // their parents reap them
   }
   if (killed > 0) log.Warn("killed {} process(es) still running as uid {}", killed, uid);
+  // What it left in the shared temporary dirs and System V IPC, which the
+  // next job given the uid would own (uid_leftovers.h), goes first: a hard
+  // link there to a file in its job dir must not be given to root with the
+  // job dir and stay behind. The state dir may lie under /tmp: its job dirs
+  // are never swept.
+  const Leftovers files =
+      RemoveUidLeftovers(uid, options_.leftover_dirs, {options_.state_dir}, &cancel_);
   // Its files stay readable to `lockstep logs` (root), not to the next job:
   // its own dir whoever owns it (the workers made what is in it), and any
   // other job dir still the uid's (left by a daemon that stopped first).
@@ -240,16 +236,14 @@ void Cleaner::Clean(const Item& item) const {
   for (const auto& [name, owner] : EntryOwners(jobs)) {
     if (owner == uid || name == item.job_id) dirs.push_back(name);
   }
-  walk_stop = &cancel_;
+  std::vector<std::string> chown_errors;
   for (const std::string& dir : dirs) {
-    const std::string path = absl::StrCat(jobs, "/", dir);
-    ::nftw(path.c_str(), ChownToRoot, 16, FTW_PHYS);
+    Leftovers given = ChownTree(absl::StrCat(jobs, "/", dir), 0, 0, &cancel_);
+    for (std::string& e : given.errors) chown_errors.push_back(std::move(e));
   }
-  // Nor what it left in the shared temporary dirs and System V IPC, which
-  // the next job given the uid would own (uid_leftovers.h). The state dir
-  // may lie under /tmp: its job dirs are never swept.
-  const Leftovers files =
-      RemoveUidLeftovers(uid, options_.leftover_dirs, {options_.state_dir}, &cancel_);
+  for (size_t i = 0; i < chown_errors.size() && i < 5; ++i) {
+    log.Warn("could not give uid {}'s job dir to root: {}", uid, chown_errors[i]);
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (files.entries > 0 || files.ipc > 0) {

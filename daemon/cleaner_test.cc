@@ -81,6 +81,28 @@ TEST_F(CleanerTest, HoldsTheUidUntilItIsClean) {
   EXPECT_TRUE(Free(kUid));
 }
 
+// The job dir goes to root once its uid's leftovers are gone: a hard link
+// the job made in /tmp to a file of its dir is removed, not given to root
+// with the file (where it would stay, readable by the next job).
+TEST_F(CleanerTest, RemovesLinksOutOfTheJobDirBeforeGivingItToRoot) {
+  const std::string dir = root_ + "/state/jobs/j1";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0750), 0);
+  std::ofstream(dir + "/weights") << "secret\n";
+  ASSERT_EQ(::chown(dir.c_str(), kUid, kUid), 0);
+  ASSERT_EQ(::chown((dir + "/weights").c_str(), kUid, kUid), 0);
+  const std::string link = root_ + "/tmp/weights-link";
+  ASSERT_EQ(::link((dir + "/weights").c_str(), link.c_str()), 0);
+  Cleaner cleaner(Options());
+  cleaner.Reclaim(Lease(kUid), "j1");
+  ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
+  EXPECT_FALSE(Exists(link)) << "the link in the leftover dir went to root with the job dir";
+  struct stat st;
+  ASSERT_EQ(::stat((dir + "/weights").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+}
+
 // A drain that runs out of time stops the clean under way, drops what is
 // queued (the leases with it), says which uids were left, and returns;
 // what those uids left stays for the next daemon to clean.

@@ -301,6 +301,92 @@ Leftovers RemoveTree(const std::string& path, const std::atomic<bool>* stop) {
   return out;
 }
 
+Leftovers ChownTree(const std::string& path, uint32_t uid, uint32_t gid,
+                    const std::atomic<bool>* stop) {
+  Leftovers out;
+  int cur = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (cur < 0) {
+    if (errno != ENOENT) out.errors.push_back(absl::StrCat(path, ": ", std::strerror(errno)));
+    return out;
+  }
+  std::vector<std::string> names;  // from `path` down to `cur`
+  auto shown = [&](const std::string& last) {
+    std::string s = path;
+    for (const std::string& n : names) absl::StrAppend(&s, "/", n);
+    if (!last.empty()) absl::StrAppend(&s, "/", last);
+    return s;
+  };
+  auto failed = [&](const std::string& last, const char* why) {
+    out.errors.push_back(absl::StrCat(shown(last), ": ", why));
+  };
+  // Gives the open dir `fd` and its entries that are not dirs away; returns
+  // its subdirs, the first last (they are visited from the back).
+  auto give = [&](int fd) {
+    if (::fchown(fd, uid, gid) == 0) {
+      ++out.files;
+    } else {
+      failed("", std::strerror(errno));
+    }
+    std::vector<std::string> subdirs;
+    for (std::string& child : Names(fd)) {
+      struct stat st;
+      if (::fstatat(fd, child.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (S_ISDIR(st.st_mode)) {
+        subdirs.push_back(std::move(child));
+      } else if (::fchownat(fd, child.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) == 0) {
+        ++out.files;
+      } else if (errno != ENOENT) {
+        failed(child, std::strerror(errno));
+      }
+    }
+    std::reverse(subdirs.begin(), subdirs.end());
+    return subdirs;
+  };
+  // Per level from the top: the subdirs still to visit.
+  std::vector<std::vector<std::string>> todo;
+  todo.push_back(give(cur));
+  while (true) {
+    if (stop != nullptr && stop->load()) {
+      failed("", "stopped (the daemon is exiting)");
+      break;
+    }
+    if (!todo.back().empty()) {
+      std::string down = std::move(todo.back().back());
+      todo.back().pop_back();
+      const int sub = OpenDirAt(cur, down);
+      if (sub < 0) {
+        if (errno != ENOENT) failed(down, std::strerror(errno));
+        continue;
+      }
+      ::close(cur);
+      cur = sub;
+      names.push_back(std::move(down));
+      todo.push_back(give(cur));
+      continue;
+    }
+    todo.pop_back();
+    if (names.empty()) break;  // back at the top: done
+    // Up through "..", checking the parent's entry is the dir just left.
+    struct stat left, entry;
+    const bool known = ::fstat(cur, &left) == 0;
+    const int parent = ::openat(cur, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (parent < 0) {
+      failed("", std::strerror(errno));
+      break;
+    }
+    ::close(cur);
+    cur = parent;
+    if (!known || ::fstatat(cur, names.back().c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0 ||
+        entry.st_dev != left.st_dev || entry.st_ino != left.st_ino) {
+      failed("", "moved while its owner was being changed");
+      break;
+    }
+    names.pop_back();
+  }
+  ::close(cur);
+  return out;
+}
+
 bool HasUidLeftovers(uint32_t uid, const std::vector<std::string>& dirs,
                      const std::vector<std::string>& keep) {
   const std::set<DirId> kept = KeptDirs(keep);

@@ -157,6 +157,62 @@ TEST_F(UidLeftoversTest, RemoveTreeRemovesAllOfADirButNothingALinkPointsTo) {
   EXPECT_EQ(none.entries, 0);
 }
 
+// ChownTree (a returned uid's job dir, to root): every level of a tree
+// deeper than PATH_MAX, links themselves but never what they point to.
+TEST_F(UidLeftoversTest, ChownTreeGivesAllOfADirAwayToAnyDepthButNothingALinkPointsTo) {
+  const std::string job = root_ + "/job", outside = root_ + "/outside";
+  Dir(job, kUid, 0750);
+  Dir(outside, kUid, 0755);
+  File(outside + "/not-the-jobs", kUid);
+  ASSERT_EQ(::symlink(outside.c_str(), (job + "/to-outside").c_str()), 0);
+  ASSERT_EQ(::lchown((job + "/to-outside").c_str(), kUid, kUid), 0);
+  int fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  constexpr int kDepth = 3000;  // past PATH_MAX as a path: lchown(path) fails there
+  for (int i = 0; i < kDepth; ++i) {
+    ASSERT_EQ(::mkdirat(fd, "d", 0755), 0) << "level " << i;
+    ASSERT_EQ(::fchownat(fd, "d", kUid, kUid, AT_SYMLINK_NOFOLLOW), 0);
+    const int file = ::openat(fd, "f", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(file, 0);
+    ASSERT_EQ(::fchown(file, kUid, kUid), 0);
+    ::close(file);
+    const int sub = ::openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(sub, 0);
+    ::close(fd);
+    fd = sub;
+  }
+  ::close(fd);
+  const Leftovers got = ChownTree(job, 0, 0);
+  EXPECT_TRUE(got.errors.empty()) << got.errors.front();
+  EXPECT_EQ(got.files, 2 + 2 * kDepth) << "job, the link, and a dir and a file per level";
+  // Down again, checking every level's owner.
+  fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  struct stat st;
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  for (int i = 0; i < kDepth; ++i) {
+    ASSERT_EQ(::fstatat(fd, "f", &st, 0), 0);
+    ASSERT_EQ(st.st_uid, 0u) << "level " << i << "'s file is still the uid's";
+    const int sub = ::openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(sub, 0);
+    ::close(fd);
+    fd = sub;
+    ASSERT_EQ(::fstat(fd, &st), 0);
+    ASSERT_EQ(st.st_uid, 0u) << "level " << i << "'s dir is still the uid's";
+  }
+  ::close(fd);
+  ASSERT_EQ(::lstat((job + "/to-outside").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u) << "the link itself";
+  ASSERT_EQ(::stat((outside + "/not-the-jobs").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, kUid) << "changed through a symlink";
+  ASSERT_EQ(::stat(outside.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, kUid) << "changed through a symlink";
+  const Leftovers none = ChownTree(root_ + "/not-there", 0, 0);
+  EXPECT_TRUE(none.errors.empty()) << none.errors.front();
+  EXPECT_EQ(none.files, 0);
+}
+
 // System V objects the uid owns, or created and gave away, are removed;
 // root's stay.
 TEST_F(UidLeftoversTest, RemovesTheUidsSystemVObjects) {
