@@ -444,6 +444,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
         w.status.set_pid(w.process->pid());
         w.status.set_state(v1::WORKER_STATE_STARTING);
         log.WithRank(w.rank).Info("spawned pid {} for round {}", w.process->pid(), cmd.round());
+        NoteMemoryCgroups(&w);
         run.workers.push_back(std::move(w));
         continue;
       }
@@ -555,9 +556,13 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
         const int64_t launched_ns =
             std::chrono::duration_cast<std::chrono::nanoseconds>(w.launched_at.time_since_epoch())
                 .count();
-        if (auto oom = FindOomKill(static_cast<pid_t>(w.process->pid()), launched_ns)) {
+        bool log_read = false;
+        if (auto oom = FindOomKill(static_cast<pid_t>(w.process->pid()), launched_ns,
+                                   options_.kernel_log, &log_read)) {
           exit->set_oom_killed(true);
           log_.WithJob(job_id).WithRank(w.rank).Warn("the kernel log: {}", *oom);
+        } else if (!log_read && OomKilledByCount(job_id, w)) {
+          exit->set_oom_killed(true);
         }
       }
     }
@@ -567,6 +572,46 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
     if (options_.on_worker_exit) options_.on_worker_exit(job_id, w.status);
   }
   if (escalate) run.killed = true;
+}
+
+void Agent::NoteMemoryCgroups(Worker* only) {
+  auto note = [this](const std::string& job_id, Worker& w) {
+    if (!w.process || !IsLive(w.status)) return;
+    std::optional<OomCounter> counter = OomCounterOfPid(static_cast<pid_t>(w.process->pid()));
+    if (!counter || counter->file == w.oom_file) return;
+    const bool moved = !w.oom_file.empty();
+    w.oom_cgroup = counter->cgroup;
+    w.oom_file = counter->file;
+    w.oom_base = ReadOomKills(counter->file).value_or(-1);
+    if (moved) {
+      log_.WithJob(job_id).WithRank(w.rank).Info(
+          "worker pid {} is now in memory cgroup {} ({} OOM kills counted there)", w.process->pid(),
+          w.oom_cgroup, w.oom_base < 0 ? "no" : std::to_string(w.oom_base));
+    }
+  };
+  if (only != nullptr) {
+    note("", *only);
+    return;
+  }
+  for (auto& [id, run] : runs_) {
+    for (Worker& w : run.workers) note(id, w);
+  }
+}
+
+bool Agent::OomKilledByCount(const std::string& job_id, const Worker& w) {
+  if (w.oom_base < 0) return false;
+  const std::optional<int64_t> now = ReadOomKills(w.oom_file);
+  if (!now) return false;
+  int64_t& given = oom_kills_given_[w.oom_file];
+  const int64_t from = std::max(given, w.oom_base);
+  if (*now <= from) return false;
+  given = from + 1;
+  log_.WithJob(job_id).WithRank(w.rank).Warn(
+      "the kernel log is not readable here ({}); the worker's memory cgroup {} counted {} OOM "
+      "kill(s) since it was seen there ({}): the SIGKILL is taken as the OOM killer's",
+      options_.kernel_log.empty() ? "--kernel-log is empty" : options_.kernel_log, w.oom_cgroup,
+      *now - from, w.oom_file);
+  return true;
 }
 
 std::vector<v1::AgentJobReport> Agent::Reports() const {
@@ -833,6 +878,7 @@ void Agent::RunOnce() {
     CapLogs();
     MutexLock lock(&mu_);
     SweepOrphans(/*all=*/false);
+    NoteMemoryCgroups();
   }
   MonoTime now = clock_->Now();
   {

@@ -110,6 +110,10 @@ struct AgentOptions {
   // higher limits.max_processes fails its launch, naming both). 0: none of
   // the node's. lockstepd: --max-processes.
   int64_t max_job_processes = 0;
+  // The kernel log a SIGKILL the agent did not send is looked up in
+  // (oom.h); empty: none, the worker's memory cgroup's OOM kill count
+  // alone says. lockstepd: --kernel-log.
+  std::string kernel_log = "/dev/kmsg";
   // Called on the cleaner's thread before each piece of its work, named
   // ("uid 70001", or a deleted job's dir); tests hold it there. Default:
   // none.
@@ -230,6 +234,11 @@ class Agent {
     // Just before the launch (steady clock): an end instant the worker
     // wrote on its status page is believed only from here on.
     std::chrono::steady_clock::time_point launched_at;
+    // Its memory cgroup, last seen (at launch and each housekeeping), and
+    // the OOM kills counted there then (-1: unknown): oom.h.
+    std::string oom_cgroup;
+    std::string oom_file;
+    int64_t oom_base = -1;
   };
   struct JobRun {
     v1::JobSpec spec;
@@ -248,6 +257,12 @@ class Agent {
   };
 
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes each live worker's memory cgroup and its OOM kill count where
+  // the cgroup changed (`w` alone if given).
+  void NoteMemoryCgroups(Worker* w = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether worker `w`, SIGKILLed by someone else, was the OOM killer's
+  // victim by its memory cgroup's count (the kernel log unread); logs why.
+  bool OomKilledByCount(const std::string& job_id, const Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Has the cleaner rotate the live workers' log files past max_log_bytes
   // (each file once at a time).
   void CapLogs() ABSL_LOCKS_EXCLUDED(mu_);
@@ -322,6 +337,9 @@ class Agent {
   mutable Mutex mu_;
   std::map<std::string, JobRun> runs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::AgentCommand> pending_starts_ ABSL_GUARDED_BY(mu_);
+  // Per OOM counter file: the count up to which kills were given to
+  // workers (one kill, one worker).
+  std::map<std::string, int64_t> oom_kills_given_ ABSL_GUARDED_BY(mu_);
   // Deleted jobs whose directories are gone, for the next accepted heartbeat
   // to acknowledge; and those kept because they still ran (logged once).
   std::set<std::string> removed_job_ids_ ABSL_GUARDED_BY(mu_);

@@ -1025,6 +1025,56 @@ TEST_F(AgentTest, AWorkerTheOomKillerKilledIsReportedSo) {
       << "the kernel's line is not in the agent's log: " << log.Lines();
 }
 
+// Where the kernel log cannot be read (the shipped units' sandbox, most
+// containers), the worker's memory cgroup says it: its OOM kill count rose
+// since the agent saw the worker there. A SIGKILL from elsewhere, in a
+// cgroup with no OOM kill, stays a plain signal 9.
+TEST_F(AgentTest, AWorkerTheOomKillerKilledIsReportedSoByItsCgroupWithoutTheKernelLog) {
+  const std::string cgroup = MakeMemoryCgroup(64 << 20);
+  if (cgroup.empty()) GTEST_SKIP() << "needs root and a memory cgroup it can make";
+  agent_->Shutdown(milliseconds(200));
+  AgentOptions options = Options();
+  options.kernel_log = "";
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  LogCapture log;
+  const std::string go = state_dir_ + "/go";
+  // Into the cgroup, then wait until the agent has seen it there.
+  auto worker = [&](const std::string& then) {
+    return absl::StrCat("echo $$ > ", cgroup, "/cgroup.procs && while [ ! -e ", go,
+                        " ]; do sleep 0.05; done; ", then);
+  };
+  auto moved = [&](const std::string& job) {
+    return RunUntil([&] {
+      return log.Lines().find(absl::StrCat("job=", job, " rank=1 worker pid ")) != std::string::npos &&
+             log.Lines().find(" is now in memory cgroup ") != std::string::npos;
+    });
+  };
+  Command({Start("j1", 1, worker("kill -9 $$"), 1)});
+  ASSERT_TRUE(moved("j1")) << log.Lines();
+  std::ofstream(go) << "go\n";
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); }));
+  EXPECT_EQ(Workers("j1")[0].exit().signal(), SIGKILL);
+  EXPECT_FALSE(Workers("j1")[0].exit().oom_killed()) << "a kill -9 taken for the OOM killer's";
+  ::unlink(go.c_str());
+
+  Command({Start("j2", 1, worker("exec python3 -c 'x = bytearray(512 << 20); print(len(x))'"), 1)});
+  ASSERT_TRUE(moved("j2")) << log.Lines();
+  std::ofstream(go) << "go\n";
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j2", v1::WORKER_STATE_EXITED, 1); }));
+  const v1::WorkerStatus w = Workers("j2")[0];
+  ::rmdir(cgroup.c_str());
+  EXPECT_EQ(w.exit().signal(), SIGKILL);
+  EXPECT_TRUE(w.exit().oom_killed()) << log.Lines();
+  EXPECT_NE(log.Lines().find(absl::StrCat("job=j2 rank=1 the kernel log is not readable here "
+                                          "(--kernel-log is empty); the worker's memory cgroup ")),
+            std::string::npos)
+      << log.Lines();
+  EXPECT_NE(log.Lines().find(absl::StrCat("job=j2 rank=1 worker pid ", w.pid(),
+                                          " killed by signal 9 by the kernel's OOM killer")),
+            std::string::npos)
+      << log.Lines();
+}
+
 // A worker's child in a session of its own (setsid) outlives the kill of
 // the worker's process group. The agent, its subreaper, adopts it once its
 // parent is gone, keeps it while its job's round still has a live worker

@@ -91,6 +91,7 @@ struct Config {
   double shutdown_grace_s = 10;
   double max_log_mb = 1024;
   int64_t max_processes = kDefaultMaxJobProcesses;
+  std::string kernel_log = "/dev/kmsg";
   double retain_finished_s = ToSeconds(kDefaultFinishedJobRetention);
   std::string log_level;
   std::string metrics_listen;  // empty: no /metrics endpoint
@@ -190,6 +191,10 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
             "agent: with a uid per job (--job-uids), the most processes and threads one job's "
             "uid may have on this node (RLIMIT_NPROC), so a fork bomb stops there; a job's "
             "--max-processes may lower it, not raise it; 0 = no limit of its own");
+  flags.String("kernel-log", &c.kernel_log,
+               "agent: where a SIGKILL the agent did not send is looked up, to tell the OOM "
+               "killer's (needs root or kernel.dmesg_restrict=0); empty, or where it cannot be "
+               "read, the worker's memory cgroup's OOM kill count says (default /dev/kmsg)");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error (default LOCKSTEP_LOG_LEVEL or info)");
   flags.String("metrics-listen", &c.metrics_listen,
                "serve Prometheus metrics at http://HOST:PORT/metrics, https with --tls-* (a "
@@ -638,6 +643,19 @@ int Run(int argc, char** argv) {
     options.job_uid_first = config.job_uid_first;
     options.job_uid_last = config.job_uid_last;
     options.uid_lease_dir = config.uid_lease_dir;
+    options.kernel_log = config.kernel_log;
+    // Say how an OOM kill will be told, once (daemon/oom.h).
+    if (config.kernel_log.empty()) {
+      log.Info("OOM kills of workers: told by their memory cgroups' OOM kill counts (--kernel-log "
+               "is empty)");
+    } else if (int fd = ::open(config.kernel_log.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC); fd < 0) {
+      log.Info("OOM kills of workers: told by their memory cgroups' OOM kill counts ({} cannot be "
+               "read: {})",
+               config.kernel_log, std::strerror(errno));
+    } else {
+      ::close(fd);
+      log.Info("OOM kills of workers: told by the kernel log, {}", config.kernel_log);
+    }
     // Say how isolated jobs are, once, where the operator looks.
     if (config.job_uid_first != 0) {
       Status leases =

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -38,8 +40,10 @@ bool IsOomKillOf(absl::string_view text, pid_t pid) {
   return oom && text.find(want) != absl::string_view::npos;
 }
 
-std::optional<std::string> FindOomKill(pid_t pid, int64_t since_mono_ns, const std::string& kmsg) {
-  const int fd = ::open(kmsg.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+std::optional<std::string> FindOomKill(pid_t pid, int64_t since_mono_ns, const std::string& kmsg,
+                                       bool* readable) {
+  if (readable != nullptr) *readable = false;
+  const int fd = kmsg.empty() ? -1 : ::open(kmsg.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
   std::optional<std::string> found;
   const int64_t since_us = (since_mono_ns - kKernelLogSlackNs) / 1000;
@@ -49,7 +53,10 @@ std::optional<std::string> FindOomKill(pid_t pid, int64_t since_mono_ns, const s
     const ssize_t n = ::read(fd, buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EPIPE) continue;  // records overwritten meanwhile: go on
-    if (n <= 0) break;                      // EAGAIN: the end of the log
+    // EAGAIN: the end of the log (/dev/kmsg); 0: a file's end.
+    const bool read_ok = n >= 0 || errno == EAGAIN;
+    if (read_ok && readable != nullptr) *readable = true;
+    if (n <= 0) break;
     pending.append(buf.data(), n);
     size_t start = 0;
     for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
@@ -64,6 +71,54 @@ std::optional<std::string> FindOomKill(pid_t pid, int64_t since_mono_ns, const s
   }
   ::close(fd);
   return found;
+}
+
+std::optional<OomCounter> OomCounterOf(absl::string_view proc_cgroup, const std::string& cgroup_root) {
+  std::optional<OomCounter> v2;
+  for (absl::string_view line : absl::StrSplit(proc_cgroup, '\n', absl::SkipEmpty())) {
+    // "<id>:<controllers>:<path>"; the path may hold ':'.
+    const std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3 || f[2].empty() || f[2][0] != '/') continue;
+    const std::string path(f[2] == "/" ? "" : f[2]);
+    if (f[0] == "0" && f[1].empty()) {
+      v2 = OomCounter{std::string(f[2]), absl::StrCat(cgroup_root, path, "/memory.events")};
+      continue;
+    }
+    for (absl::string_view controller : absl::StrSplit(f[1], ',')) {
+      if (controller == "memory") {
+        return OomCounter{std::string(f[2]),
+                          absl::StrCat(cgroup_root, "/memory", path, "/memory.oom_control")};
+      }
+    }
+  }
+  return v2;
+}
+
+std::optional<OomCounter> OomCounterOfPid(pid_t pid) {
+  // A process that has exited shows the root cgroup on v1 hierarchies.
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return std::nullopt;
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'Z' ||
+      line[close + 2] == 'X') {
+    return std::nullopt;
+  }
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cgroup"));
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  return OomCounterOf(text.str());
+}
+
+std::optional<int64_t> ReadOomKills(const std::string& file) {
+  std::ifstream in(file);
+  std::string key;
+  int64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "oom_kill") return value;
+  }
+  return std::nullopt;
 }
 
 }  // namespace daemon

@@ -8,7 +8,17 @@
 // /dev/kmsg, which needs root or kernel.dmesg_restrict=0, so that `status`
 // can say "out of memory" as Kubernetes says OOMKilled.
 //
-// Thread safety: pure functions of their arguments and the kernel log.
+// Where the kernel log cannot be read (the shipped systemd units, whose
+// sandbox leaves /dev/kmsg out; most containers, a Kubernetes pod among
+// them), the worker's memory cgroup says it instead: the kernel counts
+// every process its OOM killer kills in the victim's memory cgroup
+// ("oom_kill N" in memory.events on cgroup v2, memory.oom_control on v1).
+// The agent notes each worker's memory cgroup and its count while the
+// worker lives; a SIGKILL it did not send, with the count risen since, is
+// taken as the OOM killer's (one kill counted is given to one worker).
+//
+// Thread safety: pure functions of their arguments, the kernel log, /proc
+// and the cgroup file system.
 #ifndef LOCKSTEP_DAEMON_OOM_H_
 #define LOCKSTEP_DAEMON_OOM_H_
 
@@ -41,8 +51,31 @@ bool IsOomKillOf(absl::string_view text, pid_t pid);
 // before is not mistaken for it), read from `kmsg` (a /dev/kmsg-like
 // device that returns one record per read, or a file of records, one per
 // line); nullopt when there is none or the log cannot be read.
+// `*readable` (if given) says whether `kmsg` could be read at all: where it
+// cannot, nullopt says nothing.
 std::optional<std::string> FindOomKill(pid_t pid, int64_t since_mono_ns,
-                                       const std::string& kmsg = "/dev/kmsg");
+                                       const std::string& kmsg = "/dev/kmsg",
+                                       bool* readable = nullptr);
+
+// The file in which the kernel counts the OOM kills of a memory cgroup.
+struct OomCounter {
+  std::string cgroup;  // as /proc/<pid>/cgroup names it ("/system.slice/x.service")
+  std::string file;    // <root>/<cgroup>/memory.events (v2) or <root>/memory/<cgroup>/memory.oom_control (v1)
+};
+
+// The OOM counter of the memory cgroup that `proc_cgroup` (the text of
+// /proc/<pid>/cgroup) puts its process in, under `cgroup_root`: the v1
+// memory hierarchy's line where there is one, else the v2 line ("0::").
+std::optional<OomCounter> OomCounterOf(absl::string_view proc_cgroup,
+                                       const std::string& cgroup_root = "/sys/fs/cgroup");
+
+// The same for a live process; nullopt once it has exited (a zombie shows
+// the root cgroup on v1 hierarchies).
+std::optional<OomCounter> OomCounterOfPid(pid_t pid);
+
+// The "oom_kill N" count in `file`; nullopt when it cannot be read or has
+// none (a kernel before 4.13, or a v2 cgroup without the memory controller).
+std::optional<int64_t> ReadOomKills(const std::string& file);
 
 }  // namespace daemon
 }  // namespace lockstep

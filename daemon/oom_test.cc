@@ -1,5 +1,6 @@
 #include "daemon/oom.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -61,6 +62,65 @@ TEST(OomTest, FindsTheKillAfterTheLaunchOnly) {
   EXPECT_TRUE(FindOomKill(42, 305 * second_us * ns, log).has_value());
   EXPECT_FALSE(FindOomKill(44, 0, log).has_value());
   EXPECT_FALSE(FindOomKill(42, 0, log + ".none").has_value());
+}
+
+// Whether the kernel log could be read at all: only then does "no record"
+// mean "not the OOM killer".
+TEST(OomTest, SaysWhetherTheKernelLogCouldBeRead) {
+  const std::string log = absl::StrCat(::testing::TempDir(), "/kmsg_readable_", ::getpid());
+  std::ofstream(log) << "6,1,5,-;nothing of interest\n";
+  bool readable = false;
+  EXPECT_FALSE(FindOomKill(77, 0, log, &readable));
+  EXPECT_TRUE(readable);
+  EXPECT_FALSE(FindOomKill(77, 0, log + ".missing", &readable));
+  EXPECT_FALSE(readable);
+  readable = true;
+  EXPECT_FALSE(FindOomKill(77, 0, "", &readable)) << "an empty path: the log is not read";
+  EXPECT_FALSE(readable);
+}
+
+// /proc/<pid>/cgroup to the file counting the OOM kills of the process's
+// memory cgroup: the v1 memory hierarchy's where it has one (possibly
+// sharing a line with other controllers), else the v2 line.
+TEST(OomTest, FindsTheOomCounterOfTheMemoryCgroup) {
+  auto v2 = OomCounterOf("0::/system.slice/lockstepd-agent.service\n", "/cg");
+  ASSERT_TRUE(v2);
+  EXPECT_EQ(v2->cgroup, "/system.slice/lockstepd-agent.service");
+  EXPECT_EQ(v2->file, "/cg/system.slice/lockstepd-agent.service/memory.events");
+  auto pod = OomCounterOf("0::/\n", "/cg");  // a container's own cgroup namespace
+  ASSERT_TRUE(pod);
+  EXPECT_EQ(pod->file, "/cg/memory.events");
+  auto v1 = OomCounterOf("9:name=systemd:/\n5:cpuacct,memory:/process_api/ab:c\n0::/\n", "/cg");
+  ASSERT_TRUE(v1);
+  EXPECT_EQ(v1->cgroup, "/process_api/ab:c");
+  EXPECT_EQ(v1->file, "/cg/memory/process_api/ab:c/memory.oom_control");
+  EXPECT_FALSE(OomCounterOf("4:cpu:/x\n", "/cg")) << "no memory hierarchy, no v2 line";
+  EXPECT_FALSE(OomCounterOf("", "/cg"));
+  auto self = OomCounterOfPid(::getpid());
+  ASSERT_TRUE(self) << "this process's own /proc/self/cgroup";
+  EXPECT_FALSE(OomCounterOfPid(-1));
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, child, &info, WEXITED | WNOWAIT), 0);
+  EXPECT_FALSE(OomCounterOfPid(child)) << "a zombie";
+  ::waitpid(child, nullptr, 0);
+}
+
+// The "oom_kill N" line of memory.events (v2) and memory.oom_control (v1).
+TEST(OomTest, ReadsTheOomKillCount) {
+  const std::string dir = ::testing::TempDir();
+  const std::string v2 = absl::StrCat(dir, "/events_", ::getpid());
+  std::ofstream(v2) << "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n";
+  EXPECT_EQ(ReadOomKills(v2), 2);
+  const std::string v1 = absl::StrCat(dir, "/oom_control_", ::getpid());
+  std::ofstream(v1) << "oom_kill_disable 0\nunder_oom 0\noom_kill 7\n";
+  EXPECT_EQ(ReadOomKills(v1), 7);
+  const std::string none = absl::StrCat(dir, "/old_kernel_", ::getpid());
+  std::ofstream(none) << "oom_kill_disable 0\nunder_oom 0\n";
+  EXPECT_FALSE(ReadOomKills(none));
+  EXPECT_FALSE(ReadOomKills(dir + "/not-there"));
 }
 
 }  // namespace

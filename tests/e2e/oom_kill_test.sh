@@ -10,12 +10,19 @@
 # failed on its own, is listed only as a consequence; no worker is left and
 # nothing in /dev/shm. Needs root, a memory cgroup it can make and a
 # readable kernel log (/dev/kmsg); skips otherwise.
+#
+# WHERE=cgroup (the 6th argument): the same with the daemon's kernel log
+# off (--kernel-log=, as under the shipped units' sandbox or in a pod):
+# the agent tells the OOM kill by rank 1's memory cgroup's count. Rank 1
+# is stopped (SIGSTOP) while it is moved, until the agent has seen it in
+# the cgroup, so the kill comes after.
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
 BACKEND="${5:-gloo}"
+WHERE="${6:-kmsg}"
 backend_args "$BACKEND"
 if [ "$(id -u)" != 0 ]; then log "SKIP: needs root (a memory cgroup)"; exit 0; fi
-if ! python3 -c '
+if [ "$WHERE" = kmsg ] && ! python3 -c '
 import errno, os
 fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
 try:
@@ -42,20 +49,28 @@ EXTRA_CLEANUP="rmdir '$cg' 2>/dev/null || true"
 echo 0 >"$cg/$swap_file" 2>/dev/null || true
 
 shm_before=$(ls /dev/shm | sort)
-start_coordinator
+daemon_args=()
+[ "$WHERE" = cgroup ] && daemon_args=(--kernel-log=)
+start_coordinator "${daemon_args[@]}"
 job=$(ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 0 "${env_args[@]}" -- \
   "$TRAIN" --model mlp_small --steps 100000 --step-delay-ms 20 --timeout-s 30 --leak-rank 1 --leak-mb 16 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 wait_for 60 grep -q '"rank":1,"step":3,' "$T/coord/jobs/$job/rank-1.stdout" ||
   fail "rank 1 of $job never reached step 3: $(ls_cli status "$job")"
 victim=$(job_field "$job" '[w["pid"] for w in j["workers"] if w.get("rank", 0) == 1][0]')
+[ "$WHERE" = cgroup ] && kill -STOP "$victim"
 echo "$victim" >"$cg/cgroup.procs" || fail "could not move rank 1 (pid $victim) into $cg"
+if [ "$WHERE" = cgroup ]; then
+  wait_for 15 grep -q "job=$job rank=1 worker pid $victim is now in memory cgroup .*$name" "$T/coord.log" ||
+    fail "the agent never saw rank 1 (pid $victim) in $cg"
+fi
 # Charges made before the move stay where they were (cgroup v2, and v1 by
 # default): the limit is what it has been charged here since, plus 64 MiB,
 # which the leak passes within a few steps.
 limit=$(( $(cat "$cg/$usage_file") + (64 << 20) ))
 echo "$limit" >"$cg/$limit_file" || fail "could not set $cg/$limit_file to $limit"
 log "rank 1 (pid $victim) in $cg, limited to $limit bytes"
+[ "$WHERE" = cgroup ] && kill -CONT "$victim"
 wait_state "$job" FAILED 60
 text=$(ls_cli status "$job")
 grep -q "^failure: .* rank 1 on node .* killed by signal 9 (out of memory: the kernel's OOM killer)" <<<"$text" ||
@@ -67,10 +82,14 @@ if grep -q "^then: *rank 1 on " <<<"$text"; then fail "rank 1 listed as a conseq
 if grep -q "^then: .*rank 0 " <<<"$text"; then
   grep -q "^then: .*rank 0 .*after rank 1 failed" <<<"$text" || fail "rank 0 is not listed as a consequence of rank 1: $text"
 fi
+if [ "$WHERE" = cgroup ]; then
+  grep -q "job=$job rank=1 the kernel log is not readable here (--kernel-log is empty); the worker's memory cgroup .*$name counted 1 OOM kill" "$T/coord.log" ||
+    fail "the agent's log does not give the cgroup's count as the reason: $(grep "rank=1 " "$T/coord.log" | tail -5)"
+fi
 grep -Eq "job=$job rank=1 worker pid $victim killed by signal 9 by the kernel's OOM killer \(out of memory\)" "$T/coord.log" ||
   fail "the agent's log does not say the OOM killer killed rank 1: $(grep "rank=1 worker" "$T/coord.log")"
 wait_for 15 no_workers || fail "workers left: $(describe_workers)"
 check_invariants "$job" 0
 [ "$(ls /dev/shm | sort)" = "$shm_before" ] || fail "the job left entries in /dev/shm: $(comm -13 <(echo "$shm_before") <(ls /dev/shm | sort))"
 printf "%s\n" "$text"
-log "PASS: rank 1 killed by the OOM killer at a $limit-byte limit, named as such; $(grep -c '^then:' <<<"$text") consequence line(s)"
+log "PASS: rank 1 killed by the OOM killer at a $limit-byte limit, named as such (from the $WHERE); $(grep -c '^then:' <<<"$text") consequence line(s)"
