@@ -177,8 +177,9 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
               "session of its own are not stopped with it",
               std::strerror(errno));
   }
-  cleaner_ = std::make_unique<Cleaner>(CleanerOptions{
-      options_.state_dir, options_.uid_leftover_dirs, options_.before_clean});
+  cleaner_ = std::make_unique<Cleaner>(
+      CleanerOptions{options_.state_dir, options_.uid_leftover_dirs, options_.before_clean,
+                     [waker = waker_] { waker->Wake(); }});
   Status fence = fence_.Create();
   if (!fence.ok()) {
     log_.Error("no fence page ({}): a frozen agent's workers will not stop themselves",
@@ -216,28 +217,42 @@ Agent::~Agent() {
 StatusOr<uint32_t> Agent::JobUid(const std::string& job_id) {
   auto it = job_uids_.find(job_id);
   if (it != job_uids_.end()) return it->second.uid();
-  UidLeases leases(options_.uid_lease_dir, options_.job_uid_first, options_.job_uid_last);
-  // A uid whose last job's files, IPC objects or dir are still its own (a
-  // daemon stopped or crashed before cleaning it) is cleaned first, never
-  // handed out as it is: the next job would own all of that.
-  const std::string jobs = absl::StrCat(options_.state_dir, "/jobs");
-  std::vector<std::string> look = options_.uid_leftover_dirs;
-  look.push_back(jobs);
-  std::vector<UidLease> unclean;
-  StatusOr<UidLease> lease = leases.Acquire(
-      [&](uint32_t uid) { return HasUidLeftovers(uid, look, {options_.state_dir}); }, &unclean);
-  for (UidLease& dirty : unclean) {
-    log_.Warn("uid {} still owns what an earlier job left (files under {} or {}, or System V "
-              "IPC objects): cleaning it before any job is given it",
-              dirty.uid(), absl::StrJoin(options_.uid_leftover_dirs, ", "), jobs);
-    cleaner_->Reclaim(std::move(dirty), "");
+  auto error = uid_errors_.find(job_id);
+  if (error == uid_errors_.end()) {
+    return absl::InternalError("no uid was looked for before the job's start");
   }
-  if (!lease.ok()) return lease.status();
-  const uint32_t uid = lease->uid();
-  job_uids_[job_id] = *std::move(lease);
-  log_.WithJob(job_id).Info("workers run as uid {} (--job-uids), leased in {}", uid,
-                            options_.uid_lease_dir);
-  return uid;
+  Status status = std::move(error->second);
+  uid_errors_.erase(error);
+  return status;
+}
+
+bool Agent::NeedsJobUid(const v1::AgentCommand& cmd) const {
+  return options_.job_uid_first != 0 && cmd.spec().run_as().empty() &&
+         !job_uids_.count(cmd.job_id()) && !uid_errors_.count(cmd.job_id());
+}
+
+void Agent::TakeAcquiredUids() {
+  for (auto& [job_id, lease] : cleaner_->TakeAcquired()) {
+    // Found for a start no longer wanted: the lease goes (the uid is clean
+    // and was never used).
+    if (!pending_starts_.count(job_id) || job_uids_.count(job_id)) {
+      if (lease.ok()) {
+        log_.WithJob(job_id).Info("uid {}, found for a start no longer wanted here, is free again",
+                                  lease->uid());
+      }
+      continue;
+    }
+    if (!lease.ok()) {
+      uid_errors_[job_id] = lease.status();
+      continue;
+    }
+    log_.WithJob(job_id).Info("workers run as uid {} (--job-uids), leased in {}", lease->uid(),
+                              options_.uid_lease_dir);
+    job_uids_[job_id] = *std::move(lease);
+  }
+  for (auto it = uid_errors_.begin(); it != uid_errors_.end();) {
+    it = pending_starts_.count(it->first) ? std::next(it) : uid_errors_.erase(it);
+  }
 }
 
 void Agent::ReleaseJobUid(const std::string& job_id) {
@@ -750,7 +765,13 @@ void Agent::ApplyCommands(const v1::HeartbeatResponse& resp) {
     }
   }
   for (auto it = pending_starts_.begin(); it != pending_starts_.end();) {
-    it = desired.count(it->first) ? std::next(it) : pending_starts_.erase(it);
+    if (desired.count(it->first)) {
+      ++it;
+      continue;
+    }
+    // A uid found for a start that never came is given back.
+    if (!runs_.count(it->first)) ReleaseJobUid(it->first);
+    it = pending_starts_.erase(it);
   }
   for (const auto& id : resp.deleted_job_ids()) RemoveJobDir(id);
   for (auto it = runs_.begin(); it != runs_.end();) {
@@ -884,6 +905,7 @@ void Agent::RunOnce() {
   {
     MutexLock lock(&mu_);
     Reap();
+    TakeAcquiredUids();  // found for starts no longer wanted: dropped
     // Start pending rounds whose previous workers are all gone.
     for (auto it = pending_starts_.begin(); it != pending_starts_.end();) {
       auto run = runs_.find(it->first);
@@ -891,9 +913,17 @@ void Agent::RunOnce() {
         ++it;
         continue;
       }
-      // Its uid from an earlier run here is still being cleaned: the
-      // cleaner gives the job dir to root meanwhile.
+      // Its uid from an earlier run here is still being cleaned (the
+      // cleaner gives the job dir to root meanwhile), or its new uid is
+      // being found.
       if (cleaner_->Pending(it->first)) {
+        ++it;
+        continue;
+      }
+      TakeAcquiredUids();
+      if (NeedsJobUid(it->second)) {
+        cleaner_->Acquire(it->first, UidLeases(options_.uid_lease_dir, options_.job_uid_first,
+                                               options_.job_uid_last));
         ++it;
         continue;
       }
@@ -982,10 +1012,12 @@ void Agent::StopAllAndReap(Duration grace) {
     MutexLock lock(&mu_);
     SweepOrphans(/*all=*/true);
     // Every job's uid goes back clean before the daemon exits (one that
-    // dies first leaves them to the next daemon's JobUid).
+    // dies first leaves them to the next daemon's cleaner).
     while (!job_uids_.empty()) ReleaseJobUid(job_uids_.begin()->first);
   }
   cleaner_->Drain(kCleanShutdownLimit);
+  MutexLock lock(&mu_);
+  TakeAcquiredUids();  // found for starts that will not come: dropped
 }
 
 Status Agent::ReportProgress(const std::string& job_id, int round, const std::string& token,

@@ -296,8 +296,15 @@ class Agent {
   // acknowledgment (removed_job_ids) unless it still runs it (the
   // coordinator then sends it again).
   void RemoveJobDir(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job's uid (allocated if new), or ResourceExhausted naming the range.
+  // The job's uid, found by the cleaner before StartRun (TakeAcquiredUids),
+  // or why there is none (ResourceExhausted naming the range).
   StatusOr<uint32_t> JobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `cmd`'s job must be found a uid (Cleaner::Acquire) before it
+  // starts: job uids are on and it has none yet, nor an error saying why.
+  bool NeedsJobUid(const v1::AgentCommand& cmd) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the uids the cleaner found for pending starts (or why none),
+  // dropping those for starts no longer pending.
+  void TakeAcquiredUids() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At start: the uids that still own job dirs of this state dir (a daemon
   // killed before it returned them) go to the cleaner, if no one holds
   // them; it gives those dirs back to root and removes the uids' leftovers.
@@ -346,6 +353,8 @@ class Agent {
   std::set<std::string> deletion_deferred_ ABSL_GUARDED_BY(mu_);
   // Job -> its leased uid on this node (options_.job_uid_first..last).
   std::map<std::string, UidLease> job_uids_ ABSL_GUARDED_BY(mu_);
+  // Why no uid could be found for a pending start, until StartRun says so.
+  std::map<std::string, Status> uid_errors_ ABSL_GUARDED_BY(mu_);
   // Returns uids off the loop thread (thread-safe itself).
   std::unique_ptr<Cleaner> cleaner_;
 

@@ -1435,6 +1435,7 @@ TEST_F(AgentTest, AJobsUidIsCleanedOffTheLoopThreadAndHandedOutOnlyOnceClean) {
   AgentOptions options = dirs.Options(Options(), kUid, kUid + 2);
   options.heartbeat_interval = milliseconds(50);
   options.before_clean = [&](const std::string& what) {
+    if (what.rfind("uid ", 0) != 0) return;  // uids being found go on
     std::unique_lock<std::mutex> lock(hold_mu);
     cleaned.push_back(what);
     hold_cv.notify_all();
@@ -1495,32 +1496,100 @@ TEST_F(AgentTest, AJobsUidIsCleanedOffTheLoopThreadAndHandedOutOnlyOnceClean) {
       << log.Lines();
 
   // A file of the third uid's, as a daemon that stopped before cleaning it
-  // leaves it: j3 is not given that uid (the first and second are held) and
-  // cannot start; the uid is cleaned meanwhile, and j4 gets it, clean.
+  // leaves it: j3 is not given that uid as it is. The first and second are
+  // held, so no clean uid is free: the third is cleaned, then j3 gets it.
   const std::string stale = left + "/stale";
   std::ofstream(stale) << "an earlier job's\n";
   ASSERT_EQ(::chown(stale.c_str(), kUid + 2, kUid + 2), 0);
-  Command({Start("j1", 2, "true", 1), Start("j2", 1, "exec sleep 60", 1), Start("j3", 1, "echo ran", 1)});
-  ASSERT_TRUE(RunUntil([&] { return AllIn("j3", v1::WORKER_STATE_EXITED, 1); })) << log.Lines();
-  EXPECT_NE(Workers("j3")[0].exit().message().find("1 with an earlier job's files or IPC objects left"),
-            std::string::npos)
-      << Workers("j3")[0].DebugString();
-  // Its last line is logged once the clean is done.
-  ASSERT_TRUE(RunUntil([&] {
-    return log.Lines().find(absl::StrCat("uid ", kUid + 2, " cleaned of an earlier job's leftovers")) !=
-           std::string::npos;
-  })) << "the unclean uid was never cleaned: " << log.Lines();
-  EXPECT_FALSE(exists(stale));
-  EXPECT_NE(log.Lines().find(absl::StrCat("uid ", kUid + 2, " still owns what an earlier job left")),
-            std::string::npos)
-      << log.Lines();
   Command({Start("j1", 2, "true", 1), Start("j2", 1, "exec sleep 60", 1),
-           Start("j4", 1, "echo uid=$(id -u)", 1)});
-  ASSERT_TRUE(RunUntil([&] { return uid_of("j4") > 0; })) << log.Lines();
-  EXPECT_EQ(uid_of("j4"), static_cast<int>(kUid + 2));
+           Start("j3", 1, absl::StrCat("cat ", stale, " 2>&1; echo uid=$(id -u)"), 1)});
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j3", v1::WORKER_STATE_EXITED, 1); })) << log.Lines();
+  EXPECT_EQ(uid_of("j3"), static_cast<int>(kUid + 2)) << Output("j3", 1);
+  EXPECT_EQ(Output("j3", 1).find("an earlier job's"), std::string::npos) << "j3 read it: " << Output("j3", 1);
+  EXPECT_FALSE(exists(stale));
+  for (const std::string& line :
+       {absl::StrCat("uid ", kUid + 2, " still owns what an earlier job left"),
+        absl::StrCat("job=j3 rank=- no clean uid free: waiting for uid(s) ", kUid + 2, " to be cleaned"),
+        absl::StrCat("uid ", kUid + 2, " cleaned of an earlier job's leftovers")}) {
+    EXPECT_NE(log.Lines().find(line), std::string::npos) << line << " is not in " << log.Lines();
+  }
   // The agent stops: every uid goes back clean before Shutdown returns.
   agent_->Shutdown(milliseconds(200));
   for (uint32_t u = kUid; u <= kUid + 2; ++u) {
+    auto lease = UidLeases(options.uid_lease_dir, u, u).Acquire();
+    EXPECT_TRUE(lease.ok()) << "uid " << u << " still leased after the agent stopped: " << lease.status();
+  }
+}
+
+// Finding a job a uid (listing /proc and the shared dirs for what an
+// earlier job left) is the cleaner's too: while it takes, the agent goes on
+// heartbeating, and the job starts once its uid is found.
+TEST_F(AgentTest, AJobsUidIsFoundOffTheLoopThread) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run workers as job uids";
+  constexpr uint32_t kUid = 70983;  // 70983-70984, no other test's
+  JobUidDirs dirs;
+  ASSERT_TRUE(dirs.Make(kUid, kUid + 1));
+  std::mutex hold_mu;
+  std::condition_variable hold_cv;
+  std::string hold;  // the work held, while set
+  std::vector<std::string> seen;
+  agent_->Shutdown(milliseconds(200));
+  AgentOptions options = dirs.Options(Options(), kUid, kUid + 1);
+  options.heartbeat_interval = milliseconds(50);
+  options.before_clean = [&](const std::string& what) {
+    std::unique_lock<std::mutex> lock(hold_mu);
+    seen.push_back(what);
+    hold_cv.notify_all();
+    hold_cv.wait(lock, [&] { return hold != what; });
+  };
+  auto held = [&](const std::string& what) {
+    return RunUntil([&] {
+      std::lock_guard<std::mutex> lock(hold_mu);
+      return std::find(seen.begin(), seen.end(), what) != seen.end();
+    });
+  };
+  auto let_go = [&] {
+    {
+      std::lock_guard<std::mutex> lock(hold_mu);
+      hold.clear();
+    }
+    hold_cv.notify_all();
+  };
+  hold = "a uid for job j1";
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  LogCapture log;
+  Command({Start("j1", 1, "echo uid=$(id -u)", 1)});
+  ASSERT_TRUE(held("a uid for job j1")) << "no uid was looked for: " << log.Lines();
+  const size_t beats = coord_.heartbeats().size();
+  ASSERT_TRUE(RunUntil([&] { return coord_.heartbeats().size() >= beats + 10; }))
+      << "the agent stopped heartbeating while a uid was being found";
+  EXPECT_TRUE(Workers("j1").empty()) << "started before its uid was found";
+  let_go();
+  ASSERT_TRUE(RunUntil([&] { return AllIn("j1", v1::WORKER_STATE_EXITED, 1); })) << log.Lines();
+  EXPECT_NE(Output("j1", 1).find(absl::StrCat("uid=", kUid)), std::string::npos) << Output("j1", 1);
+
+  // A start the coordinator withdraws while its uid is being found: the
+  // uid found is given back, and the job never starts.
+  {
+    std::lock_guard<std::mutex> lock(hold_mu);
+    hold = "a uid for job j2";
+  }
+  Command({Start("j1", 1, "true", 1), Start("j2", 1, "echo started", 1)});
+  ASSERT_TRUE(held("a uid for job j2")) << log.Lines();
+  Command({Start("j1", 1, "true", 1)});
+  const size_t now = coord_.heartbeats().size();
+  ASSERT_TRUE(RunUntil([&] { return coord_.heartbeats().size() >= now + 3; }));
+  let_go();
+  ASSERT_TRUE(RunUntil([&] {
+    return log.Lines().find(absl::StrCat("job=j2 rank=- uid ", kUid + 1,
+                                         ", found for a start no longer wanted here, is free again")) !=
+           std::string::npos;
+  })) << log.Lines();
+  EXPECT_TRUE(UidLeases(options.uid_lease_dir, kUid + 1, kUid + 1).Acquire().ok())
+      << "the uid found for the withdrawn start stayed leased";
+  EXPECT_TRUE(Workers("j2").empty());
+  agent_->Shutdown(milliseconds(200));
+  for (uint32_t u = kUid; u <= kUid + 1; ++u) {
     auto lease = UidLeases(options.uid_lease_dir, u, u).Acquire();
     EXPECT_TRUE(lease.ok()) << "uid " << u << " still leased after the agent stopped: " << lease.status();
   }

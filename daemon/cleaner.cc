@@ -47,8 +47,11 @@ bool KillAllAs(uint32_t uid) {
 
 }  // namespace
 
-Cleaner::Cleaner(CleanerOptions options)
-    : options_(std::move(options)), thread_([this] { Loop(); }) {}
+Cleaner::Cleaner(CleanerOptions options) : options_(std::move(options)) {
+  for (int lane = 0; lane < kLanes; ++lane) {
+    threads_.emplace_back([this, lane] { Loop(static_cast<Lane>(lane)); });
+  }
+}
 
 Cleaner::~Cleaner() {
   Drain(kCleanShutdownLimit);
@@ -57,18 +60,33 @@ Cleaner::~Cleaner() {
     stop_ = true;
   }
   changed_.SignalAll();
-  thread_.join();
+  for (std::thread& t : threads_) t.join();
+}
+
+Cleaner::Lane Cleaner::Item::lane() const {
+  if (work) return kRotateLane;
+  if (leases) return kAcquireLane;
+  return kCleanLane;
 }
 
 std::string Cleaner::Item::What() const {
   if (work) return name;
+  if (leases) return absl::StrCat("a uid for job ", job_id);
   return dir.empty() ? absl::StrCat("uid ", lease.uid()) : dir;
+}
+
+bool Cleaner::Idle() const {
+  for (const LaneState& lane : lanes_) {
+    if (lane.busy || !lane.queue.empty()) return false;
+  }
+  return true;
 }
 
 void Cleaner::Enqueue(Item item) {
   {
     MutexLock lock(&mu_);
-    queue_.push_back(std::move(item));
+    const Lane lane = item.lane();
+    lanes_[lane].queue.push_back(std::move(item));
   }
   changed_.SignalAll();
 }
@@ -87,18 +105,33 @@ void Cleaner::RemoveJobDir(std::string job_id, std::string dir) {
   Enqueue(std::move(item));
 }
 
+void Cleaner::Acquire(std::string job_id, UidLeases leases) {
+  Item item;
+  item.leases = std::move(leases);
+  item.job_id = std::move(job_id);
+  Enqueue(std::move(item));
+}
+
+std::vector<std::pair<std::string, absl::StatusOr<UidLease>>> Cleaner::TakeAcquired() {
+  MutexLock lock(&mu_);
+  std::vector<std::pair<std::string, absl::StatusOr<UidLease>>> out;
+  out.swap(acquired_);
+  return out;
+}
+
 bool Cleaner::Run(std::string job_id, std::string what, std::function<void()> work) {
   {
     MutexLock lock(&mu_);
-    if (busy_ && busy_what_ == what) return false;
-    for (const Item& item : queue_) {
-      if (item.work && item.name == what) return false;
+    LaneState& lane = lanes_[kRotateLane];
+    if (lane.busy && lane.busy_what == what) return false;
+    for (const Item& item : lane.queue) {
+      if (item.name == what) return false;
     }
     Item item;
     item.work = std::move(work);
     item.name = std::move(what);
     item.job_id = std::move(job_id);
-    queue_.push_back(std::move(item));
+    lane.queue.push_back(std::move(item));
   }
   changed_.SignalAll();
   return true;
@@ -113,9 +146,11 @@ std::vector<std::string> Cleaner::TakeRemovedJobDirs() {
 
 bool Cleaner::Pending(const std::string& job_id) const {
   MutexLock lock(&mu_);
-  if (busy_ && busy_job_ == job_id) return true;
-  for (const Item& item : queue_) {
-    if (item.job_id == job_id) return true;
+  for (const LaneState& lane : lanes_) {
+    if (lane.busy && lane.busy_job == job_id) return true;
+    for (const Item& item : lane.queue) {
+      if (item.job_id == job_id) return true;
+    }
   }
   return false;
 }
@@ -125,8 +160,10 @@ bool Cleaner::Drain(Duration limit) {
   const auto deadline = start + limit;
   auto left = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::string> what;
-    if (busy_) what.push_back(busy_what_);
-    for (const Item& item : queue_) what.push_back(item.What());
+    for (const LaneState& lane : lanes_) {
+      if (lane.busy) what.push_back(lane.busy_what);
+      for (const Item& item : lane.queue) what.push_back(item.What());
+    }
     return absl::StrJoin(what, ", ");
   };
   auto waited = [&start] {
@@ -134,19 +171,20 @@ bool Cleaner::Drain(Duration limit) {
         .count();
   };
   MutexLock lock(&mu_);
-  while (busy_ || !queue_.empty()) {
+  while (!Idle()) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       log_.Warn("gave up cleaning {} after {} s: a uid's leftovers are cleaned before any job "
                 "is given it again, a job dir stays",
                 left(), waited());
       cancel_ = true;
-      queue_.clear();  // their leases dropped
-      while (busy_) changed_.Wait(&mu_);
+      for (LaneState& lane : lanes_) lane.queue.clear();  // their leases dropped
+      changed_.SignalAll();  // an Acquire waiting for a clean
+      while (!Idle()) changed_.Wait(&mu_);
       return false;
     }
     if (changed_.WaitWithTimeout(&mu_, std::min<Duration>(kCleanProgressInterval, deadline - now)) &&
-        (busy_ || !queue_.empty()) && std::chrono::steady_clock::now() < deadline) {
+        !Idle() && std::chrono::steady_clock::now() < deadline) {
       log_.Info("still cleaning {} (job uids' processes, job dirs and leftovers; deleted jobs' "
                 "dirs) after {} s of at most {} s",
                 left(), waited(), ToSeconds(limit));
@@ -155,22 +193,27 @@ bool Cleaner::Drain(Duration limit) {
   return true;
 }
 
-void Cleaner::Loop() {
+void Cleaner::Loop(Lane which) {
   while (true) {
     Item item;
     {
       MutexLock lock(&mu_);
-      while (!stop_ && queue_.empty()) changed_.Wait(&mu_);
-      if (queue_.empty()) return;  // stop_, and nothing left
-      item = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      busy_job_ = item.job_id;
-      busy_what_ = item.What();
+      LaneState& lane = lanes_[which];
+      while (!stop_ && lane.queue.empty()) changed_.Wait(&mu_);
+      if (lane.queue.empty()) return;  // stop_, and nothing left
+      item = std::move(lane.queue.front());
+      lane.queue.pop_front();
+      lane.busy = true;
+      lane.busy_job = item.job_id;
+      lane.busy_what = item.What();
+      lane.busy_uid = which == kCleanLane && item.dir.empty() ? item.lease.uid() : 0;
     }
     if (options_.before_clean) options_.before_clean(item.What());
+    std::optional<absl::StatusOr<UidLease>> found;
     if (item.work) {
       item.work();
+    } else if (item.leases) {
+      found = FindUid(item);
     } else if (item.dir.empty()) {
       Clean(item);
     } else {
@@ -178,13 +221,67 @@ void Cleaner::Loop() {
     }
     {
       MutexLock lock(&mu_);
-      if (!item.dir.empty() && !item.work) removed_.push_back(item.job_id);
-      item = Item();  // the lease dropped: the uid is free again
-      busy_ = false;
-      busy_job_.clear();
-      busy_what_.clear();
+      LaneState& lane = lanes_[which];
+      if (which == kCleanLane && !item.dir.empty()) removed_.push_back(item.job_id);
+      if (found) acquired_.emplace_back(item.job_id, *std::move(found));
+      item = Item();  // a clean's lease dropped: the uid is free again
+      lane.busy = false;
+      lane.busy_job.clear();
+      lane.busy_what.clear();
+      lane.busy_uid = 0;
     }
     changed_.SignalAll();
+    if (found && options_.on_acquired) options_.on_acquired();
+  }
+}
+
+bool Cleaner::Quarantined(uint32_t uid) {
+  MutexLock lock(&mu_);
+  auto it = unclean_until_.find(uid);
+  if (it == unclean_until_.end()) return false;
+  if (std::chrono::steady_clock::now() < it->second) return true;
+  unclean_until_.erase(it);
+  return false;
+}
+
+absl::StatusOr<UidLease> Cleaner::FindUid(const Item& item) {
+  const Logger log = log_.WithJob(item.job_id);
+  std::vector<std::string> look = options_.leftover_dirs;
+  const std::string jobs = absl::StrCat(options_.state_dir, "/jobs");
+  look.push_back(jobs);
+  for (int attempt = 0;; ++attempt) {
+    std::vector<UidLease> unclean;
+    absl::StatusOr<UidLease> lease = item.leases->Acquire(
+        [&](uint32_t uid) {
+          return Quarantined(uid) || HasUidLeftovers(uid, look, {options_.state_dir});
+        },
+        &unclean);
+    std::vector<uint32_t> cleaning;
+    for (UidLease& dirty : unclean) {
+      if (Quarantined(dirty.uid())) continue;  // its lease dropped; left alone for now
+      log.Warn("uid {} still owns what an earlier job left (files under {} or {}, or System V "
+               "IPC objects): cleaning it before any job is given it",
+               dirty.uid(), absl::StrJoin(options_.leftover_dirs, ", "), jobs);
+      cleaning.push_back(dirty.uid());
+      Reclaim(std::move(dirty), "");
+    }
+    if (lease.ok() || cleaning.empty() || attempt > 0) return lease;
+    // None was free and clean, but some are being cleaned: once they are,
+    // one of them will do.
+    log.Info("no clean uid free: waiting for uid(s) {} to be cleaned", absl::StrJoin(cleaning, ", "));
+    MutexLock lock(&mu_);
+    auto being_cleaned = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      const LaneState& lane = lanes_[kCleanLane];
+      for (uint32_t uid : cleaning) {
+        if (lane.busy && lane.busy_uid == uid) return true;
+        for (const Item& queued : lane.queue) {
+          if (queued.dir.empty() && queued.lease.uid() == uid) return true;
+        }
+      }
+      return false;
+    };
+    while (!cancel_ && being_cleaned()) changed_.Wait(&mu_);
+    if (cancel_) return lease;
   }
 }
 
@@ -203,7 +300,7 @@ void Cleaner::Remove(const Item& item) const {
   }
 }
 
-void Cleaner::Clean(const Item& item) const {
+void Cleaner::Clean(const Item& item) {
   const uint32_t uid = item.lease.uid();
   const Logger log = item.job_id.empty() ? log_ : log_.WithJob(item.job_id);
   const auto start = std::chrono::steady_clock::now();
@@ -252,6 +349,18 @@ void Cleaner::Clean(const Item& item) const {
   }
   for (size_t i = 0; i < files.errors.size() && i < 5; ++i) {
     log.Warn("could not remove what uid {} left: {}", uid, files.errors[i]);
+  }
+  // (Processes still listed are zombies their parents have yet to reap,
+  // or were beyond killing: Acquire passes over a uid with any.)
+  if ((!files.errors.empty() || !chown_errors.empty()) && !cancel_) {
+    {
+      MutexLock lock(&mu_);
+      unclean_until_[uid] = std::chrono::steady_clock::now() + kUncleanRetry;
+    }
+    log.Error("uid {} could not be cleaned (see above): no job is given it for {} s, then "
+              "cleaning is tried again",
+              uid, ToSeconds(kUncleanRetry));
+    return;
   }
   if (item.job_id.empty()) {
     log.Info("uid {} cleaned of an earlier job's leftovers ({} job dir(s) given back to root) and "

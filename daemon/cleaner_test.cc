@@ -1,6 +1,9 @@
 #include "daemon/cleaner.h"
 
+#include <fcntl.h>
 #include <grp.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -9,6 +12,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -64,7 +70,7 @@ class CleanerTest : public ::testing::Test {
     return lease.ok() ? *std::move(lease) : UidLease();
   }
   bool Free(uint32_t uid) { return UidLeases(root_ + "/leases", kUid, kUid + 1).Take(uid).ok(); }
-  CleanerOptions Options() const { return {root_ + "/state", {root_ + "/tmp"}, nullptr}; }
+  CleanerOptions Options() const { return {root_ + "/state", {root_ + "/tmp"}, nullptr, nullptr}; }
   static bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
   std::string root_;
 };
@@ -192,6 +198,122 @@ TEST_F(CleanerTest, KillsAForkBombOfTheUid) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 0);
   EXPECT_NE(log.Lines().find(absl::StrCat("still running as uid ", kUid)), std::string::npos)
       << log.Lines();
+}
+
+// Acquire hands out the lowest free uid that is clean. One with an earlier
+// job's leftovers is cleaned instead; when no clean one is free, it waits
+// for that clean and takes the uid then.
+TEST_F(CleanerTest, AcquireCleansAUidLeftUncleanAndTakesItOnceNoneIsFree) {
+  const std::string stale = Leave(kUid);
+  UidLease held = Lease(kUid + 1);  // the other uid of the range: a running job's
+  LogCapture log;
+  Cleaner cleaner(Options());
+  cleaner.Acquire("j1", UidLeases(root_ + "/leases", kUid, kUid + 1));
+  ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
+  auto found = cleaner.TakeAcquired();
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].first, "j1");
+  ASSERT_TRUE(found[0].second.ok()) << found[0].second.status() << "\n" << log.Lines();
+  EXPECT_EQ(found[0].second->uid(), kUid);
+  EXPECT_FALSE(Exists(stale)) << "handed out with an earlier job's file";
+  EXPECT_NE(log.Lines().find(absl::StrCat("no clean uid free: waiting for uid(s) ", kUid, " to be cleaned")),
+            std::string::npos)
+      << log.Lines();
+  EXPECT_TRUE(cleaner.TakeAcquired().empty());
+}
+
+// A uid whose leftovers cannot be removed (an immutable file) is left
+// alone for kUncleanRetry: not handed out, and not cleaned again at every
+// job start; the next uid is.
+TEST_F(CleanerTest, AUidThatCannotBeCleanedIsLeftAloneForAWhile) {
+  const std::string stuck = Leave(kUid);
+  const int fd = ::open(stuck.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  int flags = 0;
+  const bool immutable = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0 &&
+                         (flags |= FS_IMMUTABLE_FL, ::ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0);
+  ::close(fd);
+  if (!immutable) GTEST_SKIP() << "this file system has no immutable files";
+  struct Unfreeze {
+    std::string path;
+    ~Unfreeze() {
+      const int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      int fl = 0;
+      if (f >= 0 && ::ioctl(f, FS_IOC_GETFLAGS, &fl) == 0) {
+        fl &= ~FS_IMMUTABLE_FL;
+        (void)::ioctl(f, FS_IOC_SETFLAGS, &fl);
+      }
+      if (f >= 0) ::close(f);
+    }
+  } unfreeze{stuck};
+  LogCapture log;
+  Cleaner cleaner(Options());
+  cleaner.Reclaim(Lease(kUid), "j1");
+  ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
+  EXPECT_NE(log.Lines().find(absl::StrCat("uid ", kUid, " could not be cleaned")), std::string::npos)
+      << log.Lines();
+  const UidLeases leases(root_ + "/leases", kUid, kUid + 1);
+  cleaner.Acquire("j2", leases);
+  ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
+  auto found = cleaner.TakeAcquired();
+  ASSERT_EQ(found.size(), 1u);
+  ASSERT_TRUE(found[0].second.ok()) << found[0].second.status();
+  EXPECT_EQ(found[0].second->uid(), kUid + 1);
+  // With the other uid taken, none is free; the stuck one is not tried.
+  cleaner.Acquire("j3", leases);
+  ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
+  found = cleaner.TakeAcquired();
+  ASSERT_EQ(found.size(), 1u);
+  ASSERT_FALSE(found[0].second.ok());
+  EXPECT_NE(found[0].second.status().message().find("1 with an earlier job's files or IPC objects left"),
+            std::string::npos)
+      << found[0].second.status();
+  const std::string lines = log.Lines();
+  size_t tries = 0;
+  for (size_t at = 0; (at = lines.find(absl::StrCat("could not remove what uid ", kUid), at)) !=
+                      std::string::npos;
+       ++at) {
+    ++tries;
+  }
+  EXPECT_EQ(tries, 1u) << "cleaned again within kUncleanRetry: " << lines;
+  EXPECT_EQ(lines.find(absl::StrCat("uid ", kUid, " still owns")), std::string::npos) << lines;
+}
+
+// Each kind of work has a lane: a log rotation runs, and a uid is found,
+// while a uid's clean is held (a job that left millions of files).
+TEST_F(CleanerTest, ARotationAndAUidSearchDoNotWaitBehindAClean) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = true;
+  CleanerOptions options = Options();
+  options.before_clean = [&](const std::string& what) {
+    if (what != absl::StrCat("uid ", kUid)) return;
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return !holding; });
+  };
+  Cleaner cleaner(options);
+  cleaner.Reclaim(Lease(kUid), "j1");
+  std::atomic<bool> rotated{false};
+  ASSERT_TRUE(cleaner.Run("j2", "rank-0.stdout", [&] { rotated = true; }));
+  cleaner.Acquire("j3", UidLeases(root_ + "/leases", kUid, kUid + 1));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::vector<std::pair<std::string, absl::StatusOr<UidLease>>> found;
+  while ((!rotated || found.empty()) && std::chrono::steady_clock::now() < until) {
+    for (auto& f : cleaner.TakeAcquired()) found.push_back(std::move(f));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(rotated) << "the rotation waited behind the clean";
+  ASSERT_EQ(found.size(), 1u) << "the uid search waited behind the clean";
+  ASSERT_TRUE(found[0].second.ok()) << found[0].second.status();
+  EXPECT_EQ(found[0].second->uid(), kUid + 1) << "given the uid being cleaned";
+  EXPECT_TRUE(cleaner.Pending("j1"));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    holding = false;
+  }
+  cv.notify_all();
+  ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
+  EXPECT_FALSE(cleaner.Pending("j1"));
 }
 
 }  // namespace
