@@ -35,7 +35,10 @@
 #     alone, and reached with deploy/README.md's PrivateDevices=false
 #     drop-in; a job checkpointing to
 #     /data fails (ProtectSystem=strict) until deploy/README.md's
-#     ReadWritePaths=/data drop-in, then succeeds; `systemctl reload`
+#     ReadWritePaths=/data drop-in, then succeeds; the agent unit has
+#     OOMPolicy=continue, the agent says it tells OOM kills by the memory
+#     cgroups' counts (no /dev/kmsg in the sandbox), and a worker reads its
+#     own cgroup's count; `systemctl reload`
 #     re-reads the tokens and `systemctl stop` ends both with Result=success;
 #   - purging the package removes /var/lib/lockstep.
 #
@@ -436,7 +439,10 @@ under_systemd() {
   grep -q SUCCEEDED <<<"$out" || fail "no SUCCEEDED in: $out"
   job="$(sed -n 's/^submitted job //p' <<<"$out")"
   sum="$(one_checksum "$job" "/proc/$init_c/root/var/lib/lockstep" "/proc/$init_g/root/var/lib/lockstep")"
-  in_host "$init_g" journalctl -u lockstepd-agent --no-pager | grep -q "job=$job .*workers run as uid 70[0-9][0-9][0-9] (--job-uids)" ||
+  # (grep -q reads a captured journal: on a pipe it may quit before
+  # journalctl has written all, which pipefail takes for a failure.)
+  journal="$(in_host "$init_g" journalctl -u lockstepd-agent --no-pager)"
+  grep -q "job=$job .*workers run as uid 70[0-9][0-9][0-9] (--job-uids)" <<<"$journal" ||
     fail "the agent unit under systemd did not run the job as a uid of its own"
   log "job $job SUCCEEDED under systemd on both hosts; checksums $sum"
   # What a worker inherits from the unit, seen from inside a job (the
@@ -450,7 +456,10 @@ under_systemd() {
     if unshare --user --map-root-user true 2>/dev/null; then echo "userns allowed"; else echo "userns refused"; fi
     echo "$LOCKSTEP_JOB_ID" >/tmp/lockstep-probe && echo "tmp written"
     echo "tmp from $(awk '\''$5 == "/tmp" { print $4 }'\'' /proc/self/mountinfo | tail -n 1)"
-    if [ -e /dev/net/tun ]; then echo "tun seen"; else echo "tun absent"; fi'
+    if [ -e /dev/net/tun ]; then echo "tun seen"; else echo "tun absent"; fi
+    cg=$(sed -n "s|^[0-9]*:[^:]*memory[^:]*:\(.*\)$|memory\1/memory.oom_control|p" /proc/self/cgroup | head -n 1)
+    [ -n "$cg" ] || cg=$(sed -n "s|^0::\(.*\)$|\1/memory.events|p" /proc/self/cgroup)
+    if grep -q "^oom_kill " "/sys/fs/cgroup/$cg"; then echo "oom count readable"; else echo "oom count unreadable: /sys/fs/cgroup/$cg"; fi'
   out="$(sdcli submit --nodes 2 --nproc-per-node 1 --max-restarts 0 --wait -- /bin/sh -c "$probe" 2>&1)" ||
     fail "the probe job under systemd did not succeed: $out"
   job="$(sed -n 's/^submitted job //p' <<<"$out")"
@@ -478,6 +487,8 @@ under_systemd() {
   fi
   [ -e "/proc/$init_g/root/dev/net/tun" ] || fail "control: lsp-agent has no /dev/net/tun, so the probe shows nothing"
   grep -qx "tun absent" <<<"$seen" || fail "a worker of the agent unit sees /dev/net/tun (PrivateDevices=): $seen"
+  grep -qx "oom count readable" <<<"$seen" ||
+    fail "a worker of the agent unit cannot read its memory cgroup's OOM kill count (MemoryAccounting=): $seen"
   log "a worker under the agent unit: NoNewPrivs, seccomp, no capabilities, no user namespace, the unit's private /tmp, no /dev/net/tun"
   # deploy/README.md's drop-in for data outside the job dir: under
   # ProtectSystem=strict a job cannot write /data (a checkpoint there fails
@@ -536,12 +547,24 @@ under_systemd() {
     fail "with PrivateDevices=false a worker does not reach /dev/nvidia0 (want ENXIO, no driver): $seen"
   agent_dropin ''
   log "GPU drop-in: /dev/nvidia0 hidden as shipped and with DeviceAllow= alone, reached with PrivateDevices=false"
+  # OOM kills under the agent unit: this systemd keeps the unit running
+  # when the OOM killer ends one of its workers (OOMPolicy=continue; its
+  # default, stop, would end every job on the host), and with the kernel
+  # log out of the sandbox's reach the agent says it reads the workers'
+  # memory cgroups' counts instead (the probe above read its own).
+  [ "$(in_host "$init_g" systemctl show -p OOMPolicy --value lockstepd-agent.service)" = continue ] ||
+    fail "the agent unit's OOMPolicy is not continue under systemd"
+  journal="$(in_host "$init_g" journalctl -u lockstepd-agent --no-pager)"
+  grep -q "OOM kills of workers: told by their memory cgroups' OOM kill counts (/dev/kmsg cannot be read" <<<"$journal" ||
+    fail "the agent under its unit does not say it tells OOM kills by the cgroups' counts"
+  log "the agent unit: OOMPolicy=continue; OOM kills told by memory cgroups' counts (no /dev/kmsg in the sandbox)"
   in_host "$init_c" systemctl reload lockstepd-coordinator.service || fail "systemctl reload lockstepd-coordinator"
   for _ in $(seq 100); do
-    in_host "$init_c" journalctl -u lockstepd-coordinator --no-pager | grep -q "tokens re-read (SIGHUP)" && break
+    journal="$(in_host "$init_c" journalctl -u lockstepd-coordinator --no-pager)"
+    grep -q "tokens re-read (SIGHUP)" <<<"$journal" && break
     sleep 0.1
   done
-  in_host "$init_c" journalctl -u lockstepd-coordinator --no-pager | grep -q "tokens re-read (SIGHUP)" ||
+  grep -q "tokens re-read (SIGHUP)" <<<"$journal" ||
     fail "systemctl reload did not make the coordinator re-read its tokens"
   for pair in "$init_g lockstepd-agent" "$init_c lockstepd-coordinator"; do
     read -r init unit <<<"$pair"

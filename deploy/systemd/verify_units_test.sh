@@ -2,7 +2,8 @@
 # The systemd units pass `systemd-analyze verify` (with ExecStart pointed at
 # the freshly built lockstepd: /usr/bin/lockstepd exists only where the
 # package is installed; //deploy:package_install_test verifies them there
-# exactly as shipped) and `systemd-analyze security` rates each at most 4.0.
+# exactly as shipped), `systemd-analyze security` rates each at most 4.0,
+# and each keeps running when the OOM killer ends one of its workers.
 set -euo pipefail
 LOCKSTEPD="$PWD/$1"
 shift
@@ -26,6 +27,12 @@ if echo "$out" | grep -E "lockstepd-(agent|coordinator)\.service" | grep -v "Fai
   exit 1
 fi
 echo "$out"
+# An OOM kill of one worker must not stop the unit (systemd's default,
+# DefaultOOMPolicy=stop, does), and with it every job on the host.
+for unit in "$@"; do
+  grep -qx "OOMPolicy=continue" "$unit" ||
+    { echo "FAIL: $unit lacks OOMPolicy=continue: one worker's OOM kill would stop every job on the host"; exit 1; }
+done
 for unit in "$@"; do
   rating=$(systemd-analyze security --offline=true "$unit" 2>&1 | sed -n 's/.*Overall exposure level for .*: \([0-9.]*\) .*/\1/p')
   [ -n "$rating" ] || { echo "FAIL: no security rating for $unit"; exit 1; }
