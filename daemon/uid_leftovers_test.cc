@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -45,6 +46,27 @@ class UidLeftoversTest : public ::testing::Test {
     ASSERT_EQ(::mkdir(path.c_str(), mode), 0) << path;
     ASSERT_EQ(::chmod(path.c_str(), mode), 0) << path;
     ASSERT_EQ(::lchown(path.c_str(), uid, uid), 0) << path;
+  }
+  // Under the dir `top`, a chain of `depth` dirs named "d", each with a
+  // file "f", made one open directory at a time (the paths pass PATH_MAX):
+  // the dirs owned by `dir_owner`, level i's file by file_owner(i).
+  static void Chain(const std::string& top, int depth, uid_t dir_owner,
+                    const std::function<uid_t(int level)>& file_owner) {
+    int fd = ::open(top.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << top;
+    for (int i = 0; i < depth; ++i) {
+      ASSERT_EQ(::mkdirat(fd, "d", 0755), 0) << "level " << i;
+      ASSERT_EQ(::fchownat(fd, "d", dir_owner, dir_owner, AT_SYMLINK_NOFOLLOW), 0);
+      const int file = ::openat(fd, "f", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      ASSERT_GE(file, 0);
+      ASSERT_EQ(::fchown(file, file_owner(i), file_owner(i)), 0);
+      ::close(file);
+      const int sub = ::openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      ASSERT_GE(sub, 0);
+      ::close(fd);
+      fd = sub;
+    }
+    ::close(fd);
   }
   std::string root_;
 };
@@ -112,21 +134,9 @@ TEST_F(UidLeftoversTest, RemovesATreeOfAnyDepth) {
   const std::string tmp = root_ + "/tmp";
   Dir(tmp, 0, 01777);
   Dir(tmp + "/deep", kUid, 0755);
-  int fd = ::open((tmp + "/deep").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
   constexpr int kDepth = 3000;  // past 1024 descriptors, and past PATH_MAX as a path
-  for (int i = 0; i < kDepth; ++i) {
-    ASSERT_EQ(::mkdirat(fd, "d", 0755), 0) << "level " << i;
-    const int file = ::openat(fd, i % 2 ? "f" : "g", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    ASSERT_GE(file, 0);
-    ASSERT_EQ(::fchown(file, i % 3 ? kUid : 0, 0), 0);
-    ::close(file);
-    const int sub = ::openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    ASSERT_GE(sub, 0);
-    ::close(fd);
-    fd = sub;
-  }
-  ::close(fd);
+  Chain(tmp + "/deep", kDepth, 0, [](int i) { return i % 3 ? kUid : 0; });
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(HasUidLeftovers(kUid, {tmp}, {}));
   const Leftovers got = RemoveUidLeftovers(kUid, {tmp}, {});
   EXPECT_TRUE(got.errors.empty()) << got.errors.front();
@@ -166,27 +176,14 @@ TEST_F(UidLeftoversTest, ChownTreeGivesAllOfADirAwayToAnyDepthButNothingALinkPoi
   File(outside + "/not-the-jobs", kUid);
   ASSERT_EQ(::symlink(outside.c_str(), (job + "/to-outside").c_str()), 0);
   ASSERT_EQ(::lchown((job + "/to-outside").c_str(), kUid, kUid), 0);
-  int fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
   constexpr int kDepth = 3000;  // past PATH_MAX as a path: lchown(path) fails there
-  for (int i = 0; i < kDepth; ++i) {
-    ASSERT_EQ(::mkdirat(fd, "d", 0755), 0) << "level " << i;
-    ASSERT_EQ(::fchownat(fd, "d", kUid, kUid, AT_SYMLINK_NOFOLLOW), 0);
-    const int file = ::openat(fd, "f", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    ASSERT_GE(file, 0);
-    ASSERT_EQ(::fchown(file, kUid, kUid), 0);
-    ::close(file);
-    const int sub = ::openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    ASSERT_GE(sub, 0);
-    ::close(fd);
-    fd = sub;
-  }
-  ::close(fd);
+  Chain(job, kDepth, kUid, [](int) { return kUid; });
+  ASSERT_FALSE(HasFailure());
   const Leftovers got = ChownTree(job, 0, 0);
   EXPECT_TRUE(got.errors.empty()) << got.errors.front();
   EXPECT_EQ(got.files, 2 + 2 * kDepth) << "job, the link, and a dir and a file per level";
   // Down again, checking every level's owner.
-  fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
   struct stat st;
   ASSERT_EQ(::fstat(fd, &st), 0);
