@@ -9,8 +9,9 @@
 // can say "out of memory" as Kubernetes says OOMKilled.
 //
 // Where the kernel log cannot be read (the shipped systemd units, whose
-// sandbox leaves /dev/kmsg out; most containers, a Kubernetes pod among
-// them), the worker's memory cgroup says it instead: the kernel counts
+// sandbox leaves /dev/kmsg out; most containers), the worker's memory
+// cgroup says it instead (where /sys/fs/cgroup shows the path that
+// /proc/<pid>/cgroup names: a host, systemd, a cgroup v2 container): the kernel counts
 // every process its OOM killer kills in the victim's memory cgroup
 // ("oom_kill N" in memory.events on cgroup v2, memory.oom_control on v1).
 // The agent notes each worker's memory cgroup and its count while the
