@@ -184,6 +184,8 @@ void WorkerExitCounter::Count(const v1::WorkerStatus& worker) {
     outcome = "stopped";
   } else if (worker.exit().exit_code() == 0 && worker.exit().signal() == 0) {
     outcome = "succeeded";
+  } else if (worker.exit().oom_killed()) {
+    outcome = "oom_killed";
   }
   MutexLock lock(&mu_);
   by_outcome_[outcome] += 1;
@@ -191,10 +193,11 @@ void WorkerExitCounter::Count(const v1::WorkerStatus& worker) {
 
 void WorkerExitCounter::AppendTo(std::vector<MetricFamily>* out) const {
   MetricFamily f = Family("lockstep_agent_worker_exits_total",
-                          "Worker exits this agent reaped, by outcome (succeeded, failed, stopped)",
+                          "Worker exits this agent reaped, by outcome (succeeded, failed, "
+                          "oom_killed, stopped)",
                           MetricType::kCounter);
   MutexLock lock(&mu_);
-  for (const char* o : {"succeeded", "failed", "stopped"}) {
+  for (const char* o : {"succeeded", "failed", "oom_killed", "stopped"}) {
     auto it = by_outcome_.find(o);
     f.Add({{"outcome", o}}, it == by_outcome_.end() ? 0 : it->second);
   }

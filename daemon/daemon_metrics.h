@@ -73,8 +73,9 @@ void AppendNodeMetrics(const std::vector<v1::NodeInfo>& nodes, std::vector<Metri
 MetricsRegistry::Collector CoordinatorCollector(const Coordinator* coordinator);
 
 // Worker exits an agent reaped, by outcome: "succeeded" (exit code 0),
-// "failed" (non-zero or a signal, not sent by the agent), "stopped" (stopped by the
-// agent: cancel, restart, shutdown).
+// "failed" (non-zero or a signal, not sent by the agent), "oom_killed"
+// (failed so by the kernel's OOM killer, not counted as failed too),
+// "stopped" (stopped by the agent: cancel, restart, shutdown).
 class WorkerExitCounter {
  public:
   void Count(const v1::WorkerStatus& worker);

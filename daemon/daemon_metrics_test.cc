@@ -154,18 +154,22 @@ TEST(WorkerExitCounterTest, CountsByOutcome) {
   failed.mutable_exit()->set_signal(9);
   v1::WorkerStatus stopped = failed;
   stopped.set_state(v1::WORKER_STATE_STOPPED);
+  v1::WorkerStatus oom = failed;
+  oom.mutable_exit()->set_oom_killed(true);
   exits.Count(ok);
   exits.Count(failed);
   exits.Count(failed);
+  exits.Count(oom);
   exits.Count(stopped);
   std::vector<MetricFamily> out;
   exits.AppendTo(&out);
   EXPECT_EQ(RenderExposition(out),
             "# HELP lockstep_agent_worker_exits_total Worker exits this agent reaped, by outcome "
-            "(succeeded, failed, stopped)\n"
+            "(succeeded, failed, oom_killed, stopped)\n"
             "# TYPE lockstep_agent_worker_exits_total counter\n"
             "lockstep_agent_worker_exits_total{outcome=\"succeeded\"} 1\n"
             "lockstep_agent_worker_exits_total{outcome=\"failed\"} 2\n"
+            "lockstep_agent_worker_exits_total{outcome=\"oom_killed\"} 1\n"
             "lockstep_agent_worker_exits_total{outcome=\"stopped\"} 1\n");
 }
 
