@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1043,11 +1044,10 @@ TEST_F(AgentTest, AWorkerTheOomKillerKilledIsReportedSoByItsCgroupWithoutTheKern
     return absl::StrCat("echo $$ > ", cgroup, "/cgroup.procs && while [ ! -e ", go,
                         " ]; do sleep 0.05; done; ", then);
   };
+  // The agent's line saying it saw `job`'s worker in the cgroup.
   auto moved = [&](const std::string& job) {
-    return RunUntil([&] {
-      return log.Lines().find(absl::StrCat("job=", job, " rank=1 worker pid ")) != std::string::npos &&
-             log.Lines().find(" is now in memory cgroup ") != std::string::npos;
-    });
+    const std::regex line(absl::StrCat("job=", job, " rank=1 worker pid [0-9]+ is now in memory cgroup "));
+    return RunUntil([&] { return std::regex_search(log.Lines(), line); });
   };
   Command({Start("j1", 1, worker("kill -9 $$"), 1)});
   ASSERT_TRUE(moved("j1")) << log.Lines();
