@@ -1,15 +1,18 @@
 #include "daemon/oom.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <utility>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 
 namespace lockstep {
@@ -73,25 +76,57 @@ std::optional<std::string> FindOomKill(pid_t pid, int64_t since_mono_ns, const s
   return found;
 }
 
-std::optional<OomCounter> OomCounterOf(absl::string_view proc_cgroup, const std::string& cgroup_root) {
-  std::optional<OomCounter> v2;
+namespace {
+
+// The memory cgroup's line of /proc/<pid>/cgroup text: its path, and
+// whether it is the v1 memory hierarchy's (else v2's "0::" line).
+std::optional<std::pair<std::string, bool>> MemoryCgroupPath(absl::string_view proc_cgroup) {
+  std::optional<std::pair<std::string, bool>> v2;
   for (absl::string_view line : absl::StrSplit(proc_cgroup, '\n', absl::SkipEmpty())) {
     // "<id>:<controllers>:<path>"; the path may hold ':'.
     const std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
     if (f.size() != 3 || f[2].empty() || f[2][0] != '/') continue;
-    const std::string path(f[2] == "/" ? "" : f[2]);
     if (f[0] == "0" && f[1].empty()) {
-      v2 = OomCounter{std::string(f[2]), absl::StrCat(cgroup_root, path, "/memory.events")};
+      v2 = std::make_pair(std::string(f[2]), false);
       continue;
     }
     for (absl::string_view controller : absl::StrSplit(f[1], ',')) {
-      if (controller == "memory") {
-        return OomCounter{std::string(f[2]),
-                          absl::StrCat(cgroup_root, "/memory", path, "/memory.oom_control")};
-      }
+      if (controller == "memory") return std::make_pair(std::string(f[2]), true);
     }
   }
   return v2;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+std::optional<OomCounter> OomCounterOf(absl::string_view proc_cgroup, const std::string& cgroup_root,
+                                       absl::string_view self_proc_cgroup) {
+  const std::optional<std::pair<std::string, bool>> found = MemoryCgroupPath(proc_cgroup);
+  if (!found) return std::nullopt;
+  const auto& [cgroup, v1] = *found;
+  auto file = [&, v1 = v1](absl::string_view path) {
+    if (path == "/") path = "";
+    return v1 ? absl::StrCat(cgroup_root, "/memory", path, "/memory.oom_control")
+              : absl::StrCat(cgroup_root, path, "/memory.events");
+  };
+  OomCounter counter{cgroup, file(cgroup)};
+  // A container that mounts its own cgroup as the hierarchy's root while
+  // /proc names the host's path (cgroup v1 without a cgroup namespace):
+  // the path below this process's own cgroup, from that root.
+  if (!Exists(counter.file) && !self_proc_cgroup.empty()) {
+    const std::optional<std::pair<std::string, bool>> self = MemoryCgroupPath(self_proc_cgroup);
+    if (self && self->second == v1 && self->first != "/" &&
+        (cgroup == self->first || absl::StartsWith(cgroup, absl::StrCat(self->first, "/")))) {
+      const std::string below = file(absl::string_view(cgroup).substr(self->first.size()));
+      if (Exists(below)) counter.file = below;
+    }
+  }
+  return counter;
 }
 
 std::optional<OomCounter> OomCounterOfPid(pid_t pid) {
@@ -104,11 +139,16 @@ std::optional<OomCounter> OomCounterOfPid(pid_t pid) {
       line[close + 2] == 'X') {
     return std::nullopt;
   }
-  std::ifstream in(absl::StrCat("/proc/", pid, "/cgroup"));
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  return OomCounterOf(text.str());
+  auto read = [](const std::string& path) -> std::optional<std::string> {
+    std::ifstream in(path);
+    if (!in) return std::nullopt;
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  const std::optional<std::string> text = read(absl::StrCat("/proc/", pid, "/cgroup"));
+  if (!text) return std::nullopt;
+  return OomCounterOf(*text, "/sys/fs/cgroup", read("/proc/self/cgroup").value_or(""));
 }
 
 std::optional<int64_t> ReadOomKills(const std::string& file) {

@@ -10,8 +10,7 @@
 //
 // Where the kernel log cannot be read (the shipped systemd units, whose
 // sandbox leaves /dev/kmsg out; most containers), the worker's memory
-// cgroup says it instead (where /sys/fs/cgroup shows the path that
-// /proc/<pid>/cgroup names: a host, systemd, a cgroup v2 container): the kernel counts
+// cgroup says it instead: the kernel counts
 // every process its OOM killer kills in the victim's memory cgroup
 // ("oom_kill N" in memory.events on cgroup v2, memory.oom_control on v1).
 // The agent notes each worker's memory cgroup and its count while the
@@ -67,8 +66,14 @@ struct OomCounter {
 // The OOM counter of the memory cgroup that `proc_cgroup` (the text of
 // /proc/<pid>/cgroup) puts its process in, under `cgroup_root`: the v1
 // memory hierarchy's line where there is one, else the v2 line ("0::").
+// Where that file does not exist and the cgroup lies within the one that
+// `self_proc_cgroup` (this process's /proc/self/cgroup) names, the path
+// below this process's cgroup is tried from the root: a container on
+// cgroup v1 without a cgroup namespace mounts its own cgroup there while
+// /proc names the host's path.
 std::optional<OomCounter> OomCounterOf(absl::string_view proc_cgroup,
-                                       const std::string& cgroup_root = "/sys/fs/cgroup");
+                                       const std::string& cgroup_root = "/sys/fs/cgroup",
+                                       absl::string_view self_proc_cgroup = "");
 
 // The same for a live process; nullopt once it has exited (a zombie shows
 // the root cgroup on v1 hierarchies).

@@ -95,6 +95,7 @@ TEST(OomTest, FindsTheOomCounterOfTheMemoryCgroup) {
   EXPECT_EQ(v1->cgroup, "/process_api/ab:c");
   EXPECT_EQ(v1->file, "/cg/memory/process_api/ab:c/memory.oom_control");
   EXPECT_FALSE(OomCounterOf("4:cpu:/x\n", "/cg")) << "no memory hierarchy, no v2 line";
+  EXPECT_EQ(OomCounterOf("5:memory:/\n", "/cg")->file, "/cg/memory/memory.oom_control");
   EXPECT_FALSE(OomCounterOf("", "/cg"));
   auto self = OomCounterOfPid(::getpid());
   ASSERT_TRUE(self) << "this process's own /proc/self/cgroup";
@@ -121,6 +122,48 @@ TEST(OomTest, ReadsTheOomKillCount) {
   std::ofstream(none) << "oom_kill_disable 0\nunder_oom 0\n";
   EXPECT_FALSE(ReadOomKills(none));
   EXPECT_FALSE(ReadOomKills(dir + "/not-there"));
+}
+
+// A container on cgroup v1 without a cgroup namespace: /proc names the
+// host's path (/docker/<id>/...) while the hierarchy's root is the
+// container's own cgroup. The path below this process's cgroup is taken
+// from that root, and only where the direct one does not exist.
+TEST(OomTest, FindsTheCounterOfAContainerThatMountsItsOwnCgroup) {
+  const std::string root = absl::StrCat(::testing::TempDir(), "/cgroot_", ::getpid());
+  ASSERT_EQ(::system(absl::StrCat("mkdir -p ", root, "/memory/job && touch ", root,
+                                  "/memory/memory.oom_control ", root, "/memory/job/memory.oom_control")
+                         .c_str()),
+            0);
+  const std::string self = "4:memory:/docker/abc\n";
+  auto own = OomCounterOf("4:memory:/docker/abc\n", root, self);
+  ASSERT_TRUE(own);
+  EXPECT_EQ(own->cgroup, "/docker/abc");
+  EXPECT_EQ(own->file, root + "/memory/memory.oom_control");
+  auto below = OomCounterOf("4:memory:/docker/abc/job\n", root, self);
+  ASSERT_TRUE(below);
+  EXPECT_EQ(below->file, root + "/memory/job/memory.oom_control");
+  // Not below this process's cgroup, nor found: the direct path, which
+  // reads as no count.
+  auto elsewhere = OomCounterOf("4:memory:/docker/other\n", root, self);
+  ASSERT_TRUE(elsewhere);
+  EXPECT_EQ(elsewhere->file, root + "/memory/docker/other/memory.oom_control");
+  EXPECT_FALSE(ReadOomKills(elsewhere->file));
+  EXPECT_EQ(OomCounterOf("4:memory:/docker/abcd\n", root, self)->file,
+            root + "/memory/docker/abcd/memory.oom_control")
+      << "/docker/abcd is not below /docker/abc";
+  // Where the direct path exists it wins (a host, or a namespaced container).
+  ASSERT_EQ(::system(absl::StrCat("mkdir -p ", root, "/memory/docker/abc/job && touch ", root,
+                                  "/memory/docker/abc/job/memory.oom_control")
+                         .c_str()),
+            0);
+  EXPECT_EQ(OomCounterOf("4:memory:/docker/abc/job\n", root, self)->file,
+            root + "/memory/docker/abc/job/memory.oom_control");
+  // cgroup v2 the same way.
+  ASSERT_EQ(::system(absl::StrCat("touch ", root, "/memory.events").c_str()), 0);
+  EXPECT_EQ(OomCounterOf("0::/system.slice/docker-abc.scope\n", root,
+                         "0::/system.slice/docker-abc.scope\n")
+                ->file,
+            root + "/memory.events");
 }
 
 }  // namespace
