@@ -200,6 +200,8 @@ class Agent {
                               int64_t offset, int64_t tail_bytes, int64_t max_bytes) const;
   // Current worker statuses; `job_id` empty = all jobs.
   std::vector<v1::AgentJobReport> ListWorkers(const std::string& job_id) const;
+  // The cleaner's backlog (cleaner.h): metrics.
+  Cleaner::Backlog CleanerBacklog() const { return cleaner_->Stats(); }
   // The role token digests from the coordinator's latest RegisterNode or
   // Heartbeat answer (empty before the first): who may read this node's
   // workers and logs (roles.h). Thread safe.

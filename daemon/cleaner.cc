@@ -155,6 +155,21 @@ bool Cleaner::Pending(const std::string& job_id) const {
   return false;
 }
 
+Cleaner::Backlog Cleaner::Stats() const {
+  MutexLock lock(&mu_);
+  auto count = [this](Lane which) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const LaneState& lane = lanes_[which];
+    return static_cast<int>(lane.queue.size()) + (lane.busy ? 1 : 0);
+  };
+  Backlog b;
+  b.clean = count(kCleanLane);
+  b.rotate = count(kRotateLane);
+  b.find_uid = count(kAcquireLane);
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [uid, until] : unclean_until_) b.unclean_uids += now < until;
+  return b;
+}
+
 bool Cleaner::Drain(Duration limit) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + limit;

@@ -117,6 +117,15 @@ class Cleaner {
   // (its dir must not change owner under it), and asks for no second
   // removal.
   bool Pending(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // What is queued or under way, per lane, and how many uids are left
+  // alone for having failed to clean (kUncleanRetry): the agent's metrics.
+  struct Backlog {
+    int clean = 0;     // uids returned and deleted jobs' dirs
+    int rotate = 0;    // log rotations
+    int find_uid = 0;  // uids being found for jobs
+    int unclean_uids = 0;
+  };
+  Backlog Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks until nothing is queued or being cleaned, logging every
   // kCleanProgressInterval what is left, or until `limit` has passed: then
   // it stops the work under way and drops what is queued (the leases with

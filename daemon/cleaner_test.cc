@@ -252,6 +252,7 @@ TEST_F(CleanerTest, AUidThatCannotBeCleanedIsLeftAloneForAWhile) {
   ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
   EXPECT_NE(log.Lines().find(absl::StrCat("uid ", kUid, " could not be cleaned")), std::string::npos)
       << log.Lines();
+  EXPECT_EQ(cleaner.Stats().unclean_uids, 1);
   const UidLeases leases(root_ + "/leases", kUid, kUid + 1);
   cleaner.Acquire("j2", leases);
   ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
@@ -307,6 +308,11 @@ TEST_F(CleanerTest, ARotationAndAUidSearchDoNotWaitBehindAClean) {
   ASSERT_TRUE(found[0].second.ok()) << found[0].second.status();
   EXPECT_EQ(found[0].second->uid(), kUid + 1) << "given the uid being cleaned";
   EXPECT_TRUE(cleaner.Pending("j1"));
+  cleaner.RemoveJobDir("j4", root_ + "/state/jobs/j4");  // queued behind the held clean
+  Cleaner::Backlog backlog = cleaner.Stats();
+  EXPECT_EQ(backlog.clean, 2);
+  EXPECT_EQ(backlog.rotate, 0);
+  EXPECT_EQ(backlog.find_uid, 0);
   {
     std::lock_guard<std::mutex> lock(mu);
     holding = false;
@@ -314,6 +320,9 @@ TEST_F(CleanerTest, ARotationAndAUidSearchDoNotWaitBehindAClean) {
   cv.notify_all();
   ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
   EXPECT_FALSE(cleaner.Pending("j1"));
+  backlog = cleaner.Stats();
+  EXPECT_EQ(backlog.clean, 0);
+  EXPECT_EQ(backlog.unclean_uids, 0);
 }
 
 }  // namespace

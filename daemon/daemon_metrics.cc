@@ -221,6 +221,19 @@ MetricsRegistry::Collector AgentCollector(const Agent* agent, const WorkerExitCo
     out->push_back(std::move(workers));
     out->push_back(std::move(jobs));
     exits->AppendTo(out);
+    const Cleaner::Backlog backlog = agent->CleanerBacklog();
+    MetricFamily lanes = Family("lockstep_agent_cleaner_backlog",
+                                "The agent's file work queued or under way, by lane: clean (job "
+                                "uids returned, deleted jobs' dirs), rotate (logs), find_uid");
+    lanes.Add({{"lane", "clean"}}, backlog.clean);
+    lanes.Add({{"lane", "rotate"}}, backlog.rotate);
+    lanes.Add({{"lane", "find_uid"}}, backlog.find_uid);
+    out->push_back(std::move(lanes));
+    MetricFamily unclean = Family("lockstep_agent_job_uids_unclean",
+                                  "Job uids this agent could not clean, left alone (no job is given "
+                                  "them) until tried again");
+    unclean.Add({}, backlog.unclean_uids);
+    out->push_back(std::move(unclean));
   };
 }
 

@@ -9,8 +9,9 @@
 #   - lockstep_job_state{job_id=JOB,state="RUNNING"} is 1 and
 #     lockstep_jobs{state="RUNNING"} >= 1; lockstep_agent_workers_running 2;
 #   - the RPC histogram answers the dashboard's p99 query;
-#   - after `lockstep cancel`, lockstep_job_state shows CANCELLED and the
-#     agent counted two stopped workers.
+#   - after `lockstep cancel`, lockstep_job_state shows CANCELLED, the
+#     agent counted two stopped workers and no OOM kill, and its cleaner's
+#     three lanes are idle with no uid left unclean.
 # A second daemon with mutual TLS serves /metrics over HTTPS: Prometheus
 # scrapes it with client.pem from `lockstep certs`; curl without a client
 # certificate, or in plain HTTP, gets no metrics.
@@ -133,6 +134,10 @@ ls_cli cancel "$job" >/dev/null
 wait_state "$job" CANCELLED 30
 expect_query 30 "lockstep_job_state{job_id=\"$job\",state=\"CANCELLED\"}" "len(r) == 1"
 expect_query 30 'lockstep_agent_worker_exits_total{outcome="stopped"}' "len(r) == 1 and r[0]['value'][1] == '2'"
+expect_query 30 'lockstep_agent_worker_exits_total{outcome="oom_killed"}' "len(r) == 1 and r[0]['value'][1] == '0'"
+# Once the cancelled job's uid (if it had one) is clean, the cleaner is idle.
+expect_query 30 'lockstep_agent_cleaner_backlog' "len(r) == 3 and all(x['value'][1] == '0' for x in r)"
+expect_query 30 'lockstep_agent_job_uids_unclean' "len(r) == 1 and r[0]['value'][1] == '0'"
 expect_query 30 "lockstep_rank_step_seconds{job_id=\"$job\"}" "len(r) == 0"
 log "scrape: $(query 'scrape_duration_seconds{job="lockstepd"}' True | python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.2f ms" % (1000*float(r[0]["value"][1])))'), samples $(query 'scrape_samples_scraped{job="lockstepd"}' True | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["value"][1])')"
 check_invariants "$job" 0
