@@ -341,8 +341,9 @@ void Cleaner::Clean(const Item& item) {
   const Leftovers files =
       RemoveUidLeftovers(uid, options_.leftover_dirs, {options_.state_dir}, &cancel_);
   // Its files stay readable to `lockstep logs` (root), not to the next job:
-  // its own dir whoever owns it (the workers made what is in it), and any
-  // other job dir still the uid's (left by a daemon that stopped first).
+  // what it owns in its own dir whoever owns that (the workers made what is
+  // in it), and in any other job dir still the uid's (left by a daemon that
+  // stopped first).
   const std::string jobs = absl::StrCat(options_.state_dir, "/jobs");
   std::vector<std::string> dirs;
   for (const auto& [name, owner] : EntryOwners(jobs)) {
@@ -350,7 +351,7 @@ void Cleaner::Clean(const Item& item) {
   }
   std::vector<std::string> chown_errors;
   for (const std::string& dir : dirs) {
-    Leftovers given = ChownTree(absl::StrCat(jobs, "/", dir), 0, 0, &cancel_);
+    Leftovers given = ChownTree(absl::StrCat(jobs, "/", dir), uid, 0, 0, &cancel_);
     for (std::string& e : given.errors) chown_errors.push_back(std::move(e));
   }
   for (size_t i = 0; i < chown_errors.size() && i < 5; ++i) {

@@ -301,7 +301,7 @@ Leftovers RemoveTree(const std::string& path, const std::atomic<bool>* stop) {
   return out;
 }
 
-Leftovers ChownTree(const std::string& path, uint32_t uid, uint32_t gid,
+Leftovers ChownTree(const std::string& path, uint32_t from, uint32_t uid, uint32_t gid,
                     const std::atomic<bool>* stop) {
   Leftovers out;
   int cur = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -322,10 +322,15 @@ Leftovers ChownTree(const std::string& path, uint32_t uid, uint32_t gid,
   // Gives the open dir `fd` and its entries that are not dirs away; returns
   // its subdirs, the first last (they are visited from the back).
   auto give = [&](int fd) {
-    if (::fchown(fd, uid, gid) == 0) {
-      ++out.files;
-    } else {
+    struct stat self;
+    if (::fstat(fd, &self) != 0) {
       failed("", std::strerror(errno));
+    } else if (self.st_uid == from) {
+      if (::fchown(fd, uid, gid) == 0) {
+        ++out.files;
+      } else {
+        failed("", std::strerror(errno));
+      }
     }
     std::vector<std::string> subdirs;
     for (std::string& child : Names(fd)) {
@@ -333,6 +338,8 @@ Leftovers ChownTree(const std::string& path, uint32_t uid, uint32_t gid,
       if (::fstatat(fd, child.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
       if (S_ISDIR(st.st_mode)) {
         subdirs.push_back(std::move(child));
+      } else if (st.st_uid != from) {
+        continue;  // another's (a hard link to its file), or already given
       } else if (::fchownat(fd, child.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) == 0) {
         ++out.files;
       } else if (errno != ENOENT) {

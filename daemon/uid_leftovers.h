@@ -66,12 +66,15 @@ std::map<std::string, uint32_t> EntryOwners(const std::string& dir);
 // directory). A path that does not exist is no error. `stop` as above.
 Leftovers RemoveTree(const std::string& path, const std::atomic<bool>* stop = nullptr);
 
-// Gives `path` and all it holds to `uid`:`gid` (a returned uid's job dir,
-// to root), to any depth and never through a symlink (a link itself
-// changes owner), with one directory open at a time: a job dir deeper than
-// PATH_MAX changes owner all the way down (a path-based walk, nftw and
-// lchown, fails on every entry whose path is longer). `files` counts what changed owner; `stop` as above.
-Leftovers ChownTree(const std::string& path, uint32_t uid, uint32_t gid,
+// Gives what `from` owns of `path` and all it holds to `uid`:`gid` (a
+// returned uid's job dir, to root), to any depth and never through a
+// symlink (a link itself changes owner), with one directory open at a
+// time: a job dir deeper than PATH_MAX changes owner all the way down (a
+// path-based walk, nftw and lchown, fails on every entry whose path is
+// longer). What others own stays theirs: a hard link the job made to
+// another's file (where fs.protected_hardlinks is off) does not hand that
+// file to `uid`. `files` counts what changed owner; `stop` as above.
+Leftovers ChownTree(const std::string& path, uint32_t from, uint32_t uid, uint32_t gid,
                     const std::atomic<bool>* stop = nullptr);
 
 // Whether RemoveUidLeftovers(uid, dirs, keep) would find anything: an entry

@@ -167,8 +167,9 @@ TEST_F(UidLeftoversTest, RemoveTreeRemovesAllOfADirButNothingALinkPointsTo) {
   EXPECT_EQ(none.entries, 0);
 }
 
-// ChownTree (a returned uid's job dir, to root): every level of a tree
-// deeper than PATH_MAX, links themselves but never what they point to.
+// ChownTree (a returned uid's job dir, to root): what the uid owns at every
+// level of a tree deeper than PATH_MAX, links themselves but never what
+// they point to, nor another's file hard-linked there.
 TEST_F(UidLeftoversTest, ChownTreeGivesAllOfADirAwayToAnyDepthButNothingALinkPointsTo) {
   const std::string job = root_ + "/job", outside = root_ + "/outside";
   Dir(job, kUid, 0750);
@@ -179,9 +180,15 @@ TEST_F(UidLeftoversTest, ChownTreeGivesAllOfADirAwayToAnyDepthButNothingALinkPoi
   constexpr int kDepth = 3000;  // past PATH_MAX as a path: lchown(path) fails there
   Chain(job, kDepth, kUid, [](int) { return kUid; });
   ASSERT_FALSE(HasFailure());
-  const Leftovers got = ChownTree(job, 0, 0);
+  // Another's file, hard-linked into the job dir: stays the other's.
+  File(outside + "/others", 1);
+  ASSERT_EQ(::link((outside + "/others").c_str(), (job + "/linked-others").c_str()), 0);
+  const Leftovers got = ChownTree(job, kUid, 0, 0);
   EXPECT_TRUE(got.errors.empty()) << got.errors.front();
   EXPECT_EQ(got.files, 2 + 2 * kDepth) << "job, the link, and a dir and a file per level";
+  struct stat others;
+  ASSERT_EQ(::stat((outside + "/others").c_str(), &others), 0);
+  EXPECT_EQ(others.st_uid, 1u) << "another's file, hard-linked into the job dir, was given away";
   // Down again, checking every level's owner.
   int fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
@@ -205,7 +212,7 @@ TEST_F(UidLeftoversTest, ChownTreeGivesAllOfADirAwayToAnyDepthButNothingALinkPoi
   EXPECT_EQ(st.st_uid, kUid) << "changed through a symlink";
   ASSERT_EQ(::stat(outside.c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, kUid) << "changed through a symlink";
-  const Leftovers none = ChownTree(root_ + "/not-there", 0, 0);
+  const Leftovers none = ChownTree(root_ + "/not-there", kUid, 0, 0);
   EXPECT_TRUE(none.errors.empty()) << none.errors.front();
   EXPECT_EQ(none.files, 0);
 }
