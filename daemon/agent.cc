@@ -177,9 +177,12 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
               "session of its own are not stopped with it",
               std::strerror(errno));
   }
-  cleaner_ = std::make_unique<Cleaner>(
-      CleanerOptions{options_.state_dir, options_.uid_leftover_dirs, options_.before_clean,
-                     [waker = waker_] { waker->Wake(); }});
+  CleanerOptions cleaning;
+  cleaning.state_dir = options_.state_dir;
+  cleaning.leftover_dirs = options_.uid_leftover_dirs;
+  cleaning.before_clean = options_.before_clean;
+  cleaning.on_acquired = [waker = waker_] { waker->Wake(); };
+  cleaner_ = std::make_unique<Cleaner>(std::move(cleaning));
   Status fence = fence_.Create();
   if (!fence.ok()) {
     log_.Error("no fence page ({}): a frozen agent's workers will not stop themselves",

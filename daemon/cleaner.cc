@@ -295,7 +295,25 @@ absl::StatusOr<UidLease> Cleaner::FindUid(const Item& item) {
       }
       return false;
     };
-    while (!cancel_ && being_cleaned()) changed_.Wait(&mu_);
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + options_.uid_clean_wait;
+    auto next_note = start + kCleanProgressInterval;
+    while (!cancel_ && being_cleaned()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            lease.status().message(), "; waited ", ToSeconds(options_.uid_clean_wait), " s for uid(s) ",
+            absl::StrJoin(cleaning, ", "), " to be cleaned, and they still are"));
+      }
+      if (now >= next_note) {
+        log.Info("still waiting for uid(s) {} to be cleaned ({} s of at most {} s)",
+                 absl::StrJoin(cleaning, ", "),
+                 std::chrono::duration_cast<std::chrono::seconds>(now - start).count(),
+                 ToSeconds(options_.uid_clean_wait));
+        next_note = now + kCleanProgressInterval;
+      }
+      changed_.WaitWithTimeout(&mu_, std::min<Duration>(next_note - now, deadline - now));
+    }
     if (cancel_) return lease;
   }
 }

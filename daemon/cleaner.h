@@ -67,6 +67,10 @@ inline constexpr Duration kCleanShutdownLimit = std::chrono::seconds(15);
 // start tries again.
 inline constexpr Duration kUncleanRetry = std::chrono::seconds(60);
 
+// How long a uid search waits for the uids it found unclean to be
+// cleaned, when no clean one is free, before the start fails.
+inline constexpr Duration kUidCleanWait = std::chrono::seconds(60);
+
 struct CleanerOptions {
   // Job dirs (<state_dir>/jobs/<id>) the uid owns go to root; the state dir
   // itself is never swept as a leftover.
@@ -79,6 +83,8 @@ struct CleanerOptions {
   std::function<void(const std::string& what)> before_clean;
   // Called once a uid found for a job (or why none) is in TakeAcquired.
   std::function<void()> on_acquired;
+  // See kUidCleanWait (tests shorten it).
+  Duration uid_clean_wait = kUidCleanWait;
 };
 
 class Cleaner {
@@ -106,8 +112,9 @@ class Cleaner {
   // Queues finding job `job_id` a uid of `leases`: the lowest free one
   // that is clean (UidLeases::Acquire). Uids found with an earlier job's
   // leftovers are cleaned (Reclaim); if no clean one was free, it waits
-  // for those and looks once more. The lease, or why there is none, is
-  // then in TakeAcquired.
+  // for those (at most options.uid_clean_wait, saying so every
+  // kCleanProgressInterval) and looks once more. The lease, or why there
+  // is none, is then in TakeAcquired.
   void Acquire(std::string job_id, UidLeases leases) ABSL_LOCKS_EXCLUDED(mu_);
   // The uids found (or why none) since the last call, by job.
   std::vector<std::pair<std::string, absl::StatusOr<UidLease>>> TakeAcquired()

@@ -70,7 +70,12 @@ class CleanerTest : public ::testing::Test {
     return lease.ok() ? *std::move(lease) : UidLease();
   }
   bool Free(uint32_t uid) { return UidLeases(root_ + "/leases", kUid, kUid + 1).Take(uid).ok(); }
-  CleanerOptions Options() const { return {root_ + "/state", {root_ + "/tmp"}, nullptr, nullptr}; }
+  CleanerOptions Options() const {
+    CleanerOptions options;
+    options.state_dir = root_ + "/state";
+    options.leftover_dirs = {root_ + "/tmp"};
+    return options;
+  }
   static bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
   std::string root_;
 };
@@ -220,6 +225,45 @@ TEST_F(CleanerTest, AcquireCleansAUidLeftUncleanAndTakesItOnceNoneIsFree) {
             std::string::npos)
       << log.Lines();
   EXPECT_TRUE(cleaner.TakeAcquired().empty());
+}
+
+// A search that waits for a clean gives up after uid_clean_wait, naming
+// the uid still being cleaned; the clean goes on.
+TEST_F(CleanerTest, AcquireWaitsForACleanOnlySoLong) {
+  const std::string stale = Leave(kUid);
+  UidLease held = Lease(kUid + 1);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = true;
+  CleanerOptions options = Options();
+  options.uid_clean_wait = std::chrono::milliseconds(300);
+  options.before_clean = [&](const std::string& what) {
+    if (what != absl::StrCat("uid ", kUid)) return;
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return !holding; });
+  };
+  Cleaner cleaner(options);
+  cleaner.Acquire("j1", UidLeases(root_ + "/leases", kUid, kUid + 1));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::vector<std::pair<std::string, absl::StatusOr<UidLease>>> found;
+  while (found.empty() && std::chrono::steady_clock::now() < until) {
+    found = cleaner.TakeAcquired();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(found.size(), 1u) << "the search never gave up";
+  ASSERT_FALSE(found[0].second.ok());
+  EXPECT_NE(found[0].second.status().message().find(
+                absl::StrCat("s for uid(s) ", kUid, " to be cleaned, and they still are")),
+            std::string::npos)
+      << found[0].second.status();
+  EXPECT_TRUE(Exists(stale)) << "the held clean ran";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    holding = false;
+  }
+  cv.notify_all();
+  ASSERT_TRUE(cleaner.Drain(std::chrono::seconds(10)));
+  EXPECT_FALSE(Exists(stale));
 }
 
 // A uid whose leftovers cannot be removed (an immutable file) is left
