@@ -130,15 +130,6 @@ std::optional<OomCounter> OomCounterOf(absl::string_view proc_cgroup, const std:
 }
 
 std::optional<OomCounter> OomCounterOfPid(pid_t pid) {
-  // A process that has exited shows the root cgroup on v1 hierarchies.
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(stat, line)) return std::nullopt;
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'Z' ||
-      line[close + 2] == 'X') {
-    return std::nullopt;
-  }
   auto read = [](const std::string& path) -> std::optional<std::string> {
     std::ifstream in(path);
     if (!in) return std::nullopt;
@@ -148,6 +139,14 @@ std::optional<OomCounter> OomCounterOfPid(pid_t pid) {
   };
   const std::optional<std::string> text = read(absl::StrCat("/proc/", pid, "/cgroup"));
   if (!text) return std::nullopt;
+  // A process that has exited shows the root cgroup on v1 hierarchies: one
+  // not exited after the read was not when it was read.
+  const std::optional<std::string> stat = read(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t close = stat ? stat->rfind(')') : std::string::npos;
+  if (close == std::string::npos || close + 2 >= stat->size() || (*stat)[close + 2] == 'Z' ||
+      (*stat)[close + 2] == 'X') {
+    return std::nullopt;
+  }
   return OomCounterOf(*text, "/sys/fs/cgroup", read("/proc/self/cgroup").value_or(""));
 }
 
