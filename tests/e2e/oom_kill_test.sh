@@ -48,7 +48,13 @@ if ! mkdir "$cg" 2>/dev/null; then log "SKIP: cannot make a memory cgroup ($cg)"
 EXTRA_CLEANUP="rmdir '$cg' 2>/dev/null || true"
 echo 0 >"$cg/$swap_file" 2>/dev/null || true
 
-shm_before=$(ls /dev/shm | sort)
+# What the job could leave in /dev/shm: its workers run as this test's uid
+# (the daemon's --job-uids=off, tests/e2e/lib.sh). Other tests running
+# beside this one leave entries there too, of their own uids
+# (job_isolation_test's job uids) or while they run: only this uid's
+# entries count, and only those that are not there before.
+shm_mine() { find /dev/shm -mindepth 1 -maxdepth 1 -uid "$(id -u)" -printf '%f\n' | sort; }
+shm_before=$(shm_mine)
 daemon_args=()
 [ "$WHERE" = cgroup ] && daemon_args=(--kernel-log=)
 start_coordinator "${daemon_args[@]}"
@@ -90,6 +96,7 @@ grep -Eq "job=$job rank=1 worker pid $victim killed by signal 9 by the kernel's 
   fail "the agent's log does not say the OOM killer killed rank 1: $(grep "rank=1 worker" "$T/coord.log")"
 wait_for 15 no_workers || fail "workers left: $(describe_workers)"
 check_invariants "$job" 0
-[ "$(ls /dev/shm | sort)" = "$shm_before" ] || fail "the job left entries in /dev/shm: $(comm -13 <(echo "$shm_before") <(ls /dev/shm | sort))"
+shm_new=$(comm -13 <(echo "$shm_before") <(shm_mine))
+[ -z "$shm_new" ] || fail "the job left entries in /dev/shm: $shm_new"
 printf "%s\n" "$text"
 log "PASS: rank 1 killed by the OOM killer at a $limit-byte limit, named as such (from the $WHERE); $(grep -c '^then:' <<<"$text") consequence line(s)"
