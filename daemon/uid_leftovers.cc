@@ -51,6 +51,32 @@ int OpenDirAt(int dfd, const std::string& name) {
   return ::openat(dfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 }
 
+// The parent of the open directory `dir`, reached through its ".." (or a
+// dup of `parent`, when that is known: not -1), if the parent's entry
+// `name` is still `dir`; -1 otherwise, with `*why` saying why ("moved"
+// for a dir swapped meanwhile). `dir` stays open. How the tree walks
+// below go back up with one directory open at a time.
+int OpenParent(int dir, int parent, const std::string& name, std::string* why) {
+  struct stat left, entry;
+  if (::fstat(dir, &left) != 0) {
+    *why = std::strerror(errno);
+    return -1;
+  }
+  const int up = parent >= 0 ? ::dup(parent)
+                             : ::openat(dir, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (up < 0) {
+    *why = std::strerror(errno);
+    return -1;
+  }
+  if (::fstatat(up, name.c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0 || entry.st_dev != left.st_dev ||
+      entry.st_ino != left.st_ino) {
+    ::close(up);
+    *why = "moved";
+    return -1;
+  }
+  return up;
+}
+
 // Removes `name` in `dfd` and, for a directory, all it holds, to any
 // depth with one directory open at a time: it goes down into the first
 // subdirectory it finds (removing the other entries on the way), and back
@@ -112,18 +138,11 @@ bool RemoveTreeAt(int dfd, const std::string& name, const std::string& shown,
       continue;
     }
     // `cur` holds nothing that could be removed: up, and remove it there.
-    struct stat left;
-    const bool known = ::fstat(cur, &left) == 0;
-    const int parent = path.size() == 1
-                           ? ::dup(dfd)
-                           : ::openat(cur, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    std::string why;
+    const int parent = OpenParent(cur, path.size() == 1 ? dfd : -1, path.back(), &why);
     ::close(cur);
-    if (parent < 0) return failed(path, std::strerror(errno));
-    struct stat entry;
-    if (!known || ::fstatat(parent, path.back().c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0 ||
-        entry.st_dev != left.st_dev || entry.st_ino != left.st_ino) {
-      ::close(parent);
-      return failed(path, "moved while it was being removed");
+    if (parent < 0) {
+      return failed(path, why == "moved" ? "moved while it was being removed" : why.c_str());
     }
     if (::unlinkat(parent, path.back().c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
       const int err = errno;
@@ -373,21 +392,14 @@ Leftovers ChownTree(const std::string& path, uint32_t from, uint32_t uid, uint32
     }
     todo.pop_back();
     if (names.empty()) break;  // back at the top: done
-    // Up through "..", checking the parent's entry is the dir just left.
-    struct stat left, entry;
-    const bool known = ::fstat(cur, &left) == 0;
-    const int parent = ::openat(cur, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    std::string why;
+    const int parent = OpenParent(cur, -1, names.back(), &why);
     if (parent < 0) {
-      failed("", std::strerror(errno));
+      failed("", why == "moved" ? "moved while its owner was being changed" : why.c_str());
       break;
     }
     ::close(cur);
     cur = parent;
-    if (!known || ::fstatat(cur, names.back().c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0 ||
-        entry.st_dev != left.st_dev || entry.st_ino != left.st_ino) {
-      failed("", "moved while its owner was being changed");
-      break;
-    }
     names.pop_back();
   }
   ::close(cur);
