@@ -462,7 +462,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
         w.status.set_pid(w.process->pid());
         w.status.set_state(v1::WORKER_STATE_STARTING);
         log.WithRank(w.rank).Info("spawned pid {} for round {}", w.process->pid(), cmd.round());
-        NoteMemoryCgroups(&w);
+        NoteMemoryCgroup(job_id, &w);
         run.workers.push_back(std::move(w));
         continue;
       }
@@ -592,27 +592,18 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
   if (escalate) run.killed = true;
 }
 
-void Agent::NoteMemoryCgroups(Worker* only) {
-  auto note = [this](const std::string& job_id, Worker& w) {
-    if (!w.process || !IsLive(w.status)) return;
-    std::optional<OomCounter> counter = OomCounterOfPid(static_cast<pid_t>(w.process->pid()));
-    if (!counter || counter->file == w.oom_file) return;
-    const bool moved = !w.oom_file.empty();
-    w.oom_cgroup = counter->cgroup;
-    w.oom_file = counter->file;
-    w.oom_base = ReadOomKills(counter->file).value_or(-1);
-    if (moved) {
-      log_.WithJob(job_id).WithRank(w.rank).Info(
-          "worker pid {} is now in memory cgroup {} ({} OOM kills counted there)", w.process->pid(),
-          w.oom_cgroup, w.oom_base < 0 ? "no" : std::to_string(w.oom_base));
-    }
-  };
-  if (only != nullptr) {
-    note("", *only);
-    return;
-  }
-  for (auto& [id, run] : runs_) {
-    for (Worker& w : run.workers) note(id, w);
+void Agent::NoteMemoryCgroup(const std::string& job_id, Worker* w) {
+  if (!w->process || !IsLive(w->status)) return;
+  std::optional<OomCounter> counter = OomCounterOfPid(static_cast<pid_t>(w->process->pid()));
+  if (!counter || counter->file == w->oom_file) return;
+  const bool moved = !w->oom_file.empty();
+  w->oom_cgroup = counter->cgroup;
+  w->oom_file = counter->file;
+  w->oom_base = ReadOomKills(counter->file).value_or(-1);
+  if (moved) {
+    log_.WithJob(job_id).WithRank(w->rank).Info(
+        "worker pid {} is now in memory cgroup {} ({} OOM kills counted there)", w->process->pid(),
+        w->oom_cgroup, w->oom_base < 0 ? "no" : std::to_string(w->oom_base));
   }
 }
 
@@ -902,7 +893,9 @@ void Agent::RunOnce() {
     CapLogs();
     MutexLock lock(&mu_);
     SweepOrphans(/*all=*/false);
-    NoteMemoryCgroups();
+    for (auto& [id, run] : runs_) {
+      for (Worker& w : run.workers) NoteMemoryCgroup(id, &w);
+    }
   }
   MonoTime now = clock_->Now();
   {
@@ -923,6 +916,8 @@ void Agent::RunOnce() {
         ++it;
         continue;
       }
+      // Again here: a search that ended since the call above is in no
+      // lane now, and its result must be taken before asking for another.
       TakeAcquiredUids();
       if (NeedsJobUid(it->second)) {
         cleaner_->Acquire(it->first, UidLeases(options_.uid_lease_dir, options_.job_uid_first,

@@ -259,9 +259,9 @@ class Agent {
   };
 
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Notes each live worker's memory cgroup and its OOM kill count where
-  // the cgroup changed (`w` alone if given).
-  void NoteMemoryCgroups(Worker* w = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes live worker `w`'s memory cgroup and its OOM kill count, if the
+  // cgroup is new (at launch, and each housekeeping).
+  void NoteMemoryCgroup(const std::string& job_id, Worker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether worker `w`, SIGKILLed by someone else, was the OOM killer's
   // victim by its memory cgroup's count (the kernel log unread); logs why.
   bool OomKilledByCount(const std::string& job_id, const Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
