@@ -237,7 +237,7 @@ class Cli {
     const std::string with_standalone = run_cmd ? "" : "with --standalone: ";
     flags.String("lockstepd", &lockstepd,
                  with_standalone + "the daemon to start (default $LOCKSTEPD, beside this "
-                 "program, or on PATH)");
+                 "program, in the Bazel tree, or on PATH)");
     flags.String("state-dir", &state_dir,
                  with_standalone + "the private daemon's state dir, kept afterwards with the "
                  "job's logs (default $TMPDIR/lockstep-run-XXXXXX)");
@@ -780,6 +780,7 @@ class Cli {
     bool state_lines = false;  // also "lockstep: <state>" on each change (submit)
     int64_t tail_bytes = 0;
     int64_t tail_lines = 0;
+    bool tail_bytes_given = false;  // --tail-bytes: that window exactly, whatever the lines
   };
 
   StatusOr<int> Logs(const std::vector<std::string>& args) {
@@ -833,6 +834,7 @@ class Cli {
     view.follow = follow;
     view.tail_lines = tail_lines;
     view.tail_bytes = tail;
+    view.tail_bytes_given = flags.WasSet("tail-bytes");
     if (tail_lines > 0 && !flags.WasSet("tail-bytes")) {
       view.tail_bytes = std::min<int64_t>(int64_t{1} << 20, tail_lines * 1024);
     }
@@ -845,10 +847,31 @@ class Cli {
   // the final state on stderr; 0 if it SUCCEEDED, else 3. A SIGINT or
   // SIGTERM (InstallStopHandlers) ends it with 128+N, the job left alone.
   StatusOr<int> FollowLogs(const std::string& id, const LogView& view) {
-    // (rank, node, is_stderr) -> cursor
-    std::map<std::tuple<int, std::string, bool>, LogCursor> cursors;
+    using CursorKey = std::tuple<int, std::string, bool>;  // (rank, node, is_stderr)
+    std::map<CursorKey, LogCursor> cursors;
+    std::set<CursorKey> placed;  // what the last poll read: the ranks' nodes then
     std::map<std::string, std::string> addresses;  // node -> agent
     std::map<std::string, std::unique_ptr<v1::AgentService::Stub>> agents;
+    // The agent serving `node`'s logs, and its address.
+    auto agent_of = [&](const std::string& node, int rank,
+                        std::string* address) -> StatusOr<v1::AgentService::Stub*> {
+      if (addresses.count(node) == 0) {
+        ASSIGN_OR_RETURN(std::vector<v1::NodeInfo> nodes, Nodes());
+        for (const auto& n : nodes) addresses[n.node_id()] = n.agent_address();
+      }
+      *address = addresses[node];
+      if (address->empty()) {
+        return absl::NotFoundError(
+            absl::StrCat("node ", node, " of rank ", rank, " is not registered"));
+      }
+      auto& agent = agents[*address];
+      if (!agent) {
+        RETURN_IF_ERROR(rendezvous::CheckPlaintextAllowed(rendezvous::ProcessTls(), *address,
+                                                          "agent", common_.insecure_plaintext));
+        agent = v1::AgentService::NewStub(rendezvous::CreateLockstepChannel(*address));
+      }
+      return agent.get();
+    };
     bool said_waiting = false;
     StateLines state_lines;
     std::set<std::string> unreachable;  // agents whose last read failed (said once)
@@ -888,26 +911,39 @@ class Cli {
                   << ": waiting for its workers to start\n";
         said_waiting = true;
       }
+      std::set<CursorKey> now_placed;
       for (const v1::WorkerStatus* w : workers) {
-        if (addresses.count(w->node_id()) == 0) {
-          ASSIGN_OR_RETURN(std::vector<v1::NodeInfo> nodes, Nodes());
-          for (const auto& n : nodes) addresses[n.node_id()] = n.agent_address();
+        for (bool is_stderr : {false, true}) {
+          if (is_stderr ? view.stderr_stream : view.stdout_stream) {
+            now_placed.insert({w->rank(), w->node_id(), is_stderr});
+          }
         }
-        const std::string& address = addresses[w->node_id()];
-        if (address.empty()) {
-          return absl::NotFoundError(absl::StrCat("node ", w->node_id(), " of rank ", w->rank(),
-                                                  " is not registered"));
+      }
+      // A rank's output on a node that no longer runs it (a restart moved
+      // the rank, or its round ended) is read to its end first, so that
+      // what it wrote after the last poll comes before the next round's.
+      // An agent that cannot be read then is said, and passed over.
+      for (const CursorKey& key : placed) {
+        if (now_placed.count(key) != 0) continue;
+        const auto& [rank, node, is_stderr] = key;
+        std::string address;
+        StatusOr<v1::AgentService::Stub*> agent = agent_of(node, rank, &address);
+        Status read = agent.status();
+        if (read.ok()) read = DrainLog(*agent, address, id, rank, is_stderr, view, &cursors[key]);
+        if (!read.ok() && !(view.state_lines && unreachable.count(address) != 0)) {
+          std::cerr << "lockstep: rank " << rank << "'s output on node " << node << " past byte "
+                    << cursors[key].offset << " was not read: " << Printable(read.message())
+                    << "\n";
         }
-        auto& agent = agents[address];
-        if (!agent) {
-          RETURN_IF_ERROR(rendezvous::CheckPlaintextAllowed(
-              rendezvous::ProcessTls(), address, "agent", common_.insecure_plaintext));
-          agent = v1::AgentService::NewStub(rendezvous::CreateLockstepChannel(address));
-        }
+      }
+      placed = std::move(now_placed);
+      for (const v1::WorkerStatus* w : workers) {
+        std::string address;
+        ASSIGN_OR_RETURN(v1::AgentService::Stub * agent, agent_of(w->node_id(), w->rank(), &address));
         for (bool is_stderr : {false, true}) {
           if (!(is_stderr ? view.stderr_stream : view.stdout_stream)) continue;
           LogCursor& cursor = cursors[{w->rank(), w->node_id(), is_stderr}];
-          Status read = DrainLog(agent.get(), address, id, w->rank(), is_stderr, view, &cursor);
+          Status read = DrainLog(agent, address, id, w->rank(), is_stderr, view, &cursor);
           if (read.ok()) {
             unreachable.erase(address);
             continue;
@@ -967,7 +1003,17 @@ class Cli {
         for (int64_t n = 0; n < view.tail_lines && pos != std::string::npos; ++n) {
           pos = pos == 0 ? std::string::npos : data.rfind('\n', pos - 1);
         }
-        if (pos != std::string::npos) data.erase(0, pos + 1);
+        const bool window_starts_mid_file =
+            resp.next_offset() > static_cast<int64_t>(resp.data().size());
+        if (pos != std::string::npos) {
+          data.erase(0, pos + 1);
+        } else if (window_starts_mid_file && !view.tail_bytes_given) {
+          // Fewer than tail_lines lines in the window: its first line began
+          // before it (lines longer than the KiB per line allowed for).
+          // Whole lines only, as tail(1) prints, unless that leaves none.
+          const size_t first = data.find('\n');
+          if (first != std::string::npos && first + 1 < data.size()) data.erase(0, first + 1);
+        }
       }
       cursor->started = true;
       cursor->offset = resp.next_offset();

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <stdexcept>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -230,15 +231,19 @@ TEST(OverlapOptimizerTest, TheOptimizerStepsOneBucketAtATimeThenTheRest) {
   }
 }
 
-// SGD that counts its steps into `*counter`.
+// SGD that counts its steps into `*counter`, and throws at step `throw_at`
+// (counted from 1; 0: never).
 struct NotifyingSgd : torch::optim::SGD {
-  NotifyingSgd(std::vector<Tensor> params, std::atomic<int>* counter)
-      : torch::optim::SGD(std::move(params), torch::optim::SGDOptions(0.1)), counter(counter) {}
+  NotifyingSgd(std::vector<Tensor> params, std::atomic<int>* counter, int throw_at = 0)
+      : torch::optim::SGD(std::move(params), torch::optim::SGDOptions(0.1)),
+        counter(counter),
+        throw_at(throw_at) {}
   Tensor step(LossClosure closure = nullptr) override {
-    ++*counter;
+    if (++*counter == throw_at) throw std::runtime_error("the optimizer blew up");
     return torch::optim::SGD::step(closure);
   }
   std::atomic<int>* counter;
+  int throw_at;
 };
 
 // One rank over Gloo with a NotifyingSgd over its Net, after one
@@ -247,7 +252,7 @@ struct OneBackward {
   Status Run(DdpOptions options) {
     ASSIGN_OR_RETURN(ddp, SingleRank(&store, options));
     net = ddp->typed_module();
-    opt = std::make_unique<NotifyingSgd>(net->parameters(), &stepped);
+    opt = std::make_unique<NotifyingSgd>(net->parameters(), &stepped, throw_at);
     ASSIGN_OR_RETURN(Tensor out, ddp->Forward(torch::randn({4, test_net::kNetIn})));
     return ddp->Backward(out.sum());
   }
@@ -255,6 +260,7 @@ struct OneBackward {
   std::unique_ptr<test_ranks::Ddp> ddp;
   Net net{nullptr};
   std::atomic<int> stepped{0};
+  int throw_at = 0;  // NotifyingSgd's
   std::unique_ptr<NotifyingSgd> opt;
 };
 
@@ -683,6 +689,61 @@ TEST(OverlapOptimizerTest, AFailedBucketStopsTheSteppingAndFailsTheNextForward) 
   ASSERT_FALSE(next.ok());
   EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(next.status().message()), HasSubstr("wire cut"));
+}
+
+// An optimizer that is not a torch::optim::Optimizer cannot be stepped a
+// bucket at a time: OptimizerStep waits for every bucket, then steps it once.
+TEST(OverlapOptimizerTest, AnOptimizerOfAnotherKindIsSteppedOnceAfterEveryBucket) {
+  OneBackward t;
+  ASSERT_TRUE(t.Run(Options(true, true)).ok());
+  ASSERT_TRUE(t.ddp->reducer().step_open());
+  struct Plain {
+    const test_ranks::Ddp* ddp;
+    int steps = 0;
+    bool open_at_step = true;
+    void step() {
+      ++steps;
+      open_at_step = ddp->reducer().step_open();
+    }
+  } plain{t.ddp.get()};
+  t.ddp->OptimizerStep(plain);
+  EXPECT_EQ(plain.steps, 1);
+  EXPECT_FALSE(plain.open_at_step) << "stepped before every bucket was reduced";
+  EXPECT_EQ(t.stepped.load(), 0);
+}
+
+// What the optimizer throws leaves OptimizerStep only once every bucket was
+// waited for: no collective is left running into the next step.
+TEST(OverlapOptimizerTest, WhatTheOptimizerThrowsPassesThroughAfterEveryBucketWasWaitedFor) {
+  OneBackward t;
+  t.throw_at = 2;  // Bucket 1's part.
+  ASSERT_TRUE(t.Run(Options(true, true)).ok());
+  try {
+    t.ddp->OptimizerStep(*t.opt);
+    ADD_FAILURE() << "OptimizerStep did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the optimizer blew up"));
+  }
+  EXPECT_EQ(t.stepped.load(), 2);  // Bucket 0, then bucket 1, which threw.
+  EXPECT_FALSE(t.ddp->reducer().step_open()) << "a bucket was left unwaited";
+  auto next = t.ddp->Forward(torch::randn({4, test_net::kNetIn}));
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+// overlap_forward: the optimizer steps inside the next forward's gate, which
+// cannot fail an operator; what it throws there is that forward's error.
+TEST(OverlapForwardTest, AnOptimizerThatThrowsInTheGateFailsThatForward) {
+  DdpOptions options = Options(true, true);
+  options.overlap_forward = true;
+  OneBackward t;
+  t.throw_at = 1;
+  ASSERT_TRUE(t.Run(options).ok());
+  t.ddp->OptimizerStep(*t.opt);
+  EXPECT_EQ(t.stepped.load(), 0);  // Deferred to the gate.
+  auto next = t.ddp->Forward(torch::randn({4, test_net::kNetIn}));
+  ASSERT_FALSE(next.ok());
+  EXPECT_THAT(std::string(next.status().message()), HasSubstr("the optimizer blew up"));
+  EXPECT_FALSE(t.ddp->reducer().step_open());
 }
 
 TEST(GradientPriorityTest, AMissingGradientFailsNamingTheParameterAndReleasesTheScheduler) {

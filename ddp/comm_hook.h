@@ -25,9 +25,11 @@
 //              by every rank from an allgather of the bucket.
 //
 // Contract for a hook (built-in or user):
-// - It runs on the autograd thread with the Reducer's lock held, once per
-//   bucket per synchronised backward, buckets in index order. It must not
-//   call back into the Reducer or the DDP object.
+// - It runs on the autograd thread (the training thread in JoinStep; the
+//   Reducer's scheduler thread with gradient_priority) with the Reducer's
+//   lock held, once per bucket per synchronised backward, buckets in index
+//   order (gradient_priority: the order the ranks agreed). It must not call
+//   back into the Reducer or the DDP object.
 // - Cross-process invariant (communicator.h): every rank's hook must issue
 //   the same collectives, in the same order, for the same bucket; and all of
 //   them before it returns (a collective issued later, from a continuation,

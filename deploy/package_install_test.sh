@@ -27,7 +27,8 @@
 #     the root), each unit as shipped started with `systemctl enable --now`:
 #     both run with the sandbox they ask for (NoNewPrivs, a seccomp filter,
 #     their CapabilityBoundingSet), a job over both hosts succeeds with
-#     identical parameters as a uid of its own; a worker of the agent unit
+#     identical parameters as a uid of its own; both units serve /metrics on
+#     127.0.0.1:9470 over HTTPS to the cluster's client.pem; a worker of the agent unit
 #     has NoNewPrivs, a seccomp filter, no capabilities, no user namespace,
 #     the unit's private /tmp (what it wrote there gone once its uid is
 #     returned) and no /dev/net/tun; a stand-in GPU node
@@ -445,6 +446,19 @@ under_systemd() {
   grep -q "job=$job .*workers run as uid 70[0-9][0-9][0-9] (--job-uids)" <<<"$journal" ||
     fail "the agent unit under systemd did not run the job as a uid of its own"
   log "job $job SUCCEEDED under systemd on both hosts; checksums $sum"
+  # Both units serve /metrics on 127.0.0.1:9470 as shipped, over HTTPS with
+  # the cluster's client certificate (the daemons have TLS), scraped from
+  # the host inside each one's network namespace.
+  for pair in "$NSC lsp-coord lockstep_nodes_alive 2" "$NSG lsp-agent lockstep_agent_workers_running 0"; do
+    read -r ns host metric value <<<"$pair"
+    scraped="$(ip netns exec "$ns" curl -sf --max-time 5 --resolve "$host:9470:127.0.0.1" \
+      --cacert "$R/etc/lockstep/tls/ca.pem" --cert "$R/etc/lockstep/tls/client.pem" \
+      --key "$R/etc/lockstep/tls/client.key" "https://$host:9470/metrics")" ||
+      fail "$host: no metrics from its unit at https://127.0.0.1:9470/metrics with client.pem"
+    grep -q "^$metric $value\$" <<<"$scraped" ||
+      fail "$host: its unit's metrics lack '$metric $value': $(grep "^$metric" <<<"$scraped")"
+  done
+  log "both units serve /metrics on 127.0.0.1:9470 over HTTPS (client certificate) as shipped"
   # What a worker inherits from the unit, seen from inside a job (the
   # agent's host): no new privileges, a seccomp filter, no effective
   # capabilities, no new namespaces (RestrictNamespaces=), the unit's own

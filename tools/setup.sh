@@ -38,6 +38,8 @@ PACKAGES=(
   python3-yaml        # deploy/k8s/test/pods.py reads the rendered manifests
   prometheus          # tests/e2e:prometheus_test, deploy:grafana_dashboard_test (promtool)
   tmux                # tests/e2e:watch_tmux_test (watch on a real terminal)
+  curl                # tests/e2e:prometheus_test, deploy:package_install_test (scrapes /metrics)
+  openssl             # tests/e2e:tls_test (an impostor server, certificate serials)
 )
 # deploy:k8s_*_test: kubectl (its kustomize renders deploy/k8s) and node with
 # npm (tools/k8s_validate). Any kubectl or node already on PATH will do:

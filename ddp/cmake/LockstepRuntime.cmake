@@ -1,6 +1,7 @@
 # What a worker needs to run under lockstepd, beyond the DDP core: gRPC and
 # Protocol Buffers (the store client and the progress reporter), spdlog
-# (logs), and Gloo (the CPU communicator). Sets
+# (logs), OpenSSL (the workers' mutual TLS) and Gloo (the CPU
+# communicator). Sets
 #   LOCKSTEP_WITH_RUNTIME  TRUE when the worker library (InitFromEnv, the
 #                          gRPC store, progress) can be built
 #   LOCKSTEP_WITH_GLOO     TRUE when Gloo was found (else GlooCommunicator
@@ -15,7 +16,8 @@
 # dependencies are found, ON fails the configure without them, OFF builds
 # only the DDP core (what the GPU tests need). The dependencies are the
 # installed CMake packages gRPC, spdlog (Debian: libgrpc++-dev,
-# protobuf-compiler-grpc, libspdlog-dev) and protobuf (FindProtobuf).
+# protobuf-compiler-grpc, libspdlog-dev), protobuf (FindProtobuf) and
+# OpenSSL (FindOpenSSL; Debian: libssl-dev).
 # LOCKSTEP_GLOO: AUTO (default: Gloo when its headers and library are
 # found: GLOO_ROOT, then the system, Debian's libgloo-dev), ON (required),
 # OFF.
@@ -38,6 +40,8 @@ endif()
 find_package(gRPC CONFIG QUIET)
 find_package(Protobuf QUIET)
 find_package(spdlog CONFIG QUIET)
+# rendezvous/tls.cc and common/certs.cc: the workers' mutual TLS.
+find_package(OpenSSL QUIET)
 set(_missing "")
 if(NOT gRPC_FOUND OR NOT TARGET gRPC::grpc++ OR NOT TARGET gRPC::grpc_cpp_plugin)
   list(APPEND _missing "gRPC (gRPCConfig.cmake with grpc++ and grpc_cpp_plugin: Debian's "
@@ -49,6 +53,9 @@ if(NOT Protobuf_FOUND OR NOT Protobuf_PROTOC_EXECUTABLE)
 endif()
 if(NOT spdlog_FOUND)
   list(APPEND _missing "spdlog (spdlogConfig.cmake: Debian's libspdlog-dev)")
+endif()
+if(NOT OPENSSL_FOUND OR NOT TARGET OpenSSL::SSL OR NOT TARGET OpenSSL::Crypto)
+  list(APPEND _missing "OpenSSL (headers and libssl, libcrypto: Debian's libssl-dev)")
 endif()
 if(_missing)
   string(JOIN "; " _missing ${_missing})
@@ -74,7 +81,7 @@ set(LOCKSTEP_PROTOC "${Protobuf_PROTOC_EXECUTABLE}")
 get_target_property(LOCKSTEP_GRPC_CPP_PLUGIN gRPC::grpc_cpp_plugin LOCATION)
 set(LOCKSTEP_WITH_RUNTIME TRUE)
 set(LOCKSTEP_RUNTIME_FROM
-    "gRPC ${gRPC_VERSION} (${gRPC_DIR}), protobuf ${Protobuf_VERSION}, spdlog ${spdlog_VERSION}")
+    "gRPC ${gRPC_VERSION} (${gRPC_DIR}), protobuf ${Protobuf_VERSION}, spdlog ${spdlog_VERSION}, OpenSSL ${OPENSSL_VERSION}")
 
 # ---- Gloo ----
 if(NOT LOCKSTEP_GLOO STREQUAL "AUTO" AND NOT LOCKSTEP_GLOO)

@@ -8,6 +8,12 @@
 # round, where nodeb alone runs ranks 0 and 1, only after that deadline.
 # A sampler reads every process of the job every 100 ms: never two live
 # processes with the same rank. Then nodea is resumed and the job succeeds.
+# `lockstep logs --follow` of rank 0, started with the job, rides out the
+# frozen agent (its read of nodea waits out its deadline) and reads round
+# 2's rank 0 on nodeb, where the rank moved. One of rank 2 prints round 1's
+# output on nodeb to its end, then round 3's on nodea (where rank 2 runs
+# once nodea is back): a rank's output on the node it left is read out
+# before its next node's.
 LEASE_S=3
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
@@ -22,7 +28,11 @@ job=$(ls_cli submit --detach --json --nodes 1:2 --nproc-per-node 2 --max-restart
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 python3 tests/e2e/rank_owners.py "$job" "$T/owners.txt" &
 sampler=$!
-EXTRA_CLEANUP="kill $sampler 2>/dev/null || true"
+ls_cli logs "$job" --rank 0 --follow >"$T/follow0.out" 2>"$T/follow0.err" &
+follower=$!
+ls_cli logs "$job" --rank 2 --follow >"$T/follow2.out" 2>"$T/follow2.err" &
+follower2=$!
+EXTRA_CLEANUP="kill $sampler $follower $follower2 2>/dev/null || true"
 wait_for 60 field_is "$job" 'j["node_ids"]' "['nodea', 'nodeb']" ||
   fail "round 1 did not close on nodea and nodeb: $(job_field "$job" 'j["node_ids"]')"
 wait_for 60 grep -q '"rank":0,"step":5,' "$T/nodea/jobs/$job/rank-0.stdout" || fail "rank 0 never reached step 5"
@@ -41,6 +51,30 @@ log "nodeb trains ranks 0 and 1; SIGCONT nodea"
 kill -CONT "$PID_nodea"
 wait_state "$job" SUCCEEDED 120
 kill "$sampler"
+for pid in "$follower" "$follower2"; do
+  wait_for 30 exited "$pid" || fail "logs --follow (pid $pid) still runs 30 s after the job ended"
+done
+for r in 0 2; do
+  rc=0; wait "$([ "$r" = 0 ] && echo "$follower" || echo "$follower2")" || rc=$?
+  [ "$rc" = 0 ] || fail "logs --follow of rank $r exited $rc: $(cat "$T/follow$r.err")"
+done
+# line_of FILE LINE: the number of LINE's first whole-line match in FILE.
+line_of() { grep -Fxn -- "$2" "$1" | head -n 1 | cut -d: -f1; }
+# Rank 0: nodea's round 1 up to the freeze (its later lines may stay
+# unread while nodea does not answer), then nodeb's whole file.
+first=$(head -n 1 "$T/nodea/jobs/$job/rank-0.stdout")
+[ -n "$(line_of "$T/follow0.out" "$first")" ] || fail "logs --follow of rank 0 lacks nodea's round 1: $(head -n 2 "$T/follow0.out")"
+for end in head tail; do
+  l=$($end -n 1 "$T/nodeb/jobs/$job/rank-0.stdout")
+  [ -n "$(line_of "$T/follow0.out" "$l")" ] || fail "logs --follow of rank 0 lacks nodeb's line '$l'"
+done
+# Rank 2: nodeb's file (round 1) whole, then nodea's (round 3) whole.
+b_last=$(line_of "$T/follow2.out" "$(tail -n 1 "$T/nodeb/jobs/$job/rank-2.stdout")")
+a_first=$(line_of "$T/follow2.out" "$(head -n 1 "$T/nodea/jobs/$job/rank-2.stdout")")
+a_last=$(line_of "$T/follow2.out" "$(tail -n 1 "$T/nodea/jobs/$job/rank-2.stdout")")
+[ -n "$b_last" ] && [ -n "$a_first" ] && [ -n "$a_last" ] && (( b_last < a_first )) ||
+  fail "logs --follow of rank 2 is not nodeb's round 1 to its end, then nodea's (lines $b_last, $a_first, $a_last): $(grep -n '^===' "$T/follow2.out")"
+log "logs --follow: rank 0 from nodea, then nodeb after the freeze; rank 2 nodeb's round 1 to its end, then nodea's"
 samples=$(wc -l <"$T/owners.txt")
 (( samples > 50 )) || fail "only $samples samples taken"
 # The sampler saw the job: round 1's four ranks before the SIGSTOP, and

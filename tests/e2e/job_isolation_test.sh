@@ -221,6 +221,9 @@ start_agent nocaps
 DAEMON_PREFIX=()
 grep -q "jobs are not isolated: their workers run as root, because this root daemon lacks CAP_SETUID, CAP_SETGID" "$T/nocaps.log" ||
   fail "a root daemon without CAP_SETUID did not say jobs are not isolated: $(head -n 20 "$T/nocaps.log")"
+if grep -q "job isolation: each job runs as its own uid" "$T/nocaps.log"; then
+  fail "a root daemon without CAP_SETUID claimed per-job uids: $(head -n 20 "$T/nocaps.log")"
+fi
 rc=0
 timeout 20 setpriv --bounding-set=-setuid,-setgid "$LOCKSTEPD" --coordinator --listen 127.0.0.1:0 \
   --state-dir "$T/nocaps-explicit" --job-uids 70000-70009 >"$T/nocaps-explicit.log" 2>&1 || rc=$?

@@ -2,7 +2,8 @@
 # `lockstep logs --follow` started before any worker runs waits for them,
 # follows rank 1 through a restart (both rounds' output), and ends with the
 # job's final state (exit 0 for SUCCEEDED); `--all-ranks` prefixes every
-# rank's lines with "[R] "; `--tail N` starts with the last N lines.
+# rank's lines with "[R] "; `--tail N` starts with the last N lines, whole
+# ones only where lines are longer than the KiB per line it reads.
 source tests/e2e/lib.sh "$@"
 
 start_coordinator --no-agent
@@ -55,4 +56,18 @@ ls_cli logs "$job" -r 0 --tail 2 --tail-bytes 5 >"$T/tail5.out"
 cmp -s <(tail -c 5 "$T/nodeb/jobs/$job/rank-0.stdout") "$T/tail5.out" ||
   fail "--tail 2 --tail-bytes 5 is not the file's last 5 bytes: $(od -c "$T/tail5.out" | head -3)"
 check_invariants "$job" 1
+
+# Lines longer than the KiB per line --tail N reads: fewer than N, each one
+# whole (the line cut at the window's start is left out); with --tail-bytes
+# large enough, all N.
+long=$(ls_cli submit --detach --json -- /bin/sh -c \
+  'for i in 1 2 3; do printf "line$i "; head -c 2000 /dev/zero | tr "\\0" x; echo; done' |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
+wait_state "$long" SUCCEEDED 30
+ls_cli logs "$long" --tail 3 >"$T/long3.out"
+[ "$(wc -l <"$T/long3.out")" = 1 ] && grep -qx "line3 x\{2000\}" "$T/long3.out" ||
+  fail "--tail 3 over 2 KiB lines is not the last line whole: $(cut -c1-60 "$T/long3.out")"
+ls_cli logs "$long" --tail 3 --tail-bytes 100000 >"$T/long3b.out"
+[ "$(cut -c1-5 "$T/long3b.out" | tr '\n' ' ')" = "line1 line2 line3 " ] ||
+  fail "--tail 3 --tail-bytes 100000 is not the three lines: $(cut -c1-60 "$T/long3b.out")"
 log "PASS"
