@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <thread>
 
 #include "lockstep/v1/store.grpc.pb.h"
@@ -54,6 +55,54 @@ TEST(StoreClientTest, ConnectToNothingIsUnavailableNamingAddress) {
   auto store = ConnectStore(address, "ns", milliseconds(200));
   EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(store.status().message().find(address), std::string::npos) << store.status();
+}
+
+// A store service whose session answers every op but Add, and ends the
+// stream (UNAVAILABLE) on an Add it has read: the client cannot know whether
+// that Add was applied.
+class DropsAddService final : public v1::StoreService::Service {
+ public:
+  grpc::Status Session(grpc::ServerContext*,
+                       grpc::ServerReaderWriter<v1::StoreOpResult, v1::StoreOp>* stream) override {
+    v1::StoreOp op;
+    while (stream->Read(&op)) {
+      if (op.has_add()) {
+        ++adds_read_;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server went away mid-op");
+      }
+      v1::StoreOpResult result;
+      result.set_id(op.id());
+      if (!stream->Write(result)) break;
+    }
+    return grpc::Status::OK;
+  }
+  std::atomic<int> adds_read_{0};
+};
+
+// Add and CompareSet are not idempotent: one that reached the server before
+// the stream broke is not sent again, and the error says it may have been
+// applied (an idempotent Set is retried instead).
+TEST(StoreClientTest, AnAddCutOffAfterItWasSentMayOrMayNotHaveBeenApplied) {
+  DropsAddService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto store = ConnectStore("127.0.0.1:" + std::to_string(port), "job/1", seconds(10));
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("k", "v").ok());
+  StatusOr<int64_t> added = (*store)->Add("n", 1);
+  ASSERT_FALSE(added.ok());
+  EXPECT_EQ(added.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(added.status().message().find("on store key 'n' may or may not have been applied"),
+            std::string::npos)
+      << added.status();
+  EXPECT_EQ(service.adds_read_.load(), 1) << "the Add was sent again";
+  EXPECT_TRUE((*store)->Set("k", "again").ok()) << "the client did not reconnect";
+  store->reset();  // Its open session would hold up the server's shutdown.
+  server->Shutdown(std::chrono::system_clock::now() + seconds(5));
 }
 
 TEST(StoreClientTest, InvalidNamespaceIsRejectedBeforeConnecting) {
