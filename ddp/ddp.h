@@ -83,7 +83,9 @@ namespace ddp {
 struct StepStats {
   int64_t step = 0;             // Synchronised steps so far (1-based).
   double forward_ms = 0;        // Forward, including the buffer broadcast.
-  double backward_ms = 0;       // End of forward to end of gradient sync.
+  // End of forward to end of gradient sync; with overlap_optimizer (whose
+  // waits happen in OptimizerStep), autograd's part plus those waits.
+  double backward_ms = 0;
   double comm_exposed_ms = 0;   // Time backward's end waited on buckets.
   int64_t bytes_reduced = 0;
   int buckets = 0;

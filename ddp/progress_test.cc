@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "ddp/ddp.h"
@@ -184,6 +185,51 @@ TEST_F(ProgressTest, OverlappedForwardReportsEachStepOnceWithItsOwnCounts) {
     EXPECT_GT(p.step_ms, 0);
     EXPECT_GE(p.optimizer_ms, 0);
     EXPECT_NEAR(p.samples_per_s, p.samples * 1000.0 / p.step_ms, 1e-6);
+    // Its backward does not run on into the next forward, where it ended.
+    EXPECT_LE(p.exposed_comm_ms, p.backward_ms);
+    EXPECT_LE(p.data_ms + p.forward_ms + p.backward_ms + p.optimizer_ms, p.step_ms + 1e-6);
+  }
+}
+
+// overlap_optimizer: OptimizerStep waits for each bucket before stepping its
+// parameters. That wait is the step's exposed communication, not optimizer
+// time. The hook's Work completes 300 ms after the bucket is launched.
+TEST_F(ProgressTest, OverlappedOptimizerCountsItsBucketWaitsAsExposedCommunication) {
+  constexpr auto kHeld = std::chrono::milliseconds(300);
+  torch::nn::Linear model(4, 2);
+  DdpOptions options;
+  options.overlap_optimizer = true;
+  std::vector<std::thread> finishers;
+  options.comm_hook.name = "held";
+  options.comm_hook.run = [&finishers, kHeld](GradBucket& bucket, Communicator&) {
+    auto work = std::make_shared<Work>();
+    work->MarkStarted();
+    finishers.emplace_back([work, kHeld] {
+      std::this_thread::sleep_for(kHeld);
+      work->Finish(absl::OkStatus());
+    });
+    return BucketWork::Of(work, bucket.buffer, 0);
+  };
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>(), options);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  for (int i = 0; i < 3; ++i) {
+    Step(**ddp, 1, 8);
+    (*ddp)->OptimizerStep(opt);
+  }
+  for (std::thread& t : finishers) t.join();
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  ASSERT_EQ(recorded_.reports.size(), 3u);
+  // Step 1 went out at the end of backward (no OptimizerStep seen yet).
+  for (size_t i = 1; i < 3; ++i) {
+    const StepProgress& p = recorded_.reports[i];
+    SCOPED_TRACE(i);
+    EXPECT_GE(p.exposed_comm_ms, 250) << "the wait for the held bucket is not exposed communication";
+    EXPECT_LT(p.optimizer_ms, 250) << "the wait for the held bucket was counted as optimizer time";
+    // The wait is part of backward_ms (forward's end to the gradients'
+    // sync), as it is without the option; the intervals stay disjoint.
+    EXPECT_LE(p.exposed_comm_ms, p.backward_ms);
+    EXPECT_LE(p.data_ms + p.forward_ms + p.backward_ms + p.optimizer_ms, p.step_ms + 1e-6);
   }
 }
 

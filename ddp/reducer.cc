@@ -710,7 +710,15 @@ Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket, int th
   stats_.buckets = static_cast<int>(buckets_.size());
   stats_.launch_order.assign(order.begin(), order.end());
   stats_.comm_exposed_ms = std::chrono::duration<double, std::milli>(finish_waited_).count();
-  stats_.backward_ms = MillisBetween(stats_.forward_end, RealClock()->Now());
+  // Without defer_wait the step finishes in backward's finalisation: from
+  // forward's end to now. With it the waits come later, in CompleteStep,
+  // between the caller's own work (an optimizer stepping the buckets done,
+  // the next forward): backward is then autograd up to finalisation plus
+  // those waits, so that it does not also count that work.
+  stats_.backward_ms =
+      options_.defer_wait
+          ? MillisBetween(stats_.forward_end, stats_.backward_end) + stats_.comm_exposed_ms
+          : MillisBetween(stats_.forward_end, RealClock()->Now());
   last_stats_ = stats_;
   last_works_.assign(buckets_.size(), nullptr);
   for (size_t j = 0; j < works.size(); ++j) last_works_[order[j]] = works[j]->work();

@@ -176,7 +176,9 @@ struct ReducerOptions {
 
 // What one synchronised backward did, with timestamps for overlap analysis.
 struct ReducerStepStats {
-  double backward_ms = 0;       // End of forward to end of finalisation.
+  // End of forward to end of finalisation; with defer_wait, end of forward
+  // to finalisation's start plus comm_exposed_ms (the waits, in CompleteStep).
+  double backward_ms = 0;
   // Finalisation's host wait on buckets. With a device communicator (NCCL)
   // finalisation queues a stream wait instead, so this is near zero and the
   // GPU-side wait is not in it.
