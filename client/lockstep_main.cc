@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -247,7 +248,8 @@ class Cli {
     std::string name, working_dir, run_as, request_id;
     bool wait = false;
     double stop_grace_s = 0, last_call_s = 0, join_timeout_s = 0;
-    flags.String("nodes", &nodes, "N or MIN:MAX nodes");
+    flags.String("nodes", &nodes,
+                 run_cmd ? "nodes: 1 (lockstep run uses this host only)" : "N or MIN:MAX nodes");
     flags.Int32("nproc-per-node", &nproc, "workers per node");
     flags.Int32("max-restarts", &max_restarts, "restarts allowed for the whole job");
     flags.StringList("env", &env, "K=V for every worker (repeatable)");
@@ -315,7 +317,8 @@ class Cli {
       }
       if (nodes != "1" && nodes != "1:1") {
         return Usage(absl::InvalidArgumentError(
-            "--standalone runs on this host only: --nodes must be 1, got \"" + nodes + "\""));
+            absl::StrCat(run_cmd ? "lockstep run" : "--standalone",
+                         " runs on this host only: --nodes must be 1, got \"", nodes, "\"")));
       }
     } else if (flags.WasSet("lockstepd") || flags.WasSet("state-dir")) {
       return Usage(absl::InvalidArgumentError("--lockstepd and --state-dir need --standalone"));
@@ -385,6 +388,12 @@ class Cli {
     RETURN_IF_ERROR(Connect());
     v1::SubmitJobResponse resp;
     Status submitted = Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit");
+    if (absl::IsInvalidArgument(submitted)) {
+      // The coordinator refused the spec (it checks it, and logs the
+      // refusal): what the flags said is wrong, so a usage error, exit 2.
+      std::cerr << "lockstep: INVALID_ARGUMENT: " << Printable(submitted.message()) << "\n";
+      return kExitUsage;
+    }
     if (absl::IsDeadlineExceeded(submitted) || absl::IsUnavailable(submitted)) {
       // The request may have reached the coordinator: say how to retry it
       // without a second job.
@@ -680,7 +689,8 @@ class Cli {
     flags.String("hosts", &hosts,
                  "comma-separated DNS names or IP addresses, one certificate each: every "
                  "address a node is dialled at (its --advertise-address host)");
-    flags.Int32("days", &days, "validity of the certificates in days");
+    flags.Int32("days", &days,
+                absl::StrCat("validity of the certificates in days, 1 to ", certs::kMaxCertDays));
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
     if (!rest->empty() || out.empty() || hosts.empty()) {
@@ -690,6 +700,9 @@ class Cli {
     auto written = certs::WriteClusterCerts(out, list, days);
     if (absl::IsInvalidArgument(written.status())) return Usage(written.status());
     RETURN_IF_ERROR(written.status());
+    if (std::find(written->begin(), written->end(), out + "/ca.pem") == written->end()) {
+      std::cout << "reused " << out << "/ca.pem and " << out << "/ca.key (the cluster's CA)\n";
+    }
     for (const std::string& path : *written) std::cout << "wrote " << path << "\n";
     std::cout << "lockstepd on HOST: --tls-ca " << out << "/ca.pem --tls-cert " << out
               << "/HOST.pem --tls-key " << out << "/HOST.key --tls-worker-cert " << out
@@ -844,8 +857,10 @@ class Cli {
   // Prints a job's logs as `view` says. Without view.follow: what is there
   // now, then 0. With it: until the job ends (waiting for workers to
   // start, across restarts and an agent that is down for a while), then
-  // the final state on stderr; 0 if it SUCCEEDED, else 3. A SIGINT or
-  // SIGTERM (InstallStopHandlers) ends it with 128+N, the job left alone.
+  // the final state on stderr; 0 if it SUCCEEDED, else 3. With the stop
+  // handlers installed (submit: InstallStopHandlers) a SIGINT or SIGTERM
+  // ends it with 128+N; `logs` keeps their default action. Either way the
+  // job is left alone.
   StatusOr<int> FollowLogs(const std::string& id, const LogView& view) {
     using CursorKey = std::tuple<int, std::string, bool>;  // (rank, node, is_stderr)
     std::map<CursorKey, LogCursor> cursors;
@@ -875,6 +890,7 @@ class Cli {
     bool said_waiting = false;
     StateLines state_lines;
     std::set<std::string> unreachable;  // agents whose last read failed (said once)
+    std::set<CursorKey> no_output;      // ranks whose file was never made (said once)
     while (true) {
       if (g_stop_signal != 0) return 128 + g_stop_signal;
       StatusOr<v1::Job> got = GetJob(id);
@@ -946,6 +962,17 @@ class Cli {
           Status read = DrainLog(agent, address, id, w->rank(), is_stderr, view, &cursor);
           if (read.ok()) {
             unreachable.erase(address);
+            continue;
+          }
+          if (absl::IsNotFound(read) && view.follow) {
+            // No such file on its node: the worker never started (a launch
+            // error; `status` says why), or has not yet. Not a read failure.
+            if (ended && (!is_stderr || !view.stdout_stream) &&
+                no_output.insert({w->rank(), w->node_id(), is_stderr}).second) {
+              std::cerr << "lockstep: rank " << w->rank() << " left no "
+                        << (is_stderr ? "stderr" : "stdout") << " on node " << w->node_id()
+                        << " (it never started: lockstep status " << id << " says why)\n";
+            }
             continue;
           }
           const std::string where = absl::StrCat("; the file is ",

@@ -20,6 +20,7 @@
 #include <memory>
 #include <sstream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/openssl_ptr.h"
@@ -27,6 +28,32 @@
 namespace lockstep {
 namespace certs {
 namespace {
+
+// An IPv4 or IPv6 address, or a DNS name: dot-separated labels of letters,
+// digits, hyphens (not first or last) and underscores, 1-63 bytes each and
+// 253 in all. Either is also a safe file name for its certificate.
+bool IsDnsNameOrIp(const std::string& host) {
+  unsigned char addr[sizeof(struct in6_addr)];
+  if (inet_pton(AF_INET, host.c_str(), addr) == 1 || inet_pton(AF_INET6, host.c_str(), addr) == 1) {
+    return true;
+  }
+  if (host.empty() || host.size() > 253) return false;
+  for (size_t start = 0;;) {
+    const size_t dot = host.find('.', start);
+    const size_t end = dot == std::string::npos ? host.size() : dot;
+    if (end == start || end - start > 63 || host[start] == '-' || host[end - 1] == '-') {
+      return false;
+    }
+    for (size_t i = start; i < end; ++i) {
+      const char c = host[i];
+      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '-' || c == '_';
+      if (!ok) return false;
+    }
+    if (dot == std::string::npos) return true;
+    start = dot + 1;
+  }
+}
 
 using openssl::Bignum;
 using openssl::Bio;
@@ -248,12 +275,19 @@ StatusOr<std::vector<std::string>> WriteClusterCerts(const std::string& dir,
                                                      const std::vector<std::string>& hosts,
                                                      int days) {
   if (hosts.empty()) return absl::InvalidArgumentError("no hosts: name every node's address");
-  if (days < 1) return absl::InvalidArgumentError(absl::StrCat("days must be >= 1, got ", days));
+  if (days < 1 || days > kMaxCertDays) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("days must be 1 to ", kMaxCertDays, " (100 years), got ", days));
+  }
   for (const std::string& host : hosts) {
-    if (host.empty() || host == "ca" || host == "client" || host == "worker" || host.find('/') != std::string::npos ||
-        host[0] == '.') {
+    if (host == "ca" || host == "client" || host == "worker") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "host '", host, "' cannot name a certificate file (want a DNS name or an IP address)"));
+          "host '", host, "' would overwrite the ", host, " certificate (want a DNS name or an "
+          "IP address of a node)"));
+    }
+    if (!IsDnsNameOrIp(host)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host '", absl::CHexEscape(host), "' is neither a DNS name nor an IP address"));
     }
   }
   // As `mkdir -p`: /etc/lockstep/tls on a host that has no /etc/lockstep.
@@ -285,9 +319,9 @@ StatusOr<std::vector<std::string>> WriteClusterCerts(const std::string& dir,
                                 now + std::chrono::hours(24) * (days + 365)));
     RETURN_IF_ERROR(WriteFileAtomically(ca_key_path, ca.key_pem, 0600));
     RETURN_IF_ERROR(WriteFileAtomically(ca_cert_path, ca.cert_pem, 0644));
+    written.push_back(ca_cert_path);
+    written.push_back(ca_key_path);
   }
-  written.push_back(ca_cert_path);
-  written.push_back(ca_key_path);
   auto issue = [&](const std::string& name, CertOptions options) -> Status {
     options.not_before = not_before;
     options.not_after = not_after;

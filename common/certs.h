@@ -35,6 +35,8 @@ using SystemTime = std::chrono::system_clock::time_point;
 
 // Certificates made without --days last this long.
 inline constexpr int kDefaultCertDays = 365;
+// Past this the expiry passes 2262, beyond what system_clock holds.
+inline constexpr int kMaxCertDays = 36500;
 
 // A private key and its certificate, both PEM.
 struct KeyAndCert {
@@ -68,8 +70,10 @@ StatusOr<KeyAndCert> IssueCert(const KeyAndCert& ca, const CertOptions& options)
 
 // Writes the files described above for `hosts` into `dir` (created 0755 if
 // missing, with its missing parents, as `mkdir -p`), certificates valid for
-// `days` from now. Returns the paths written, CA first. InvalidArgument for
-// no hosts, days < 1 or a host that is not a usable file name;
+// `days` from now. Returns the paths written, CA first (an existing CA is
+// reused, not written, and not among them). InvalidArgument for no hosts,
+// days outside 1..kMaxCertDays, or a host that is neither a DNS name nor an
+// IP address (or is "ca", "client" or "worker");
 // PermissionDenied (no access) / FailedPrecondition (say, a file where a
 // directory should be) naming the directory that could not be made;
 // PermissionDenied / Unavailable naming the file that could not be written.

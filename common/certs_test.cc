@@ -77,8 +77,12 @@ TEST(CertsTest, WriteClusterCertsWritesEveryFileAndReusesTheCa) {
                                Read(dir + "/node1.key"), now, "ca", "c", "k")
                   .ok());
   const std::string ca = Read(dir + "/ca.pem");
-  ASSERT_TRUE(WriteClusterCerts(dir, {"node3"}, 30).ok());
+  auto again = WriteClusterCerts(dir, {"node3"}, 30);
+  ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(Read(dir + "/ca.pem"), ca) << "a second run must keep the CA";
+  // Reused, not written: node3's, the client's and the workers' pairs only.
+  EXPECT_EQ(again->size(), 6u);
+  for (const std::string& path : *again) EXPECT_EQ(path.find("/ca."), std::string::npos) << path;
   EXPECT_TRUE(CheckTlsMaterial(ca, Read(dir + "/node3.pem"), Read(dir + "/node3.key"), now, "ca",
                                "c", "k")
                   .ok());
@@ -86,6 +90,17 @@ TEST(CertsTest, WriteClusterCertsWritesEveryFileAndReusesTheCa) {
   EXPECT_EQ(WriteClusterCerts(dir, {"a/b"}, 30).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WriteClusterCerts(dir, {"x"}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  // Past 36500 days the expiry overflows system_clock (2262).
+  EXPECT_EQ(WriteClusterCerts(dir, {"x"}, kMaxCertDays + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (const char* bad : {"bad host", "-lead", "trail-.x", "a..b", ".x", "x/y", "nul\x01"}) {
+    EXPECT_EQ(WriteClusterCerts(dir, {bad}, 30).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  for (const char* good : {"node-1.example.org", "under_score", "10.1.2.3", "fe80::1"}) {
+    EXPECT_TRUE(WriteClusterCerts(dir, {good}, 30).ok()) << good;
+  }
   EXPECT_EQ(WriteClusterCerts(dir, {"worker"}, 30).status().code(),
             absl::StatusCode::kInvalidArgument)
       << "a host named worker would overwrite the workers' certificate";

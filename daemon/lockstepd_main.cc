@@ -235,7 +235,12 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   if (!c.coordinator && c.coordinator_address.empty()) {
     return absl::InvalidArgumentError("--coordinator-address is required without --coordinator");
   }
-  if (c.lease_s <= 0 || c.heartbeat_interval_s <= 0 || c.heartbeat_interval_s * 3 > c.lease_s) {
+  if (!(c.lease_s > 0) || !(c.heartbeat_interval_s > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lease-s and --heartbeat-interval-s must be more than 0 (got ", c.lease_s, " and ",
+        c.heartbeat_interval_s, ")"));
+  }
+  if (c.heartbeat_interval_s * 3 > c.lease_s) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--lease-s must be at least 3x --heartbeat-interval-s (got ", c.lease_s, " and ",
         c.heartbeat_interval_s, ")"));

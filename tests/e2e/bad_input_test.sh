@@ -15,6 +15,9 @@ expect_error() {
 
 expect_error "spec.command: empty" ls_cli submit --name bad-one --nodes 1 --
 expect_error "spec.nproc_per_node" ls_cli submit --nproc-per-node 0 -- /bin/true
+# A spec the coordinator refuses is a usage error, as the client's own checks are.
+rc=0; ls_cli submit --nproc-per-node 0 -- /bin/true 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "a refused spec exited $rc, want 2 (usage)"
 expect_error "spec.nodes: min 3 > max 2" ls_cli submit --nodes 3:2 -- /bin/true
 expect_error "spec.max_restarts" ls_cli submit --max-restarts -1 -- /bin/true
 expect_error "\-\-nodes: expected N or MIN:MAX" ls_cli submit --nodes x -- /bin/true

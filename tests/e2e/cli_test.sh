@@ -89,6 +89,27 @@ expect_usage 'did you mean --nproc-per-node?' ls_cli submit --nproc-per-nod 2 --
 expect_usage 'list takes no arguments, got "extra"' ls_cli list extra
 expect_usage 'nodes takes no arguments' ls_cli nodes extra
 expect_usage 'unknown flag -q' ls_cli logs -q "$job"
+expect_usage 'lockstep run runs on this host only: --nodes must be 1, got "2"' \
+  "$LOCKSTEP" run --nodes 2 -- /bin/true
+expect_usage 'must be more than 0 (got 45 and 0)' \
+  "$LOCKSTEPD" --state-dir "$T/hb0" --coordinator-address 127.0.0.1:1 --heartbeat-interval-s 0
+
+# certs: the CA a second run finds is reused and said so, not "wrote";
+# --days past what a certificate's clock holds, and a host that is neither a
+# DNS name nor an IP address, are refused naming them.
+"$LOCKSTEP" certs --out "$T/certs" --hosts node-1,10.0.0.2,::1 >"$T/certs1.txt" ||
+  fail "lockstep certs: $(cat "$T/certs1.txt")"
+grep -qx "wrote $T/certs/ca.pem" "$T/certs1.txt" || fail "the first certs run did not write the CA: $(cat "$T/certs1.txt")"
+"$LOCKSTEP" certs --out "$T/certs" --hosts node-2 >"$T/certs2.txt" || fail "lockstep certs again: $(cat "$T/certs2.txt")"
+grep -q "^reused $T/certs/ca.pem and $T/certs/ca.key" "$T/certs2.txt" &&
+  ! grep -q "^wrote $T/certs/ca" "$T/certs2.txt" && grep -qx "wrote $T/certs/node-2.pem" "$T/certs2.txt" ||
+  fail "the second certs run did not say it reused the CA: $(cat "$T/certs2.txt")"
+expect_usage 'days must be 1 to 36500 (100 years), got 100000' \
+  "$LOCKSTEP" certs --out "$T/certs" --hosts node-3 --days 100000
+expect_usage "host 'bad host' is neither a DNS name nor an IP address" \
+  "$LOCKSTEP" certs --out "$T/certs" --hosts "bad host"
+[ ! -e "$T/certs/node-3.pem" ] && [ ! -e "$T/certs/bad host.pem" ] || fail "a refused certs run wrote a certificate"
+
 
 grep -qx "lockstep [0-9.]*" <<<"$("$LOCKSTEP" --version)" || fail "lockstep --version: $("$LOCKSTEP" --version)"
 grep -qx "lockstepd [0-9.]*" <<<"$("$LOCKSTEPD" --version)" || fail "lockstepd --version: $("$LOCKSTEPD" --version)"
@@ -139,5 +160,12 @@ err=$("$LOCKSTEP" --coordinator "$COORD" --token-file "$T/no-such-token" list 2>
 cp "$TOKEN" "$T/open-token" && chmod 0644 "$T/open-token"
 err=$("$LOCKSTEP" --coordinator "$COORD" --token-file "$T/open-token" list 2>&1) && fail "an open token file was used"
 grep -q "(mode 0644)" <<<"$err" || fail "the token file's mode is not printed in octal: $err"
+# A worker that never starts (an unknown user): logs --follow ends with the
+# job's state and exit 3, saying the rank left no output, not a read error.
+never=$(ls_cli submit --detach --run-as lockstep-no-such-user -- /bin/true | sed -n 's/^submitted job //p')
+rc=0; ls_cli logs "$never" --follow >/dev/null 2>"$T/never.err" || rc=$?
+[ "$rc" = 3 ] && grep -q "rank 0 left no stdout on node .* (it never started: lockstep status $never says why)" "$T/never.err" &&
+  grep -q "job $never FAILED" "$T/never.err" ||
+  fail "logs --follow of a job whose worker never started: exit $rc: $(cat "$T/never.err")"
 check_invariants "$job" 0
 log "PASS"
