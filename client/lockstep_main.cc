@@ -28,6 +28,7 @@
 #include <tuple>
 #include <thread>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -108,9 +109,13 @@ void InstallStopHandlers() {
   ::sigaction(SIGTERM, &sa, nullptr);
 }
 
-struct UsageError {
-  std::string message;
-};
+// Marks a status from deep in a command (a flag combination checked where
+// it is used) as bad usage: main prints it as any error, and exits 2.
+constexpr char kUsagePayload[] = "lockstep.client/usage";
+Status AsUsage(Status s) {
+  s.SetPayload(kUsagePayload, absl::Cord());
+  return s;
+}
 
 // The directory this CLI runs in, as the user's shell names it: $PWD when
 // it is this directory (a path through a symlink, e.g. a shared mount,
@@ -187,6 +192,14 @@ class Cli {
     tls.ca_file = common_.tls_ca;
     tls.cert_file = common_.tls_cert;
     tls.key_file = common_.tls_key;
+    // Flags that cannot go together are bad usage (exit 2); a file that is
+    // not what it should be is CheckTlsConfig's to name (exit 1).
+    if ((!tls.cert_file.empty() || !tls.key_file.empty()) && tls.ca_file.empty()) {
+      return AsUsage(absl::InvalidArgumentError("--tls-cert and --tls-key need --tls-ca"));
+    }
+    if (tls.cert_file.empty() != tls.key_file.empty()) {
+      return AsUsage(absl::InvalidArgumentError("--tls-cert and --tls-key go together"));
+    }
     RETURN_IF_ERROR(rendezvous::CheckTlsConfig(tls, /*need_identity=*/false));
     rendezvous::SetProcessTls(tls);
     return absl::OkStatus();
@@ -1258,7 +1271,7 @@ int Main(int argc, char** argv) {
   if (!result.ok()) {
     std::cerr << "lockstep: " << absl::StatusCodeToString(result.status().code()) << ": "
               << Printable(result.status().message()) << "\n";
-    return kExitRpc;
+    return result.status().GetPayload(kUsagePayload).has_value() ? kExitUsage : kExitRpc;
   }
   return *result;
 }

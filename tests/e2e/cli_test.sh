@@ -91,6 +91,8 @@ expect_usage 'nodes takes no arguments' ls_cli nodes extra
 expect_usage 'unknown flag -q' ls_cli logs -q "$job"
 expect_usage 'lockstep run runs on this host only: --nodes must be 1, got "2"' \
   "$LOCKSTEP" run --nodes 2 -- /bin/true
+expect_usage '--tls-cert and --tls-key need --tls-ca' \
+  env LOCKSTEP_TLS_CA= "$LOCKSTEP" --coordinator "$COORD" --token-file "$TOKEN" --tls-cert x --tls-key y list
 expect_usage 'must be more than 0 (got 45 and 0)' \
   "$LOCKSTEPD" --state-dir "$T/hb0" --coordinator-address 127.0.0.1:1 --heartbeat-interval-s 0
 
