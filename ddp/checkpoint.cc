@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 #include <utility>
 
@@ -118,6 +120,71 @@ Status WriteSynced(torch::serialize::OutputArchive& archive, const std::string& 
   if (status.ok() && ::fsync(fd) != 0) status = Errno("cannot fsync", path);
   if (::close(fd) != 0 && status.ok()) status = Errno("cannot close", path);
   return status;
+}
+
+// The dir's round fence (file comment in checkpoint.h): `<dir>/lockstep-round`
+// holds the newest round that restored from or saved into `dir`, read and
+// raised under flock on `<dir>/lockstep.lock`, which a save holds from that
+// check through its rename.
+constexpr char kRoundFile[] = "lockstep-round";
+constexpr char kLockFile[] = "lockstep.lock";
+
+class DirLock {
+ public:
+  static StatusOr<DirLock> Take(const std::string& dir) {
+    const std::string path = (fs::path(dir) / kLockFile).string();
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Errno("cannot open", path);
+    while (::flock(fd, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      Status s = Errno("cannot lock", path);
+      ::close(fd);
+      return s;
+    }
+    return DirLock(fd);
+  }
+  DirLock(DirLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+  DirLock& operator=(DirLock&&) = delete;
+  ~DirLock() {
+    if (fd_ >= 0) ::close(fd_);  // Releases the flock.
+  }
+
+ private:
+  explicit DirLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+// The dir's fence round; 0 when no round set one. REQUIRES: its DirLock held.
+StatusOr<int64_t> FenceRound(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kRoundFile).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return int64_t{0};
+  std::ifstream in(path);
+  int64_t round = 0;
+  if (!(in >> round)) {
+    return absl::DataLossError(absl::StrCat("checkpoint round fence ", path, " does not hold a round"));
+  }
+  return round;
+}
+
+Status SyncDir(const std::string& dir);
+
+// Raises the dir's fence round to `round` (never lowers it), atomically.
+// REQUIRES: its DirLock held.
+Status RaiseFenceRound(const std::string& dir, int64_t round) {
+  ASSIGN_OR_RETURN(const int64_t fence, FenceRound(dir));
+  if (round <= fence) return absl::OkStatus();
+  const std::string path = (fs::path(dir) / kRoundFile).string();
+  const std::string temp = absl::StrCat(path, ".tmp-", ::getpid());
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << round << "\n";
+    if (!out.flush()) return Errno("cannot write", temp);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) return Errno(absl::StrCat("cannot rename ", temp, " to"), path);
+  return SyncDir(dir);
 }
 
 Status SyncDir(const std::string& dir) {
@@ -235,8 +302,23 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
   }
   fs::remove(temp_path, ec);  // A leftover of an earlier process with this pid.
   Status status = WriteSynced(archive, temp_path);
-  if (status.ok() && ::rename(temp_path.c_str(), final_path.c_str()) != 0) {
-    status = Errno(absl::StrCat("cannot rename ", temp_path, " to"), final_path);
+  {
+    // The round fence, from its check through the rename: a writer of an
+    // older round than one that has restored or saved here is refused.
+    StatusOr<DirLock> lock = DirLock::Take(dir);
+    if (status.ok()) status = lock.status();
+    StatusOr<int64_t> fence = status.ok() ? FenceRound(dir) : StatusOr<int64_t>(status);
+    if (status.ok()) status = fence.status();
+    if (status.ok() && info.round < *fence) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint of step ", info.step, " from round ", info.round, " refused: round ", *fence,
+          " has restored from or saved into ", dir,
+          " since (this worker belongs to a round that has ended and should have stopped)"));
+    }
+    if (status.ok()) status = RaiseFenceRound(dir, info.round);
+    if (status.ok() && ::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+      status = Errno(absl::StrCat("cannot rename ", temp_path, " to"), final_path);
+    }
   }
   if (!status.ok()) {
     fs::remove(temp_path, ec);
@@ -255,11 +337,17 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
 
 StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string& dir,
                                                               torch::nn::Module& module,
-                                                              torch::optim::Optimizer* optimizer) {
+                                                              torch::optim::Optimizer* optimizer,
+                                                              int round) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint dir ", dir, " exists and is not a directory"));
+  }
+  if (round > 0 && fs::is_directory(dir, ec)) {
+    // This round claims the dir: from now on an older round's save is refused.
+    ASSIGN_OR_RETURN(DirLock lock, DirLock::Take(dir));
+    RETURN_IF_ERROR(RaiseFenceRound(dir, round));
   }
   ASSIGN_OR_RETURN(auto steps, ListSteps(dir));
   if (steps.empty()) return std::optional<RestoredCheckpoint>();

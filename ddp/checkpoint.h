@@ -18,6 +18,14 @@
 // or none; temp files left by a writer that died are never read and are
 // removed by the next save. The newest `keep` checkpoints are kept.
 //
+// Rounds (DESIGN.md: a side effect that must not happen twice carries the
+// round, and a write from an older round is refused): `<dir>/lockstep-round`
+// holds the newest round that restored from (RestoreCheckpoint with its
+// round) or saved into the dir, raised under flock on `<dir>/lockstep.lock`.
+// A save from an older round is refused (FailedPrecondition): a worker of a
+// round that has ended, which lockstepd's fencing should already have
+// stopped, cannot overwrite what the new round resumed from.
+//
 // DDP (cross-process invariant): every rank must resume from the same step,
 // with the same parameters and its own copy of the optimizer state. Each rank
 // reads the newest checkpoint itself. Call RestoreCheckpoint after
@@ -75,7 +83,8 @@ struct RestoredCheckpoint {
 // Blocks for the write and its fsyncs.
 // Errors: Internal naming the path for a failed write, fsync or rename (the
 // previous checkpoints are then untouched); InvalidArgument for a negative
-// step or keep < 1.
+// step or keep < 1; FailedPrecondition, naming both rounds, when a newer
+// round than info.round has restored from or saved into `dir` (see Rounds).
 Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& info,
                       const torch::nn::Module& module, const torch::optim::Optimizer* optimizer,
                       const CheckpointOptions& options = {});
@@ -84,7 +93,9 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
 // the existing parameters and buffers, which keep their storage) and, if not
 // null, into `optimizer`. Call on every rank (see file comment).
 // Returns nullopt when `dir` does not exist or holds no checkpoint (start
-// fresh); temp files are ignored.
+// fresh); temp files are ignored. `round` > 0 (the caller's LOCKSTEP_ROUND)
+// first raises the dir's fence round to it, if the dir exists: older rounds'
+// saves are refused from then on. 0: no fence.
 // Errors, each naming the file: DataLoss for a file that is not a complete
 // checkpoint (truncated, corrupt, wrong format); FailedPrecondition when it
 // does not match the model (a missing name, another shape or dtype) or the
@@ -92,7 +103,8 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
 // the optimizer may be partly loaded, so treat the error as fatal.
 StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string& dir,
                                                               torch::nn::Module& module,
-                                                              torch::optim::Optimizer* optimizer);
+                                                              torch::optim::Optimizer* optimizer,
+                                                              int round = 0);
 
 // The complete checkpoints in `dir`, newest (highest step) first; empty if
 // `dir` does not exist. Errors: Internal if it cannot be listed.

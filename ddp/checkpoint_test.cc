@@ -189,6 +189,40 @@ TEST(CheckpointTest, KeepsTheNewestCheckpointsAndRestoresTheNewest) {
   EXPECT_EQ((*restored)->info.step, 40);
 }
 
+// DESIGN.md: a side effect that must not happen twice carries the round,
+// and a write from an older round is refused. Round 2 restoring claims the
+// dir; a late save from round 1 (a worker the fencing missed) is refused and
+// leaves the checkpoints as they were; round 2's own save goes through.
+TEST(CheckpointTest, ASaveFromARoundOlderThanOneThatRestoredIsRefused) {
+  const std::string dir = FreshDir("rounds");
+  Net net;
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {10, 1, 2}, *net, nullptr).ok());
+  auto restored = RestoreCheckpoint(dir, *net, nullptr, /*round=*/2);
+  ASSERT_TRUE(restored.ok() && restored->has_value()) << restored.status();
+  EXPECT_EQ((*restored)->info.step, 10);
+  Status late = SaveCheckpoint(dir, 0, {20, 1, 2}, *net, nullptr);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_THAT(std::string(late.message()),
+              HasSubstr("checkpoint of step 20 from round 1 refused: round 2 has restored from"))
+      << late;
+  auto list = ListCheckpoints(dir);
+  ASSERT_TRUE(list.ok());
+  EXPECT_THAT(Names(*list), ElementsAre("ckpt-000000000010.pt"));
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos)
+        << "the refused save left " << entry.path();
+  }
+  EXPECT_TRUE(SaveCheckpoint(dir, 0, {20, 2, 2}, *net, nullptr).ok());
+  // A save raises the fence too: round 3's save, then round 2's is refused.
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {30, 3, 2}, *net, nullptr).ok());
+  EXPECT_EQ(SaveCheckpoint(dir, 0, {31, 2, 2}, *net, nullptr).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Restoring without a round (0) claims nothing and reads the newest.
+  restored = RestoreCheckpoint(dir, *net, nullptr);
+  ASSERT_TRUE(restored.ok() && restored->has_value());
+  EXPECT_EQ((*restored)->info.step, 30);
+}
+
 // A writer killed mid-save leaves only a temp file: readers ignore it (the
 // previous checkpoint wins) and the next save removes it; a temp file whose
 // writer still runs is left alone.

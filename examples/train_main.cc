@@ -208,7 +208,7 @@ Status Run(const Config& cfg) {
   // environment names no job), so both components' lines agree.
   const Logger log("train", group ? group->env().job_id : "local", rank);
   if (!cfg.checkpoint_dir.empty()) {
-    ASSIGN_OR_RETURN(auto restored, ddp::RestoreCheckpoint(cfg.checkpoint_dir, *w.root, &opt));
+    ASSIGN_OR_RETURN(auto restored, ddp::RestoreCheckpoint(cfg.checkpoint_dir, *w.root, &opt, round));
     if (restored) {
       first_step = restored->info.step + 1;
       log.Info("resumed from step {} (round {}) in round {}: {} (world size {})",

@@ -80,7 +80,8 @@ lockstep::Status Train(const Flags& flags) {
   int64_t first_step = 1;
   if (!flags.checkpoint_dir.empty()) {
     ASSIGN_OR_RETURN(auto restored,
-                     lockstep::ddp::RestoreCheckpoint(flags.checkpoint_dir, *model, &opt));
+                     lockstep::ddp::RestoreCheckpoint(flags.checkpoint_dir, *model, &opt,
+                                                     env.round));
     if (restored) first_step = restored->info.step + 1;
   }
   ASSIGN_OR_RETURN(auto ddp, lockstep::ddp::DistributedDataParallel::Create(
