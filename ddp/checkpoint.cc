@@ -344,8 +344,10 @@ StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string&
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint dir ", dir, " exists and is not a directory"));
   }
-  if (round > 0 && fs::is_directory(dir, ec)) {
-    // This round claims the dir: from now on an older round's save is refused.
+  if (round > 0 && fs::is_directory(dir, ec) && ::access(dir.c_str(), W_OK) == 0) {
+    // This round claims the dir: from now on an older round's save is
+    // refused. (A dir this worker cannot write, read-only checkpoints to
+    // start from, takes no save either: nothing to claim.)
     ASSIGN_OR_RETURN(DirLock lock, DirLock::Take(dir));
     RETURN_IF_ERROR(RaiseFenceRound(dir, round));
   }

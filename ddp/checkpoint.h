@@ -94,8 +94,9 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
 // null, into `optimizer`. Call on every rank (see file comment).
 // Returns nullopt when `dir` does not exist or holds no checkpoint (start
 // fresh); temp files are ignored. `round` > 0 (the caller's LOCKSTEP_ROUND)
-// first raises the dir's fence round to it, if the dir exists: older rounds'
-// saves are refused from then on. 0: no fence.
+// first raises the dir's fence round to it, if the dir exists and this
+// process may write it: older rounds' saves are refused from then on.
+// 0: no fence.
 // Errors, each naming the file: DataLoss for a file that is not a complete
 // checkpoint (truncated, corrupt, wrong format); FailedPrecondition when it
 // does not match the model (a missing name, another shape or dtype) or the

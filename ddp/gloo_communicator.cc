@@ -244,7 +244,8 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(rendezvous:
   RETURN_IF_ERROR(Annotate(store->Set(arrived[rank].second, "1"), who + ": publishing arrival"));
   const Logger log = Logger("ddp").WithRank(rank);
   const ProgressLog progress = [log](const std::string& line) { log.Info("{}", line); };
-  RETURN_IF_ERROR(WaitForRanks(store, arrived, options.connect_timeout, what, progress));
+  RETURN_IF_ERROR(WaitForRanks(store, arrived, options.connect_timeout, what, progress,
+                               kBootstrapProgressInterval, options.global_ranks));
 
   std::string last_failure;
   for (int attempt = 0; attempt < kMaxMeshAttempts; ++attempt) {
@@ -259,7 +260,7 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(rendezvous:
                              who + ": publishing its mesh check"));
     RETURN_IF_ERROR(WaitForRanks(store, verdicts, options.connect_timeout,
                                  absl::StrCat(who, " checking mesh attempt ", attempt + 1),
-                                 progress));
+                                 progress, kBootstrapProgressInterval, options.global_ranks));
     std::vector<std::string> failures;
     for (const auto& [r, key] : verdicts) {
       auto verdict = store->Get(key, Duration::zero());
@@ -308,7 +309,7 @@ Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::str
       store_, absl::StrCat(options_.key_prefix, "/failed/", seq, "/"), rank_, world_size_, grace_);
   // Either way a peer is gone or unreachable: this rank's failure follows
   // another's (the agent reads the mark when this worker exits).
-  worker_link::MarkPeerLost(missing.empty() ? -1 : missing.front());
+  MarkPeerLost(options_.global_ranks, missing.empty() ? -1 : missing.front());
   const std::string head = absl::StrCat("gloo ", name, " #", seq, " on rank ", rank_, " failed");
   if (!missing.empty()) {
     return absl::DeadlineExceededError(

@@ -44,6 +44,7 @@
 #include "common/status.h"
 #include "ddp/collective_queue.h"
 #include "ddp/communicator.h"
+#include "ddp/missing_ranks.h"
 #include "rendezvous/store.h"
 
 namespace gloo {
@@ -80,6 +81,9 @@ struct GlooOptions {
   // ~10-30% less CPU per large allreduce than 1 MB on loopback here
   // (bench/allreduce_bench --segment-kb).
   size_t max_segment_bytes = kDefaultGlooSegmentBytes;
+  // This communicator's ranks as the job's, for the lost-peer mark.
+  // Default: the identity (a communicator over the whole job).
+  RankMap global_ranks;
 };
 
 class GlooCommunicator : public Communicator {

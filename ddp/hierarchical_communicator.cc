@@ -32,6 +32,7 @@ StatusOr<std::unique_ptr<HierarchicalCommunicator>> HierarchicalCommunicator::Cr
   shm.key_prefix = absl::StrCat(options.key_prefix, "/node", l.node_rank);
   shm.hostname = options.hostname;
   shm.progress = options.progress;
+  shm.global_ranks = HostRanks(l);
   auto local = ShmCommunicator::Create(store, l.local_rank, l.local_world_size, shm);
   if (!local.ok()) {
     return Annotate(local.status(), absl::StrCat("shm+gloo: shared memory on node ", l.node_rank));
@@ -43,6 +44,7 @@ StatusOr<std::unique_ptr<HierarchicalCommunicator>> HierarchicalCommunicator::Cr
     gloo.timeout = options.timeout;
     gloo.connect_timeout = options.connect_timeout;
     gloo.key_prefix = absl::StrCat(options.key_prefix, "/leaders");
+    gloo.global_ranks = LeaderRanks(l);
     auto mesh = GlooCommunicator::Create(store, l.node_rank, l.num_nodes, gloo);
     if (!mesh.ok()) {
       return Annotate(mesh.status(),
@@ -53,6 +55,14 @@ StatusOr<std::unique_ptr<HierarchicalCommunicator>> HierarchicalCommunicator::Cr
   }
   return std::unique_ptr<HierarchicalCommunicator>(new HierarchicalCommunicator(
       layout, std::move(options), std::move(*local), std::move(leaders)));
+}
+
+RankMap HostRanks(const HierarchicalLayout& layout) {
+  return RankMap{layout.node_rank * layout.local_world_size, 1};
+}
+
+RankMap LeaderRanks(const HierarchicalLayout& layout) {
+  return RankMap{0, layout.local_world_size};
 }
 
 HierarchicalCommunicator::HierarchicalCommunicator(const HierarchicalLayout& layout,

@@ -61,6 +61,14 @@ struct HierarchicalLayout {
   int num_nodes = 1;
 };
 
+// How the sub-communicators' ranks map to the job's (rank = node_rank *
+// local_world_size + local_rank), so a lost peer is marked by its global
+// rank: the host's shared-memory ranks are its local ranks; the leaders'
+// Gloo ranks are node ranks, each standing for its node's leader (local
+// rank 0).
+RankMap HostRanks(const HierarchicalLayout& layout);
+RankMap LeaderRanks(const HierarchicalLayout& layout);
+
 struct HierarchicalOptions {
   // Every sub-collective's timeout; a collective may take up to three times
   // it. Default: kDefaultCollectiveTimeout.

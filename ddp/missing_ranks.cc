@@ -24,9 +24,11 @@ std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::strin
   return missing;
 }
 
+void MarkPeerLost(const RankMap& map, int rank) { worker_link::MarkPeerLost(map.Global(rank)); }
+
 Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, std::string>>& keys,
                     Duration timeout, const std::string& what, const ProgressLog& progress,
-                    Duration interval) {
+                    Duration interval, const RankMap& map) {
   const MonoTime start = RealClock()->Now();
   const MonoTime deadline = start + timeout;
   std::vector<std::pair<int, std::string>> missing = keys;
@@ -51,7 +53,7 @@ Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, s
     if (RealClock()->Now() >= deadline) {
       // Those ranks never came: this worker's failure follows theirs (its
       // agent tells the coordinator, which blames the first of them).
-      worker_link::MarkPeerLost(ranks.front());
+      MarkPeerLost(map, ranks.front());
       return absl::DeadlineExceededError(absl::StrCat(what, ": ranks ", FormatRanks(ranks),
                                                       " did not arrive within ",
                                                       ToSeconds(timeout), " s"));

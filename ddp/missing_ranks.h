@@ -25,6 +25,20 @@ namespace ddp {
 std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::string& base,
                                       int rank, int world_size, Duration grace);
 
+// How a communicator's ranks map to the job's global ranks, for the
+// lost-peer mark (worker_link::MarkPeerLost, which the coordinator reads as
+// a global rank): global = base + stride * rank. The identity for a
+// communicator over the whole job; HierarchicalCommunicator gives its
+// per-host and leaders' communicators theirs.
+struct RankMap {
+  int base = 0;
+  int stride = 1;
+  int Global(int rank) const { return rank < 0 ? -1 : base + stride * rank; }
+};
+
+// worker_link::MarkPeerLost of `rank` (-1: not known) in `map`'s numbering.
+void MarkPeerLost(const RankMap& map, int rank);
+
 // How often a bootstrap wait logs whom it still waits for.
 inline constexpr Duration kBootstrapProgressInterval = std::chrono::seconds(5);
 
@@ -38,9 +52,10 @@ using ProgressLog = std::function<void(const std::string& line)>;
 // [..] (Ns of Ts)", so a rank whose peer never starts says whom it waits for.
 // Errors: DeadlineExceeded "<what>: ranks [..] did not arrive within T s";
 // the store's other errors, annotated with `what`.
+// The rank it gives up on is marked lost through `map`.
 Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, std::string>>& keys,
                     Duration timeout, const std::string& what, const ProgressLog& progress,
-                    Duration interval = kBootstrapProgressInterval);
+                    Duration interval = kBootstrapProgressInterval, const RankMap& map = {});
 
 // "[1, 3]".
 std::string FormatRanks(const std::vector<int>& ranks);

@@ -266,7 +266,8 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
   } else {
     const std::string what = absl::StrCat(who, " waiting for rank 0's shared-memory segment");
     RETURN_IF_ERROR(WaitForRanks(store, {{0, prefix + "/segment"}}, options.connect_timeout, what,
-                                 options.progress));
+                                 options.progress, kBootstrapProgressInterval,
+                                 options.global_ranks));
     auto published = store->Get(prefix + "/segment", std::chrono::seconds(5));
     if (!published.ok()) return Annotate(published.status(), who + ": reading rank 0's segment");
     auto host0 = store->Get(prefix + "/host/0", std::chrono::seconds(5));
@@ -337,7 +338,7 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
   }
   segment->CloseFd();
   if (!missing.empty()) {
-    worker_link::MarkPeerLost(missing.front());  // they never came: theirs is the failure
+    MarkPeerLost(options.global_ranks, missing.front());  // they never came: theirs is the failure
     return absl::DeadlineExceededError(
         absl::StrCat(who, ": ranks ", FormatRanks(missing), " never attached to the segment within ",
                      ToSeconds(options.connect_timeout), " s"));
@@ -401,13 +402,13 @@ Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline
       missing.push_back(r);
       const auto pid = static_cast<pid_t>(segment_->control(r)->pid.load(std::memory_order_relaxed));
       if (check_pids && segment_->check_pid[r] && ProcessExited(pid)) {
-        worker_link::MarkPeerLost(r);  // this rank follows r's failure
+        MarkPeerLost(options_.global_ranks, r);  // this rank follows r's failure
         return absl::UnavailableError(absl::StrCat("shm ", name, " #", seq, " on rank ", rank_,
                                                    ": rank ", r, " (pid ", pid, ") exited"));
       }
     }
     if (now > deadline) {
-      worker_link::MarkPeerLost(missing.empty() ? -1 : missing.front());
+      MarkPeerLost(options_.global_ranks, missing.empty() ? -1 : missing.front());
       return absl::DeadlineExceededError(
           absl::StrCat("shm ", name, " #", seq, " on rank ", rank_, ": ranks ",
                        FormatRanks(missing), " did not arrive within ",
@@ -473,7 +474,8 @@ StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::Sc
   } else {
     RETURN_IF_ERROR(WaitForRanks(store_, {{0, key}}, options_.connect_timeout,
                                  absl::StrCat(who, " waiting for rank 0's ", what),
-                                 options_.progress));
+                                 options_.progress, kBootstrapProgressInterval,
+                                 options_.global_ranks));
     auto published = store_->Get(key, std::chrono::seconds(5));
     if (!published.ok()) return Annotate(published.status(), absl::StrCat(who, ": reading ", what));
     if (*published == "-") {
@@ -496,7 +498,8 @@ StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::Sc
   for (int r = 0; r < world_size_; ++r) verdicts.push_back({r, absl::StrCat(key, "/mapped/", r)});
   RETURN_IF_ERROR(WaitForRanks(store_, verdicts, options_.connect_timeout,
                                absl::StrCat(who, " waiting for every rank to map ", what),
-                               options_.progress));
+                               options_.progress, kBootstrapProgressInterval,
+                               options_.global_ranks));
   for (const auto& [r, verdict_key] : verdicts) {
     auto verdict = store_->Get(verdict_key, std::chrono::seconds(5));
     if (!verdict.ok()) return Annotate(verdict.status(), absl::StrCat(who, ": reading ", what));

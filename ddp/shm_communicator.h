@@ -102,6 +102,9 @@ struct ShmOptions {
   // Told every few seconds whom the bootstrap still waits for. Default: none
   // (InitFromEnv logs it).
   ProgressLog progress;
+  // This communicator's ranks as the job's, for the lost-peer mark.
+  // Default: the identity (a communicator over the whole job).
+  RankMap global_ranks;
 };
 
 class ShmCommunicator : public Communicator {

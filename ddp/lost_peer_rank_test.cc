@@ -1,0 +1,120 @@
+// The lost-peer mark a worker leaves for its agent (common/worker_link.h)
+// names a global rank, the one the coordinator blames, also when it comes
+// from one of HierarchicalCommunicator's sub-communicators, whose ranks are
+// a host's local ranks (shared memory) or node ranks (the leaders' Gloo).
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/worker_link.h"
+#include "ddp/gloo_communicator.h"
+#include "ddp/hierarchical_communicator.h"
+#include "ddp/shm_communicator.h"
+#include "gtest/gtest.h"
+#include "rendezvous/file_store.h"
+
+namespace lockstep {
+namespace ddp {
+namespace {
+
+// Runs `body` in one process per rank over a FileStore; true per rank that
+// returned true. (The parent never touches worker_link: it caches the
+// status page at its first use in a process, and each rank must find its
+// own in the environment.)
+std::vector<bool> RunRankProcesses(int world, const std::function<bool(int, rendezvous::Store*)>& body) {
+  const std::string base = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+  std::string dir = base + "/lost_peer_XXXXXX";
+  EXPECT_NE(mkdtemp(dir.data()), nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      auto store = rendezvous::FileStore::Open(dir);
+      const bool ok = store.ok() && body(r, store->get());
+      fflush(stderr);
+      _exit(ok ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<bool> ok;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ok.push_back(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  return ok;
+}
+
+TEST(LostPeerRankTest, TheHierarchicalSubCommunicatorsMapTheirRanksToTheJobs) {
+  // Host 2 of a job of 3 hosts with 2 ranks each: its local rank 1 is global
+  // rank 5; node 1's leader (its local rank 0) is global rank 2.
+  HierarchicalLayout host2;
+  host2.node_rank = 2;
+  host2.num_nodes = 3;
+  host2.local_world_size = 2;
+  host2.world_size = 6;
+  EXPECT_EQ(HostRanks(host2).Global(1), 5);
+  EXPECT_EQ(LeaderRanks(host2).Global(1), 2);
+  EXPECT_EQ(HostRanks(host2).Global(-1), -1) << "not known stays not known";
+}
+
+// Each rank process gets a status page slot, as under lockstepd. Rank 1
+// exits before the second allreduce; rank 0's mark names it by the job's
+// rank through the communicator's global_ranks (HostRanks for shared
+// memory, LeaderRanks for the leaders' Gloo).
+TEST(LostPeerRankTest, ALostPeerIsMarkedByItsGlobalRank) {
+  constexpr int kWorld = 2;
+  HierarchicalLayout host2;
+  host2.node_rank = 2;
+  host2.num_nodes = 3;
+  host2.local_world_size = 2;
+  host2.world_size = 6;
+  for (const bool shm : {true, false}) {
+    SCOPED_TRACE(shm ? "shm" : "gloo");
+    worker_link::StatusPage page;
+    ASSERT_TRUE(page.Create(kWorld).ok());
+    ::fcntl(page.fd(), F_SETFD, 0);  // inherited by the rank processes
+    const std::string fd = std::to_string(page.fd());
+    const std::vector<bool> ok = RunRankProcesses(kWorld, [&](int rank, rendezvous::Store* store) {
+      ::setenv(worker_link::kStatusFdEnv, fd.c_str(), 1);
+      ::setenv("LOCKSTEP_LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      std::unique_ptr<Communicator> comm;
+      if (shm) {
+        ShmOptions options;
+        options.timeout = std::chrono::seconds(30);
+        options.global_ranks = HostRanks(host2);
+        auto made = ShmCommunicator::Create(store, rank, kWorld, options);
+        if (!made.ok()) return false;
+        comm = std::move(*made);
+      } else {
+        GlooOptions options;
+        options.timeout = std::chrono::seconds(5);
+        options.global_ranks = LeaderRanks(host2);
+        auto made = GlooCommunicator::Create(store, rank, kWorld, options);
+        if (!made.ok()) return false;
+        comm = std::move(*made);
+      }
+      at::Tensor t = at::ones({64});
+      if (!comm->AllReduce(t, ReduceOp::kSum)->Wait().ok()) return false;
+      if (rank == 1) _exit(0);  // Gone before the second allreduce.
+      return !comm->AllReduce(t, ReduceOp::kSum)->Wait().ok();
+    });
+    EXPECT_TRUE(ok[0]) << "rank 0's second allreduce did not fail";
+    ASSERT_TRUE(worker_link::IsPeerLost(page.Get(0))) << page.Get(0);
+    EXPECT_EQ(worker_link::LostPeer(page.Get(0)), shm ? 5 : 2);
+  }
+}
+
+}  // namespace
+}  // namespace ddp
+}  // namespace lockstep
