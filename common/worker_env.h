@@ -57,8 +57,9 @@ inline constexpr char kTorchRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
 inline constexpr char kTorchRunId[] = "TORCHELASTIC_RUN_ID";
 inline constexpr char kMasterAddr[] = "MASTER_ADDR";
 inline constexpr char kMasterPort[] = "MASTER_PORT";
-// torchrun's other names, written for programs that read them (the
-// parser reads only those above). The role is always "default", as
+// torchrun's other names, written for programs that read them (of these
+// the parser reads only TORCHELASTIC_MAX_RESTARTS, the job's restart
+// budget, which has no LOCKSTEP_* name). The role is always "default", as
 // torchrun's single-role jobs; its rank and world are the job's.
 inline constexpr char kTorchGroupWorldSize[] = "GROUP_WORLD_SIZE";
 inline constexpr char kTorchRoleRank[] = "ROLE_RANK";
@@ -114,7 +115,8 @@ WorkerTlsPem ReadWorkerTlsPem(const Getenv& getenv);
 
 // Who this process is, for log lines and progress reports: never fails.
 // job_id "-" and rank -1 when the environment does not say (a program that
-// is not a worker); a malformed number counts as unset.
+// is not a worker); a malformed number makes the value unknown (-1), even
+// where a torchrun name beside it is well-formed.
 struct WorkerIdentity {
   std::string job_id = "-";
   int rank = -1;

@@ -78,7 +78,8 @@ struct RestoredCheckpoint {
 // module.named_parameters() / named_buffers(), recursively) and, if not
 // null, `optimizer`'s state as the checkpoint of `info.step` in `dir`
 // (created if missing), atomically (see file comment), then deletes all but
-// the newest `options.keep` checkpoints and any leftover temp files.
+// the newest `options.keep` checkpoints and the temp files of writers that
+// died (a running writer's are left alone).
 // Only rank 0 writes: any other rank returns OK at once.
 // Blocks for the write and its fsyncs.
 // Errors: Internal naming the path for a failed write, fsync or rename (the

@@ -23,8 +23,10 @@
 // Errors are never thrown: a call that cannot run returns a Work that is
 // already completed with the error. Codes: InvalidArgument (bad tensor),
 // DeadlineExceeded (a peer did not arrive within the timeout; the message
-// names the missing ranks), Unavailable (transport error, e.g. a peer's
-// connection was reset), FailedPrecondition (the communicator already failed).
+// names the missing ranks; also how Gloo reports a peer that died, whose
+// connection reset, since that peer never reports), Unavailable (a transport
+// error every rank reported, or shm's peer process that exited),
+// FailedPrecondition (the communicator already failed).
 // After any transport error or timeout the communicator is unusable: every
 // later collective fails with FailedPrecondition, and the job must rebuild it
 // through a new rendezvous round (see ddp/README.md, "Errors").
@@ -156,7 +158,8 @@ class Communicator {
   // in the same order, relative to its other calls. Returns an undefined
   // tensor when the communicator has no such memory (the default) or could
   // not get it on every rank; the caller then allocates ordinary memory.
-  // Errors: only what leaves the ranks unable to agree (a store failure).
+  // Errors: what leaves the ranks unable to agree (a store failure), and
+  // InvalidArgument for numel < 1 (shm).
   virtual StatusOr<at::Tensor> AllocateBucketMemory(int64_t numel, at::ScalarType dtype) {
     (void)numel;
     (void)dtype;

@@ -123,7 +123,10 @@ struct DdpOptions {
   bool weight_by_samples = false;
   // Bound on every blocking wait on collectives. Default: kDefaultCollectiveTimeout.
   Duration timeout = kDefaultCollectiveTimeout;
-  // Called on the autograd thread after each synchronised backward.
+  // Called after each synchronised backward once its buckets are reduced:
+  // on the autograd thread; with overlap_optimizer on the thread that
+  // completes the step (OptimizerStep, the next Forward, or the destructor);
+  // in JoinStep on the training thread.
   std::function<void(const StepStats&)> on_step;
   // Default false. When true, the first layers' buckets are not queued on
   // the wire behind later layers' buckets: among the buckets complete on
@@ -756,7 +759,8 @@ DistributedDataParallel::Create(ModuleType module, std::shared_ptr<Communicator>
 }
 
 // Broadcasts `tensors` from `root` in place, packed per dtype into flat
-// buffers of at most `chunk_bytes` (one collective per chunk). With a
+// buffers of at most `chunk_bytes` (one collective per chunk; a tensor
+// larger than that is one buffer of its own size). With a
 // host-side communicator it blocks up to `timeout` per chunk; with a device
 // one (NCCL) the copies back are queued on the current stream behind the
 // broadcast and the host does not wait. All ranks must pass the same shapes

@@ -90,7 +90,8 @@ class GlooCommunicator : public Communicator {
  public:
   // Connects and checks the full mesh. Blocks until every rank has called
   // Create with the same store namespace and prefix, or `connect_timeout`
-  // passes. Errors: InvalidArgument (rank/world), DeadlineExceeded naming
+  // passes for one of its waits (the arrival, then per mesh attempt, at most
+  // 3, the nonce, the connection and the verdicts). Errors: InvalidArgument (rank/world), DeadlineExceeded naming
   // the ranks that never arrived, Unavailable (transport, or every mesh
   // attempt failed its check).
   // `store` must outlive the communicator.

@@ -22,7 +22,10 @@
 // without one, FailedPrecondition naming LOCKSTEP_STORE.
 //
 // Thread safety: ParseWorkerEnv is pure; RegisterStoreFactory and
-// InitFromEnv are safe to call from any thread.
+// InitFromEnv may be called from any thread, but InitFromEnv with the nccl
+// backend sets NCCL_SOCKET_IFNAME (setenv), which must not race another
+// thread's getenv: call it before starting threads that read the
+// environment.
 #ifndef LOCKSTEP_DDP_INIT_H_
 #define LOCKSTEP_DDP_INIT_H_
 

@@ -164,7 +164,11 @@ Status Reducer::BuildBuckets(const std::vector<size_t>& order) {
     block_bytes += ((bucket.grad_numel + extras) * static_cast<int64_t>(first.element_size()) + 63) /
                    64 * 64;
   }
-  ASSIGN_OR_RETURN(torch::Tensor block, comm_->AllocateBucketMemory(block_bytes, torch::kByte));
+  // (No trainable parameter has an element: nothing to reduce, no memory.)
+  torch::Tensor block;
+  if (block_bytes > 0) {
+    ASSIGN_OR_RETURN(block, comm_->AllocateBucketMemory(block_bytes, torch::kByte));
+  }
   comm_memory_ = block.defined();
   for (size_t b = 0; b < assignment.size(); ++b) {
     Bucket& bucket = buckets[b];

@@ -74,7 +74,9 @@
 //
 // Unused parameters. With find_unused_parameters, PrepareForBackward walks
 // the autograd graph from the forward outputs; parameters whose accumulator
-// is not reached are marked ready at once (their slot is zero), so no bucket
+// is not reached are marked ready at once (their slot zeroed, or holding
+// the gradient a defined param.grad already has, e.g. one accumulated under
+// no_sync), so no bucket
 // waits forever. Without the flag, a backward that ends with parameters that
 // never became ready fails with an error naming them.
 //
@@ -91,9 +93,10 @@
 // writing back. Build the DDP wrapper under the stream used for forward.
 //
 // Errors. Public methods return Status. The hooks and the finalisation
-// callback run inside torch's backward: their errors are thrown as
-// c10::Error out of torch::autograd::backward (DistributedDataParallel::
-// Backward turns them into a Status) and are also kept in last_error().
+// callback run inside torch's backward: the finalisation callback throws
+// the step's error as a std::runtime_error out of torch::autograd::backward
+// (DistributedDataParallel::Backward turns it into a Status; a hook's own
+// exception fails its bucket instead), and it is kept in last_error().
 //
 // Sample weighting (ReducerOptions::weight_by_samples). Every bucket buffer
 // carries two extra elements after the gradient slots, [n, done]: this
@@ -168,8 +171,9 @@ struct ReducerOptions {
   // Called at the end of each successful finalisation, on the autograd
   // thread (with defer_wait: CompleteStep's), with no Reducer lock held.
   std::function<void(const struct ReducerStepStats&)> on_step;
-  // Called on the autograd thread, with no Reducer lock held, when
-  // finalisation starts waiting on bucket `b` (b >= 0) and with -1 when the
+  // Called on the thread that waits for the buckets (the autograd thread;
+  // with defer_wait, CompleteStep's; in JoinStep, the training thread), with
+  // no Reducer lock held, when finalisation starts waiting on bucket `b` (b >= 0) and with -1 when the
   // waits are over (for hang reports: where a rank is blocked). Must not block.
   std::function<void(int bucket)> on_wait;
 };
@@ -232,7 +236,8 @@ class Reducer {
   // on the calling thread, while later buckets may still be on the wire
   // (DDP's overlap_optimizer steps the bucket's parameters there). A failure stops the callbacks; the
   // remaining buckets are still waited for. Returns the step's error (also
-  // kept in last_error()); OK and nothing done when no step is open.
+  // kept in last_error()); when no step is open, nothing is done and
+  // last_error() is returned (OK unless an earlier step failed).
   // With `through` a bucket index, CompleteStep stops once that bucket is
   // done (waiting for the buckets launched before it, in launch order) and
   // the step stays open for the rest; it returns at once when that bucket is

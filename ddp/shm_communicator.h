@@ -124,14 +124,16 @@ class ShmCommunicator : public Communicator {
   int world_size() const override { return world_size_; }
   std::string backend() const override { return "shm"; }
 
-  // Float, double, int32 and int64; kAvg on floating dtypes only.
+  // Float, double, float16, bfloat16, int32 and int64; kAvg on floating
+  // dtypes only.
   std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op) override;
   std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root) override;
   std::shared_ptr<Work> AllGather(at::Tensor input, at::Tensor output) override;
   std::shared_ptr<Work> Barrier() override;
   // A region of `numel` zeroed elements per rank (see "Bucket memory").
-  // Blocks until every rank has mapped it (or reported it could not),
-  // bounded by connect_timeout. Undefined (ordinary memory, then) when a rank
+  // Blocks until every rank has mapped it (or reported it could not): each
+  // of its two waits (rank 0's memfd, every rank's verdict) is bounded by
+  // connect_timeout. Undefined (ordinary memory, then) when a rank
   // could not create or map it.
   StatusOr<at::Tensor> AllocateBucketMemory(int64_t numel, at::ScalarType dtype) override;
   bool FusedAverage() const override { return true; }
