@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -475,6 +476,47 @@ TEST(CommHookTest, CommHookFromNameNamesTheChoices) {
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("unknown comm hook 'fp8'"));
 }
+
+// A continuation that throws fails the bucket with Internal naming it (the
+// Reducer then fails the step); it runs once: a second Wait returns the
+// same result without running it again.
+TEST(BucketWorkTest, AContinuationThatThrowsIsInternalAndRunsOnce) {
+  auto work = std::make_shared<Work>();
+  work->MarkStarted();
+  work->Finish(absl::OkStatus());
+  int runs = 0;
+  auto bucket = BucketWork::Then(
+      work,
+      [&runs]() -> StatusOr<at::Tensor> {
+        ++runs;
+        throw std::runtime_error("cast back blew up");
+      },
+      16);
+  StatusOr<at::Tensor> first = bucket->Wait(std::chrono::seconds(5));
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(first.status().message()),
+              HasSubstr("comm hook continuation threw: cast back blew up"));
+  StatusOr<at::Tensor> second = bucket->Wait(std::chrono::seconds(5));
+  EXPECT_EQ(second.status(), first.status());
+  EXPECT_EQ(runs, 1);
+  // A continuation that succeeds: its tensor, once, however often waited.
+  int ok_runs = 0;
+  auto good = BucketWork::Then(
+      work,
+      [&ok_runs]() -> StatusOr<at::Tensor> {
+        ++ok_runs;
+        return torch::full({2}, 7.0);
+      },
+      16);
+  for (int i = 0; i < 2; ++i) {
+    StatusOr<at::Tensor> r = good->Wait(std::chrono::seconds(5));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(torch::equal(*r, torch::full({2}, 7.0)));
+  }
+  EXPECT_EQ(ok_runs, 1);
+}
+
 
 }  // namespace
 }  // namespace ddp

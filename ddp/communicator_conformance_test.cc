@@ -135,6 +135,54 @@ TEST_P(CommunicatorConformanceTest, AllReduceSumsAndAveragesOverRanks) {
   for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
 }
 
+// Arguments a collective cannot take are refused at the call (a Work
+// already failed with InvalidArgument naming them), and the communicator
+// keeps working: a bad argument is not a transport failure.
+TEST_P(CommunicatorConformanceTest, BadArgumentsAreRefusedAndTheCommunicatorGoesOn) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, Connect(GetParam().name, store, rank, kWorld));
+    auto refused = [](const std::shared_ptr<Work>& w, const std::string& want) -> Status {
+      Status s = w->Wait();
+      return Expect(absl::IsInvalidArgument(s) && s.message().find(want) != std::string::npos,
+                    "want InvalidArgument '" + want + "', got " + s.ToString());
+    };
+    RETURN_IF_ERROR(refused(comm->AllReduce(at::ones({4}, at::kByte), ReduceOp::kSum),
+                            "allreduce does not support dtype Byte"));
+    RETURN_IF_ERROR(refused(comm->AllReduce(at::ones({4}, at::kInt), ReduceOp::kAvg),
+                            "allreduce average needs a floating dtype"));
+    RETURN_IF_ERROR(refused(comm->AllGather(at::ones({3}), at::zeros({5})),
+                            "allgather output needs 6 elements of Float, got 5 of Float"));
+    RETURN_IF_ERROR(refused(comm->AllGather(at::ones({3}), at::zeros({6}, at::kDouble)),
+                            "allgather output needs 6 elements of Float, got 6 of Double"));
+    at::Tensor t = at::full({8}, float(rank + 1));
+    RETURN_IF_ERROR(comm->AllReduce(t, ReduceOp::kSum)->Wait());
+    return Expect(t.eq(3.0f).all().item<bool>(), "the allreduce after the refusals");
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+// Work::Wait with a timeout shorter than the collective returns
+// DeadlineExceeded and leaves the collective running: a later Wait gets its
+// result. (Rank 1 joins the allreduce half a second late.)
+TEST_P(CommunicatorConformanceTest, AWaitThatTimesOutLeavesTheCollectiveRunning) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, Connect(GetParam().name, store, rank, kWorld));
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    at::Tensor t = at::full({8}, float(rank + 1));
+    std::shared_ptr<Work> w = comm->AllReduce(t, ReduceOp::kSum);
+    if (rank == 0) {
+      Status early = w->Wait(std::chrono::milliseconds(50));
+      RETURN_IF_ERROR(Expect(absl::IsDeadlineExceeded(early), "early wait: " + early.ToString()));
+      RETURN_IF_ERROR(Expect(!w->IsCompleted(), "completed without rank 1"));
+    }
+    RETURN_IF_ERROR(w->Wait());
+    return Expect(t.eq(3.0f).all().item<bool>(), "the sum after the timed-out wait");
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
 // AllReduceFrom: the elements the pieces cover are read from the pieces
 // (the tensor holds NaN there), the result lands in all of the tensor, the
 // sources are left as they were; bad pieces are refused before anything

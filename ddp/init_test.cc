@@ -101,6 +101,23 @@ TEST(OpenStoreTest, MasterAddrWithoutStoreNamesTheMissingVariable) {
   EXPECT_NE(store.status().message().find("LOCKSTEP_STORE"), std::string::npos);
 }
 
+TEST(OpenStoreTest, AnAddressThatIsNeitherADirNorHostPortIsRefusedNamingIt) {
+  WorkerEnv env;
+  env.job_id = "job";
+  env.store_address = "file:";
+  auto store = OpenStore(env, std::chrono::seconds(1));
+  EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
+  EXPECT_NE(store.status().message().find("LOCKSTEP_STORE=file: needs a directory"),
+            std::string::npos)
+      << store.status();
+  env.store_address = "storehost";
+  store = OpenStore(env, std::chrono::seconds(1));
+  EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
+  EXPECT_NE(store.status().message().find("LOCKSTEP_STORE='storehost' is neither file:/dir nor host:port"),
+            std::string::npos)
+      << store.status();
+}
+
 TEST(OpenStoreTest, HostPortUsesTheRegisteredFactory) {
   WorkerEnv env;
   env.store_address = "127.0.0.1:5000";

@@ -63,6 +63,40 @@ std::vector<int> LaunchOrder(const FakeCommunicator& comm, const DistributedData
   return order;
 }
 
+// What Create refuses, each InvalidArgument naming it, before any bucket
+// is built.
+TEST(ReducerTest, CreateRefusesWhatCannotBeReduced) {
+  torch::nn::Linear layer(2, 2);
+  std::vector<Reducer::NamedParam> params;
+  for (const auto& p : layer->named_parameters()) params.push_back({p.key(), p.value()});
+  FakeCommunicator comm;
+  auto refused = [&](std::vector<Reducer::NamedParam> ps, ReducerOptions options,
+                     const std::string& want) {
+    auto r = Reducer::Create(std::move(ps), &comm, options);
+    ASSERT_FALSE(r.ok()) << want;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(want));
+  };
+  refused({}, ReducerOptions{}, "no parameters require grad");
+  auto twice = params;
+  twice.push_back({"again", params[0].tensor});
+  refused(twice, ReducerOptions{}, "parameter 'again' is listed twice");
+  auto frozen = params;
+  frozen.push_back({"frozen", torch::zeros({2}, torch::requires_grad(false))});
+  refused(frozen, ReducerOptions{}, "parameter 'frozen' is not a leaf requiring grad");
+  auto derived = params;
+  derived.push_back({"derived", params[0].tensor * 2});
+  refused(derived, ReducerOptions{}, "parameter 'derived' is not a leaf requiring grad");
+  ReducerOptions no_run;
+  no_run.comm_hook.name = "empty";
+  no_run.comm_hook.run = nullptr;
+  refused(params, no_run, "comm hook 'empty' has no function");
+  ReducerOptions zero_cap;
+  zero_cap.bucket_cap_bytes = 0;
+  refused(params, zero_cap, "bucket caps must be positive");
+  EXPECT_TRUE(Reducer::Create(params, &comm, ReducerOptions{}).ok());
+}
+
 TEST(ReducerTest, GradientPriorityNeedsAHostCommunicator) {
   torch::nn::Linear layer(2, 2);
   std::vector<Reducer::NamedParam> params;
