@@ -401,12 +401,9 @@ class Cli {
     RETURN_IF_ERROR(Connect());
     v1::SubmitJobResponse resp;
     Status submitted = Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit");
-    if (absl::IsInvalidArgument(submitted)) {
-      // The coordinator refused the spec (it checks it, and logs the
-      // refusal): what the flags said is wrong, so a usage error, exit 2.
-      std::cerr << "lockstep: INVALID_ARGUMENT: " << Printable(submitted.message()) << "\n";
-      return kExitUsage;
-    }
+    // The coordinator refused the spec (it checks it, and logs the refusal):
+    // what the flags said is wrong, so bad usage, exit 2.
+    if (absl::IsInvalidArgument(submitted)) return AsUsage(std::move(submitted));
     if (absl::IsDeadlineExceeded(submitted) || absl::IsUnavailable(submitted)) {
       // The request may have reached the coordinator: say how to retry it
       // without a second job.

@@ -156,37 +156,6 @@ class DirLock {
   int fd_;
 };
 
-// The dir's fence round; 0 when no round set one. REQUIRES: its DirLock held.
-StatusOr<int64_t> FenceRound(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kRoundFile).string();
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return int64_t{0};
-  std::ifstream in(path);
-  int64_t round = 0;
-  if (!(in >> round)) {
-    return absl::DataLossError(absl::StrCat("checkpoint round fence ", path, " does not hold a round"));
-  }
-  return round;
-}
-
-Status SyncDir(const std::string& dir);
-
-// Raises the dir's fence round to `round` (never lowers it), atomically.
-// REQUIRES: its DirLock held.
-Status RaiseFenceRound(const std::string& dir, int64_t round) {
-  ASSIGN_OR_RETURN(const int64_t fence, FenceRound(dir));
-  if (round <= fence) return absl::OkStatus();
-  const std::string path = (fs::path(dir) / kRoundFile).string();
-  const std::string temp = absl::StrCat(path, ".tmp-", ::getpid());
-  {
-    std::ofstream out(temp, std::ios::trunc);
-    out << round << "\n";
-    if (!out.flush()) return Errno("cannot write", temp);
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) return Errno(absl::StrCat("cannot rename ", temp, " to"), path);
-  return SyncDir(dir);
-}
-
 Status SyncDir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Errno("cannot open dir", dir);
@@ -194,6 +163,34 @@ Status SyncDir(const std::string& dir) {
   if (::fsync(fd) != 0) status = Errno("cannot fsync dir", dir);
   ::close(fd);
   return status;
+}
+
+// Raises the dir's fence round to `round` when it is older (never lowers
+// it), atomically; returns the fence round found (0: none set yet).
+// REQUIRES: the dir's DirLock held.
+StatusOr<int64_t> RaiseFenceRound(const std::string& dir, int64_t round) {
+  const std::string path = (fs::path(dir) / kRoundFile).string();
+  std::error_code ec;
+  int64_t fence = 0;
+  if (fs::exists(path, ec)) {
+    std::ifstream in(path);
+    if (!(in >> fence)) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint round fence ", path, " does not hold a round"));
+    }
+  }
+  if (round <= fence) return fence;
+  const std::string temp = absl::StrCat(path, ".tmp-", ::getpid());
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << round << "\n";
+    if (!out.flush()) return Errno("cannot write", temp);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    return Errno(absl::StrCat("cannot rename ", temp, " to"), path);
+  }
+  RETURN_IF_ERROR(SyncDir(dir));
+  return fence;
 }
 
 // A tensor read from the checkpoint and the module tensor it goes into.
@@ -301,25 +298,24 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
         absl::StrCat("checkpoint: cannot serialize step ", info.step, ": ", ExceptionMessage(e)));
   }
   fs::remove(temp_path, ec);  // A leftover of an earlier process with this pid.
-  Status status = WriteSynced(archive, temp_path);
-  {
-    // The round fence, from its check through the rename: a writer of an
-    // older round than one that has restored or saved here is refused.
-    StatusOr<DirLock> lock = DirLock::Take(dir);
-    if (status.ok()) status = lock.status();
-    StatusOr<int64_t> fence = status.ok() ? FenceRound(dir) : StatusOr<int64_t>(status);
-    if (status.ok()) status = fence.status();
-    if (status.ok() && info.round < *fence) {
-      status = absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint of step ", info.step, " from round ", info.round, " refused: round ", *fence,
+  // The round fence, held from its check through the rename: a writer of
+  // an older round than one that has restored or saved here is refused.
+  auto publish = [&]() -> Status {
+    ASSIGN_OR_RETURN(DirLock lock, DirLock::Take(dir));
+    ASSIGN_OR_RETURN(const int64_t fence, RaiseFenceRound(dir, info.round));
+    if (info.round < fence) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint of step ", info.step, " from round ", info.round, " refused: round ", fence,
           " has restored from or saved into ", dir,
           " since (this worker belongs to a round that has ended and should have stopped)"));
     }
-    if (status.ok()) status = RaiseFenceRound(dir, info.round);
-    if (status.ok() && ::rename(temp_path.c_str(), final_path.c_str()) != 0) {
-      status = Errno(absl::StrCat("cannot rename ", temp_path, " to"), final_path);
+    if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+      return Errno(absl::StrCat("cannot rename ", temp_path, " to"), final_path);
     }
-  }
+    return absl::OkStatus();
+  };
+  Status status = WriteSynced(archive, temp_path);
+  if (status.ok()) status = publish();
   if (!status.ok()) {
     fs::remove(temp_path, ec);
     return status;
@@ -349,7 +345,7 @@ StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string&
     // refused. (A dir this worker cannot write, read-only checkpoints to
     // start from, takes no save either: nothing to claim.)
     ASSIGN_OR_RETURN(DirLock lock, DirLock::Take(dir));
-    RETURN_IF_ERROR(RaiseFenceRound(dir, round));
+    RETURN_IF_ERROR(RaiseFenceRound(dir, round).status());
   }
   ASSIGN_OR_RETURN(auto steps, ListSteps(dir));
   if (steps.empty()) return std::optional<RestoredCheckpoint>();

@@ -55,14 +55,20 @@ std::vector<bool> RunRankProcesses(int world, const std::function<bool(int, rend
   return ok;
 }
 
-TEST(LostPeerRankTest, TheHierarchicalSubCommunicatorsMapTheirRanksToTheJobs) {
-  // Host 2 of a job of 3 hosts with 2 ranks each: its local rank 1 is global
-  // rank 5; node 1's leader (its local rank 0) is global rank 2.
+// Host 2 of a job of 3 hosts with 2 ranks each (its ranks 4 and 5).
+HierarchicalLayout Host2() {
   HierarchicalLayout host2;
   host2.node_rank = 2;
   host2.num_nodes = 3;
   host2.local_world_size = 2;
   host2.world_size = 6;
+  return host2;
+}
+
+TEST(LostPeerRankTest, TheHierarchicalSubCommunicatorsMapTheirRanksToTheJobs) {
+  // Its local rank 1 is global rank 5; node 1's leader (its local rank 0)
+  // is global rank 2.
+  const HierarchicalLayout host2 = Host2();
   EXPECT_EQ(HostRanks(host2).Global(1), 5);
   EXPECT_EQ(LeaderRanks(host2).Global(1), 2);
   EXPECT_EQ(HostRanks(host2).Global(-1), -1) << "not known stays not known";
@@ -74,11 +80,7 @@ TEST(LostPeerRankTest, TheHierarchicalSubCommunicatorsMapTheirRanksToTheJobs) {
 // memory, LeaderRanks for the leaders' Gloo).
 TEST(LostPeerRankTest, ALostPeerIsMarkedByItsGlobalRank) {
   constexpr int kWorld = 2;
-  HierarchicalLayout host2;
-  host2.node_rank = 2;
-  host2.num_nodes = 3;
-  host2.local_world_size = 2;
-  host2.world_size = 6;
+  const HierarchicalLayout host2 = Host2();
   for (const bool shm : {true, false}) {
     SCOPED_TRACE(shm ? "shm" : "gloo");
     worker_link::StatusPage page;

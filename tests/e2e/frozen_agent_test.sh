@@ -51,11 +51,10 @@ log "nodeb trains ranks 0 and 1; SIGCONT nodea"
 kill -CONT "$PID_nodea"
 wait_state "$job" SUCCEEDED 120
 kill "$sampler"
-for pid in "$follower" "$follower2"; do
-  wait_for 30 exited "$pid" || fail "logs --follow (pid $pid) still runs 30 s after the job ended"
-done
+followers=([0]="$follower" [2]="$follower2")  # rank -> pid
 for r in 0 2; do
-  rc=0; wait "$([ "$r" = 0 ] && echo "$follower" || echo "$follower2")" || rc=$?
+  wait_for 30 exited "${followers[$r]}" || fail "logs --follow of rank $r still runs 30 s after the job ended"
+  rc=0; wait "${followers[$r]}" || rc=$?
   [ "$rc" = 0 ] || fail "logs --follow of rank $r exited $rc: $(cat "$T/follow$r.err")"
 done
 # line_of FILE LINE: the number of LINE's first whole-line match in FILE.
