@@ -138,7 +138,12 @@ StatusOr<int> PickFreePort(const std::string& host) {
 }  // namespace
 
 std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent,
-                               bool gave_up_before_stop, bool oom_killed) {
+                               bool gave_up_before_stop, bool oom_killed, bool fenced) {
+  if (fenced) {
+    return absl::StrCat("killed by signal ", signal,
+                        " by this node's fence guard (the agent had not renewed its lease by the "
+                        "fence deadline: it was frozen or cut off)");
+  }
   if (oom_killed) {
     return absl::StrCat("killed by signal ", signal, " by the kernel's OOM killer (out of memory)");
   }
@@ -187,6 +192,14 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
   if (!fence.ok()) {
     log_.Error("no fence page ({}): a frozen agent's workers will not stop themselves",
                fence.ToString());
+  } else if (options_.fence_guard) {
+    auto guard = FenceGuard::Start(&fence_);
+    if (guard.ok()) {
+      guard_ = *std::move(guard);
+    } else {
+      log_.Error("{}: a frozen agent's workers that do not link the engine will not be stopped",
+                 guard.status().ToString());
+    }
   }
   ReclaimStaleJobUids();
 }
@@ -462,6 +475,15 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
         w.status.set_pid(w.process->pid());
         w.status.set_state(v1::WORKER_STATE_STARTING);
         log.WithRank(w.rank).Info("spawned pid {} for round {}", w.process->pid(), cmd.round());
+        if (guard_) {
+          w.guard = guard_->Watch(static_cast<pid_t>(w.process->pid()), job_id, w.rank,
+                                  cmd.round());
+          if (!w.guard.guarded()) {
+            log.WithRank(w.rank).Warn("the fence guard lists {} workers already: this one is not "
+                                      "stopped by it if this agent freezes",
+                                      FenceGuard::kSlots);
+          }
+        }
         NoteMemoryCgroup(job_id, &w);
         run.workers.push_back(std::move(w));
         continue;
@@ -525,6 +547,16 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
     std::optional<ExitStatus> e = w.process->Poll();
     if (!e) continue;
     next_heartbeat_ = now;  // report the exit promptly
+    // Killed by the fence guard while this agent did not run: it died at
+    // the guard's instant, not when a watcher thread of a thawed agent saw
+    // it.
+    const int64_t guard_killed_ns = w.guard.KilledNs();
+    w.guard.Forget();
+    const bool fenced = guard_killed_ns != 0 && e->signal == SIGKILL;
+    if (fenced) {
+      e->exited_at = std::min(e->exited_at, std::chrono::steady_clock::time_point(
+                                                std::chrono::nanoseconds(guard_killed_ns)));
+    }
     // A worker that exited by itself (a code, no signal) and wrote when it
     // began to end (worker_link.h: its engine gave up on a lost peer, or it
     // called exit()) ended then, not when the watcher thread saw it, which
@@ -570,7 +602,7 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
       for (auto& l : lines) exit->add_last_log_lines(l);
       // A SIGKILL this agent did not send: the kernel log says whether it
       // was the OOM killer's.
-      if (e->signal == SIGKILL) {
+      if (e->signal == SIGKILL && !fenced) {
         const int64_t launched_ns =
             std::chrono::duration_cast<std::chrono::nanoseconds>(w.launched_at.time_since_epoch())
                 .count();
@@ -586,7 +618,8 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
     }
     log_.WithJob(job_id).WithRank(w.rank).Info(
         "worker pid {} {}", w.process->pid(),
-        DescribeWorkerExit(e->exit_code, e->signal, stopped, gave_up_first, exit->oom_killed()));
+        DescribeWorkerExit(e->exit_code, e->signal, stopped, gave_up_first, exit->oom_killed(),
+                           fenced));
     if (options_.on_worker_exit) options_.on_worker_exit(job_id, w.status);
   }
   if (escalate) run.killed = true;
@@ -846,6 +879,7 @@ void Agent::SweepOrphans(bool all) {
   }
   for (const pid_t pid : ChildrenOf(::getpid())) {
     if (workers.count(pid)) continue;  // reaped by its Process
+    if (guard_ && pid == guard_->pid()) continue;
     int st = 0;
     if (::waitpid(pid, &st, WNOHANG) == pid) continue;  // one that had exited
     auto env = EnvironOf(pid, {worker_env::kAgent, worker_env::kJobId, worker_env::kRound});

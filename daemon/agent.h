@@ -61,6 +61,7 @@
 #include "common/worker_env.h"
 #include "common/worker_link.h"
 #include "daemon/coordinator_client.h"
+#include "daemon/fence_guard.h"
 #include "daemon/process_launcher.h"
 #include "daemon/roles.h"
 #include "daemon/uid_lease.h"
@@ -144,6 +145,11 @@ struct AgentOptions {
   // (log_files.h, RotateLog), so one job's output cannot fill the state
   // dir's disk. 0: never. lockstepd: --max-log-mb.
   int64_t max_log_bytes = 0;
+  // A guard process (fence_guard.h) SIGKILLs, at the fence deadline, the
+  // process group of every worker still running: it stops the workers of a
+  // frozen agent that do not fence themselves (programs without the
+  // engine). Tests of rules unrelated to it may turn it off.
+  bool fence_guard = true;
 };
 
 // How the agent's log line words a worker's exit: "exited with code 1
@@ -155,8 +161,10 @@ struct AgentOptions {
 // before the agent signalled the stop (its own exit, cut short).
 // `oom_killed`: the kernel log says its OOM killer sent the signal
 // (oom.h): "killed by signal 9 by the kernel's OOM killer (out of memory)".
+// `fenced`: the node's fence guard sent it (fence_guard.h).
 std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent,
-                               bool gave_up_before_stop = false, bool oom_killed = false);
+                               bool gave_up_before_stop = false, bool oom_killed = false,
+                               bool fenced = false);
 
 struct LogChunk {
   std::string data;
@@ -241,6 +249,8 @@ class Agent {
     std::string oom_cgroup;
     std::string oom_file;
     int64_t oom_base = -1;
+    // Its listing with the fence guard, forgotten once it is reaped.
+    FenceGuard::Entry guard;
   };
   struct JobRun {
     v1::JobSpec spec;
@@ -332,6 +342,10 @@ class Agent {
 
   // The node's fence page, inherited by every worker.
   worker_link::FencePage fence_;
+  // Kills, past the fence deadline, the workers this agent cannot stop
+  // while it is frozen; null when off or when it could not start. Declared
+  // before runs_, whose workers' listings it must outlive.
+  std::unique_ptr<FenceGuard> guard_;
   std::shared_ptr<Waker> waker_ = std::make_shared<Waker>();
 
   // Loop-thread state.

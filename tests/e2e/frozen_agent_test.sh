@@ -14,9 +14,19 @@
 # output on nodeb to its end, then round 3's on nodea (where rank 2 runs
 # once nodea is back): a rank's output on the node it left is read out
 # before its next node's.
+#
+# With "guard" as the last argument the workers do not fence themselves:
+# they run as `env -u LOCKSTEP_FENCE_FD train ...`, so the engine finds no
+# fence page, as any program that does not link it. nodea's agent's fence
+# guard (daemon/fence_guard.h) kills them at the same deadline instead;
+# without it they would train on, blocked on nodeb's stopped ranks until
+# their 60 s timeout, while nodeb runs ranks 0 and 1 again (two owners).
 LEASE_S=3
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
+MODE="${5:-engine}"
+PREFIX=()
+[ "$MODE" = guard ] && PREFIX=(env -u LOCKSTEP_FENCE_FD)
 
 start_daemon coord --coordinator --no-agent --listen 127.0.0.1:0
 COORD="$ADDR_coord"
@@ -24,7 +34,7 @@ TOKEN="$T/coord/token"
 start_agent nodea
 start_agent nodeb
 job=$(ls_cli submit --detach --json --nodes 1:2 --nproc-per-node 2 --max-restarts 3 --last-call-s 0.1 -- \
-  "$TRAIN" --model mlp_small --steps 150 --step-delay-ms 50 --timeout-s 60 |
+  "${PREFIX[@]}" "$TRAIN" --model mlp_small --steps 150 --step-delay-ms 50 --timeout-s 60 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["job_id"])')
 python3 tests/e2e/rank_owners.py "$job" "$T/owners.txt" &
 sampler=$!
@@ -46,7 +56,18 @@ wait_for 60 field_is "$job" '(j["round"] >= 2, j["node_ids"], j["state"])' \
 log "nodea replaced: nodeb runs ranks 0 and 1 $(( ($(date +%s%N) - stopped_at) / 1000000 )) ms after the SIGSTOP (lease ${LEASE_S}s)"
 wait_for 60 grep -q "\"rank\":0,\"step\":5," "$T/nodeb/jobs/$job/rank-0.stdout" ||
   fail "nodeb's rank 0 never reached step 5"
-grep -q "lockstep: fenced" "$T/nodea/jobs/$job/rank-0.stderr" || fail "nodea's rank 0 did not fence itself"
+if [ "$MODE" = guard ]; then
+  # nodea is still frozen: its guard, not its agent, stopped ranks 0 and 1.
+  for r in 0 1; do
+    grep -q "lockstepd fence guard: job $job rank $r (round 1): SIGKILLed process group" "$T/nodea.log" ||
+      fail "nodea's fence guard did not kill rank $r: $(grep 'fence guard' "$T/nodea.log")"
+  done
+  if grep -q "lockstep: fenced" "$T/nodea/jobs/$job/rank-0.stderr"; then
+    fail "nodea's rank 0 fenced itself: it was to run without the fence page"
+  fi
+else
+  grep -q "lockstep: fenced" "$T/nodea/jobs/$job/rank-0.stderr" || fail "nodea's rank 0 did not fence itself"
+fi
 log "nodeb trains ranks 0 and 1; SIGCONT nodea"
 kill -CONT "$PID_nodea"
 wait_state "$job" SUCCEEDED 120
@@ -86,4 +107,9 @@ saw_round2=$(awk -v t="$stopped_ms" '$1 > t && $3 ~ /^live=[2-9]:0,[2-9]:1$/' "$
 if grep DOUBLE "$T/owners.txt"; then fail "a rank had two live owners (above)"; fi
 ls_cli status "$job"
 check_invariants "$job" 3
+if [ "$MODE" = guard ]; then
+  # Resumed, nodea's agent says who killed its round-1 workers.
+  wait_for 10 grep -q "job=$job rank=0 .*killed by signal 9 by this node's fence guard" "$T/nodea.log" ||
+    fail "nodea's agent did not tell its guard's kill of rank 0: $(grep 'worker pid' "$T/nodea.log" | head -n 4)"
+fi
 log "PASS: $samples samples ($saw_round1 of round 1's four ranks, $saw_round2 of round 2's two), never two live owners of a rank"

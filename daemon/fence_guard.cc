@@ -1,0 +1,248 @@
+#include "daemon/fence_guard.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+namespace lockstep {
+namespace daemon {
+
+// One listing. The agent writes it under a sequence lock (seq odd while it
+// writes); the guard reads it and writes only killed_ns and killed_for.
+// Every field is an atomic: the two processes share it.
+struct FenceGuard::Slot {
+  static constexpr int kJobWords = kJobIdBytes / 8;
+  std::atomic<uint32_t> seq{0};
+  std::atomic<int32_t> pgid{0};  // 0: free
+  std::atomic<int32_t> rank{0};
+  std::atomic<int64_t> round{0};
+  std::atomic<uint64_t> job[kJobWords] = {};
+  // The guard's kill of the listing with sequence number killed_for.
+  std::atomic<uint32_t> killed_for{0};
+  std::atomic<int64_t> killed_ns{0};
+};
+
+namespace {
+
+constexpr size_t kSlotBytes = sizeof(FenceGuard::Slot) * FenceGuard::kSlots;
+constexpr int kTickMs = 50;
+// The guard acts this long after the deadline, so that a worker that fences
+// itself (the engine checks every 50 ms) does so first and says so on its
+// stderr. The coordinator hands the node's ranks out a second after it.
+constexpr int64_t kAfterDeadlineNs = 200 * 1000000LL;
+
+// ------------------------------------------------ the guard process's side
+// Only async-signal-safe calls from here on (the agent that forked it has
+// other threads), and no allocation.
+
+// Appends `s` to buf[*n..cap).
+void Put(char* buf, size_t* n, size_t cap, const char* s, size_t len) {
+  len = std::min(len, cap - *n);
+  std::memcpy(buf + *n, s, len);
+  *n += len;
+}
+void PutStr(char* buf, size_t* n, size_t cap, const char* s) { Put(buf, n, cap, s, std::strlen(s)); }
+void PutInt(char* buf, size_t* n, size_t cap, int64_t v) {
+  char digits[24];
+  int d = 0;
+  const bool negative = v < 0;
+  uint64_t u = negative ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+  do {
+    digits[d++] = static_cast<char>('0' + u % 10);
+    u /= 10;
+  } while (u != 0);
+  if (negative) digits[d++] = '-';
+  while (d > 0) Put(buf, n, cap, &digits[--d], 1);
+}
+
+// Kills every listing the guard has not killed yet (killed[i]: the sequence
+// number it killed in slot i).
+void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t deadline) {
+  for (int i = 0; i < FenceGuard::kSlots; ++i) {
+    FenceGuard::Slot& s = slots[i];
+    const uint32_t seq = s.seq.load(std::memory_order_acquire);
+    if ((seq & 1) != 0 || seq == killed[i]) continue;
+    const int32_t pgid = s.pgid.load(std::memory_order_relaxed);
+    const int32_t rank = s.rank.load(std::memory_order_relaxed);
+    const int64_t round = s.round.load(std::memory_order_relaxed);
+    char job[FenceGuard::kJobIdBytes + 1] = {};
+    for (int w = 0; w < FenceGuard::Slot::kJobWords; ++w) {
+      const uint64_t word = s.job[w].load(std::memory_order_relaxed);
+      std::memcpy(job + 8 * w, &word, 8);
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.seq.load(std::memory_order_relaxed) != seq) continue;  // rewritten meanwhile
+    killed[i] = seq;
+    if (pgid <= 0) continue;
+    if (::kill(-pgid, SIGKILL) != 0) continue;  // gone already
+    s.killed_ns.store(now, std::memory_order_relaxed);
+    s.killed_for.store(seq, std::memory_order_release);
+    char line[512];
+    size_t n = 0;
+    const size_t cap = sizeof(line) - 1;
+    PutStr(line, &n, cap, "lockstepd fence guard: job ");
+    PutStr(line, &n, cap, job);
+    PutStr(line, &n, cap, " rank ");
+    PutInt(line, &n, cap, rank);
+    PutStr(line, &n, cap, " (round ");
+    PutInt(line, &n, cap, round);
+    PutStr(line, &n, cap, "): SIGKILLed process group ");
+    PutInt(line, &n, cap, pgid);
+    PutStr(line, &n, cap, ", ");
+    PutInt(line, &n, cap, (now - deadline) / 1000000);
+    PutStr(line, &n, cap,
+           " ms past the node's fence deadline: its agent has not renewed the lease with the "
+           "coordinator in time (it is frozen or cut off), so the rank may be given to another "
+           "node\n");
+    line[n] = '\0';
+    (void)!::write(2, line, n);
+  }
+}
+
+[[noreturn]] void GuardMain(const worker_link::FencePage* fence, FenceGuard::Slot* slots,
+                            int pipe_read) {
+  // Its own process group: a stop sent to the daemon's group (a shell's
+  // ^Z, kill -STOP -PGID) does not stop the guard.
+  (void)::setpgid(0, 0);
+  // Only the pipe and stdio stay open: the guard must not hold the
+  // daemon's sockets, files or a launch's exec pipe.
+  if (::close_range(3, static_cast<unsigned>(pipe_read) - 1, 0) != 0 && errno == ENOSYS) {
+    for (int fd = 3; fd < pipe_read; ++fd) ::close(fd);
+  }
+  (void)::close_range(static_cast<unsigned>(pipe_read) + 1, ~0U, 0);
+  uint32_t killed[FenceGuard::kSlots] = {};
+  while (true) {
+    const int64_t deadline = fence->deadline();
+    const int64_t now = worker_link::MonotonicNowNs();
+    if (deadline != 0 && now > deadline + kAfterDeadlineNs) {
+      KillListed(slots, killed, now, deadline);
+    }
+    pollfd p{pipe_read, POLLIN, 0};
+    const int r = ::poll(&p, 1, kTickMs);
+    if (r > 0) ::_exit(0);  // the agent closed its end, or died
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------- the agent's side
+
+StatusOr<std::unique_ptr<FenceGuard>> FenceGuard::Start(const worker_link::FencePage* fence) {
+  std::unique_ptr<FenceGuard> guard(new FenceGuard());
+  void* mem = ::mmap(nullptr, kSlotBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    return absl::UnavailableError(
+        absl::StrCat("fence guard: mmap of its listings: ", std::strerror(errno)));
+  }
+  guard->slots_ = new (mem) Slot[kSlots];
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::UnavailableError(absl::StrCat("fence guard: pipe: ", std::strerror(errno)));
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return absl::UnavailableError(absl::StrCat("fence guard: fork: ", std::strerror(err)));
+  }
+  if (pid == 0) {
+    ::close(fds[1]);
+    GuardMain(fence, guard->slots_, fds[0]);
+  }
+  ::setpgid(pid, pid);  // as the child does: whichever runs first
+  ::close(fds[0]);
+  guard->pid_ = pid;
+  guard->pipe_write_ = fds[1];
+  return guard;
+}
+
+FenceGuard::~FenceGuard() {
+  if (pipe_write_ >= 0) ::close(pipe_write_);
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    int st;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (slots_ != nullptr) ::munmap(slots_, kSlotBytes);
+}
+
+FenceGuard::Entry FenceGuard::Watch(pid_t pgid, absl::string_view job_id, int rank,
+                                    int64_t round) {
+  Entry entry;
+  MutexLock lock(&mu_);
+  for (int tried = 0; tried < kSlots; ++tried) {
+    const int i = (next_ + tried) % kSlots;
+    Slot& s = slots_[i];
+    if (s.pgid.load(std::memory_order_relaxed) != 0) continue;
+    next_ = (i + 1) % kSlots;
+    const uint32_t seq = s.seq.load(std::memory_order_relaxed);
+    s.seq.store(seq + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    s.pgid.store(static_cast<int32_t>(pgid), std::memory_order_relaxed);
+    s.rank.store(rank, std::memory_order_relaxed);
+    s.round.store(round, std::memory_order_relaxed);
+    char job[kJobIdBytes] = {};
+    std::memcpy(job, job_id.data(), std::min<size_t>(job_id.size(), kJobIdBytes - 1));
+    for (int w = 0; w < Slot::kJobWords; ++w) {
+      uint64_t word;
+      std::memcpy(&word, job + 8 * w, 8);
+      s.job[w].store(word, std::memory_order_relaxed);
+    }
+    s.seq.store(seq + 2, std::memory_order_release);
+    entry.guard_ = this;
+    entry.slot_ = i;
+    entry.seq_ = seq + 2;
+    return entry;
+  }
+  return entry;  // every slot taken: not guarded
+}
+
+void FenceGuard::Release(int slot, uint32_t seq) {
+  MutexLock lock(&mu_);
+  Slot& s = slots_[slot];
+  if (s.seq.load(std::memory_order_relaxed) != seq) return;
+  s.seq.store(seq + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  s.pgid.store(0, std::memory_order_relaxed);
+  s.seq.store(seq + 2, std::memory_order_release);
+}
+
+FenceGuard::Entry& FenceGuard::Entry::operator=(Entry&& other) noexcept {
+  if (this != &other) {
+    Forget();
+    guard_ = other.guard_;
+    slot_ = other.slot_;
+    seq_ = other.seq_;
+    other.guard_ = nullptr;
+  }
+  return *this;
+}
+
+int64_t FenceGuard::Entry::KilledNs() const {
+  if (guard_ == nullptr) return 0;
+  const Slot& s = guard_->slots_[slot_];
+  if (s.killed_for.load(std::memory_order_acquire) != seq_) return 0;
+  return s.killed_ns.load(std::memory_order_relaxed);
+}
+
+void FenceGuard::Entry::Forget() {
+  if (guard_ == nullptr) return;
+  guard_->Release(slot_, seq_);
+  guard_ = nullptr;
+}
+
+}  // namespace daemon
+}  // namespace lockstep

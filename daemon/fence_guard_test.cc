@@ -1,0 +1,223 @@
+#include "daemon/fence_guard.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/worker_link.h"
+
+namespace lockstep {
+namespace daemon {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A pid no process can have (above any pid_max): listing it is harmless.
+constexpr pid_t kNoSuchPid = 2000000000;
+
+// A child leading a process group of two: `sh` and a background `sleep`.
+pid_t StartGroup() {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", "sleep 30 & exec sleep 30", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // either side may run first
+  return pid;
+}
+
+// Gone, or a zombie nobody reaped (nothing runs).
+bool Ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  if (text.empty()) return true;
+  const size_t paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'Z';
+}
+
+// Whether a process of group `pgid` still runs (zombies do not count).
+bool GroupLives(pid_t pgid) {
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return false;
+  bool lives = false;
+  while (dirent* e = ::readdir(proc)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid > 0 && ::getpgid(pid) == pgid && !Ended(pid)) lives = true;
+  }
+  ::closedir(proc);
+  return lives;
+}
+
+bool WaitFor(const std::function<bool()>& done, milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return true;
+}
+
+// The guard's stderr goes to a file for the test (its fd 2 is the one the
+// test process had at the fork).
+class FenceGuardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    log_path_ = std::string(tmp ? tmp : "/tmp") + "/guard-" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".err";
+    ASSERT_TRUE(fence_.Create().ok());
+    const int fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    const int saved = ::dup(2);
+    ::dup2(fd, 2);
+    auto guard = FenceGuard::Start(&fence_);
+    ::dup2(saved, 2);
+    ::close(saved);
+    ::close(fd);
+    ASSERT_TRUE(guard.ok()) << guard.status().ToString();
+    guard_ = *std::move(guard);
+  }
+
+  std::string GuardLog() const {
+    std::ifstream in(log_path_);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+  void PassDeadline() { fence_.SetDeadline(worker_link::MonotonicNowNs() - 1000000); }
+
+  std::string log_path_;
+  worker_link::FencePage fence_;
+  std::unique_ptr<FenceGuard> guard_;
+};
+
+TEST_F(FenceGuardTest, KillsTheListedGroupsOncePastTheDeadlineAndNoOthers) {
+  const pid_t listed = StartGroup();
+  const pid_t forgotten = StartGroup();
+  const pid_t never_listed = StartGroup();
+  FenceGuard::Entry entry = guard_->Watch(listed, "j-frozen", 3, 7);
+  ASSERT_TRUE(entry.guarded());
+  {
+    FenceGuard::Entry gone = guard_->Watch(forgotten, "j-frozen", 4, 7);
+    ASSERT_TRUE(gone.guarded());
+  }  // forgotten here
+  // No deadline yet (the agent has not registered), then one ahead: nothing.
+  std::this_thread::sleep_for(milliseconds(200));
+  fence_.SetDeadline(worker_link::MonotonicNowNs() + 60LL * 1000000000);
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_FALSE(Ended(listed));
+  EXPECT_EQ(entry.KilledNs(), 0);
+
+  const int64_t passed_at = worker_link::MonotonicNowNs();
+  PassDeadline();
+  int st = 0;
+  ASSERT_EQ(::waitpid(listed, &st, 0), listed);
+  ASSERT_TRUE(WIFSIGNALED(st));
+  EXPECT_EQ(WTERMSIG(st), SIGKILL);
+  // The group's other member (the background sleep) went with it.
+  EXPECT_TRUE(WaitFor([&] { return !GroupLives(listed); }, milliseconds(2000)));
+  EXPECT_GE(entry.KilledNs(), passed_at);
+  EXPECT_LE(entry.KilledNs(), worker_link::MonotonicNowNs());
+  EXPECT_TRUE(WaitFor([&] { return GuardLog().find('\n') != std::string::npos; }, milliseconds(2000)));
+  const std::string line = GuardLog();
+  EXPECT_NE(line.find("lockstepd fence guard: job j-frozen rank 3 (round 7): SIGKILLed process "
+                      "group " + std::to_string(listed)),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("fence deadline"), std::string::npos) << line;
+
+  // Killed once per listing; the forgotten and the unlisted groups live on.
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_FALSE(Ended(forgotten));
+  EXPECT_FALSE(Ended(never_listed));
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << line;
+
+  // A new listing past the deadline (an agent that went on launching while
+  // cut off) is killed too; one after a renewal is not.
+  fence_.SetDeadline(worker_link::MonotonicNowNs() + 60LL * 1000000000);
+  FenceGuard::Entry renewed = guard_->Watch(forgotten, "j-frozen", 4, 8);
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_FALSE(Ended(forgotten));
+  EXPECT_EQ(renewed.KilledNs(), 0);
+  PassDeadline();
+  ASSERT_EQ(::waitpid(forgotten, &st, 0), forgotten);
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+  EXPECT_NE(renewed.KilledNs(), 0);
+  EXPECT_FALSE(Ended(never_listed));
+
+  ::kill(-never_listed, SIGKILL);
+  ::waitpid(never_listed, &st, 0);
+}
+
+TEST_F(FenceGuardTest, RunsInAProcessGroupOfItsOwnAndEndsWithItsOwner) {
+  const pid_t pid = guard_->pid();
+  ASSERT_GT(pid, 0);
+  // A stop sent to the agent's process group does not reach the guard.
+  EXPECT_EQ(::getpgid(pid), pid);
+  EXPECT_NE(::getpgid(pid), ::getpgrp());
+  EXPECT_FALSE(Ended(pid));
+  guard_.reset();
+  EXPECT_TRUE(Ended(pid));
+
+  // An owner that dies without destroying its guard (kill -9): the guard
+  // sees its pipe close and ends.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t owner = ::fork();
+  if (owner == 0) {
+    worker_link::FencePage page;
+    if (!page.Create().ok()) ::_exit(1);
+    auto guard = FenceGuard::Start(&page);
+    if (!guard.ok()) ::_exit(2);
+    const pid_t g = (*guard)->pid();
+    (void)!::write(fds[1], &g, sizeof(g));
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  pid_t orphan = -1;
+  ASSERT_EQ(::read(fds[0], &orphan, sizeof(orphan)), static_cast<ssize_t>(sizeof(orphan)));
+  ::close(fds[0]);
+  EXPECT_FALSE(Ended(orphan));
+  ::kill(owner, SIGKILL);
+  ::waitpid(owner, nullptr, 0);
+  EXPECT_TRUE(WaitFor([&] { return Ended(orphan); }, milliseconds(2000)))
+      << "the guard of a killed owner still runs";
+}
+
+TEST_F(FenceGuardTest, ListsAsManyWorkersAsItHasSlots) {
+  std::vector<FenceGuard::Entry> entries;
+  for (int i = 0; i < FenceGuard::kSlots; ++i) {
+    entries.push_back(guard_->Watch(kNoSuchPid, "j-many", i, 1));
+    ASSERT_TRUE(entries.back().guarded()) << i;
+  }
+  EXPECT_FALSE(guard_->Watch(kNoSuchPid, "j-many", -1, 1).guarded());
+  entries.erase(entries.begin() + 10);  // frees a slot
+  FenceGuard::Entry again = guard_->Watch(kNoSuchPid, "j-many", -1, 1);
+  EXPECT_TRUE(again.guarded());
+  // Nothing listed exists: nothing is killed and nothing is said.
+  PassDeadline();
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(GuardLog(), "");
+  EXPECT_EQ(again.KilledNs(), 0);
+}
+
+}  // namespace
+}  // namespace daemon
+}  // namespace lockstep
