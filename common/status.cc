@@ -2,13 +2,17 @@
 
 #include <string>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace lockstep {
 
 Status Annotate(const Status& status, absl::string_view context) {
   if (status.ok()) return status;
-  return Status(status.code(), absl::StrCat(context, ": ", status.message()));
+  Status out(status.code(), absl::StrCat(context, ": ", status.message()));
+  status.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
 }
 
 std::string QuoteForError(absl::string_view value, size_t max_bytes) {

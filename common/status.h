@@ -19,7 +19,7 @@ using absl::Status;
 using absl::StatusOr;
 
 // Returns `status` with `context` prepended to its message ("context: msg"),
-// keeping the code. OK passes through unchanged.
+// keeping the code and the payloads. OK passes through unchanged.
 Status Annotate(const Status& status, absl::string_view context);
 
 // Default: how many bytes of untrusted input an error message quotes.

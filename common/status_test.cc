@@ -37,6 +37,9 @@ TEST(StatusTest, AnnotateKeepsCodeAndPrependsContext) {
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(s.message(), "store get: key 'a'");
   EXPECT_TRUE(Annotate(absl::OkStatus(), "x").ok());
+  Status with = absl::UnavailableError("gone");
+  with.SetPayload("lockstep.test/payload", absl::Cord("7"));
+  EXPECT_EQ(Annotate(with, "outer").GetPayload("lockstep.test/payload"), absl::Cord("7"));
 }
 
 TEST(StatusTest, QuoteForErrorEscapesAndTruncates) {

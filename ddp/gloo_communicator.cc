@@ -312,9 +312,12 @@ Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::str
   MarkPeerLost(options_.global_ranks, missing.empty() ? -1 : missing.front());
   const std::string head = absl::StrCat("gloo ", name, " #", seq, " on rank ", rank_, " failed");
   if (!missing.empty()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(head, ": ranks ", FormatRanks(missing), " did not arrive within ",
-                     ToSeconds(options_.timeout), " s (gloo: ", what, ")"));
+    return WithLostPeer(
+        absl::DeadlineExceededError(absl::StrCat(head, ": ranks ", FormatRanks(missing),
+                                                 " did not arrive within ",
+                                                 ToSeconds(options_.timeout), " s (gloo: ", what,
+                                                 ")")),
+        options_.global_ranks.Global(missing.front()));
   }
   return absl::UnavailableError(
       absl::StrCat(head, ": every rank reached it; transport error (gloo: ", what, ")"));

@@ -2,7 +2,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <functional>
 #include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 
 #include "absl/strings/str_cat.h"
 #include "ddp/gloo_communicator.h"
@@ -54,7 +59,7 @@ StatusOr<std::unique_ptr<HierarchicalCommunicator>> HierarchicalCommunicator::Cr
     leaders = std::move(*mesh);
   }
   return std::unique_ptr<HierarchicalCommunicator>(new HierarchicalCommunicator(
-      layout, std::move(options), std::move(*local), std::move(leaders)));
+      store, layout, std::move(options), std::move(*local), std::move(leaders)));
 }
 
 RankMap HostRanks(const HierarchicalLayout& layout) {
@@ -65,11 +70,13 @@ RankMap LeaderRanks(const HierarchicalLayout& layout) {
   return RankMap{0, layout.local_world_size};
 }
 
-HierarchicalCommunicator::HierarchicalCommunicator(const HierarchicalLayout& layout,
+HierarchicalCommunicator::HierarchicalCommunicator(rendezvous::Store* store,
+                                                   const HierarchicalLayout& layout,
                                                    HierarchicalOptions options,
                                                    std::unique_ptr<ShmCommunicator> local,
                                                    std::unique_ptr<Communicator> leaders)
-    : layout_(layout),
+    : store_(store),
+      layout_(layout),
       options_(std::move(options)),
       local_(std::move(local)),
       leaders_(std::move(leaders)) {}
@@ -85,6 +92,47 @@ Status HierarchicalCommunicator::BetweenHosts(const std::shared_ptr<Work>& work,
                                               const char* what) const {
   return Annotate(work->Wait(options_.timeout + kWorkWaitSlack),
                   absl::StrCat(what, " between hosts (node ranks of the leaders)"));
+}
+
+std::shared_ptr<Work> HierarchicalCommunicator::Run(const char* name,
+                                                    std::function<Status()> body) {
+  return queue_.Enqueue(name, [this, body = std::move(body)](uint64_t seq) {
+    return FollowBlame(seq, body());
+  });
+}
+
+Status HierarchicalCommunicator::FollowBlame(uint64_t seq, Status failed) {
+  const int blamed = LostPeerOf(failed);
+  if (failed.ok() || blamed < 0 || blamed >= layout_.world_size) return failed;
+  const std::string base = absl::StrCat(options_.key_prefix, "/waits/", seq, "/");
+  // Published either way, so that a chain through this rank goes on.
+  (void)store_->Set(base + std::to_string(layout_.rank), std::to_string(blamed));
+  if (failed.code() != absl::StatusCode::kDeadlineExceeded) return failed;  // it saw the peer exit
+  const Duration grace = std::min<Duration>(options_.timeout / 5, kMaxDiagnosisGrace);
+  const MonoTime deadline = RealClock()->Now() + grace;
+  std::vector<int> chain = {layout_.rank, blamed};
+  int at = blamed;
+  while (true) {
+    const Duration left = std::max<Duration>(deadline - RealClock()->Now(), Duration::zero());
+    StatusOr<std::string> next = store_->Get(base + std::to_string(at), left);
+    if (!next.ok()) break;  // `at` never gave up
+    int n = -1;
+    if (!absl::SimpleAtoi(*next, &n) || n < 0 || n >= layout_.world_size) break;
+    if (std::find(chain.begin(), chain.end(), n) != chain.end()) {
+      at = blamed;  // a cycle: no rank on it is the one
+      break;
+    }
+    chain.push_back(n);
+    at = n;
+  }
+  if (at == blamed) return failed;
+  MarkPeerLost(RankMap{}, at);
+  return WithLostPeer(
+      Status(failed.code(),
+             absl::StrCat(failed.message(), "; rank ", blamed,
+                          " was itself waiting, and the ranks' waits lead to rank ", at,
+                          ", which never gave up (", absl::StrJoin(chain, " -> "), ")")),
+      at);
 }
 
 Status HierarchicalCommunicator::RunAllReduce(at::Tensor& tensor, ReduceOp op,
@@ -105,7 +153,7 @@ Status HierarchicalCommunicator::RunAllReduce(at::Tensor& tensor, ReduceOp op,
 
 std::shared_ptr<Work> HierarchicalCommunicator::AllReduce(at::Tensor tensor, ReduceOp op) {
   if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
-  return queue_.Enqueue("allreduce", [this, tensor, op](uint64_t) mutable -> Status {
+  return Run("allreduce", [this, tensor, op]() mutable -> Status {
     return RunAllReduce(tensor, op, {});
   });
 }
@@ -118,8 +166,7 @@ std::shared_ptr<Work> HierarchicalCommunicator::AllReduceFrom(at::Tensor tensor,
                                                               std::vector<InputPiece> pieces) {
   if (Status s = CheckCpuAllReduce(tensor, op); !s.ok()) return Work::Failed(s);
   if (Status s = CheckInputPieces(tensor, pieces); !s.ok()) return Work::Failed(s);
-  return queue_.Enqueue("allreduce", [this, tensor, op, pieces = std::move(pieces)](
-                                         uint64_t) mutable -> Status {
+  return Run("allreduce", [this, tensor, op, pieces = std::move(pieces)]() mutable -> Status {
     return RunAllReduce(tensor, op, std::move(pieces));
   });
 }
@@ -133,7 +180,7 @@ std::shared_ptr<Work> HierarchicalCommunicator::Broadcast(at::Tensor tensor, int
   Status s = CheckCollectiveTensor(tensor, "broadcast");
   if (s.ok()) s = CheckBroadcastRoot(root, layout_.world_size);
   if (!s.ok()) return Work::Failed(s);
-  return queue_.Enqueue("broadcast", [this, tensor, root](uint64_t) -> Status {
+  return Run("broadcast", [this, tensor, root]() -> Status {
     const int root_node = root / layout_.local_world_size;
     const int root_local = root % layout_.local_world_size;
     if (layout_.node_rank == root_node) {
@@ -151,7 +198,7 @@ std::shared_ptr<Work> HierarchicalCommunicator::AllGather(at::Tensor input, at::
   if (Status s = CheckAllGather(input, output, layout_.world_size); !s.ok()) {
     return Work::Failed(s);
   }
-  return queue_.Enqueue("allgather", [this, input, output](uint64_t) -> Status {
+  return Run("allgather", [this, input, output]() -> Status {
     const int64_t block = input.numel() * layout_.local_world_size;
     // One node: its block is the whole output.
     at::Tensor node_block = layout_.num_nodes > 1 ? at::empty({block}, input.options()) : output;
@@ -165,7 +212,7 @@ std::shared_ptr<Work> HierarchicalCommunicator::AllGather(at::Tensor input, at::
 }
 
 std::shared_ptr<Work> HierarchicalCommunicator::Barrier() {
-  return queue_.Enqueue("barrier", [this](uint64_t) -> Status {
+  return Run("barrier", [this]() -> Status {
     RETURN_IF_ERROR(OnHost(local_->Barrier(), "barrier"));
     if (leader()) RETURN_IF_ERROR(BetweenHosts(leaders_->Barrier(), "barrier"));
     if (layout_.num_nodes > 1) RETURN_IF_ERROR(OnHost(local_->Barrier(), "barrier"));

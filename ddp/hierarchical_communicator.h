@@ -32,11 +32,28 @@
 // 1 (local ranks)" or "between hosts (node ranks of the leaders)". Then, as
 // for every communicator, later calls fail with FailedPrecondition.
 //
+// Whom a rank blames. A sub-collective blames the peer this rank waited
+// for, which may itself be waiting: with rank 3 frozen in a job of 2 hosts x
+// 2 ranks, rank 2 waits for it on host 1, node 0's leader (rank 0) waits for
+// rank 2 between hosts, and rank 1 waits for rank 0's result broadcast; each
+// gives up at about the same time, and the coordinator blames whichever
+// reported first (the agents stop the others). So a rank whose
+// sub-collective blamed a peer (kLostPeerPayload, global rank) publishes it
+// in the store ("<prefix>/waits/<collective #>/<rank>") and, when that
+// sub-collective timed out (DeadlineExceeded), follows the published
+// blames from its peer (1 -> 0 -> 2 -> 3) for up to min(timeout / 5, 5 s)
+// in all, to the first rank that published none: the one that never gave
+// up (frozen, hung, or gone). It marks that rank lost (worker_link) and
+// names the chain in its error. A chain that comes back to a rank already
+// on it keeps the first blame. So a collective that fails may take up to
+// that much longer.
+//
 // Thread safety: thread-safe (see Communicator).
 #ifndef LOCKSTEP_DDP_HIERARCHICAL_COMMUNICATOR_H_
 #define LOCKSTEP_DDP_HIERARCHICAL_COMMUNICATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -124,9 +141,16 @@ class HierarchicalCommunicator : public Communicator {
   uint64_t host_elements_read_from_pieces() const { return local_->elements_read_from_pieces(); }
 
  private:
-  HierarchicalCommunicator(const HierarchicalLayout& layout, HierarchicalOptions options,
-                           std::unique_ptr<ShmCommunicator> local,
+  HierarchicalCommunicator(rendezvous::Store* store, const HierarchicalLayout& layout,
+                           HierarchicalOptions options, std::unique_ptr<ShmCommunicator> local,
                            std::unique_ptr<Communicator> leaders);
+
+  // Enqueues `body` as one collective; its error goes through FollowBlame.
+  std::shared_ptr<Work> Run(const char* name, std::function<Status()> body);
+  // Collective #seq's error: publishes whom it blamed and follows the
+  // blames published by the others to the rank that never gave up (see
+  // the header comment). OK passes through.
+  Status FollowBlame(uint64_t seq, Status failed);
 
   // The allreduce's steps (AllReduce, AllReduceFrom), on the queue's thread.
   Status RunAllReduce(at::Tensor& tensor, ReduceOp op, std::vector<InputPiece> pieces);
@@ -136,6 +160,7 @@ class HierarchicalCommunicator : public Communicator {
   Status BetweenHosts(const std::shared_ptr<Work>& work, const char* what) const;
   bool leader() const { return leaders_ != nullptr; }
 
+  rendezvous::Store* const store_;
   const HierarchicalLayout layout_;
   const HierarchicalOptions options_;
   std::unique_ptr<ShmCommunicator> local_;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/worker_link.h"
@@ -114,6 +115,57 @@ TEST(LostPeerRankTest, ALostPeerIsMarkedByItsGlobalRank) {
     EXPECT_TRUE(ok[0]) << "rank 0's second allreduce did not fail";
     ASSERT_TRUE(worker_link::IsPeerLost(page.Get(0))) << page.Get(0);
     EXPECT_EQ(worker_link::LostPeer(page.Get(0)), shm ? 5 : 2);
+  }
+}
+
+// A frozen rank of a job of 2 hosts x 2 ranks (shm inside each, Gloo
+// between them) is the lost peer every other rank marks, although each
+// waited for another: with rank 3 frozen, rank 2 waits for it on host 1,
+// rank 0 for rank 2 between hosts, rank 1 for rank 0's result broadcast
+// (HierarchicalCommunicator follows the blames the ranks publish). With rank
+// 1 frozen the chain runs the other way (rank 3 -> 2 -> 0 -> 1).
+TEST(LostPeerRankTest, EveryRankOfAHierarchicalJobMarksTheFrozenRank) {
+  constexpr int kWorld = 4;
+  constexpr auto kTimeout = std::chrono::seconds(3);
+  for (const int frozen : {3, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(frozen) + " frozen");
+    worker_link::StatusPage page;
+    ASSERT_TRUE(page.Create(kWorld).ok());
+    ::fcntl(page.fd(), F_SETFD, 0);
+    const std::string fd = std::to_string(page.fd());
+    std::vector<std::string> errors(kWorld);
+    const std::vector<bool> ok = RunRankProcesses(kWorld, [&](int rank, rendezvous::Store* store) {
+      ::setenv(worker_link::kStatusFdEnv, fd.c_str(), 1);
+      // The page's slot: this test's one page holds every rank.
+      ::setenv("LOCKSTEP_LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      HierarchicalLayout layout;
+      layout.rank = rank;
+      layout.world_size = kWorld;
+      layout.local_rank = rank % 2;
+      layout.local_world_size = 2;
+      layout.node_rank = rank / 2;
+      layout.num_nodes = 2;
+      HierarchicalOptions options;
+      options.timeout = kTimeout;
+      auto comm = HierarchicalCommunicator::Create(store, layout, options);
+      if (!comm.ok()) return false;
+      at::Tensor t = at::ones({1024});
+      if (!(*comm)->AllReduce(t, ReduceOp::kSum)->Wait().ok()) return false;
+      if (rank == frozen) {
+        // Frozen: never comes to the next collective, and never gives up.
+        std::this_thread::sleep_for(kTimeout * 2);
+        _exit(0);
+      }
+      const Status s = (*comm)->AllReduce(t, ReduceOp::kSum)->Wait();
+      std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+      return !s.ok() && LostPeerOf(s) == frozen;
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      if (r == frozen) continue;
+      EXPECT_TRUE(ok[r]) << "rank " << r << "'s collective did not fail naming rank " << frozen;
+      ASSERT_TRUE(worker_link::IsPeerLost(page.Get(r))) << r << ": " << page.Get(r);
+      EXPECT_EQ(worker_link::LostPeer(page.Get(r)), frozen) << "rank " << r;
+    }
   }
 }
 

@@ -1,7 +1,10 @@
 #include "ddp/missing_ranks.h"
 
 #include <algorithm>
+#include <string>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/worker_link.h"
@@ -25,6 +28,20 @@ std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::strin
 }
 
 void MarkPeerLost(const RankMap& map, int rank) { worker_link::MarkPeerLost(map.Global(rank)); }
+
+Status WithLostPeer(Status status, int global_rank) {
+  if (!status.ok() && global_rank >= 0) {
+    status.SetPayload(kLostPeerPayload, absl::Cord(std::to_string(global_rank)));
+  }
+  return status;
+}
+
+int LostPeerOf(const Status& status) {
+  const auto payload = status.GetPayload(kLostPeerPayload);
+  int rank = -1;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &rank) || rank < 0) return -1;
+  return rank;
+}
 
 Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, std::string>>& keys,
                     Duration timeout, const std::string& what, const ProgressLog& progress,

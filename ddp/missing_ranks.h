@@ -39,6 +39,15 @@ struct RankMap {
 // worker_link::MarkPeerLost of `rank` (-1: not known) in `map`'s numbering.
 void MarkPeerLost(const RankMap& map, int rank);
 
+// A collective's error that blames a peer carries the job's (global) rank
+// it blamed as a payload, so a communicator built of others
+// (HierarchicalCommunicator) can follow it: WithLostPeer attaches it
+// (nothing for an OK status or a rank < 0), LostPeerOf reads it (-1: none).
+// Annotate keeps it.
+inline constexpr char kLostPeerPayload[] = "lockstep.dev/lost-peer";
+Status WithLostPeer(Status status, int global_rank);
+int LostPeerOf(const Status& status);
+
 // How often a bootstrap wait logs whom it still waits for.
 inline constexpr Duration kBootstrapProgressInterval = std::chrono::seconds(5);
 

@@ -403,16 +403,20 @@ Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline
       const auto pid = static_cast<pid_t>(segment_->control(r)->pid.load(std::memory_order_relaxed));
       if (check_pids && segment_->check_pid[r] && ProcessExited(pid)) {
         MarkPeerLost(options_.global_ranks, r);  // this rank follows r's failure
-        return absl::UnavailableError(absl::StrCat("shm ", name, " #", seq, " on rank ", rank_,
-                                                   ": rank ", r, " (pid ", pid, ") exited"));
+        return WithLostPeer(absl::UnavailableError(absl::StrCat("shm ", name, " #", seq, " on rank ",
+                                                                rank_, ": rank ", r, " (pid ", pid,
+                                                                ") exited")),
+                            options_.global_ranks.Global(r));
       }
     }
     if (now > deadline) {
       MarkPeerLost(options_.global_ranks, missing.empty() ? -1 : missing.front());
-      return absl::DeadlineExceededError(
-          absl::StrCat("shm ", name, " #", seq, " on rank ", rank_, ": ranks ",
-                       FormatRanks(missing), " did not arrive within ",
-                       ToSeconds(options_.timeout), " s"));
+      return WithLostPeer(
+          absl::DeadlineExceededError(absl::StrCat("shm ", name, " #", seq, " on rank ", rank_,
+                                                   ": ranks ", FormatRanks(missing),
+                                                   " did not arrive within ",
+                                                   ToSeconds(options_.timeout), " s")),
+          options_.global_ranks.Global(missing.empty() ? -1 : missing.front()));
     }
     // Sleep until the next arrival anywhere (or 10 ms, for the checks above).
     // An arrival between `seen` and the wait changes the word, so the wait
