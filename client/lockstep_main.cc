@@ -706,6 +706,11 @@ class Cli {
     if (!rest->empty() || out.empty() || hosts.empty()) {
       return Usage(absl::InvalidArgumentError("certs: want --out DIR --hosts HOST,..."));
     }
+    // It writes files and names them; it has no JSON to print (it printed
+    // its text and ignored --json).
+    if (common_.json) {
+      return Usage(absl::InvalidArgumentError("certs prints no JSON: leave out --json"));
+    }
     std::vector<std::string> list = absl::StrSplit(hosts, ',', absl::SkipEmpty());
     auto written = certs::WriteClusterCerts(out, list, days);
     if (absl::IsInvalidArgument(written.status())) return Usage(written.status());

@@ -110,7 +110,10 @@ expect_usage 'days must be 1 to 36500 (100 years), got 100000' \
   "$LOCKSTEP" certs --out "$T/certs" --hosts node-3 --days 100000
 expect_usage "host 'bad host' is neither a DNS name nor an IP address" \
   "$LOCKSTEP" certs --out "$T/certs" --hosts "bad host"
-[ ! -e "$T/certs/node-3.pem" ] && [ ! -e "$T/certs/bad host.pem" ] || fail "a refused certs run wrote a certificate"
+expect_usage "certs prints no JSON: leave out --json" \
+  "$LOCKSTEP" --json certs --out "$T/certs" --hosts node-4
+[ ! -e "$T/certs/node-3.pem" ] && [ ! -e "$T/certs/bad host.pem" ] && [ ! -e "$T/certs/node-4.pem" ] ||
+  fail "a refused certs run wrote a certificate"
 
 
 grep -qx "lockstep [0-9.]*" <<<"$("$LOCKSTEP" --version)" || fail "lockstep --version: $("$LOCKSTEP" --version)"
