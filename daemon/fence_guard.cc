@@ -66,6 +66,28 @@ void PutInt(char* buf, size_t* n, size_t cap, int64_t v) {
   while (d > 0) Put(buf, n, cap, &digits[--d], 1);
 }
 
+// Whether process `pid` runs: not gone, and not a zombie its parent has not
+// reaped yet (a worker the agent itself killed a moment ago).
+bool Runs(pid_t pid) {
+  char path[40];
+  size_t n = 0;
+  PutStr(path, &n, sizeof(path) - 1, "/proc/");
+  PutInt(path, &n, sizeof(path) - 1, pid);
+  PutStr(path, &n, sizeof(path) - 1, "/stat");
+  path[n] = '\0';
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char stat[512];
+  const ssize_t got = ::read(fd, stat, sizeof(stat));
+  ::close(fd);
+  if (got <= 0) return false;
+  // "pid (comm) S ...": the state follows the last ')'.
+  for (ssize_t i = got - 1; i >= 0; --i) {
+    if (stat[i] == ')') return i + 2 < got && stat[i + 2] != 'Z' && stat[i + 2] != 'X';
+  }
+  return true;
+}
+
 // Kills every listing the guard has not killed yet (killed[i]: the sequence
 // number it killed in slot i).
 void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t deadline) {
@@ -85,7 +107,11 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
     if (s.seq.load(std::memory_order_relaxed) != seq) continue;  // rewritten meanwhile
     killed[i] = seq;
     if (pgid <= 0) continue;
-    if (::kill(-pgid, SIGKILL) != 0) continue;  // gone already
+    // A worker that already died (its agent killed it at this very deadline
+    // and has not reaped it yet) was not the guard's: its group's stragglers
+    // go, unsaid.
+    const bool leader_runs = Runs(pgid);
+    if (::kill(-pgid, SIGKILL) != 0 || !leader_runs) continue;
     s.killed_ns.store(now, std::memory_order_relaxed);
     s.killed_for.store(seq, std::memory_order_release);
     char line[512];

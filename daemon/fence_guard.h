@@ -16,7 +16,9 @@
 // and not yet forgotten, once per listing, writes one line to stderr per
 // group (the daemon's log: spdlog cannot be used in a forked child) and
 // stamps when on the listing, so that the agent, once it runs again, can
-// say who killed its worker. The deadline is the one engine workers obey
+// say who killed its worker. A worker already dead (a zombie: its agent
+// killed it at the same deadline and has not reaped it yet) is not claimed:
+// its group's stragglers are killed, nothing is said or stamped. The deadline is the one engine workers obey
 // (the agent's last accepted heartbeat + lease + lease/4), so the guard and
 // the engine fence within 200 ms of each other, before the coordinator's
 // fence deadline for the node (a second later).

@@ -165,6 +165,22 @@ TEST_F(FenceGuardTest, KillsTheListedGroupsOncePastTheDeadlineAndNoOthers) {
   ::waitpid(never_listed, &st, 0);
 }
 
+// A worker its agent killed at the deadline, not yet reaped (a zombie), was
+// not the guard's to kill: it is not stamped and not named.
+TEST_F(FenceGuardTest, AWorkerAlreadyDeadIsNotClaimed) {
+  const pid_t pid = StartGroup();
+  FenceGuard::Entry entry = guard_->Watch(pid, "j-dead", 0, 1);
+  ::kill(pid, SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return Ended(pid); }, milliseconds(2000)));
+  PassDeadline();
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_EQ(entry.KilledNs(), 0);
+  EXPECT_EQ(GuardLog(), "");
+  // Its group's other member (the background sleep) went all the same.
+  EXPECT_TRUE(WaitFor([&] { return !GroupLives(pid); }, milliseconds(2000)));
+  ::waitpid(pid, nullptr, 0);
+}
+
 TEST_F(FenceGuardTest, RunsInAProcessGroupOfItsOwnAndEndsWithItsOwner) {
   const pid_t pid = guard_->pid();
   ASSERT_GT(pid, 0);
