@@ -921,10 +921,28 @@ void Agent::SweepOrphans(bool all) {
   }
 }
 
+void Agent::KeepGuard() {
+  if (!guard_) return;
+  const pid_t pid = guard_->pid();
+  const std::optional<std::string> ended = guard_->Ended();
+  if (!ended) return;
+  const Status restarted = guard_->Restart();
+  if (restarted.ok()) {
+    log_.Error("the fence guard (pid {}) {}: started another (pid {}), which guards the same "
+               "workers",
+               pid, *ended, guard_->pid());
+  } else if (guard_warning_.Allow()) {
+    log_.Error("the fence guard (pid {}) {} and cannot be started again ({}): while this agent is "
+               "frozen, workers that do not link the engine are not stopped",
+               pid, *ended, restarted.ToString());
+  }
+}
+
 void Agent::RunOnce() {
   if (clock_->Now() >= next_housekeeping_) {
     next_housekeeping_ = clock_->Now() + kHousekeepingInterval;
     CapLogs();
+    KeepGuard();
     MutexLock lock(&mu_);
     SweepOrphans(/*all=*/false);
     for (auto& [id, run] : runs_) {

@@ -321,6 +321,8 @@ class Agent {
   // killed before it returned them) go to the cleaner, if no one holds
   // them; it gives those dirs back to root and removes the uids' leftovers.
   void ReclaimStaleJobUids();
+  // Housekeeping: a fence guard process that ended is started again.
+  void KeepGuard();
   // Hands the job's uid to the cleaner, which kills what still runs as
   // it, gives its dir back to root, removes its leftovers and frees it.
   void ReleaseJobUid(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -338,6 +340,7 @@ class Agent {
   RateLimiter heartbeat_warning_{std::chrono::seconds(2)};
   RateLimiter reports_warning_{std::chrono::seconds(10)};
   RateLimiter rotate_warning_{std::chrono::seconds(10)};
+  RateLimiter guard_warning_{std::chrono::seconds(60)};
   MonoTime next_housekeeping_{};  // agent thread only
 
   // The node's fence page, inherited by every worker.

@@ -33,6 +33,7 @@
 #include "common/log_capture.h"
 #include "common/worker_link.h"
 #include "daemon/fake_coordinator_client.h"
+#include "daemon/orphans.h"
 #include "daemon/uid_lease.h"
 
 namespace lockstep {
@@ -940,6 +941,28 @@ TEST_F(AgentTest, ShutdownFromTheLoopThreadGivesWorkersTheirGrace) {
   EXPECT_NE(Output("j1", 1).find("got TERM"), std::string::npos)
       << "the worker was killed without its SIGTERM grace";
   EXPECT_EQ(Workers("j1")[0].state(), v1::WORKER_STATE_STOPPED);
+}
+
+// The fence guard (fence_guard.h) is the agent's process's one child while
+// no worker runs; one that ends is started again at the next housekeeping,
+// and the agent says so.
+TEST_F(AgentTest, AFenceGuardThatEndsIsStartedAgain) {
+  LogCapture log;
+  std::vector<pid_t> children = ChildrenOf(::getpid());
+  ASSERT_EQ(children.size(), 1u) << "the fence guard is not this agent's one child";
+  const pid_t guard = children[0];
+  EXPECT_EQ(::getpgid(guard), guard) << "the guard is in its process group";
+  ::kill(guard, SIGKILL);
+  ASSERT_TRUE(RunUntil([&] { return log.Lines().find("started another") != std::string::npos; }))
+      << log.Lines();
+  EXPECT_NE(log.Lines().find(absl::StrCat("the fence guard (pid ", guard,
+                                          ") killed by signal 9: started another (pid ")),
+            std::string::npos)
+      << log.Lines();
+  children = ChildrenOf(::getpid());
+  ASSERT_EQ(children.size(), 1u);
+  EXPECT_NE(children[0], guard);
+  EXPECT_EQ(::getpgid(children[0]), children[0]);
 }
 
 TEST_F(AgentTest, ReadLogsRejectsPathsAndUnknownRanks) {

@@ -111,9 +111,17 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
     // and has not reaped it yet) was not the guard's: its group's stragglers
     // go, unsaid.
     const bool leader_runs = Runs(pgid);
-    if (::kill(-pgid, SIGKILL) != 0 || !leader_runs) continue;
-    s.killed_ns.store(now, std::memory_order_relaxed);
-    s.killed_for.store(seq, std::memory_order_release);
+    // Stamped before the kill: the agent reaps the worker only after it
+    // died, and must then find the stamp.
+    if (leader_runs) {
+      s.killed_ns.store(now, std::memory_order_relaxed);
+      s.killed_for.store(seq, std::memory_order_release);
+    }
+    if (::kill(-pgid, SIGKILL) != 0) {
+      if (leader_runs) s.killed_for.store(0, std::memory_order_release);  // gone meanwhile
+      continue;
+    }
+    if (!leader_runs) continue;
     char line[512];
     size_t n = 0;
     const size_t cap = sizeof(line) - 1;
@@ -166,12 +174,18 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
 
 StatusOr<std::unique_ptr<FenceGuard>> FenceGuard::Start(const worker_link::FencePage* fence) {
   std::unique_ptr<FenceGuard> guard(new FenceGuard());
+  guard->fence_ = fence;
   void* mem = ::mmap(nullptr, kSlotBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
     return absl::UnavailableError(
         absl::StrCat("fence guard: mmap of its listings: ", std::strerror(errno)));
   }
   guard->slots_ = new (mem) Slot[kSlots];
+  RETURN_IF_ERROR(guard->Spawn());
+  return guard;
+}
+
+Status FenceGuard::Spawn() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     return absl::UnavailableError(absl::StrCat("fence guard: pipe: ", std::strerror(errno)));
@@ -185,13 +199,32 @@ StatusOr<std::unique_ptr<FenceGuard>> FenceGuard::Start(const worker_link::Fence
   }
   if (pid == 0) {
     ::close(fds[1]);
-    GuardMain(fence, guard->slots_, fds[0]);
+    GuardMain(fence_, slots_, fds[0]);
   }
   ::setpgid(pid, pid);  // as the child does: whichever runs first
   ::close(fds[0]);
-  guard->pid_ = pid;
-  guard->pipe_write_ = fds[1];
-  return guard;
+  pid_ = pid;
+  pipe_write_ = fds[1];
+  return absl::OkStatus();
+}
+
+std::optional<std::string> FenceGuard::Ended() {
+  if (pid_ <= 0) return std::string("not started");
+  int st = 0;
+  const pid_t r = ::waitpid(pid_, &st, WNOHANG);
+  if (r == 0) return std::nullopt;
+  std::string how = r < 0 ? absl::StrCat("lost: ", std::strerror(errno))
+                    : WIFSIGNALED(st) ? absl::StrCat("killed by signal ", WTERMSIG(st))
+                                      : absl::StrCat("exited with code ", WEXITSTATUS(st));
+  pid_ = -1;
+  ::close(pipe_write_);
+  pipe_write_ = -1;
+  return how;
+}
+
+Status FenceGuard::Restart() {
+  if (pid_ > 0) return absl::FailedPreconditionError("fence guard: still running");
+  return Spawn();
 }
 
 FenceGuard::~FenceGuard() {

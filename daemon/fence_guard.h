@@ -45,6 +45,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -106,10 +107,19 @@ class FenceGuard {
   // The guard process (the agent's orphan sweep leaves it alone).
   pid_t pid() const { return pid_; }
 
+  // Whether the guard process ended (it is reaped here), and how ("killed
+  // by signal 9"); nullopt while it runs. The agent looks every second.
+  std::optional<std::string> Ended();
+  // Starts a new guard process over the same listings (after Ended).
+  Status Restart();
+
  private:
   FenceGuard() = default;
+  // Forks the guard process over slots_.
+  Status Spawn();
   void Release(int slot, uint32_t seq);
 
+  const worker_link::FencePage* fence_ = nullptr;
   Slot* slots_ = nullptr;  // kSlots of them, MAP_SHARED with the guard
   pid_t pid_ = -1;
   int pipe_write_ = -1;  // closed: the guard ends

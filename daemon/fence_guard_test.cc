@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <vector>
 #include <fstream>
 #include <sstream>
@@ -215,6 +216,28 @@ TEST_F(FenceGuardTest, RunsInAProcessGroupOfItsOwnAndEndsWithItsOwner) {
   ::waitpid(owner, nullptr, 0);
   EXPECT_TRUE(WaitFor([&] { return Ended(orphan); }, milliseconds(2000)))
       << "the guard of a killed owner still runs";
+}
+
+// A guard process that was killed is reaped and told (Ended); the one
+// Restart starts guards the same listings.
+TEST_F(FenceGuardTest, AGuardStartedAgainGuardsTheSameListings) {
+  const pid_t listed = StartGroup();
+  FenceGuard::Entry entry = guard_->Watch(listed, "j-again", 1, 2);
+  EXPECT_EQ(guard_->Ended(), std::nullopt);
+  const pid_t first = guard_->pid();
+  ::kill(first, SIGKILL);
+  std::optional<std::string> ended;
+  ASSERT_TRUE(WaitFor([&] { return (ended = guard_->Ended()).has_value(); }, milliseconds(2000)));
+  EXPECT_EQ(*ended, "killed by signal 9");
+  EXPECT_TRUE(Ended(first));
+  ASSERT_TRUE(guard_->Restart().ok());
+  EXPECT_NE(guard_->pid(), first);
+  EXPECT_EQ(guard_->Ended(), std::nullopt);
+  PassDeadline();
+  int st = 0;
+  ASSERT_EQ(::waitpid(listed, &st, 0), listed);
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+  EXPECT_NE(entry.KilledNs(), 0);
 }
 
 TEST_F(FenceGuardTest, ListsAsManyWorkersAsItHasSlots) {
