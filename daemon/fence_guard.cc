@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -149,6 +150,8 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
   // Its own process group: a stop sent to the daemon's group (a shell's
   // ^Z, kill -STOP -PGID) does not stop the guard.
   (void)::setpgid(0, 0);
+  // Told from the daemon in ps and /proc/PID/comm.
+  (void)::prctl(PR_SET_NAME, FenceGuard::kProcessName, 0, 0, 0);
   // Only the pipe and stdio stay open: the guard must not hold the
   // daemon's sockets, files or a launch's exec pipe.
   if (::close_range(3, static_cast<unsigned>(pipe_read) - 1, 0) != 0 && errno == ENOSYS) {

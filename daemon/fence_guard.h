@@ -63,6 +63,8 @@ class FenceGuard {
   static constexpr int kSlots = 1024;
   // How many bytes of a job id a listing keeps (for the guard's line).
   static constexpr int kJobIdBytes = 48;
+  // The guard process's name (/proc/PID/comm, what ps shows).
+  static constexpr char kProcessName[] = "lockstepd-fence";
 
   struct Slot;  // shared with the guard process (fence_guard.cc)
 

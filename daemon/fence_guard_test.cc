@@ -189,6 +189,15 @@ TEST_F(FenceGuardTest, RunsInAProcessGroupOfItsOwnAndEndsWithItsOwner) {
   EXPECT_EQ(::getpgid(pid), pid);
   EXPECT_NE(::getpgid(pid), ::getpgrp());
   EXPECT_FALSE(Ended(pid));
+  std::string name;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+        std::getline(comm, name);
+        return name == FenceGuard::kProcessName;
+      },
+      milliseconds(2000)))
+      << "its name: " << name;
   guard_.reset();
   EXPECT_TRUE(Ended(pid));
 

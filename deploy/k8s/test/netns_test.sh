@@ -310,12 +310,14 @@ for p in agent-a agent-b; do
     fail "$p: workers' uid '$uid' is not from --job-uids $range"
 done
 log "workers ran as uid $uid (--job-uids $range)"
-# Nothing left: no worker in either agent pod (its PID 1 alone), no
-# segment in its /dev/shm.
+# Nothing left: no worker in either agent pod (its PID 1 alone, with the
+# fence guard it forked: daemon/fence_guard.h), no segment in its /dev/shm.
 pod_alone() {
   local ns; ns=$(readlink "/proc/$(pid1 "$1")/ns/pid")
   for d in /proc/[0-9]*; do
     [ "${d#/proc/}" = "$(pid1 "$1")" ] && continue
+    [ "$(cat "$d/comm" 2>/dev/null)" = lockstepd-fence ] &&
+      [ "$(awk '{print $4}' "$d/stat" 2>/dev/null)" = "$(pid1 "$1")" ] && continue
     [ "$(readlink "$d/ns/pid" 2>/dev/null)" = "$ns" ] && return 1
   done
   return 0
