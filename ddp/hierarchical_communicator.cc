@@ -115,7 +115,12 @@ Status HierarchicalCommunicator::FollowBlame(uint64_t seq, Status failed) {
   while (true) {
     const Duration left = std::max<Duration>(deadline - RealClock()->Now(), Duration::zero());
     StatusOr<std::string> next = store_->Get(base + std::to_string(at), left);
-    if (!next.ok()) break;  // `at` never gave up
+    if (!next.ok()) {
+      // DeadlineExceeded: `at` never gave up. Any other error is the
+      // store's, which says nothing of `at`: the first blame stands.
+      if (!absl::IsDeadlineExceeded(next.status())) at = blamed;
+      break;
+    }
     int n = -1;
     if (!absl::SimpleAtoi(*next, &n) || n < 0 || n >= layout_.world_size) break;
     if (std::find(chain.begin(), chain.end(), n) != chain.end()) {

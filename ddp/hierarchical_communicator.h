@@ -45,7 +45,7 @@
 // in all, to the first rank that published none: the one that never gave
 // up (frozen, hung, or gone). It marks that rank lost (worker_link) and
 // names the chain in its error. A chain that comes back to a rank already
-// on it keeps the first blame. So a collective that fails may take up to
+// on it, or a store that cannot be read, keeps the first blame. So a collective that fails may take up to
 // that much longer.
 //
 // Thread safety: thread-safe (see Communicator).

@@ -118,17 +118,62 @@ TEST(LostPeerRankTest, ALostPeerIsMarkedByItsGlobalRank) {
   }
 }
 
+// A store that cannot read rank 2's published blame (its Get of
+// ".../waits/<n>/2" fails UNAVAILABLE), the rest passed through.
+class NoWaitsStore : public rendezvous::Store {
+ public:
+  explicit NoWaitsStore(rendezvous::Store* inner) : inner_(inner) {}
+  Status Set(const std::string& k, const std::string& v) override { return inner_->Set(k, v); }
+  StatusOr<std::string> Get(const std::string& k, Duration timeout) override {
+    if (k.find("/waits/") != std::string::npos && k.back() == '2') {
+      return absl::UnavailableError("store down");
+    }
+    return inner_->Get(k, timeout);
+  }
+  StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return inner_->Add(k, d); }
+  StatusOr<std::string> CompareSet(const std::string& k, const std::string& e,
+                                   const std::string& d) override {
+    return inner_->CompareSet(k, e, d);
+  }
+  StatusOr<bool> Delete(const std::string& k) override { return inner_->Delete(k); }
+  Status Wait(const std::vector<std::string>& keys, Duration timeout) override {
+    return inner_->Wait(keys, timeout);
+  }
+  StatusOr<int64_t> NumKeys() override { return inner_->NumKeys(); }
+  StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                              Duration timeout) override {
+    return inner_->MultiGet(keys, timeout);
+  }
+  Status MultiSet(const std::vector<std::pair<std::string, std::string>>& e) override {
+    return inner_->MultiSet(e);
+  }
+
+ private:
+  rendezvous::Store* inner_;
+};
+
 // A frozen rank of a job of 2 hosts x 2 ranks (shm inside each, Gloo
 // between them) is the lost peer every other rank marks, although each
 // waited for another: with rank 3 frozen, rank 2 waits for it on host 1,
 // rank 0 for rank 2 between hosts, rank 1 for rank 0's result broadcast
 // (HierarchicalCommunicator follows the blames the ranks publish). With rank
-// 1 frozen the chain runs the other way (rank 3 -> 2 -> 0 -> 1).
+// 1 frozen the chain runs the other way (rank 3 -> 2 -> 0 -> 1). Where a
+// blame on the way cannot be read back (rank 2's, with rank 3 frozen), a
+// rank keeps the one it made (the peer it waited for), not the rank where
+// the store failed: rank 1 blames rank 0, not rank 2, which did give up.
 TEST(LostPeerRankTest, EveryRankOfAHierarchicalJobMarksTheFrozenRank) {
   constexpr int kWorld = 4;
   constexpr auto kTimeout = std::chrono::seconds(3);
-  for (const int frozen : {3, 1}) {
-    SCOPED_TRACE("rank " + std::to_string(frozen) + " frozen");
+  struct Case {
+    int frozen;
+    bool store_reads_blames;
+    std::vector<int> marks;  // per rank (the frozen one's unused)
+  };
+  for (const Case& c : {Case{3, true, {3, 3, 3, -1}}, Case{1, true, {1, -1, 1, 1}},
+                        Case{3, false, {2, 0, 3, -1}}}) {
+    const int frozen = c.frozen;
+    SCOPED_TRACE("rank " + std::to_string(frozen) + " frozen" +
+                 (c.store_reads_blames ? "" : ", the blames unreadable"));
     worker_link::StatusPage page;
     ASSERT_TRUE(page.Create(kWorld).ok());
     ::fcntl(page.fd(), F_SETFD, 0);
@@ -147,7 +192,9 @@ TEST(LostPeerRankTest, EveryRankOfAHierarchicalJobMarksTheFrozenRank) {
       layout.num_nodes = 2;
       HierarchicalOptions options;
       options.timeout = kTimeout;
-      auto comm = HierarchicalCommunicator::Create(store, layout, options);
+      NoWaitsStore no_waits(store);
+      auto comm = HierarchicalCommunicator::Create(c.store_reads_blames ? store : &no_waits,
+                                                   layout, options);
       if (!comm.ok()) return false;
       at::Tensor t = at::ones({1024});
       if (!(*comm)->AllReduce(t, ReduceOp::kSum)->Wait().ok()) return false;
@@ -158,13 +205,13 @@ TEST(LostPeerRankTest, EveryRankOfAHierarchicalJobMarksTheFrozenRank) {
       }
       const Status s = (*comm)->AllReduce(t, ReduceOp::kSum)->Wait();
       std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
-      return !s.ok() && LostPeerOf(s) == frozen;
+      return !s.ok() && LostPeerOf(s) == c.marks[rank];
     });
     for (int r = 0; r < kWorld; ++r) {
       if (r == frozen) continue;
-      EXPECT_TRUE(ok[r]) << "rank " << r << "'s collective did not fail naming rank " << frozen;
+      EXPECT_TRUE(ok[r]) << "rank " << r << "'s collective did not fail naming rank " << c.marks[r];
       ASSERT_TRUE(worker_link::IsPeerLost(page.Get(r))) << r << ": " << page.Get(r);
-      EXPECT_EQ(worker_link::LostPeer(page.Get(r)), frozen) << "rank " << r;
+      EXPECT_EQ(worker_link::LostPeer(page.Get(r)), c.marks[r]) << "rank " << r;
     }
   }
 }
