@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,6 +68,56 @@ void PutInt(char* buf, size_t* n, size_t cap, int64_t v) {
   while (d > 0) Put(buf, n, cap, &digits[--d], 1);
 }
 
+// Appends `v` as `width` digits, zero-padded.
+void PutPadded(char* buf, size_t* n, size_t cap, int64_t v, int width) {
+  char digits[20];
+  for (int i = width - 1; i >= 0; --i) {
+    digits[i] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  }
+  Put(buf, n, cap, digits, static_cast<size_t>(width));
+}
+
+// Appends the UTC time now as the daemon's log lines begin
+// ("2026-11-29T12:23:27.214Z"; common/logging.cc's pattern). The civil date
+// from the days since 1970-01-01 by the proleptic Gregorian calendar's
+// 400-year eras (146097 days each), counted from March so that the leap day
+// ends a year.
+void PutUtcNow(char* buf, size_t* n, size_t cap) {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  const int64_t secs = ts.tv_sec;
+  int64_t days = secs / 86400;
+  int64_t rem = secs % 86400;
+  if (rem < 0) {
+    rem += 86400;
+    --days;
+  }
+  const int64_t z = days + 719468;  // days since 0000-03-01
+  const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+  const int64_t doe = z - era * 146097;                                  // [0, 146096]
+  const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;  // [0, 399]
+  const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);           // [0, 365]
+  const int64_t mp = (5 * doy + 2) / 153;                                // [0, 11], March = 0
+  const int64_t day = doy - (153 * mp + 2) / 5 + 1;
+  const int64_t month = mp < 10 ? mp + 3 : mp - 9;
+  const int64_t year = yoe + era * 400 + (month <= 2 ? 1 : 0);
+  PutPadded(buf, n, cap, year, 4);
+  PutStr(buf, n, cap, "-");
+  PutPadded(buf, n, cap, month, 2);
+  PutStr(buf, n, cap, "-");
+  PutPadded(buf, n, cap, day, 2);
+  PutStr(buf, n, cap, "T");
+  PutPadded(buf, n, cap, rem / 3600, 2);
+  PutStr(buf, n, cap, ":");
+  PutPadded(buf, n, cap, rem / 60 % 60, 2);
+  PutStr(buf, n, cap, ":");
+  PutPadded(buf, n, cap, rem % 60, 2);
+  PutStr(buf, n, cap, ".");
+  PutPadded(buf, n, cap, ts.tv_nsec / 1000000, 3);
+  PutStr(buf, n, cap, "Z");
+}
+
 // Whether process `pid` runs: not gone, and not a zombie its parent has not
 // reaped yet (a worker the agent itself killed a moment ago).
 bool Runs(pid_t pid) {
@@ -126,15 +177,18 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
     char line[512];
     size_t n = 0;
     const size_t cap = sizeof(line) - 1;
-    PutStr(line, &n, cap, "lockstepd fence guard: job ");
+    // The daemon's own line format (common/logging.h), written by hand:
+    // spdlog cannot be used in a child forked from a threaded process.
+    PutUtcNow(line, &n, cap);
+    PutStr(line, &n, cap, " E [fence-guard] job=");
     PutStr(line, &n, cap, job);
-    PutStr(line, &n, cap, " rank ");
+    PutStr(line, &n, cap, " rank=");
     PutInt(line, &n, cap, rank);
+    PutStr(line, &n, cap, " SIGKILLed process group ");
+    PutInt(line, &n, cap, pgid);
     PutStr(line, &n, cap, " (round ");
     PutInt(line, &n, cap, round);
-    PutStr(line, &n, cap, "): SIGKILLed process group ");
-    PutInt(line, &n, cap, pgid);
-    PutStr(line, &n, cap, ", ");
+    PutStr(line, &n, cap, "), ");
     PutInt(line, &n, cap, (now - deadline) / 1000000);
     PutStr(line, &n, cap,
            " ms past the node's fence deadline: its agent has not renewed the lease with the "

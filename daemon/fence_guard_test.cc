@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <algorithm>
+#include <cstdio>
+#include <ctime>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -137,11 +139,24 @@ TEST_F(FenceGuardTest, KillsTheListedGroupsOncePastTheDeadlineAndNoOthers) {
   EXPECT_LE(entry.KilledNs(), worker_link::MonotonicNowNs());
   EXPECT_TRUE(WaitFor([&] { return GuardLog().find('\n') != std::string::npos; }, milliseconds(2000)));
   const std::string line = GuardLog();
-  EXPECT_NE(line.find("lockstepd fence guard: job j-frozen rank 3 (round 7): SIGKILLed process "
-                      "group " + std::to_string(listed)),
+  // The daemon's line format, its UTC time now (within a few seconds).
+  EXPECT_NE(line.find(" E [fence-guard] job=j-frozen rank=3 SIGKILLed process group " +
+                      std::to_string(listed) + " (round 7), "),
             std::string::npos)
       << line;
   EXPECT_NE(line.find("fence deadline"), std::string::npos) << line;
+  std::tm tm{};
+  int ms = -1;
+  ASSERT_EQ(std::sscanf(line.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ ", &tm.tm_year, &tm.tm_mon,
+                        &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms),
+            7)
+      << line;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  EXPECT_LE(std::llabs(static_cast<long long>(::timegm(&tm)) - static_cast<long long>(::time(nullptr))), 5)
+      << line;
+  EXPECT_GE(ms, 0);
+  EXPECT_LT(ms, 1000);
 
   // Killed once per listing; the forgotten and the unlisted groups live on.
   std::this_thread::sleep_for(milliseconds(300));

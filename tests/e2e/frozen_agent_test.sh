@@ -59,8 +59,8 @@ wait_for 60 grep -q "\"rank\":0,\"step\":5," "$T/nodeb/jobs/$job/rank-0.stdout" 
 if [ "$MODE" = guard ]; then
   # nodea is still frozen: its guard, not its agent, stopped ranks 0 and 1.
   for r in 0 1; do
-    grep -q "lockstepd fence guard: job $job rank $r (round 1): SIGKILLed process group" "$T/nodea.log" ||
-      fail "nodea's fence guard did not kill rank $r: $(grep 'fence guard' "$T/nodea.log")"
+    grep -q "E \[fence-guard\] job=$job rank=$r SIGKILLed process group [0-9]* (round 1)" "$T/nodea.log" ||
+      fail "nodea's fence guard did not kill rank $r: $(grep 'fence-guard' "$T/nodea.log")"
   done
   if grep -q "lockstep: fenced" "$T/nodea/jobs/$job/rank-0.stderr"; then
     fail "nodea's rank 0 fenced itself: it was to run without the fence page"
