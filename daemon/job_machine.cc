@@ -1,6 +1,7 @@
 #include "daemon/job_machine.h"
 
 #include <algorithm>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -265,13 +266,35 @@ void JobMachine::AttributeFailures(JobDraft* d) const {
     // The root cause: the earliest exit that did not follow a lost peer; or,
     // when every exit did and the first names the rank it waited for, that
     // rank if it has not failed on its own (it hung, froze or never started
-    // the engine, and is stopped with the job).
+    // the engine, and is stopped with the job). A named rank that failed
+    // having lost a peer itself was waiting too: the chain of named ranks
+    // is followed to its end (rank 1 waited for 0, 0 for 2, 2 for 3: rank
+    // 3), as far as it does not come back on itself.
     const v1::WorkerStatus& front = *failed.front().second;
     v1::Failure cause = WorkerFailure(front, round, kWorkerExited);
-    const int lost = front.exit().has_lost_peer() ? front.exit().lost_peer() : -1;
-    const bool lost_failed = std::any_of(failed.begin(), failed.end(), [&](const auto& f) {
-      return f.second->rank() == lost;
-    });
+    auto failed_rank = [&](int rank) -> const v1::WorkerStatus* {
+      for (const auto& f : failed) {
+        if (f.second->rank() == rank) return f.second;
+      }
+      return nullptr;
+    };
+    // Where the chain from `w`'s named rank ends; -1: not known, or a cycle.
+    auto chain_end = [&](const v1::WorkerStatus& w) {
+      if (!w.exit().peer_lost() || !w.exit().has_lost_peer()) return -1;
+      std::set<int> seen = {w.rank()};
+      int at = w.exit().lost_peer();
+      while (seen.insert(at).second) {
+        const v1::WorkerStatus* next = failed_rank(at);
+        if (next == nullptr || !next->exit().peer_lost() || !next->exit().has_lost_peer()) {
+          return at;
+        }
+        at = next->exit().lost_peer();
+      }
+      return -1;
+    };
+    const int end = chain_end(front);
+    const int lost = end >= 0 ? end : front.exit().has_lost_peer() ? front.exit().lost_peer() : -1;
+    const bool lost_failed = failed_rank(lost) != nullptr;
     if (front.exit().peer_lost() && lost >= 0 && lost < job->current_round().world_size() &&
         !lost_failed) {
       cause = v1::Failure();
@@ -280,9 +303,7 @@ void JobMachine::AttributeFailures(JobDraft* d) const {
       cause.set_round(round);
       cause.set_reason(kDidNotArrive);
       for (const auto& [at, w] : failed) {
-        if (w->exit().has_lost_peer() && w->exit().lost_peer() == lost) {
-          cause.add_waiting_ranks(w->rank());
-        }
+        if (chain_end(*w) == lost) cause.add_waiting_ranks(w->rank());
       }
     }
     if (cause.rank() != first.rank() || cause.reason() != first.reason()) {

@@ -537,6 +537,41 @@ TEST_F(JobMachineTest, TheRankAPeerGaveUpWaitingForIsTheFirstFailure) {
   EXPECT_EQ(d_.job.consequences(0).rank(), 0);
 }
 
+// Ranks that each gave up waiting for another that was itself waiting (a
+// job of 2 nodes x 2 ranks over shm and Gloo with rank 3 frozen, where the
+// engines could not follow each other's blames: rank 0 names 2, rank 1
+// names 0, rank 2 names 3): the chain leads to rank 3, which did not fail,
+// whoever reported first. A chain that comes back on itself names no one.
+TEST_F(JobMachineTest, AChainOfRanksWaitingForEachOtherLeadsToTheOneThatDidNotFail) {
+  Node("n1");
+  Node("n2");
+  d_ = machine_.NewJob("j", TestSpec(2, 2, 2, 0), "");
+  Advance();
+  Beat("n1", {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
+  Beat("n2", {Worker(2, v1::WORKER_STATE_RUNNING), Worker(3, v1::WORKER_STATE_RUNNING)});
+  ASSERT_EQ(State(), v1::JOB_STATE_RUNNING);
+  auto gave_up = [](int rank, int lost) {
+    v1::WorkerStatus w = Worker(rank, v1::WORKER_STATE_EXITED, 1);
+    w.mutable_exit()->set_peer_lost(true);
+    w.mutable_exit()->set_lost_peer(lost);
+    return w;
+  };
+  Beat("n1", {gave_up(0, 2), gave_up(1, 0)});
+  EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
+  // Rank 2 has not reported yet: the chain ends at it.
+  EXPECT_EQ(d_.job.first_failure().rank(), 2);
+  EXPECT_EQ(d_.job.first_failure().reason(), "did not arrive");
+  Beat("n2", {gave_up(2, 3), Worker(3, v1::WORKER_STATE_STOPPED, 0, 15)});
+  const v1::Failure& first = d_.job.first_failure();
+  EXPECT_EQ(first.rank(), 3);
+  EXPECT_EQ(first.node_id(), "n2");
+  EXPECT_EQ(first.reason(), "did not arrive");
+  EXPECT_EQ(std::vector<int>(first.waiting_ranks().begin(), first.waiting_ranks().end()),
+            (std::vector<int>{0, 1, 2}));
+  ASSERT_EQ(d_.job.consequences_size(), 3);
+  for (const auto& c : d_.job.consequences()) EXPECT_EQ(c.reason(), "after rank 3 failed");
+}
+
 TEST_F(JobMachineTest, ARestartNamesTheRankAPeerGaveUpWaitingFor) {
   RunningOnTwoNodes(3);
   v1::WorkerStatus gave_up = Worker(1, v1::WORKER_STATE_EXITED, 1);
