@@ -196,6 +196,7 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
     auto guard = FenceGuard::Start(&fence_);
     if (guard.ok()) {
       guard_ = *std::move(guard);
+      guard_up_ = true;
     } else {
       log_.Error("{}: a frozen agent's workers that do not link the engine will not be stopped",
                  guard.status().ToString());
@@ -927,7 +928,9 @@ void Agent::KeepGuard() {
   const std::optional<std::string> ended = guard_->Ended();
   if (!ended) return;
   const Status restarted = guard_->Restart();
+  guard_up_ = restarted.ok();
   if (restarted.ok()) {
+    ++guard_restarts_;
     log_.Error("the fence guard (pid {}) {}: started another (pid {}), which guards the same "
                "workers",
                pid, *ended, guard_->pid());

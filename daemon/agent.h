@@ -210,6 +210,13 @@ class Agent {
   std::vector<v1::AgentJobReport> ListWorkers(const std::string& job_id) const;
   // The cleaner's backlog (cleaner.h): metrics.
   Cleaner::Backlog CleanerBacklog() const { return cleaner_->Stats(); }
+  // The fence guard (fence_guard.h), for metrics: whether one runs, and how
+  // often one that ended was started again. Thread safe.
+  struct GuardState {
+    bool up = false;
+    int64_t restarts = 0;
+  };
+  GuardState FenceGuardState() const { return {guard_up_.load(), guard_restarts_.load()}; }
   // The role token digests from the coordinator's latest RegisterNode or
   // Heartbeat answer (empty before the first): who may read this node's
   // workers and logs (roles.h). Thread safe.
@@ -349,6 +356,8 @@ class Agent {
   // while it is frozen; null when off or when it could not start. Declared
   // before runs_, whose workers' listings it must outlive.
   std::unique_ptr<FenceGuard> guard_;
+  std::atomic<bool> guard_up_{false};
+  std::atomic<int64_t> guard_restarts_{0};
   std::shared_ptr<Waker> waker_ = std::make_shared<Waker>();
 
   // Loop-thread state.

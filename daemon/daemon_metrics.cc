@@ -234,6 +234,17 @@ MetricsRegistry::Collector AgentCollector(const Agent* agent, const WorkerExitCo
                                   "them) until tried again");
     unclean.Add({}, backlog.unclean_uids);
     out->push_back(std::move(unclean));
+    const Agent::GuardState guard = agent->FenceGuardState();
+    MetricFamily up = Family("lockstep_agent_fence_guard_up",
+                             "1 while the agent's fence guard runs (it kills a frozen agent's "
+                             "workers at the fence deadline)");
+    up.Add({}, guard.up ? 1 : 0);
+    out->push_back(std::move(up));
+    MetricFamily restarts = Family("lockstep_agent_fence_guard_restarts_total",
+                                   "Fence guard processes that ended and were started again",
+                                   MetricType::kCounter);
+    restarts.Add({}, static_cast<double>(guard.restarts));
+    out->push_back(std::move(restarts));
   };
 }
 

@@ -12,6 +12,7 @@
 #   - after `lockstep cancel`, lockstep_job_state shows CANCELLED, the
 #     agent counted two stopped workers and no OOM kill, and its cleaner's
 #     three lanes are idle with no uid left unclean.
+#   - its fence guard is up; killed, it is started again and counted.
 # A second daemon with mutual TLS serves /metrics over HTTPS: Prometheus
 # scrapes it with client.pem from `lockstep certs`; curl without a client
 # certificate, or in plain HTTP, gets no metrics.
@@ -139,6 +140,16 @@ expect_query 30 'lockstep_agent_worker_exits_total{outcome="oom_killed"}' "len(r
 expect_query 30 'lockstep_agent_cleaner_backlog' "len(r) == 3 and all(x['value'][1] == '0' for x in r)"
 expect_query 30 'lockstep_agent_job_uids_unclean' "len(r) == 1 and r[0]['value'][1] == '0'"
 expect_query 30 "lockstep_rank_step_seconds{job_id=\"$job\"}" "len(r) == 0"
+# The fence guard (daemon/fence_guard.h): up; killed, it is started again
+# and counted.
+expect_query 30 'lockstep_agent_fence_guard_up' "len(r) == 1 and r[0]['value'][1] == '1'"
+expect_query 30 'lockstep_agent_fence_guard_restarts_total' "len(r) == 1 and r[0]['value'][1] == '0'"
+guard=$(pgrep -P "$PID_coord" -x lockstepd-fence) || fail "no fence guard under lockstepd (pid $PID_coord)"
+kill -KILL "$guard"
+expect_query 30 'lockstep_agent_fence_guard_restarts_total' "len(r) == 1 and r[0]['value'][1] == '1'"
+expect_query 30 'lockstep_agent_fence_guard_up' "len(r) == 1 and r[0]['value'][1] == '1'"
+[ -n "$(pgrep -P "$PID_coord" -x lockstepd-fence)" ] && [ "$(pgrep -P "$PID_coord" -x lockstepd-fence)" != "$guard" ] ||
+  fail "no new fence guard under lockstepd"
 log "scrape: $(query 'scrape_duration_seconds{job="lockstepd"}' True | python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.2f ms" % (1000*float(r[0]["value"][1])))'), samples $(query 'scrape_samples_scraped{job="lockstepd"}' True | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["value"][1])')"
 check_invariants "$job" 0
 log "PASS"
