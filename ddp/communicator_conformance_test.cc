@@ -646,6 +646,30 @@ TEST(ShmCommunicatorTest, RankOnAnotherHostIsRefusedNamingBothHosts) {
   for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
 }
 
+// Every rank must pass the same slot_bytes (shm_communicator.h): one that
+// does not is refused naming the segment's size and the one it expected,
+// and rank 0 names it as the rank that never attached.
+TEST(ShmCommunicatorTest, RanksThatDisagreeOnSlotBytesAreRefusedNamingBoth) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(Mode::kThreads, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ShmOptions options;
+    options.slot_bytes = rank == 0 ? 4096 : 8192;
+    options.connect_timeout = std::chrono::seconds(1);
+    auto comm = ShmCommunicator::Create(store, rank, kWorld, options);
+    if (rank == 1) {
+      RETURN_IF_ERROR(Expect(absl::IsInvalidArgument(comm.status()), comm.status().ToString()));
+      return Expect(comm.status().message().find("has 8384 bytes, expected 16576 (do all ranks use "
+                                                 "the same world size and sizes?)") !=
+                        std::string::npos,
+                    comm.status().ToString());
+    }
+    RETURN_IF_ERROR(Expect(absl::IsDeadlineExceeded(comm.status()), comm.status().ToString()));
+    return Expect(comm.status().message().find("ranks [1] never attached") != std::string::npos,
+                  comm.status().ToString());
+  });
+  for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
 // The tests that compare /dev/shm before and after look at a tmpfs of
 // their own there: this thread leaves the process's mount namespace for a
 // copy with a fresh tmpfs on /dev/shm, which the threads and processes it
