@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "ddp/fake_store.h"
 #include "ddp/gloo_communicator.h"
 #include "gtest/gtest.h"
@@ -103,6 +105,53 @@ TEST(GlooBootstrapTest, StrayConnectionToAPairPortIsSurvived) {
     EXPECT_EQ(rc, -1) << key << ": port " << ntohs(address.sin_port) << " still listens";
     EXPECT_EQ(error, ECONNREFUSED) << key << ": " << std::strerror(error);
   }
+}
+
+// Hands rank 1 (its thread sets the flag) another mesh nonce than rank 0's
+// in every attempt: each mesh fails its check.
+thread_local bool g_rank_one = false;
+class ForeignNonceStore : public FakeStore {
+ public:
+  StatusOr<std::string> Get(const std::string& key, Duration timeout) override {
+    auto got = FakeStore::Get(key, timeout);
+    if (g_rank_one && got.ok() && absl::EndsWith(key, "/nonce")) return std::string("12345");
+    return got;
+  }
+};
+
+// A mesh that fails its check is built again, kMaxMeshAttempts times in
+// all; then both ranks give up naming the check and the last failure.
+TEST(GlooBootstrapTest, AMeshThatNeverPassesItsCheckFailsAfterThreeAttempts) {
+  ForeignNonceStore store;
+  GlooOptions options;
+  options.timeout = std::chrono::seconds(30);
+  options.connect_timeout = std::chrono::seconds(30);
+  StatusOr<std::unique_ptr<GlooCommunicator>> comms[2] = {absl::UnknownError(""),
+                                                         absl::UnknownError("")};
+  std::thread other([&] {
+    g_rank_one = true;
+    comms[1] = GlooCommunicator::Create(&store, 1, 2, options);
+  });
+  comms[0] = GlooCommunicator::Create(&store, 0, 2, options);
+  other.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(comms[r].ok()) << "rank " << r;
+    EXPECT_TRUE(absl::IsUnavailable(comms[r].status())) << comms[r].status();
+    EXPECT_NE(comms[r].status().message().find(
+                  absl::StrCat("the mesh of 2 ranks failed its check ", kMaxMeshAttempts, " times")),
+              std::string::npos)
+        << comms[r].status();
+    EXPECT_NE(comms[r].status().message().find("a foreign or stray connection"), std::string::npos)
+        << comms[r].status();
+  }
+  for (int attempt = 0; attempt < kMaxMeshAttempts; ++attempt) {
+    EXPECT_TRUE(store.Get(absl::StrCat("gloo/mesh", attempt, "/nonce"), std::chrono::seconds(0)).ok())
+        << "attempt " << attempt + 1 << " was not made";
+  }
+  EXPECT_FALSE(store.Get(absl::StrCat("gloo/mesh", kMaxMeshAttempts, "/nonce"),
+                         std::chrono::seconds(0))
+                   .ok())
+      << "more than " << kMaxMeshAttempts << " attempts";
 }
 
 // Ranks as processes; rank 1 is SIGKILLed after one allreduce. Rank 0 then

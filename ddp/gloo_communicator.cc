@@ -317,7 +317,7 @@ Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::str
                                                  " did not arrive within ",
                                                  ToSeconds(options_.timeout), " s (gloo: ", what,
                                                  ")")),
-        options_.global_ranks.Global(missing.front()));
+        options_.blame_payload ? options_.global_ranks.Global(missing.front()) : -1);
   }
   return absl::UnavailableError(
       absl::StrCat(head, ": every rank reached it; transport error (gloo: ", what, ")"));

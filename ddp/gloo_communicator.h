@@ -84,6 +84,11 @@ struct GlooOptions {
   // This communicator's ranks as the job's, for the lost-peer mark.
   // Default: the identity (a communicator over the whole job).
   RankMap global_ranks;
+  // A collective that fails blaming a peer carries that peer's global rank
+  // as kLostPeerPayload (missing_ranks.h), for the HierarchicalCommunicator
+  // built over this one, which consumes it. Default: false (a payload would
+  // show in every printed error).
+  bool blame_payload = false;
 };
 
 class GlooCommunicator : public Communicator {

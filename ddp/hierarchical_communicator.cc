@@ -38,6 +38,7 @@ StatusOr<std::unique_ptr<HierarchicalCommunicator>> HierarchicalCommunicator::Cr
   shm.hostname = options.hostname;
   shm.progress = options.progress;
   shm.global_ranks = HostRanks(l);
+  shm.blame_payload = true;
   auto local = ShmCommunicator::Create(store, l.local_rank, l.local_world_size, shm);
   if (!local.ok()) {
     return Annotate(local.status(), absl::StrCat("shm+gloo: shared memory on node ", l.node_rank));
@@ -50,6 +51,7 @@ StatusOr<std::unique_ptr<HierarchicalCommunicator>> HierarchicalCommunicator::Cr
     gloo.connect_timeout = options.connect_timeout;
     gloo.key_prefix = absl::StrCat(options.key_prefix, "/leaders");
     gloo.global_ranks = LeaderRanks(l);
+    gloo.blame_payload = true;
     auto mesh = GlooCommunicator::Create(store, l.node_rank, l.num_nodes, gloo);
     if (!mesh.ok()) {
       return Annotate(mesh.status(),
@@ -103,6 +105,7 @@ std::shared_ptr<Work> HierarchicalCommunicator::Run(const char* name,
 
 Status HierarchicalCommunicator::FollowBlame(uint64_t seq, Status failed) {
   const int blamed = LostPeerOf(failed);
+  failed.ErasePayload(kLostPeerPayload);  // consumed here: not in what the caller prints
   if (failed.ok() || blamed < 0 || blamed >= layout_.world_size) return failed;
   const std::string base = absl::StrCat(options_.key_prefix, "/waits/", seq, "/");
   // Published either way, so that a chain through this rank goes on.
@@ -132,12 +135,10 @@ Status HierarchicalCommunicator::FollowBlame(uint64_t seq, Status failed) {
   }
   if (at == blamed) return failed;
   MarkPeerLost(RankMap{}, at);
-  return WithLostPeer(
-      Status(failed.code(),
-             absl::StrCat(failed.message(), "; rank ", blamed,
-                          " was itself waiting, and the ranks' waits lead to rank ", at,
-                          ", which never gave up (", absl::StrJoin(chain, " -> "), ")")),
-      at);
+  return Status(failed.code(),
+                absl::StrCat(failed.message(), "; rank ", blamed,
+                             " was itself waiting, and the ranks' waits lead to rank ", at,
+                             ", which never gave up (", absl::StrJoin(chain, " -> "), ")"));
 }
 
 Status HierarchicalCommunicator::RunAllReduce(at::Tensor& tensor, ReduceOp op,

@@ -39,11 +39,12 @@ struct RankMap {
 // worker_link::MarkPeerLost of `rank` (-1: not known) in `map`'s numbering.
 void MarkPeerLost(const RankMap& map, int rank);
 
-// A collective's error that blames a peer carries the job's (global) rank
-// it blamed as a payload, so a communicator built of others
-// (HierarchicalCommunicator) can follow it: WithLostPeer attaches it
-// (nothing for an OK status or a rank < 0), LostPeerOf reads it (-1: none).
-// Annotate keeps it.
+// A Gloo or shm collective's error that blames a peer carries the job's
+// (global) rank it blamed as a payload when its options ask (blame_payload),
+// so the HierarchicalCommunicator built of them can follow it (it removes
+// the payload from what it returns: absl prints payloads with the message).
+// WithLostPeer attaches it (nothing for an OK status or a rank < 0),
+// LostPeerOf reads it (-1: none). Annotate keeps it.
 inline constexpr char kLostPeerPayload[] = "lockstep.dev/lost-peer";
 Status WithLostPeer(Status status, int global_rank);
 int LostPeerOf(const Status& status);

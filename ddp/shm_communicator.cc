@@ -406,7 +406,7 @@ Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline
         return WithLostPeer(absl::UnavailableError(absl::StrCat("shm ", name, " #", seq, " on rank ",
                                                                 rank_, ": rank ", r, " (pid ", pid,
                                                                 ") exited")),
-                            options_.global_ranks.Global(r));
+                            options_.blame_payload ? options_.global_ranks.Global(r) : -1);
       }
     }
     if (now > deadline) {
@@ -416,7 +416,8 @@ Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline
                                                    ": ranks ", FormatRanks(missing),
                                                    " did not arrive within ",
                                                    ToSeconds(options_.timeout), " s")),
-          options_.global_ranks.Global(missing.empty() ? -1 : missing.front()));
+          options_.blame_payload ? options_.global_ranks.Global(missing.empty() ? -1 : missing.front())
+                                 : -1);
     }
     // Sleep until the next arrival anywhere (or 10 ms, for the checks above).
     // An arrival between `seen` and the wait changes the word, so the wait
