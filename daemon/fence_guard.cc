@@ -208,10 +208,14 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
   (void)::prctl(PR_SET_NAME, FenceGuard::kProcessName, 0, 0, 0);
   // Only the pipe and stdio stay open: the guard must not hold the
   // daemon's sockets, files or a launch's exec pipe.
-  if (::close_range(3, static_cast<unsigned>(pipe_read) - 1, 0) != 0 && errno == ENOSYS) {
+  // (A kernel older than close_range, 5.9: one by one, as far as the
+  // descriptor limit of a daemon that never raised it.)
+  if (pipe_read > 3 && ::close_range(3, static_cast<unsigned>(pipe_read) - 1, 0) != 0) {
     for (int fd = 3; fd < pipe_read; ++fd) ::close(fd);
   }
-  (void)::close_range(static_cast<unsigned>(pipe_read) + 1, ~0U, 0);
+  if (::close_range(static_cast<unsigned>(pipe_read) + 1, ~0U, 0) != 0) {
+    for (int fd = pipe_read + 1; fd < 65536; ++fd) ::close(fd);
+  }
   uint32_t killed[FenceGuard::kSlots] = {};
   while (true) {
     const int64_t deadline = fence->deadline();
