@@ -213,6 +213,21 @@ TEST_F(FenceGuardTest, RunsInAProcessGroupOfItsOwnAndEndsWithItsOwner) {
       },
       milliseconds(2000)))
       << "its name: " << name;
+  // It holds none of its owner's descriptors (SetUp's copy of stderr, open
+  // at the fork), only stdio and its pipe.
+  auto high_fds = [pid] {
+    std::vector<int> fds;
+    DIR* dir = ::opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+    if (dir == nullptr) return fds;
+    while (dirent* e = ::readdir(dir)) {
+      const int fd = std::atoi(e->d_name);
+      if (fd >= 3) fds.push_back(fd);
+    }
+    ::closedir(dir);
+    return fds;
+  };
+  EXPECT_TRUE(WaitFor([&] { return high_fds().size() == 1; }, milliseconds(2000)))
+      << "the guard holds descriptors 3 and up: " << high_fds().size();
   guard_.reset();
   EXPECT_TRUE(Ended(pid));
 
