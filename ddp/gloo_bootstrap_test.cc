@@ -11,12 +11,14 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,16 +65,26 @@ class StrayConnectingStore : public FakeStore {
   std::atomic<int> stray_port{0};
 };
 
-TEST(GlooBootstrapTest, StrayConnectionToAPairPortIsSurvived) {
-  StrayConnectingStore store;
+// Creates ranks 0 and 1 of a world of two over `store` (30 s timeouts),
+// rank 1 on a thread of its own, which first runs `on_rank_one`.
+std::array<StatusOr<std::unique_ptr<GlooCommunicator>>, 2> CreateTwoRanks(
+    rendezvous::Store* store, const std::function<void()>& on_rank_one = {}) {
   GlooOptions options;
   options.timeout = std::chrono::seconds(30);
   options.connect_timeout = std::chrono::seconds(30);
-  StatusOr<std::unique_ptr<GlooCommunicator>> comms[2] = {absl::UnknownError(""),
-                                                         absl::UnknownError("")};
-  std::thread other([&] { comms[1] = GlooCommunicator::Create(&store, 1, 2, options); });
-  comms[0] = GlooCommunicator::Create(&store, 0, 2, options);
+  std::array<StatusOr<std::unique_ptr<GlooCommunicator>>, 2> comms;
+  std::thread other([&] {
+    if (on_rank_one) on_rank_one();
+    comms[1] = GlooCommunicator::Create(store, 1, 2, options);
+  });
+  comms[0] = GlooCommunicator::Create(store, 0, 2, options);
   other.join();
+  return comms;
+}
+
+TEST(GlooBootstrapTest, StrayConnectionToAPairPortIsSurvived) {
+  StrayConnectingStore store;
+  auto comms = CreateTwoRanks(&store);
   ASSERT_NE(store.stray_port.load(), 0) << "the stray client never connected";
   ASSERT_TRUE(comms[0].ok()) << comms[0].status();
   ASSERT_TRUE(comms[1].ok()) << comms[1].status();
@@ -123,17 +135,7 @@ class ForeignNonceStore : public FakeStore {
 // all; then both ranks give up naming the check and the last failure.
 TEST(GlooBootstrapTest, AMeshThatNeverPassesItsCheckFailsAfterThreeAttempts) {
   ForeignNonceStore store;
-  GlooOptions options;
-  options.timeout = std::chrono::seconds(30);
-  options.connect_timeout = std::chrono::seconds(30);
-  StatusOr<std::unique_ptr<GlooCommunicator>> comms[2] = {absl::UnknownError(""),
-                                                         absl::UnknownError("")};
-  std::thread other([&] {
-    g_rank_one = true;
-    comms[1] = GlooCommunicator::Create(&store, 1, 2, options);
-  });
-  comms[0] = GlooCommunicator::Create(&store, 0, 2, options);
-  other.join();
+  auto comms = CreateTwoRanks(&store, [] { g_rank_one = true; });
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(comms[r].ok()) << "rank " << r;
     EXPECT_TRUE(absl::IsUnavailable(comms[r].status())) << comms[r].status();
