@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "lockstep/v1/store.grpc.pb.h"
+#include "rendezvous/grpc_server.h"
 #include "rendezvous/store_conformance.h"
 #include "rendezvous/store_server.h"
 
@@ -84,13 +85,9 @@ class DropsAddService final : public v1::StoreService::Service {
 // applied (an idempotent Set is retried instead).
 TEST(StoreClientTest, AnAddCutOffAfterItWasSentMayOrMayNotHaveBeenApplied) {
   DropsAddService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  auto store = ConnectStore("127.0.0.1:" + std::to_string(port), "job/1", seconds(10));
+  auto started = StartGrpcServer("127.0.0.1:0", {&service}, "the test's store");
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto store = ConnectStore(started->address, "job/1", seconds(10));
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE((*store)->Set("k", "v").ok());
   StatusOr<int64_t> added = (*store)->Add("n", 1);
@@ -102,7 +99,7 @@ TEST(StoreClientTest, AnAddCutOffAfterItWasSentMayOrMayNotHaveBeenApplied) {
   EXPECT_EQ(service.adds_read_.load(), 1) << "the Add was sent again";
   EXPECT_TRUE((*store)->Set("k", "again").ok()) << "the client did not reconnect";
   store->reset();  // Its open session would hold up the server's shutdown.
-  server->Shutdown(std::chrono::system_clock::now() + seconds(5));
+  ShutdownGrpcServer(&started->server, seconds(5));
 }
 
 TEST(StoreClientTest, InvalidNamespaceIsRejectedBeforeConnecting) {
