@@ -309,18 +309,19 @@ Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::str
       store_, absl::StrCat(options_.key_prefix, "/failed/", seq, "/"), rank_, world_size_, grace_);
   // Either way a peer is gone or unreachable: this rank's failure follows
   // another's (the agent reads the mark when this worker exits).
-  MarkPeerLost(options_.global_ranks, missing.empty() ? -1 : missing.front());
   const std::string head = absl::StrCat("gloo ", name, " #", seq, " on rank ", rank_, " failed");
-  if (!missing.empty()) {
-    return WithLostPeer(
-        absl::DeadlineExceededError(absl::StrCat(head, ": ranks ", FormatRanks(missing),
-                                                 " did not arrive within ",
-                                                 ToSeconds(options_.timeout), " s (gloo: ", what,
-                                                 ")")),
-        options_.blame_payload ? options_.global_ranks.Global(missing.front()) : -1);
+  if (missing.empty()) {
+    return PeerLostError(
+        absl::UnavailableError(
+            absl::StrCat(head, ": every rank reached it; transport error (gloo: ", what, ")")),
+        options_.global_ranks, -1, options_.blame_payload);
   }
-  return absl::UnavailableError(
-      absl::StrCat(head, ": every rank reached it; transport error (gloo: ", what, ")"));
+  return PeerLostError(
+      absl::DeadlineExceededError(absl::StrCat(head, ": ranks ", FormatRanks(missing),
+                                               " did not arrive within ",
+                                               ToSeconds(options_.timeout), " s (gloo: ", what,
+                                               ")")),
+      options_.global_ranks, missing.front(), options_.blame_payload);
 }
 
 std::shared_ptr<Work> GlooCommunicator::AllReduce(at::Tensor tensor, ReduceOp op) {

@@ -29,11 +29,12 @@ std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::strin
 
 void MarkPeerLost(const RankMap& map, int rank) { worker_link::MarkPeerLost(map.Global(rank)); }
 
-Status WithLostPeer(Status status, int global_rank) {
-  if (!status.ok() && global_rank >= 0) {
-    status.SetPayload(kLostPeerPayload, absl::Cord(std::to_string(global_rank)));
+Status PeerLostError(Status error, const RankMap& map, int rank, bool attach) {
+  MarkPeerLost(map, rank);
+  if (attach && !error.ok() && rank >= 0) {
+    error.SetPayload(kLostPeerPayload, absl::Cord(std::to_string(map.Global(rank))));
   }
-  return status;
+  return error;
 }
 
 int LostPeerOf(const Status& status) {

@@ -39,14 +39,15 @@ struct RankMap {
 // worker_link::MarkPeerLost of `rank` (-1: not known) in `map`'s numbering.
 void MarkPeerLost(const RankMap& map, int rank);
 
-// A Gloo or shm collective's error that blames a peer carries the job's
-// (global) rank it blamed as a payload when its options ask (blame_payload),
-// so the HierarchicalCommunicator built of them can follow it (it removes
-// the payload from what it returns: absl prints payloads with the message).
-// WithLostPeer attaches it (nothing for an OK status or a rank < 0),
-// LostPeerOf reads it (-1: none). Annotate keeps it.
+// A collective that fails because peer `rank` (in `map`'s numbering; -1:
+// not known) is gone or did not arrive: marks it lost (MarkPeerLost) and
+// returns `error`, which, with `attach` (GlooOptions/ShmOptions::
+// blame_payload), carries the peer's global rank as kLostPeerPayload, so
+// the HierarchicalCommunicator built over the communicator can follow it
+// (it removes the payload from what it returns: absl prints payloads with
+// the message). LostPeerOf reads it (-1: none). Annotate keeps it.
 inline constexpr char kLostPeerPayload[] = "lockstep.dev/lost-peer";
-Status WithLostPeer(Status status, int global_rank);
+Status PeerLostError(Status error, const RankMap& map, int rank, bool attach);
 int LostPeerOf(const Status& status);
 
 // How often a bootstrap wait logs whom it still waits for.

@@ -402,22 +402,20 @@ Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline
       missing.push_back(r);
       const auto pid = static_cast<pid_t>(segment_->control(r)->pid.load(std::memory_order_relaxed));
       if (check_pids && segment_->check_pid[r] && ProcessExited(pid)) {
-        MarkPeerLost(options_.global_ranks, r);  // this rank follows r's failure
-        return WithLostPeer(absl::UnavailableError(absl::StrCat("shm ", name, " #", seq, " on rank ",
-                                                                rank_, ": rank ", r, " (pid ", pid,
-                                                                ") exited")),
-                            options_.blame_payload ? options_.global_ranks.Global(r) : -1);
+        // This rank follows r's failure.
+        return PeerLostError(absl::UnavailableError(absl::StrCat("shm ", name, " #", seq, " on rank ",
+                                                                 rank_, ": rank ", r, " (pid ", pid,
+                                                                 ") exited")),
+                             options_.global_ranks, r, options_.blame_payload);
       }
     }
     if (now > deadline) {
-      MarkPeerLost(options_.global_ranks, missing.empty() ? -1 : missing.front());
-      return WithLostPeer(
+      return PeerLostError(
           absl::DeadlineExceededError(absl::StrCat("shm ", name, " #", seq, " on rank ", rank_,
                                                    ": ranks ", FormatRanks(missing),
                                                    " did not arrive within ",
                                                    ToSeconds(options_.timeout), " s")),
-          options_.blame_payload ? options_.global_ranks.Global(missing.empty() ? -1 : missing.front())
-                                 : -1);
+          options_.global_ranks, missing.empty() ? -1 : missing.front(), options_.blame_payload);
     }
     // Sleep until the next arrival anywhere (or 10 ms, for the checks above).
     // An arrival between `seen` and the wait changes the word, so the wait
