@@ -1,6 +1,7 @@
 #include "daemon/job_machine.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -272,29 +273,26 @@ void JobMachine::AttributeFailures(JobDraft* d) const {
     // 3), as far as it does not come back on itself.
     const v1::WorkerStatus& front = *failed.front().second;
     v1::Failure cause = WorkerFailure(front, round, kWorkerExited);
-    auto failed_rank = [&](int rank) -> const v1::WorkerStatus* {
-      for (const auto& f : failed) {
-        if (f.second->rank() == rank) return f.second;
+    // The failed ranks, and whom each that lost a peer named.
+    std::set<int> failed_ranks;
+    std::map<int, int> named;
+    for (const auto& [at, w] : failed) {
+      failed_ranks.insert(w->rank());
+      if (w->exit().peer_lost() && w->exit().has_lost_peer()) named[w->rank()] = w->exit().lost_peer();
+    }
+    // Where the chain from `rank`'s named rank ends; -1: it named none, or
+    // the chain comes back on itself.
+    auto chain_end = [&](int rank) {
+      std::set<int> seen;
+      for (auto it = named.find(rank); it != named.end(); it = named.find(rank)) {
+        if (!seen.insert(rank).second) return -1;
+        rank = it->second;
       }
-      return nullptr;
+      return seen.empty() ? -1 : rank;
     };
-    // Where the chain from `w`'s named rank ends; -1: not known, or a cycle.
-    auto chain_end = [&](const v1::WorkerStatus& w) {
-      if (!w.exit().peer_lost() || !w.exit().has_lost_peer()) return -1;
-      std::set<int> seen = {w.rank()};
-      int at = w.exit().lost_peer();
-      while (seen.insert(at).second) {
-        const v1::WorkerStatus* next = failed_rank(at);
-        if (next == nullptr || !next->exit().peer_lost() || !next->exit().has_lost_peer()) {
-          return at;
-        }
-        at = next->exit().lost_peer();
-      }
-      return -1;
-    };
-    const int end = chain_end(front);
+    const int end = chain_end(front.rank());
     const int lost = end >= 0 ? end : front.exit().has_lost_peer() ? front.exit().lost_peer() : -1;
-    const bool lost_failed = failed_rank(lost) != nullptr;
+    const bool lost_failed = failed_ranks.count(lost) > 0;
     if (front.exit().peer_lost() && lost >= 0 && lost < job->current_round().world_size() &&
         !lost_failed) {
       cause = v1::Failure();
@@ -303,7 +301,7 @@ void JobMachine::AttributeFailures(JobDraft* d) const {
       cause.set_round(round);
       cause.set_reason(kDidNotArrive);
       for (const auto& [at, w] : failed) {
-        if (chain_end(*w) == lost) cause.add_waiting_ranks(w->rank());
+        if (chain_end(w->rank()) == lost) cause.add_waiting_ranks(w->rank());
       }
     }
     if (cause.rank() != first.rank() || cause.reason() != first.reason()) {
