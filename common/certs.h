@@ -35,7 +35,8 @@ using SystemTime = std::chrono::system_clock::time_point;
 
 // Certificates made without --days last this long.
 inline constexpr int kDefaultCertDays = 365;
-// Past this the expiry passes 2262, beyond what system_clock holds.
+// 100 years: well short of 2262, past which an expiry overflows
+// system_clock (3,000,000 days wrapped to 2056 before this limit).
 inline constexpr int kMaxCertDays = 36500;
 
 // A private key and its certificate, both PEM.
