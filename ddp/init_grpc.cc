@@ -34,33 +34,14 @@ namespace ddp {
 namespace {
 
 // A client Store that also owns the server it talks to (rank 0).
-class ServingStore : public rendezvous::Store {
+class ServingStore : public rendezvous::ForwardingStore {
  public:
   ServingStore(std::unique_ptr<rendezvous::StoreServer> server,
                std::unique_ptr<rendezvous::Store> client)
-      : server_(std::move(server)), client_(std::move(client)) {}
+      : ForwardingStore(client.get()), server_(std::move(server)), client_(std::move(client)) {}
   ~ServingStore() override {
     client_.reset();
     server_.reset();
-  }
-  Status Set(const std::string& k, const std::string& v) override { return client_->Set(k, v); }
-  StatusOr<std::string> Get(const std::string& k, Duration t) override { return client_->Get(k, t); }
-  StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return client_->Add(k, d); }
-  StatusOr<std::string> CompareSet(const std::string& k, const std::string& e,
-                                   const std::string& d) override {
-    return client_->CompareSet(k, e, d);
-  }
-  StatusOr<bool> Delete(const std::string& k) override { return client_->Delete(k); }
-  Status Wait(const std::vector<std::string>& keys, Duration t) override {
-    return client_->Wait(keys, t);
-  }
-  StatusOr<int64_t> NumKeys() override { return client_->NumKeys(); }
-  StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
-                                              Duration t) override {
-    return client_->MultiGet(keys, t);
-  }
-  Status MultiSet(const std::vector<std::pair<std::string, std::string>>& e) override {
-    return client_->MultiSet(e);
   }
 
  private:

@@ -130,36 +130,15 @@ int LostPeerOfChainEnd(const Status& s) {
 
 // A store that cannot read rank 2's published blame (its Get of
 // ".../waits/<n>/2" fails UNAVAILABLE), the rest passed through.
-class NoWaitsStore : public rendezvous::Store {
+class NoWaitsStore : public rendezvous::ForwardingStore {
  public:
-  explicit NoWaitsStore(rendezvous::Store* inner) : inner_(inner) {}
-  Status Set(const std::string& k, const std::string& v) override { return inner_->Set(k, v); }
+  using ForwardingStore::ForwardingStore;
   StatusOr<std::string> Get(const std::string& k, Duration timeout) override {
     if (k.find("/waits/") != std::string::npos && k.back() == '2') {
       return absl::UnavailableError("store down");
     }
-    return inner_->Get(k, timeout);
+    return ForwardingStore::Get(k, timeout);
   }
-  StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return inner_->Add(k, d); }
-  StatusOr<std::string> CompareSet(const std::string& k, const std::string& e,
-                                   const std::string& d) override {
-    return inner_->CompareSet(k, e, d);
-  }
-  StatusOr<bool> Delete(const std::string& k) override { return inner_->Delete(k); }
-  Status Wait(const std::vector<std::string>& keys, Duration timeout) override {
-    return inner_->Wait(keys, timeout);
-  }
-  StatusOr<int64_t> NumKeys() override { return inner_->NumKeys(); }
-  StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
-                                              Duration timeout) override {
-    return inner_->MultiGet(keys, timeout);
-  }
-  Status MultiSet(const std::vector<std::pair<std::string, std::string>>& e) override {
-    return inner_->MultiSet(e);
-  }
-
- private:
-  rendezvous::Store* inner_;
 };
 
 // A frozen rank of a job of 2 hosts x 2 ranks (shm inside each, Gloo

@@ -86,6 +86,35 @@ class Store {
   virtual Status MultiSet(const std::vector<std::pair<std::string, std::string>>& entries) = 0;
 };
 
+// A Store that passes every op to `inner` (not owned; must outlive it): the
+// base of a store that changes a few ops of another and leaves the rest.
+class ForwardingStore : public Store {
+ public:
+  explicit ForwardingStore(Store* inner) : inner_(inner) {}
+  Status Set(const std::string& k, const std::string& v) override { return inner_->Set(k, v); }
+  StatusOr<std::string> Get(const std::string& k, Duration t) override { return inner_->Get(k, t); }
+  StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return inner_->Add(k, d); }
+  StatusOr<std::string> CompareSet(const std::string& k, const std::string& e,
+                                   const std::string& d) override {
+    return inner_->CompareSet(k, e, d);
+  }
+  StatusOr<bool> Delete(const std::string& k) override { return inner_->Delete(k); }
+  Status Wait(const std::vector<std::string>& keys, Duration t) override {
+    return inner_->Wait(keys, t);
+  }
+  StatusOr<int64_t> NumKeys() override { return inner_->NumKeys(); }
+  StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                              Duration t) override {
+    return inner_->MultiGet(keys, t);
+  }
+  Status MultiSet(const std::vector<std::pair<std::string, std::string>>& e) override {
+    return inner_->MultiSet(e);
+  }
+
+ private:
+  Store* const inner_;
+};
+
 }  // namespace rendezvous
 }  // namespace lockstep
 
