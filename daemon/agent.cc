@@ -137,25 +137,25 @@ StatusOr<int> PickFreePort(const std::string& host) {
 
 }  // namespace
 
-std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent,
-                               bool gave_up_before_stop, bool oom_killed, bool fenced) {
-  if (fenced) {
-    return absl::StrCat("killed by signal ", signal,
-                        " by this node's fence guard (the agent had not renewed its lease by the "
-                        "fence deadline: it was frozen or cut off)");
-  }
-  if (oom_killed) {
-    return absl::StrCat("killed by signal ", signal, " by the kernel's OOM killer (out of memory)");
-  }
-  if (gave_up_before_stop) {
-    return absl::StrCat("killed by signal ", signal,
-                        " after its engine had given up on a lost peer, before the agent's stop"
-                        " (counted as its own exit)");
-  }
-  if (stopped_by_agent) {
-    return absl::StrCat(signal ? absl::StrCat("killed by signal ", signal)
-                               : absl::StrCat("exited with code ", exit_code),
-                        " (stopped by the agent)");
+std::string DescribeWorkerExit(int exit_code, int signal, ExitCause cause) {
+  switch (cause) {
+    case ExitCause::kFenceGuard:
+      return absl::StrCat("killed by signal ", signal,
+                          " by this node's fence guard (the agent had not renewed its lease by "
+                          "the fence deadline: it was frozen or cut off)");
+    case ExitCause::kOomKiller:
+      return absl::StrCat("killed by signal ", signal,
+                          " by the kernel's OOM killer (out of memory)");
+    case ExitCause::kGaveUpBeforeStop:
+      return absl::StrCat("killed by signal ", signal,
+                          " after its engine had given up on a lost peer, before the agent's stop"
+                          " (counted as its own exit)");
+    case ExitCause::kStoppedByAgent:
+      return absl::StrCat(signal ? absl::StrCat("killed by signal ", signal)
+                                 : absl::StrCat("exited with code ", exit_code),
+                          " (stopped by the agent)");
+    case ExitCause::kItself:
+      break;
   }
   // The agent signals workers only to stop them: any other signal came from
   // the worker itself or from another process (an OOM kill, a user's kill).
@@ -619,8 +619,12 @@ void Agent::ReapRun(const std::string& job_id, JobRun* run_ptr, MonoTime now) {
     }
     log_.WithJob(job_id).WithRank(w.rank).Info(
         "worker pid {} {}", w.process->pid(),
-        DescribeWorkerExit(e->exit_code, e->signal, stopped, gave_up_first, exit->oom_killed(),
-                           fenced));
+        DescribeWorkerExit(e->exit_code, e->signal,
+                           fenced               ? ExitCause::kFenceGuard
+                           : exit->oom_killed() ? ExitCause::kOomKiller
+                           : gave_up_first      ? ExitCause::kGaveUpBeforeStop
+                           : stopped            ? ExitCause::kStoppedByAgent
+                                                : ExitCause::kItself));
     if (options_.on_worker_exit) options_.on_worker_exit(job_id, w.status);
   }
   if (escalate) run.killed = true;

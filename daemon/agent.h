@@ -152,19 +152,23 @@ struct AgentOptions {
   bool fence_guard = true;
 };
 
+// Who ended a worker, as far as the agent can tell.
+enum class ExitCause {
+  kItself,          // by itself, or a signal from outside the agent
+  kStoppedByAgent,  // it exited after the agent signalled it (stop, restart, cancel)
+  // A signal death of a worker whose engine had given up on a lost peer
+  // before the agent signalled the stop (its own exit, cut short).
+  kGaveUpBeforeStop,
+  kOomKiller,   // the kernel's OOM killer sent the signal (oom.h)
+  kFenceGuard,  // the node's fence guard sent it (fence_guard.h)
+};
+
 // How the agent's log line words a worker's exit: "exited with code 1
 // by itself (not stopped by the agent)", "killed by signal 9, not by the
 // agent (by the worker itself or from outside)", "killed by signal 15
-// (stopped by the agent)". `stopped_by_agent`: it exited after the agent
-// signalled it (a stop, restart or cancel). `gave_up_before_stop`: a
-// signal death of a worker whose engine had given up on a lost peer
-// before the agent signalled the stop (its own exit, cut short).
-// `oom_killed`: the kernel log says its OOM killer sent the signal
-// (oom.h): "killed by signal 9 by the kernel's OOM killer (out of memory)".
-// `fenced`: the node's fence guard sent it (fence_guard.h).
-std::string DescribeWorkerExit(int exit_code, int signal, bool stopped_by_agent,
-                               bool gave_up_before_stop = false, bool oom_killed = false,
-                               bool fenced = false);
+// (stopped by the agent)", "killed by signal 9 by the kernel's OOM killer
+// (out of memory)", "killed by signal 9 by this node's fence guard (...)".
+std::string DescribeWorkerExit(int exit_code, int signal, ExitCause cause);
 
 struct LogChunk {
   std::string data;

@@ -194,16 +194,22 @@ class AgentTest : public ::testing::Test {
 // The exit line says who ended a worker: a kill -9 from outside is not
 // the worker exiting "on its own".
 TEST(DescribeWorkerExitTest, SaysWhetherTheAgentStoppedTheWorker) {
-  EXPECT_EQ(DescribeWorkerExit(0, 9, /*stopped_by_agent=*/false),
+  EXPECT_EQ(DescribeWorkerExit(0, 9, ExitCause::kItself),
             "killed by signal 9, not by the agent (by the worker itself or from outside)");
-  EXPECT_EQ(DescribeWorkerExit(0, 9, false, false, /*oom_killed=*/true),
+  EXPECT_EQ(DescribeWorkerExit(0, 9, ExitCause::kOomKiller),
             "killed by signal 9 by the kernel's OOM killer (out of memory)");
-  EXPECT_EQ(DescribeWorkerExit(1, 0, false), "exited with code 1 by itself (not stopped by the agent)");
-  EXPECT_EQ(DescribeWorkerExit(0, 15, true), "killed by signal 15 (stopped by the agent)");
-  EXPECT_EQ(DescribeWorkerExit(0, 0, true), "exited with code 0 (stopped by the agent)");
-  EXPECT_EQ(DescribeWorkerExit(0, 15, false, /*gave_up_before_stop=*/true),
+  EXPECT_EQ(DescribeWorkerExit(1, 0, ExitCause::kItself),
+            "exited with code 1 by itself (not stopped by the agent)");
+  EXPECT_EQ(DescribeWorkerExit(0, 15, ExitCause::kStoppedByAgent),
+            "killed by signal 15 (stopped by the agent)");
+  EXPECT_EQ(DescribeWorkerExit(0, 0, ExitCause::kStoppedByAgent),
+            "exited with code 0 (stopped by the agent)");
+  EXPECT_EQ(DescribeWorkerExit(0, 15, ExitCause::kGaveUpBeforeStop),
             "killed by signal 15 after its engine had given up on a lost peer, before the "
             "agent's stop (counted as its own exit)");
+  EXPECT_EQ(DescribeWorkerExit(0, 9, ExitCause::kFenceGuard),
+            "killed by signal 9 by this node's fence guard (the agent had not renewed its lease "
+            "by the fence deadline: it was frozen or cut off)");
 }
 
 TEST_F(AgentTest, NodeRankZeroPicksAFreeMasterPortAndReportsIt) {
