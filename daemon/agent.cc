@@ -196,6 +196,7 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
     auto guard = FenceGuard::Start(&fence_);
     if (guard.ok()) {
       guard_ = *std::move(guard);
+      guard_->SetAgent(agent_address_);
       guard_up_ = true;
     } else {
       log_.Error("{}: a frozen agent's workers that do not link the engine will not be stopped",
@@ -325,6 +326,11 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
   run = JobRun();
   run.spec = cmd.spec();
   run.assignment = cmd.assignment();
+  // What this job's earlier rounds left running outside their workers'
+  // groups goes before this round's workers start (not at the next
+  // housekeeping): a helper of round N must not run beside round N+1's
+  // worker of its rank.
+  SweepOrphans(/*all=*/false);
   run.progress_token = NewSecret("pt-");
   const v1::RoundAssignment& a = cmd.assignment();
   int nproc = std::max(1, a.nproc_per_node());
@@ -924,6 +930,12 @@ void Agent::SweepOrphans(bool all) {
         pid, comm, leader ? " and its process group" : "", round,
         all ? "as the agent stops" : "after they ended");
   }
+}
+
+void Agent::SetAgentAddress(const std::string& address) {
+  agent_address_ = address;
+  // What the guard looks for in helpers' environment (LOCKSTEP_AGENT).
+  if (guard_) guard_->SetAgent(address);
 }
 
 void Agent::KeepGuard() {

@@ -195,7 +195,7 @@ class Agent {
 
   // Sets the address workers and the coordinator use to reach this agent,
   // known only once the server bound its port. REQUIRES: before Start.
-  void SetAgentAddress(const std::string& address) { agent_address_ = address; }
+  void SetAgentAddress(const std::string& address);
 
   // True once the coordinator accepted a registration.
   bool registered() const { return registered_.load(); }

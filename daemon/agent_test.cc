@@ -1160,6 +1160,35 @@ TEST_F(AgentTest, WhatAWorkerLeftRunningInASessionOfItsOwnIsKilledWithItsRound) 
       << "the killed helper was not reaped";
 }
 
+// A helper round 1's worker left in a session of its own is killed before
+// round 2's worker of the same rank starts, not at a later housekeeping: a
+// rank's helper never runs beside the next round's worker.
+TEST_F(AgentTest, AnEarlierRoundsHelperIsKilledBeforeTheNextRoundsWorkerStarts) {
+  LogCapture log;
+  const std::string pid_file = state_dir_ + "/helper.pid";
+  Command({Start("j1", 1,
+                 absl::StrCat("setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > ", pid_file,
+                              ".tmp; mv ", pid_file, ".tmp ", pid_file,
+                              "; echo started; trap 'exit 0' TERM; while true; do sleep 0.05; done"),
+                 1)});
+  ASSERT_TRUE(RunUntil([&] { return Output("j1", 1).find("started") != std::string::npos; }));
+  pid_t helper = 0;
+  std::ifstream(pid_file) >> helper;
+  ASSERT_GT(helper, 0);
+  Command({Start("j1", 2, "echo round $LOCKSTEP_ROUND; exec sleep 60", 1)});
+  ASSERT_TRUE(RunUntil([&] {
+    auto reports = agent_->ListWorkers("j1");
+    return !reports.empty() && reports[0].round() == 2;
+  }));
+  const std::string lines = log.Lines();
+  const size_t killed = lines.find(absl::StrCat("killed pid ", helper, " (sleep and its process group), which round 1's"));
+  const size_t spawned = lines.find("spawned pid");
+  const size_t spawned_round2 = lines.find("for round 2", spawned);
+  ASSERT_NE(killed, std::string::npos) << lines;
+  ASSERT_NE(spawned_round2, std::string::npos) << lines;
+  EXPECT_LT(killed, spawned_round2) << "round 2's worker started beside round 1's helper:\n" << lines;
+}
+
 // A worker's output past max_log_bytes is moved to rank-R.stdout.1 and the
 // file emptied; the worker writes on into it, after the rotation's line. A
 // reader following from an offset past the new end starts again from 0.

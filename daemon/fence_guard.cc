@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "common/worker_env.h"
 
 namespace lockstep {
 namespace daemon {
@@ -35,9 +37,38 @@ struct FenceGuard::Slot {
   std::atomic<int64_t> killed_ns{0};
 };
 
+// The agent's LOCKSTEP_AGENT value (its address, known once it listens),
+// under a sequence lock as the slots are.
+struct FenceGuard::Marker {
+  static constexpr int kWords = kAgentBytes / 8;
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint64_t> text[kWords] = {};
+};
+
 namespace {
 
+// Text kept in shared atomics, 8 bytes to a word (read and written under
+// the owner's sequence lock). StoreText keeps at most 8 * words - 1 bytes
+// and pads with NULs; LoadText fills out[0 .. 8 * words).
+void StoreText(std::atomic<uint64_t>* text, int words, absl::string_view value) {
+  static_assert(FenceGuard::kJobIdBytes <= FenceGuard::kAgentBytes, "the longest text kept");
+  char padded[FenceGuard::kAgentBytes] = {};
+  std::memcpy(padded, value.data(), std::min<size_t>(value.size(), 8 * words - 1));
+  for (int w = 0; w < words; ++w) {
+    uint64_t word;
+    std::memcpy(&word, padded + 8 * w, 8);
+    text[w].store(word, std::memory_order_relaxed);
+  }
+}
+void LoadText(const std::atomic<uint64_t>* text, int words, char* out) {
+  for (int w = 0; w < words; ++w) {
+    const uint64_t word = text[w].load(std::memory_order_relaxed);
+    std::memcpy(out + 8 * w, &word, 8);
+  }
+}
+
 constexpr size_t kSlotBytes = sizeof(FenceGuard::Slot) * FenceGuard::kSlots;
+constexpr size_t kSharedBytes = kSlotBytes + sizeof(FenceGuard::Marker);
 constexpr int kTickMs = 50;
 // The guard acts this long after the deadline, so that a worker that fences
 // itself (the engine checks every 50 ms) does so first and says so on its
@@ -118,31 +149,103 @@ void PutUtcNow(char* buf, size_t* n, size_t cap) {
   PutStr(buf, n, cap, "Z");
 }
 
-// Whether process `pid` runs: not gone, and not a zombie its parent has not
-// reaped yet (a worker the agent itself killed a moment ago).
-bool Runs(pid_t pid) {
-  char path[40];
+// A process as /proc/<pid>/stat shows it.
+struct ProcRow {
+  int32_t pid;
+  int32_t ppid;
+  int32_t pgid;
+  char state;
+};
+
+// Builds "/proc/<pid>/<file>" into `path` (64 bytes).
+void ProcPath(char* path, pid_t pid, const char* file) {
   size_t n = 0;
-  PutStr(path, &n, sizeof(path) - 1, "/proc/");
-  PutInt(path, &n, sizeof(path) - 1, pid);
-  PutStr(path, &n, sizeof(path) - 1, "/stat");
+  PutStr(path, &n, 63, "/proc/");
+  PutInt(path, &n, 63, pid);
+  PutStr(path, &n, 63, "/");
+  PutStr(path, &n, 63, file);
   path[n] = '\0';
+}
+
+// Parses a decimal number at s[*i], moving past it; -1 when there is none.
+int64_t ParseInt(const char* s, ssize_t len, ssize_t* i) {
+  int64_t v = 0;
+  bool any = false;
+  bool negative = false;
+  if (*i < len && s[*i] == '-') {
+    negative = true;
+    ++*i;
+  }
+  while (*i < len && s[*i] >= '0' && s[*i] <= '9') {
+    v = v * 10 + (s[*i] - '0');
+    ++*i;
+    any = true;
+  }
+  if (!any) return -1;
+  return negative ? -v : v;
+}
+
+// Reads /proc/<pid>/stat into `row` (and the command name into `comm`,
+// when given); false when the process is gone.
+bool ReadStat(pid_t pid, ProcRow* row, char* comm = nullptr, size_t comm_cap = 0) {
+  char path[64];
+  ProcPath(path, pid, "stat");
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   char stat[512];
   const ssize_t got = ::read(fd, stat, sizeof(stat));
   ::close(fd);
   if (got <= 0) return false;
-  // "pid (comm) S ...": the state follows the last ')'.
+  // "pid (comm) S ppid pgrp ...": the comm may hold anything, so the fields
+  // follow its last ')'.
+  ssize_t close_paren = -1;
   for (ssize_t i = got - 1; i >= 0; --i) {
-    if (stat[i] == ')') return i + 2 < got && stat[i + 2] != 'Z' && stat[i + 2] != 'X';
+    if (stat[i] == ')') {
+      close_paren = i;
+      break;
+    }
   }
+  if (close_paren < 0 || close_paren + 4 >= got) return false;
+  if (comm != nullptr) {
+    size_t n = 0;
+    for (ssize_t i = 0; i < close_paren; ++i) {
+      if (stat[i] == '(') {
+        Put(comm, &n, comm_cap - 1, stat + i + 1, static_cast<size_t>(close_paren - i - 1));
+        break;
+      }
+    }
+    comm[n] = '\0';
+  }
+  row->pid = pid;
+  row->state = stat[close_paren + 2];
+  ssize_t i = close_paren + 4;
+  row->ppid = static_cast<int32_t>(ParseInt(stat, got, &i));
+  ++i;
+  row->pgid = static_cast<int32_t>(ParseInt(stat, got, &i));
   return true;
 }
 
+// Whether process `pid` runs: not gone, and not a zombie its parent has not
+// reaped yet (a worker the agent itself killed a moment ago).
+bool Runs(pid_t pid) {
+  ProcRow row{};
+  return ReadStat(pid, &row) && row.state != 'Z' && row.state != 'X';
+}
+
+// Starts one of the guard's lines, in the daemon's own format
+// (common/logging.h) written by hand: spdlog cannot be used in a child
+// forked from a threaded process.
+void PutLineStart(char* line, size_t* n, size_t cap, const char* job) {
+  PutUtcNow(line, n, cap);
+  PutStr(line, n, cap, " E [fence-guard] job=");
+  PutStr(line, n, cap, job);
+  PutStr(line, n, cap, " rank=");
+}
+
 // Kills every listing the guard has not killed yet (killed[i]: the sequence
-// number it killed in slot i).
-void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t deadline) {
+// number it killed in slot i). Returns how many listings it took up.
+int KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t deadline) {
+  int taken = 0;
   for (int i = 0; i < FenceGuard::kSlots; ++i) {
     FenceGuard::Slot& s = slots[i];
     const uint32_t seq = s.seq.load(std::memory_order_acquire);
@@ -151,14 +254,12 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
     const int32_t rank = s.rank.load(std::memory_order_relaxed);
     const int64_t round = s.round.load(std::memory_order_relaxed);
     char job[FenceGuard::kJobIdBytes + 1] = {};
-    for (int w = 0; w < FenceGuard::Slot::kJobWords; ++w) {
-      const uint64_t word = s.job[w].load(std::memory_order_relaxed);
-      std::memcpy(job + 8 * w, &word, 8);
-    }
+    LoadText(s.job, FenceGuard::Slot::kJobWords, job);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s.seq.load(std::memory_order_relaxed) != seq) continue;  // rewritten meanwhile
     killed[i] = seq;
     if (pgid <= 0) continue;
+    ++taken;
     // A worker that already died (its agent killed it at this very deadline
     // and has not reaped it yet) was not the guard's: its group's stragglers
     // go, unsaid.
@@ -177,12 +278,7 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
     char line[512];
     size_t n = 0;
     const size_t cap = sizeof(line) - 1;
-    // The daemon's own line format (common/logging.h), written by hand:
-    // spdlog cannot be used in a child forked from a threaded process.
-    PutUtcNow(line, &n, cap);
-    PutStr(line, &n, cap, " E [fence-guard] job=");
-    PutStr(line, &n, cap, job);
-    PutStr(line, &n, cap, " rank=");
+    PutLineStart(line, &n, cap, job);
     PutInt(line, &n, cap, rank);
     PutStr(line, &n, cap, " SIGKILLed process group ");
     PutInt(line, &n, cap, pgid);
@@ -197,10 +293,296 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
     line[n] = '\0';
     (void)!::write(2, line, n);
   }
+  return taken;
+}
+
+// ------------------------------------- helpers a worker left outside its group
+// A worker's descendant that left its process group (setsid, a double fork)
+// is not in the group KillListed kills. Past the deadline the guard also
+// kills every process in the agent's tree whose environment names this
+// agent (LOCKSTEP_AGENT), as the agent's orphan sweep would once it runs
+// again (daemon/orphans.h).
+
+// What one sweep found.
+struct SweepCount {
+  int killed = 0;      // helpers SIGKILLed (again, for one still dying)
+  int unreadable = 0;  // in the agent's tree, environment not readable yet
+};
+
+// Every process in /proc into rows[0..cap), sorted by pid; how many.
+int ScanProcesses(ProcRow* rows, int cap) {
+  const int dir = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return 0;
+  int n = 0;
+  alignas(8) char buf[8192];
+  while (n < cap) {
+    const long got = ::syscall(SYS_getdents64, dir, buf, sizeof(buf));
+    if (got <= 0) break;
+    for (long off = 0; off < got && n < cap;) {
+      // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
+      uint16_t reclen;
+      std::memcpy(&reclen, buf + off + 16, sizeof(reclen));
+      const char* name = buf + off + 19;
+      off += reclen;
+      pid_t pid = 0;
+      bool digits = name[0] != '\0';
+      for (const char* c = name; *c != '\0'; ++c) {
+        if (*c < '0' || *c > '9') {
+          digits = false;
+          break;
+        }
+        pid = pid * 10 + (*c - '0');
+      }
+      if (digits && ReadStat(pid, &rows[n])) ++n;
+    }
+  }
+  ::close(dir);
+  // /proc lists pids in ascending order; sorted anyway (a shell sort: no
+  // allocation, no library call).
+  for (int gap = n / 2; gap > 0; gap /= 2) {
+    for (int i = gap; i < n; ++i) {
+      const ProcRow r = rows[i];
+      int j = i;
+      for (; j >= gap && rows[j - gap].pid > r.pid; j -= gap) rows[j] = rows[j - gap];
+      rows[j] = r;
+    }
+  }
+  return n;
+}
+
+const ProcRow* FindRow(const ProcRow* rows, int n, pid_t pid) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (rows[mid].pid < pid) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < n && rows[lo].pid == pid ? &rows[lo] : nullptr;
+}
+
+// Whether `row`'s process descends from `ancestor`.
+bool Descends(const ProcRow* rows, int n, const ProcRow& row, pid_t ancestor) {
+  pid_t p = row.ppid;
+  for (int depth = 0; depth < 4096 && p > 1; ++depth) {
+    if (p == ancestor) return true;
+    const ProcRow* parent = FindRow(rows, n, p);
+    if (parent == nullptr) return false;
+    p = parent->ppid;
+  }
+  return false;
+}
+
+// The values of a few variables of a process's environment, read as it
+// streams by (the environment may be long): entries are NUL-terminated
+// "NAME=value"; the first entry of a name counts, as for getenv.
+class EnvFields {
+ public:
+  static constexpr int kFields = 4;
+  static constexpr size_t kValueBytes = 128;
+  enum Field { kAgent, kJob, kRank, kRound };
+
+  EnvFields() {
+    SetName(kAgent, worker_env::kAgent);
+    SetName(kJob, worker_env::kJobId);
+    SetName(kRank, worker_env::kRank);
+    SetName(kRound, worker_env::kRound);
+    StartEntry();
+  }
+
+  void Feed(const char* data, size_t len) {
+    for (size_t k = 0; k < len; ++k) {
+      const char c = data[k];
+      if (c == '\0') {
+        if (capturing_ >= 0) {
+          fields_[capturing_].found = true;
+          fields_[capturing_].value[fields_[capturing_].len] = '\0';
+        }
+        StartEntry();
+        continue;
+      }
+      if (capturing_ >= 0) {
+        Value& v = fields_[capturing_];
+        if (v.len + 1 < kValueBytes) {
+          v.value[v.len++] = c;
+        } else {
+          v.overflow = true;
+        }
+        continue;
+      }
+      if (capturing_ == kSkip) continue;
+      int still = 0;
+      for (int f = 0; f < kFields; ++f) {
+        if ((candidates_ & (1 << f)) == 0) continue;
+        if (pos_ < fields_[f].name_len && fields_[f].name[pos_] == c) {
+          ++still;
+          // The whole "NAME=" matched: the rest of the entry is the value.
+          if (pos_ + 1 == fields_[f].name_len) {
+            capturing_ = fields_[f].found ? kSkip : f;
+            fields_[f].len = 0;
+          }
+        } else {
+          candidates_ &= ~(1 << f);
+        }
+      }
+      ++pos_;
+      if (still == 0) capturing_ = kSkip;
+    }
+  }
+
+  // The value of `f`, or nullptr when absent or too long to hold.
+  const char* Get(Field f) const {
+    const Value& v = fields_[f];
+    return v.found && !v.overflow ? v.value : nullptr;
+  }
+
+ private:
+  static constexpr int kSkip = -2;
+  struct Value {
+    char name[40] = {};  // "NAME="
+    size_t name_len = 0;
+    char value[kValueBytes] = {};
+    size_t len = 0;
+    bool found = false;
+    bool overflow = false;
+  };
+
+  void SetName(Field f, const char* name) {
+    size_t n = 0;
+    PutStr(fields_[f].name, &n, sizeof(fields_[f].name) - 2, name);
+    fields_[f].name[n++] = '=';
+    fields_[f].name_len = n;
+  }
+  void StartEntry() {
+    pos_ = 0;
+    candidates_ = (1 << kFields) - 1;
+    capturing_ = -1;
+  }
+
+  Value fields_[kFields];
+  size_t pos_ = 0;
+  int candidates_ = 0;
+  int capturing_ = -1;
+};
+
+// Reads /proc/<pid>/environ; false when it cannot be read or reads empty (a
+// process of another uid, one in the middle of an exec, one exiting).
+bool ReadEnviron(pid_t pid, EnvFields* fields) {
+  char path[64];
+  ProcPath(path, pid, "environ");
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[4096];
+  size_t total = 0;
+  while (true) {
+    const ssize_t got = ::read(fd, buf, sizeof(buf));
+    if (got <= 0) break;
+    fields->Feed(buf, static_cast<size_t>(got));
+    total += static_cast<size_t>(got);
+  }
+  ::close(fd);
+  return total > 0;
+}
+
+bool SameText(const char* a, const char* b) {
+  if (a == nullptr || b == nullptr) return false;
+  while (*a != '\0' && *a == *b) {
+    ++a;
+    ++b;
+  }
+  return *a == *b;
+}
+
+// What the guard needs to sweep, set before the fork.
+struct SweepSetup {
+  pid_t agent = 0;                            // its tree is searched
+  const FenceGuard::Marker* marker = nullptr;  // its LOCKSTEP_AGENT
+  ProcRow* rows = nullptr;                    // scratch, kMaxProcesses of them
+  pid_t* killed = nullptr;                    // helpers killed this fence, kMaxKilled of them
+};
+
+// The agent's marker as it stands (empty: none set, no sweeps).
+void ReadMarker(const FenceGuard::Marker& m, char* out) {
+  while (true) {
+    const uint32_t seq = m.seq.load(std::memory_order_acquire);
+    if ((seq & 1) == 0) {
+      LoadText(m.text, FenceGuard::Marker::kWords, out);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (m.seq.load(std::memory_order_relaxed) == seq) break;
+    }
+    struct timespec pause = {0, 1000000};
+    ::nanosleep(&pause, nullptr);
+  }
+  out[FenceGuard::kAgentBytes - 1] = '\0';
+}
+constexpr int kMaxProcesses = 1 << 16;
+constexpr int kMaxKilled = 1024;
+constexpr size_t kRowBytes = sizeof(ProcRow) * kMaxProcesses;
+constexpr size_t kScratchBytes = kRowBytes + sizeof(pid_t) * kMaxKilled;
+
+// Kills the helpers in the agent's tree that carry its marker and are not in
+// a listed worker's group (those went with it); says so once per helper per
+// fence (killed_n: how many are in setup.killed).
+SweepCount SweepHelpers(const SweepSetup& setup, const FenceGuard::Slot* slots, int* killed_n,
+                        int64_t now, int64_t deadline) {
+  SweepCount count;
+  char marker[FenceGuard::kAgentBytes];
+  ReadMarker(*setup.marker, marker);
+  if (marker[0] == '\0') return count;
+  const pid_t self = ::getpid();
+  const int n = ScanProcesses(setup.rows, kMaxProcesses);
+  for (int i = 0; i < n; ++i) {
+    const ProcRow& row = setup.rows[i];
+    if (row.pid == self || row.pid == setup.agent || row.state == 'Z' || row.state == 'X') continue;
+    if (!Descends(setup.rows, n, row, setup.agent)) continue;
+    bool in_listed_group = false;
+    for (int s = 0; s < FenceGuard::kSlots && !in_listed_group; ++s) {
+      in_listed_group = slots[s].pgid.load(std::memory_order_relaxed) == row.pgid;
+    }
+    if (in_listed_group) continue;
+    EnvFields env;
+    if (!ReadEnviron(row.pid, &env)) {
+      ++count.unreadable;
+      continue;
+    }
+    if (!SameText(env.Get(EnvFields::kAgent), marker)) continue;  // not this agent's worker's
+    const bool leader = row.pgid == row.pid;
+    if (::kill(leader ? -row.pid : row.pid, SIGKILL) != 0) continue;
+    ++count.killed;
+    bool said = false;
+    for (int k = 0; k < *killed_n && !said; ++k) said = setup.killed[k] == row.pid;
+    if (said) continue;  // still dying from an earlier sweep's kill
+    if (*killed_n < kMaxKilled) setup.killed[(*killed_n)++] = row.pid;
+    char comm[32];
+    ProcRow again{};
+    if (!ReadStat(row.pid, &again, comm, sizeof(comm))) comm[0] = '\0';
+    auto or_unknown = [](const char* v) { return v != nullptr ? v : "?"; };
+    char line[640];
+    size_t k = 0;
+    const size_t cap = sizeof(line) - 1;
+    PutLineStart(line, &k, cap, or_unknown(env.Get(EnvFields::kJob)));
+    PutStr(line, &k, cap, or_unknown(env.Get(EnvFields::kRank)));
+    PutStr(line, &k, cap, " SIGKILLed pid ");
+    PutInt(line, &k, cap, row.pid);
+    PutStr(line, &k, cap, " (");
+    PutStr(line, &k, cap, comm);
+    PutStr(line, &k, cap, leader ? " and its process group" : "");
+    PutStr(line, &k, cap, "), which round ");
+    PutStr(line, &k, cap, or_unknown(env.Get(EnvFields::kRound)));
+    PutStr(line, &k, cap, "'s workers started outside their process group (setsid or a double "
+                          "fork), ");
+    PutInt(line, &k, cap, (now - deadline) / 1000000);
+    PutStr(line, &k, cap, " ms past the node's fence deadline\n");
+    line[k] = '\0';
+    (void)!::write(2, line, k);
+  }
+  return count;
 }
 
 [[noreturn]] void GuardMain(const worker_link::FencePage* fence, FenceGuard::Slot* slots,
-                            int pipe_read) {
+                            const SweepSetup& setup, int pipe_read) {
   // Its own process group: a stop sent to the daemon's group (a shell's
   // ^Z, kill -STOP -PGID) does not stop the guard.
   (void)::setpgid(0, 0);
@@ -217,11 +599,28 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
     for (int fd = pipe_read + 1; fd < 65536; ++fd) ::close(fd);
   }
   uint32_t killed[FenceGuard::kSlots] = {};
+  // Sweeps for helpers: once when a deadline passes, again after each kill
+  // of listings, and on while the last sweep killed (a helper still dying,
+  // or one a dying process forked) or could not read an environment (an
+  // exec under way; given up after kUnreadableSweeps).
+  constexpr int kUnreadableSweeps = 20;
+  int64_t swept_for = 0;
+  bool sweep_again = false;
+  int unreadable_sweeps = 0;
+  int helpers_killed = 0;
   while (true) {
     const int64_t deadline = fence->deadline();
     const int64_t now = worker_link::MonotonicNowNs();
     if (deadline != 0 && now > deadline + kAfterDeadlineNs) {
-      KillListed(slots, killed, now, deadline);
+      const int taken = KillListed(slots, killed, now, deadline);
+      if (taken > 0 || deadline != swept_for || sweep_again) {
+        if (deadline != swept_for) helpers_killed = 0;
+        if (deadline != swept_for || taken > 0) unreadable_sweeps = 0;
+        swept_for = deadline;
+        const SweepCount c = SweepHelpers(setup, slots, &helpers_killed, now, deadline);
+        sweep_again =
+            c.killed > 0 || (c.unreadable > 0 && ++unreadable_sweeps < kUnreadableSweeps);
+      }
     }
     pollfd p{pipe_read, POLLIN, 0};
     const int r = ::poll(&p, 1, kTickMs);
@@ -236,12 +635,22 @@ void KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t 
 StatusOr<std::unique_ptr<FenceGuard>> FenceGuard::Start(const worker_link::FencePage* fence) {
   std::unique_ptr<FenceGuard> guard(new FenceGuard());
   guard->fence_ = fence;
-  void* mem = ::mmap(nullptr, kSlotBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* mem = ::mmap(nullptr, kSharedBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
     return absl::UnavailableError(
         absl::StrCat("fence guard: mmap of its listings: ", std::strerror(errno)));
   }
   guard->slots_ = new (mem) Slot[kSlots];
+  guard->marker_ = new (static_cast<char*>(mem) + kSlotBytes) Marker();
+  // The sweep's scratch, the guard's own (private: copied at the fork, and
+  // only touched there once a deadline passed).
+  void* scratch = ::mmap(nullptr, kScratchBytes, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (scratch == MAP_FAILED) {
+    return absl::UnavailableError(
+        absl::StrCat("fence guard: mmap of its scratch memory: ", std::strerror(errno)));
+  }
+  guard->scratch_ = scratch;
   RETURN_IF_ERROR(guard->Spawn());
   return guard;
 }
@@ -260,7 +669,12 @@ Status FenceGuard::Spawn() {
   }
   if (pid == 0) {
     ::close(fds[1]);
-    GuardMain(fence_, slots_, fds[0]);
+    SweepSetup setup;
+    setup.agent = ::getppid();
+    setup.marker = marker_;
+    setup.rows = static_cast<ProcRow*>(scratch_);
+    setup.killed = reinterpret_cast<pid_t*>(static_cast<char*>(scratch_) + kRowBytes);
+    GuardMain(fence_, slots_, setup, fds[0]);
   }
   ::setpgid(pid, pid);  // as the child does: whichever runs first
   ::close(fds[0]);
@@ -296,7 +710,8 @@ FenceGuard::~FenceGuard() {
     while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
     }
   }
-  if (slots_ != nullptr) ::munmap(slots_, kSlotBytes);
+  if (slots_ != nullptr) ::munmap(slots_, kSharedBytes);
+  if (scratch_ != nullptr) ::munmap(scratch_, kScratchBytes);
 }
 
 FenceGuard::Entry FenceGuard::Watch(pid_t pgid, absl::string_view job_id, int rank,
@@ -314,13 +729,7 @@ FenceGuard::Entry FenceGuard::Watch(pid_t pgid, absl::string_view job_id, int ra
     s.pgid.store(static_cast<int32_t>(pgid), std::memory_order_relaxed);
     s.rank.store(rank, std::memory_order_relaxed);
     s.round.store(round, std::memory_order_relaxed);
-    char job[kJobIdBytes] = {};
-    std::memcpy(job, job_id.data(), std::min<size_t>(job_id.size(), kJobIdBytes - 1));
-    for (int w = 0; w < Slot::kJobWords; ++w) {
-      uint64_t word;
-      std::memcpy(&word, job + 8 * w, 8);
-      s.job[w].store(word, std::memory_order_relaxed);
-    }
+    StoreText(s.job, Slot::kJobWords, job_id);
     s.seq.store(seq + 2, std::memory_order_release);
     entry.guard_ = this;
     entry.slot_ = i;
@@ -328,6 +737,15 @@ FenceGuard::Entry FenceGuard::Watch(pid_t pgid, absl::string_view job_id, int ra
     return entry;
   }
   return entry;  // every slot taken: not guarded
+}
+
+void FenceGuard::SetAgent(absl::string_view agent) {
+  MutexLock lock(&mu_);
+  const uint32_t seq = marker_->seq.load(std::memory_order_relaxed);
+  marker_->seq.store(seq + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  StoreText(marker_->text, Marker::kWords, agent);
+  marker_->seq.store(seq + 2, std::memory_order_release);
 }
 
 void FenceGuard::Release(int slot, uint32_t seq) {

@@ -29,9 +29,18 @@
 // agent's process dies however it dies (a kill -9 of the agent: its workers
 // die with it through PR_SET_PDEATHSIG).
 //
-// Limits: a process a worker moved out of its process group (setsid) is not
-// in the group the guard kills (the agent's orphan sweep finds those once
-// it runs again); a listing forgotten a moment after its process was reaped
+// A process a worker moved out of its process group (setsid, a double fork)
+// is not in the group the guard kills. Past the deadline the guard also
+// looks through /proc for processes in its agent's tree (the agent is their
+// child subreaper once their parent died, daemon/orphans.h) whose
+// environment names this agent (LOCKSTEP_AGENT), SIGKILLs them (with their
+// group, if they lead one) and says so: after the listed groups, and again
+// while it finds some still there, or processes whose environment cannot be
+// read yet (an exec under way), for a second at most.
+//
+// Limits: a helper that cleared its environment, or left the agent's tree
+// (a daemon without the subreaper's right), is not found, as by the
+// agent's orphan sweep; a listing forgotten a moment after its process was reaped
 // may name a pid the kernel already reused, as any kill(-pgid) after a reap
 // may (the guard kills only past the fence, when every worker of the node
 // must be gone anyway).
@@ -63,10 +72,13 @@ class FenceGuard {
   static constexpr int kSlots = 1024;
   // How many bytes of a job id a listing keeps (for the guard's line).
   static constexpr int kJobIdBytes = 48;
+  // How many bytes of the agent's LOCKSTEP_AGENT it keeps (SetAgent).
+  static constexpr int kAgentBytes = 256;
   // The guard process's name (/proc/PID/comm, what ps shows).
   static constexpr char kProcessName[] = "lockstepd-fence";
 
-  struct Slot;  // shared with the guard process (fence_guard.cc)
+  struct Slot;    // shared with the guard process (fence_guard.cc)
+  struct Marker;  // likewise
 
   // One worker's listing; forgotten when destroyed. Move-only.
   class Entry {
@@ -106,6 +118,12 @@ class FenceGuard {
   // `job_id`'s `rank` in `round`.
   Entry Watch(pid_t pgid, absl::string_view job_id, int rank, int64_t round);
 
+  // The value of LOCKSTEP_AGENT in this agent's workers' environment (at
+  // most kAgentBytes - 1 bytes): past the deadline, processes in this
+  // process's tree that carry it and left their worker's group are killed
+  // too. Until it is set, only the listed groups are.
+  void SetAgent(absl::string_view agent);
+
   // The guard process (the agent's orphan sweep leaves it alone).
   pid_t pid() const { return pid_; }
 
@@ -123,9 +141,11 @@ class FenceGuard {
 
   const worker_link::FencePage* fence_ = nullptr;
   Slot* slots_ = nullptr;  // kSlots of them, MAP_SHARED with the guard
+  Marker* marker_ = nullptr;  // after them, in the same mapping
+  void* scratch_ = nullptr;  // the guard's sweeps' (private)
   pid_t pid_ = -1;
   int pipe_write_ = -1;  // closed: the guard ends
-  Mutex mu_;             // claims a free slot
+  Mutex mu_;             // claims a free slot; writes the marker
   int next_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

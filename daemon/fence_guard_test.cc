@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -277,6 +278,153 @@ TEST_F(FenceGuardTest, AGuardStartedAgainGuardsTheSameListings) {
   ASSERT_EQ(::waitpid(listed, &st, 0), listed);
   EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
   EXPECT_NE(entry.KilledNs(), 0);
+}
+
+// The pid a file holds (written by a shell's `echo $! > file`), once it is
+// there; -1 after 5 s.
+pid_t PidIn(const std::string& path) {
+  pid_t pid = -1;
+  WaitFor(
+      [&] {
+        std::ifstream in(path);
+        std::string line;
+        if (!std::getline(in, line) || line.empty()) return false;
+        pid = static_cast<pid_t>(std::atoi(line.c_str()));
+        return pid > 0;
+      },
+      milliseconds(5000));
+  return pid;
+}
+
+pid_t ParentOf(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::istringstream rest(text.substr(paren + 2));
+  char state;
+  pid_t ppid = -1;
+  rest >> state >> ppid;
+  return ppid;
+}
+
+// A worker's helpers that left its process group (setsid; a double fork,
+// adopted by the agent as their subreaper) are killed with it, once each,
+// when they carry this agent's LOCKSTEP_AGENT; another agent's, and a
+// process outside the agent's tree, are not.
+TEST_F(FenceGuardTest, HelpersThatLeftTheWorkersGroupAreKilledWithIt) {
+  const std::string agent = "10.9.0.1:7001";
+  guard_->SetAgent(agent);
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp");
+  const std::string env_agent = "LOCKSTEP_AGENT=" + agent;
+  // Outside the agent's tree, with its marker (an orphan adopted by
+  // someone else: this process is not a subreaper yet).
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t middle = ::fork();
+  if (middle == 0) {
+    const pid_t outside = ::fork();
+    if (outside == 0) {
+      ::setsid();
+      char* envp[] = {const_cast<char*>(env_agent.c_str()), nullptr};
+      ::execle("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr), envp);
+      ::_exit(127);
+    }
+    (void)!::write(fds[1], &outside, sizeof(outside));
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  pid_t outside = -1;
+  ASSERT_EQ(::read(fds[0], &outside, sizeof(outside)), static_cast<ssize_t>(sizeof(outside)));
+  ::close(fds[0]);
+  ::waitpid(middle, nullptr, 0);
+  ASSERT_TRUE(WaitFor([&] { return ParentOf(outside) != middle; }, milliseconds(2000)));
+  ASSERT_NE(ParentOf(outside), ::getpid());
+
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  const std::string script =
+      "setsid sleep 30 & echo $! > " + dir + "/child.pid; "
+      "(setsid sleep 30 & echo $! > " + dir + "/adopted.pid) & "
+      "LOCKSTEP_AGENT=10.9.0.2:7001 setsid sleep 30 & echo $! > " + dir + "/other.pid; "
+      "exec sleep 30";
+  const pid_t worker = ::fork();
+  if (worker == 0) {
+    ::setpgid(0, 0);
+    char* envp[] = {const_cast<char*>(env_agent.c_str()),
+                    const_cast<char*>("LOCKSTEP_JOB_ID=j-helpers"),
+                    const_cast<char*>("LOCKSTEP_RANK=2"), const_cast<char*>("LOCKSTEP_ROUND=5"),
+                    const_cast<char*>("PATH=/usr/bin:/bin"), nullptr};
+    ::execle("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr), envp);
+    ::_exit(127);
+  }
+  ::setpgid(worker, worker);
+  const pid_t child = PidIn(dir + "/child.pid");
+  const pid_t adopted = PidIn(dir + "/adopted.pid");
+  const pid_t other = PidIn(dir + "/other.pid");
+  ASSERT_GT(child, 0);
+  ASSERT_GT(adopted, 0);
+  ASSERT_GT(other, 0);
+  // Each left the worker's group; the double-forked one is this process's.
+  EXPECT_NE(::getpgid(child), worker);
+  EXPECT_NE(::getpgid(adopted), worker);
+  EXPECT_TRUE(WaitFor([&] { return ParentOf(adopted) == ::getpid(); }, milliseconds(2000)));
+  FenceGuard::Entry entry = guard_->Watch(worker, "j-helpers", 2, 5);
+
+  PassDeadline();
+  int st = 0;
+  ASSERT_EQ(::waitpid(worker, &st, 0), worker);
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+  EXPECT_TRUE(WaitFor([&] { return Ended(child) && Ended(adopted); }, milliseconds(2000)))
+      << "a helper outside the worker's group runs on past the fence";
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_FALSE(Ended(other)) << "another agent's helper was killed";
+  EXPECT_FALSE(Ended(outside)) << "a process outside the agent's tree was killed";
+  const std::string log = GuardLog();
+  for (const pid_t helper : {child, adopted}) {
+    EXPECT_NE(log.find(" E [fence-guard] job=j-helpers rank=2 SIGKILLed pid " +
+                       std::to_string(helper) +
+                       " (sleep and its process group), which round 5's workers started outside "
+                       "their process group (setsid or a double fork), "),
+              std::string::npos)
+        << log;
+  }
+  // The group's line and one per helper, each said once.
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 3) << log;
+
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  ::kill(-other, SIGKILL);
+  ::kill(-outside, SIGKILL);
+  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+}
+
+// Until the agent says what its workers carry, no helper is looked for.
+TEST_F(FenceGuardTest, WithoutTheAgentsMarkerOnlyTheListedGroupsAreKilled) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp");
+  const std::string script = "setsid sleep 30 & echo $! > " + dir + "/unmarked.pid; exec sleep 30";
+  const pid_t worker = ::fork();
+  if (worker == 0) {
+    ::setpgid(0, 0);
+    char* envp[] = {const_cast<char*>("LOCKSTEP_AGENT="), const_cast<char*>("PATH=/usr/bin:/bin"),
+                    nullptr};
+    ::execle("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr), envp);
+    ::_exit(127);
+  }
+  ::setpgid(worker, worker);
+  const pid_t helper = PidIn(dir + "/unmarked.pid");
+  ASSERT_GT(helper, 0);
+  FenceGuard::Entry entry = guard_->Watch(worker, "j-unmarked", 0, 1);
+  PassDeadline();
+  ASSERT_EQ(::waitpid(worker, nullptr, 0), worker);
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_FALSE(Ended(helper));
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  ::kill(-helper, SIGKILL);
+  while (::waitpid(-1, nullptr, WNOHANG) >= 0) {
+    if (Ended(helper)) break;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
 }
 
 TEST_F(FenceGuardTest, ListsAsManyWorkersAsItHasSlots) {

@@ -21,12 +21,17 @@
 # guard (daemon/fence_guard.h) kills them at the same deadline instead;
 # without it they would train on, blocked on nodeb's stopped ranks until
 # their 60 s timeout, while nodeb runs ranks 0 and 1 again (two owners).
+# Each worker also leaves a helper in a session of its own (`setsid sleep`,
+# outside the group the guard kills, its environment the worker's): the
+# guard finds nodea's in its agent's tree and kills them too, while nodea
+# is still frozen, and the sampler counts a helper as its worker's rank.
 LEASE_S=3
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
 MODE="${5:-engine}"
 PREFIX=()
-[ "$MODE" = guard ] && PREFIX=(env -u LOCKSTEP_FENCE_FD)
+[ "$MODE" = guard ] &&
+  PREFIX=(sh -c 'setsid sleep 3000 & exec env -u LOCKSTEP_FENCE_FD "$@"' with-helper)
 
 start_daemon coord --coordinator --no-agent --listen 127.0.0.1:0
 COORD="$ADDR_coord"
@@ -61,6 +66,11 @@ if [ "$MODE" = guard ]; then
   for r in 0 1; do
     grep -q "E \[fence-guard\] job=$job rank=$r SIGKILLed process group [0-9]* (round 1)" "$T/nodea.log" ||
       fail "nodea's fence guard did not kill rank $r: $(grep 'fence-guard' "$T/nodea.log")"
+  done
+  # ... and the helpers they had started in sessions of their own.
+  for r in 0 1; do
+    grep -q "E \[fence-guard\] job=$job rank=$r SIGKILLed pid [0-9]* (sleep and its process group), which round 1's workers started outside their process group" "$T/nodea.log" ||
+      fail "nodea's fence guard did not kill rank $r's helper: $(grep 'fence-guard' "$T/nodea.log")"
   done
   if grep -q "lockstep: fenced" "$T/nodea/jobs/$job/rank-0.stderr"; then
     fail "nodea's rank 0 fenced itself: it was to run without the fence page"

@@ -4,11 +4,14 @@ records every instant at which two of them hold the same rank.
 
 usage: rank_owners.py JOB_ID OUT_FILE
 A process belongs to the job when its environment has LOCKSTEP_JOB_ID=JOB;
-its rank is LOCKSTEP_RANK. Zombies (exited, not yet reaped: a frozen agent
-cannot reap) and processes that are gone are not owners. OUT_FILE gets one
-line per sample: "<unix_ms> <live> live=<round>:<rank>,... [DOUBLE rank=R
-pids=...]" (live: "-" when none; round is LOCKSTEP_ROUND), so a test can
-show the sampler saw the job's workers at all.
+its rank is LOCKSTEP_RANK. The owner of a rank is a node's round of it
+(LOCKSTEP_AGENT, LOCKSTEP_ROUND): a worker and the helpers it started
+(which inherit its environment) are one owner; the same rank live in two
+rounds, or on two nodes, is two. Zombies (exited, not yet reaped: a frozen
+agent cannot reap) and processes that are gone own nothing. OUT_FILE gets
+one line per sample: "<unix_ms> <live> live=<round>:<rank>,... [DOUBLE
+rank=R pids=...]" (live: the number of owners, each listed once; "-" when
+none), so a test can show the sampler saw the job's workers at all.
 """
 import os
 import sys
@@ -33,7 +36,8 @@ def owners(job):
             continue
         rank = int(env.get(b"LOCKSTEP_RANK", b"-1"))
         round_ = env.get(b"LOCKSTEP_ROUND", b"?").decode()
-        by_rank.setdefault(rank, []).append((pid, round_))
+        node = env.get(b"LOCKSTEP_AGENT", b"?").decode()
+        by_rank.setdefault(rank, {}).setdefault((round_, node), []).append(pid)
     return by_rank
 
 
@@ -42,11 +46,12 @@ def main():
     with open(out, "a", buffering=1) as f:
         while True:
             by_rank = owners(job)
-            live = sorted(f"{r}:{rank}" for rank, procs in by_rank.items() for _, r in procs)
+            live = sorted(f"{r}:{rank}" for rank, owners_ in by_rank.items() for r, _ in owners_)
             line = f"{int(time.time() * 1000)} {len(live)} live={','.join(live) or '-'}"
-            for rank, procs in sorted(by_rank.items()):
-                if len(procs) > 1:
-                    line += f" DOUBLE rank={rank} pids={','.join(p for p, _ in procs)}"
+            for rank, owners_ in sorted(by_rank.items()):
+                if len(owners_) > 1:
+                    pids = [p for procs in owners_.values() for p in procs]
+                    line += f" DOUBLE rank={rank} pids={','.join(pids)}"
             f.write(line + "\n")
             time.sleep(0.1)
 
