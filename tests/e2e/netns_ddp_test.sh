@@ -26,7 +26,10 @@ DAEMON_PREFIX=(ip netns exec "$NSA")
 CLI_PREFIX=(ip netns exec "$NSA")
 start_coordinator --listen "$NET.1:0" $(node_tls "$NET.1")
 DAEMON_PREFIX=(ip netns exec "$NSB")
-start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" --token-file "$TOKEN" $(node_tls "$NET.2")
+# The second host holds the coordinator's agent token (register and
+# heartbeat only), as README.md tells a new host to.
+start_daemon hostb --listen "$NET.2:0" --coordinator-address "$COORD" \
+  --token-file "$(dirname "$TOKEN")/agent.token" $(node_tls "$NET.2")
 
 # checksums JOB: the final checksum line of each rank's log, one per line.
 checksums() {
