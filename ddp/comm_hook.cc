@@ -170,12 +170,17 @@ CommHook AdasumHook() {
     at::Tensor buffer = bucket.buffer;
     const int64_t numel = buffer.numel();
     at::Tensor gathered = at::empty({world * numel}, buffer.options());
-    auto work = comm.AllGather(buffer, gathered);
+    std::shared_ptr<Work> work = comm.AllGather(buffer, gathered);
     std::vector<int64_t> offsets = bucket.offsets;
     std::vector<int64_t> numels = bucket.numels;
     return BucketWork::Then(
-        std::move(work),
-        [buffer, gathered, world, numel, offsets, numels]() -> StatusOr<at::Tensor> {
+        work,
+        [work, buffer, gathered, world, numel, offsets, numels]() -> StatusOr<at::Tensor> {
+          // The tree reads the rows on the host (its coefficients): the
+          // gather must have ended well, not only be ordered before this
+          // stream (WaitStream on a device). A peer lost mid-gather leaves
+          // rows half written once the communicator aborts.
+          if (Status s = work->Wait(); !s.ok()) return s;
           at::Tensor rows = gathered.view({world, numel});
           for (size_t k = 0; k < offsets.size(); ++k) {
             AdasumTreeInPlace(rows.narrow(1, offsets[k], numels[k]));

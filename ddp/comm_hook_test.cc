@@ -467,6 +467,48 @@ TEST(AdasumTest, HookMatchesTheDirectTreeOnTwoToFiveRanks) {
   }
 }
 
+// A device communicator's gather is only ordered before the caller's
+// stream when WaitStream returns; one that then fails (a peer lost
+// mid-gather: NCCL's watchdog aborts and the rows stay half written) must
+// fail the bucket, not have Adasum combine what the rows hold.
+class GatherFailingAfterItsStreamWait : public FakeCommunicator {
+ public:
+  GatherFailingAfterItsStreamWait() : FakeCommunicator(2) {}
+  ~GatherFailingAfterItsStreamWait() override {
+    if (finisher_.joinable()) finisher_.join();
+  }
+  std::shared_ptr<Work> AllGather(at::Tensor input, at::Tensor output) override {
+    auto work = std::make_shared<Work>();
+    work->SetStreamWaiter([] { return absl::OkStatus(); });
+    work->MarkStarted();
+    finisher_ = std::thread([work] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      work->Finish(absl::DeadlineExceededError(
+          "nccl allgather #3 on rank 0 did not complete within 1 s: ranks [1] did not arrive; "
+          "communicator aborted"));
+    });
+    return work;
+  }
+
+ private:
+  std::thread finisher_;
+};
+
+TEST(AdasumTest, AGatherThatFailsAfterItsStreamWaitFailsTheBucket) {
+  GatherFailingAfterItsStreamWait comm;
+  GradBucket bucket;
+  bucket.buffer = torch::ones({6});
+  bucket.param_indices = {0, 1};
+  bucket.offsets = {0, 2};
+  bucket.numels = {2, 4};
+  CommHook hook = AdasumHook();
+  std::shared_ptr<BucketWork> work = hook.run(bucket, comm);
+  StatusOr<at::Tensor> result = work->Wait(std::chrono::seconds(5));
+  ASSERT_FALSE(result.ok()) << "combined rows the gather never finished writing";
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("ranks [1] did not arrive"));
+}
+
 TEST(CommHookTest, CommHookFromNameNamesTheChoices) {
   EXPECT_EQ(CommHookFromName("adasum")->name, "adasum");
   EXPECT_EQ(CommHookFromName("allreduce")->name, "allreduce");

@@ -261,7 +261,11 @@ struct NcclCommunicator::Impl : std::enable_shared_from_this<NcclCommunicator::I
   // Takes the locks in order (issue_mu, then mu) and aborts.
   // REQUIRES: `lock` holds mu; it holds mu again on return.
   void Abort(std::unique_lock<std::mutex>& lock, const Status& why);
-  Status TimeoutStatus(uint64_t seq, const char* name);
+  // Why collective #seq failed (`what`: how), after publishing this rank's
+  // failure and waiting a grace for the others': the ranks that did not
+  // publish did not arrive. Marks the first of them lost (none: -1) in the
+  // worker's status page.
+  Status Diagnose(uint64_t seq, const char* name, const std::string& what, bool timed_out);
 };
 
 NcclCommunicator::Impl::~Impl() {
@@ -326,6 +330,11 @@ std::shared_ptr<Work> NcclCommunicator::Impl::Issue(
     const std::function<ncclResult_t(cudaStream_t)>& call) {
   auto compute = CurrentTorchStream(c10::Device(c10::DeviceType::CUDA, device));
   if (!compute.ok()) return Work::Failed(compute.status());
+  // The communicator's device from here on: an event belongs to the device
+  // current when it is created, and recording it on another device's stream
+  // fails (a rank of local rank 1 called from a thread whose current device
+  // is 0, the default: nothing in the engine calls cudaSetDevice).
+  DeviceScope scope(device);
   std::lock_guard<std::mutex> issue_lock(issue_mu);
   Pending p;
   p.name = name;
@@ -353,7 +362,6 @@ std::shared_ptr<Work> NcclCommunicator::Impl::Issue(
   }
   p.seq = next_seq++;
   p.work = std::make_shared<Work>();
-  DeviceScope scope(device);
   // (1) After the producer: the NCCL stream waits for the caller's stream.
   cudaError_t err = cudaEventRecord(ready, *compute);
   if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, ready, 0);
@@ -415,21 +423,21 @@ std::shared_ptr<Work> NcclCommunicator::Impl::Issue(
   return work;
 }
 
-Status NcclCommunicator::Impl::TimeoutStatus(uint64_t seq, const char* name) {
+Status NcclCommunicator::Impl::Diagnose(uint64_t seq, const char* name, const std::string& what,
+                                        bool timed_out) {
   const Duration grace = std::min<Duration>(options.timeout / 5, std::chrono::seconds(5));
   const std::vector<int> missing = ReportAndFindMissing(
       store, absl::StrCat(options.key_prefix, "/failed/", seq, "/"), rank, world_size, grace);
-  const std::string head = absl::StrCat("nccl ", name, " #", seq, " on rank ", rank,
-                                        " did not complete within ", ToSeconds(options.timeout),
-                                        " s");
-  // A peer is gone or stuck either way: this rank's failure follows another's.
+  const std::string head = absl::StrCat("nccl ", name, " #", seq, " on rank ", rank, " ", what);
+  // A peer is gone, stuck or unreachable either way: this rank's failure
+  // follows another's (as the Gloo communicator marks a transport error).
   worker_link::MarkPeerLost(missing.empty() ? -1 : missing.front());
   if (!missing.empty()) {
     return absl::DeadlineExceededError(absl::StrCat(
         head, ": ranks ", FormatRanks(missing), " did not arrive; communicator aborted"));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat(head, "; every rank reached it; communicator aborted"));
+  const std::string every = absl::StrCat(head, "; every rank reached it; communicator aborted");
+  return timed_out ? absl::DeadlineExceededError(every) : absl::UnavailableError(every);
 }
 
 void NcclCommunicator::Impl::Abort(std::unique_lock<std::mutex>& lock, const Status& why) {
@@ -465,11 +473,16 @@ void NcclCommunicator::Impl::WatchdogLoop() {
       ncclResult_t async = ncclSuccess;
       if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
           async != ncclInProgress) {
-        Pending& head = pending.front();
-        Abort(lock, absl::UnavailableError(
-                        absl::StrCat("nccl ", head.name, " #", head.seq, " on rank ", rank,
-                                     ": asynchronous NCCL error: ", NcclMessage(async, comm),
-                                     "; communicator aborted")));
+        // Usually a peer that vanished (a remote or system error on its
+        // connection): found as Diagnose finds a peer that never arrived.
+        const uint64_t seq = pending.front().seq;
+        const char* name = pending.front().name;
+        const std::string what =
+            absl::StrCat("failed: asynchronous NCCL error: ", NcclMessage(async, comm));
+        lock.unlock();
+        Status why = Diagnose(seq, name, what, /*timed_out=*/false);  // Store round trips: no lock.
+        lock.lock();
+        Abort(lock, why);
         continue;
       }
     }
@@ -498,7 +511,9 @@ void NcclCommunicator::Impl::WatchdogLoop() {
       const uint64_t seq = head.seq;
       const char* name = head.name;
       lock.unlock();
-      Status why = TimeoutStatus(seq, name);  // Store round trips: no lock.
+      Status why = Diagnose(
+          seq, name, absl::StrCat("did not complete within ", ToSeconds(options.timeout), " s"),
+          /*timed_out=*/true);  // Store round trips: no lock.
       lock.lock();
       Abort(lock, why);
       continue;
