@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "ddp/adasum_hook_check.h"
 #include "ddp/ddp.h"
 #include "ddp/fake_communicator.h"
 #include "ddp/fake_store.h"
@@ -465,6 +466,13 @@ TEST(AdasumTest, HookMatchesTheDirectTreeOnTwoToFiveRanks) {
       }
     }
   }
+}
+
+// The hook alone over ranks whose rows differ, 2 to 5 of them (3 and 5
+// fold a remainder), against the per-parameter tree (ddp_cuda_test runs
+// the same on the GPU).
+TEST(AdasumTest, HookOverDistinctRowsMatchesThePerParameterTree) {
+  adasum_check::ExpectAdasumHookMatchesThePerParameterTree(c10::Device(c10::DeviceType::CPU));
 }
 
 // A device communicator's gather is only ordered before the caller's

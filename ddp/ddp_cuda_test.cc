@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "ddp/adasum_hook_check.h"
 #include "ddp/ddp.h"
 #include "ddp/fake_communicator.h"
 #include "ddp/fake_store.h"
@@ -159,6 +160,15 @@ TEST(DdpCudaTest, AdasumMatchesLocalTrainingForIdenticalRanks) {
     for (const auto& call : fake->calls()) allgathers += call.op == "allgather";
     EXPECT_GE(allgathers, 3 * 2) << "world " << world << ": three steps, two buckets or more";
   }
+}
+
+// The hook on the device over fake worlds of 2 to 5 ranks whose rows
+// differ (identical ranks, above, cannot tell a wrong row order,
+// coefficient or remainder fold), against the per-parameter tree on the
+// CPU; comm_hook_test runs the same check on the CPU.
+TEST(DdpCudaTest, AdasumHookOverDistinctRowsMatchesThePerParameterTree) {
+  LOCKSTEP_SKIP_WITHOUT_GPU();
+  adasum_check::ExpectAdasumHookMatchesThePerParameterTree(kGpu);
 }
 
 // The Adasum rule on the device against the same rule on the CPU, for
