@@ -117,19 +117,18 @@ Dots CpuDots(const T* a, const T* b, int64_t n) {
   return d;
 }
 
-Dots ComputeDots(const at::Tensor& a, const at::Tensor& b) {
-  if (a.is_cpu() && a.is_contiguous() && b.is_contiguous() && a.scalar_type() == b.scalar_type()) {
-    if (a.scalar_type() == at::kFloat) {
-      return CpuDots(a.data_ptr<float>(), b.data_ptr<float>(), a.numel());
-    }
-    if (a.scalar_type() == at::kDouble) {
-      return CpuDots(a.data_ptr<double>(), b.data_ptr<double>(), a.numel());
-    }
+// The CPU's float and double tensors, laid out flat: a loop in double.
+bool HostLoop(const at::Tensor& a, const at::Tensor& b) {
+  return a.is_cpu() && b.is_cpu() && a.is_contiguous() && b.is_contiguous() &&
+         a.scalar_type() == b.scalar_type() &&
+         (a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble);
+}
+
+Dots HostDots(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kFloat) {
+    return CpuDots(a.data_ptr<float>(), b.data_ptr<float>(), a.numel());
   }
-  // Other dtypes and devices (CUDA: .item() waits for the stream).
-  const at::Tensor x = a.reshape(-1).to(at::kDouble);
-  const at::Tensor y = b.reshape(-1).to(at::kDouble);
-  return Dots{x.dot(y).item<double>(), x.dot(x).item<double>(), y.dot(y).item<double>()};
+  return CpuDots(a.data_ptr<double>(), b.data_ptr<double>(), a.numel());
 }
 
 double Coefficient(double dot, double norm2) { return norm2 > 0 ? 1.0 - dot / (2.0 * norm2) : 1.0; }
@@ -137,8 +136,24 @@ double Coefficient(double dot, double norm2) { return norm2 > 0 ? 1.0 - dot / (2
 }  // namespace
 
 void AdasumCombineInto(at::Tensor a, const at::Tensor& b) {
-  const Dots d = ComputeDots(a, b);
-  a.mul_(Coefficient(d.ab, d.aa)).add_(b, Coefficient(d.ab, d.bb));
+  if (HostLoop(a, b)) {
+    const Dots d = HostDots(a, b);
+    a.mul_(Coefficient(d.ab, d.aa)).add_(b, Coefficient(d.ab, d.bb));
+    return;
+  }
+  // Elsewhere (a GPU; other dtypes, strided views) the same in tensor ops,
+  // the dot products and coefficients kept where the tensors are: on a
+  // device nothing waits for the stream (.item() would, three times per
+  // parameter and pair).
+  const at::Tensor x = a.reshape(-1).to(at::kDouble);
+  const at::Tensor y = b.reshape(-1).to(at::kDouble);
+  const at::Tensor ab = x.dot(y);
+  auto coefficient = [&ab](const at::Tensor& norm2) {
+    return at::where(norm2 > 0, 1.0 - ab / (2.0 * norm2), at::ones_like(norm2));
+  };
+  const at::Tensor ca = coefficient(x.dot(x)).to(a.scalar_type());
+  const at::Tensor cb = coefficient(y.dot(y)).to(b.scalar_type());
+  a.mul_(ca).add_(b * cb);
 }
 
 void AdasumTreeInPlace(at::Tensor grads) {

@@ -411,6 +411,30 @@ TEST(AdasumTest, RandomPairMatchesTheFormula) {
   }
 }
 
+// Strided views and half precision take the tensor-op path (the one a GPU
+// takes: no host sync): the same rule, to their precision.
+TEST(AdasumTest, StridedAndHalfPrecisionGradientsMatchTheFormula) {
+  torch::manual_seed(6);
+  Tensor a2 = torch::randn({64, 2}), b2 = torch::randn({64, 2});
+  b2.add_(0.3 * a2);
+  Tensor a = a2.select(1, 0), b = b2.select(1, 1);  // stride 2
+  ASSERT_FALSE(a.is_contiguous());
+  Tensor expected = Formula(a.clone(), b.clone());
+  AdasumCombineInto(a, b);
+  EXPECT_TRUE(a.to(torch::kDouble).allclose(expected, 1e-5, 1e-6));
+  EXPECT_TRUE(a2.select(1, 0).equal(a)) << "not written through the view";
+  for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    Tensor h = torch::randn({129}).to(dtype), k = (torch::randn({129}) + 0.3 * h.to(torch::kFloat)).to(dtype);
+    expected = Formula(h.to(torch::kFloat), k.to(torch::kFloat));
+    AdasumCombineInto(h, k);
+    EXPECT_TRUE(h.to(torch::kDouble).allclose(expected, 2e-2, 2e-2)) << dtype;
+  }
+  // A zero gradient's coefficient is 1 on this path too.
+  Tensor z = torch::zeros({4, 2}).select(1, 0), w = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f});
+  AdasumCombineInto(z, w);
+  EXPECT_TRUE(z.equal(w)) << z;
+}
+
 TEST(AdasumTest, TreeMatchesTheDirectTreeForEveryWorldSize) {
   torch::manual_seed(5);
   for (int world = 1; world <= 7; ++world) {
