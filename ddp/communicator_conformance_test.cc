@@ -653,6 +653,7 @@ TEST(ShmCommunicatorTest, RankOnAnotherHostIsRefusedNamingBothHosts) {
 
 // Every rank must pass the same slot_bytes (shm_communicator.h): one that
 // does not is refused naming the segment's size and the one it expected,
+// and the slot size rank 0 made it with against its own,
 // and rank 0 names it as the rank that never attached.
 TEST(ShmCommunicatorTest, RanksThatDisagreeOnSlotBytesAreRefusedNamingBoth) {
   constexpr int kWorld = 2;
@@ -663,9 +664,10 @@ TEST(ShmCommunicatorTest, RanksThatDisagreeOnSlotBytesAreRefusedNamingBoth) {
     auto comm = ShmCommunicator::Create(store, rank, kWorld, options);
     if (rank == 1) {
       RETURN_IF_ERROR(Expect(absl::IsInvalidArgument(comm.status()), comm.status().ToString()));
-      return Expect(comm.status().message().find("has 8384 bytes, expected 16576 (do all ranks use "
-                                                 "the same world size and sizes?)") !=
-                        std::string::npos,
+      return Expect(comm.status().message().find(
+                        "has 8384 bytes, expected 16576: rank 0 made it for 2 ranks of 4096 "
+                        "bytes each, this rank expects 2 of 8192 (do all ranks use the same "
+                        "world size and sizes?)") != std::string::npos,
                     comm.status().ToString());
     }
     return RankOneNeverAttached(comm.status());

@@ -114,12 +114,12 @@ std::string PublishedMemfd(int fd, uint64_t nonce) {
 }
 
 // The others' side: opens the memfd rank 0 published as `published` (see
-// PublishedMemfd) and checks it has `bytes`. `what` names it in errors
-// ("segment", "region 2"); `*where` gets its /proc path, `*nonce` the
-// nonce to check in its header.
+// PublishedMemfd) and checks it has `bytes`: a header and `world` x
+// `per_rank` bytes. `what` names it in errors ("segment", "region 2");
+// `*where` gets its /proc path, `*nonce` the nonce to check in its header.
 StatusOr<UniqueFd> OpenPublishedMemfd(const std::string& who, const std::string& what,
-                                      const std::string& published, size_t bytes,
-                                      std::string* where, uint64_t* nonce) {
+                                      const std::string& published, size_t bytes, int world,
+                                      size_t per_rank, std::string* where, uint64_t* nonce) {
   int pid0 = 0, fd0 = -1;
   unsigned long long published_nonce = 0;
   if (std::sscanf(published.c_str(), "%d:%d:%llx", &pid0, &fd0, &published_nonce) != 3) {
@@ -137,9 +137,20 @@ StatusOr<UniqueFd> OpenPublishedMemfd(const std::string& who, const std::string&
   }
   struct stat st {};
   if (fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    // What rank 0 made it for, from the header it wrote before publishing.
+    std::string made;
+    alignas(Header) unsigned char raw[sizeof(Header)];
+    if (pread(fd.get(), raw, sizeof(raw), 0) == static_cast<ssize_t>(sizeof(raw))) {
+      const auto* h = reinterpret_cast<const Header*>(raw);
+      if (h->magic == kMagic && h->nonce == published_nonce) {
+        made = absl::StrCat(": rank 0 made it for ", h->world, " ranks of ", h->slot_bytes,
+                            " bytes each, this rank expects ", world, " of ", per_rank);
+      }
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": ", what, " ", *where, " has ", static_cast<int64_t>(st.st_size),
-        " bytes, expected ", bytes, " (do all ranks use the same world size and sizes?)"));
+        " bytes, expected ", bytes, made,
+        " (do all ranks use the same world size and sizes?)"));
   }
   return fd;
 }
@@ -277,8 +288,8 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
           absl::StrCat(who, " is on host '", host, "' but rank 0 is on '", *host0,
                        "': the shm backend needs every rank on one host (use gloo)"));
     }
-    ASSIGN_OR_RETURN(opened, OpenPublishedMemfd(who, "segment", *published, bytes,
-                                                &segment->where, &nonce));
+    ASSIGN_OR_RETURN(opened, OpenPublishedMemfd(who, "segment", *published, bytes, world_size,
+                                                options.slot_bytes, &segment->where, &nonce));
     fd = opened.get();
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -485,7 +496,8 @@ StatusOr<at::Tensor> ShmCommunicator::AllocateBucketMemory(int64_t numel, at::Sc
       failure = "rank 0 could not create it";
     } else {
       std::string where;
-      adopt(OpenPublishedMemfd(who, what, *published, region->map_bytes, &where, &nonce));
+      adopt(OpenPublishedMemfd(who, what, *published, region->map_bytes, world_size_,
+                               region->buffer_bytes, &where, &nonce));
       if (failure.empty() && !IsPublishedHeader(region->base, nonce)) {
         failure = absl::StrCat(who, ": ", what, " is not the one rank 0 published");
       }
