@@ -364,10 +364,12 @@ const ProcRow* FindRow(const ProcRow* rows, int n, pid_t pid) {
 }
 
 // Whether `row`'s process descends from `ancestor`.
+// (An agent that is its pid namespace's init, as in a container, is pid 1.)
 bool Descends(const ProcRow* rows, int n, const ProcRow& row, pid_t ancestor) {
   pid_t p = row.ppid;
-  for (int depth = 0; depth < 4096 && p > 1; ++depth) {
+  for (int depth = 0; depth < 4096 && p > 0; ++depth) {
     if (p == ancestor) return true;
+    if (p == 1) return false;
     const ProcRow* parent = FindRow(rows, n, p);
     if (parent == nullptr) return false;
     p = parent->ppid;

@@ -3,6 +3,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -425,6 +427,70 @@ TEST_F(FenceGuardTest, WithoutTheAgentsMarkerOnlyTheListedGroupsAreKilled) {
     if (Ended(helper)) break;
     std::this_thread::sleep_for(milliseconds(10));
   }
+}
+
+// In a container the agent is its pid namespace's init (the Kubernetes
+// agent pod's lockstepd is pid 1): its tree is every process there, and its
+// workers' helpers are killed all the same. Run in a pid namespace of its
+// own (with its own /proc), as that namespace's pid 1; the exit code says
+// how it went.
+int HelperOfPidOneAgent(const std::string& dir) {
+  if (::getpid() != 1) return 10;
+  worker_link::FencePage fence;
+  if (!fence.Create().ok()) return 11;
+  auto guard = FenceGuard::Start(&fence);
+  if (!guard.ok()) return 12;
+  (*guard)->SetAgent("10.9.0.1:7001");
+  const std::string pid_file = dir + "/pid-one-helper.pid";
+  const std::string script = "setsid sleep 30 & echo $! > " + pid_file + "; exec sleep 30";
+  const pid_t worker = ::fork();
+  if (worker == 0) {
+    ::setpgid(0, 0);
+    char* envp[] = {const_cast<char*>("LOCKSTEP_AGENT=10.9.0.1:7001"),
+                    const_cast<char*>("LOCKSTEP_JOB_ID=j-pid1"),
+                    const_cast<char*>("PATH=/usr/bin:/bin"), nullptr};
+    ::execle("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr), envp);
+    ::_exit(127);
+  }
+  ::setpgid(worker, worker);
+  const pid_t helper = PidIn(pid_file);
+  if (helper <= 0) return 13;
+  FenceGuard::Entry entry = (*guard)->Watch(worker, "j-pid1", 0, 1);
+  fence.SetDeadline(worker_link::MonotonicNowNs() - 1000000);
+  if (::waitpid(worker, nullptr, 0) != worker) return 14;
+  // The helper is this process's child now (pid 1 adopts orphans): reaped
+  // here once killed.
+  const bool gone = WaitFor(
+      [&] { return ::waitpid(helper, nullptr, WNOHANG) == helper || ::kill(helper, 0) != 0; },
+      milliseconds(3000));
+  return gone ? 0 : 1;
+}
+
+TEST(FenceGuardPidOneTest, AnAgentThatIsItsNamespacesInitHasItsWorkersHelpersKilled) {
+  const std::string dir =
+      std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp");
+  constexpr int kNoNamespace = 77;
+  const pid_t outer = ::fork();
+  if (outer == 0) {
+    if (::unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) ::_exit(kNoNamespace);
+    const pid_t init = ::fork();
+    if (init == 0) {
+      if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+          ::mount("proc", "/proc", "proc", 0, nullptr) != 0) {
+        ::_exit(kNoNamespace);
+      }
+      ::_exit(HelperOfPidOneAgent(dir));
+    }
+    int st = 0;
+    if (init < 0 || ::waitpid(init, &st, 0) != init) ::_exit(98);
+    ::_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 99);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(outer, &st, 0), outer);
+  ASSERT_TRUE(WIFEXITED(st));
+  if (WEXITSTATUS(st) == kNoNamespace) GTEST_SKIP() << "no pid and mount namespace here";
+  EXPECT_EQ(WEXITSTATUS(st), 0)
+      << "1: the helper outlived the fence; 10-14: the scenario could not be set up";
 }
 
 TEST_F(FenceGuardTest, ListsAsManyWorkersAsItHasSlots) {
