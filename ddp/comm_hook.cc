@@ -12,13 +12,19 @@ namespace ddp {
 std::shared_ptr<BucketWork> BucketWork::Of(std::shared_ptr<Work> work, at::Tensor result,
                                            int64_t wire_bytes) {
   return std::shared_ptr<BucketWork>(
-      new BucketWork(std::move(work), std::move(result), nullptr, wire_bytes));
+      new BucketWork(std::move(work), std::move(result), nullptr, wire_bytes, false));
 }
 
 std::shared_ptr<BucketWork> BucketWork::Then(std::shared_ptr<Work> work, Continuation then,
                                              int64_t wire_bytes) {
   return std::shared_ptr<BucketWork>(
-      new BucketWork(std::move(work), at::Tensor(), std::move(then), wire_bytes));
+      new BucketWork(std::move(work), at::Tensor(), std::move(then), wire_bytes, false));
+}
+
+std::shared_ptr<BucketWork> BucketWork::ThenOnHost(std::shared_ptr<Work> work, Continuation then,
+                                                   int64_t wire_bytes) {
+  return std::shared_ptr<BucketWork>(
+      new BucketWork(std::move(work), at::Tensor(), std::move(then), wire_bytes, true));
 }
 
 std::shared_ptr<BucketWork> BucketWork::Failed(Status status) {
@@ -28,7 +34,7 @@ std::shared_ptr<BucketWork> BucketWork::Failed(Status status) {
 StatusOr<at::Tensor> BucketWork::Wait(Duration timeout) {
   if (!waited_) {
     waited_ = true;
-    status_ = work_->WaitStream(timeout);
+    status_ = host_wait_ ? work_->Wait(timeout) : work_->WaitStream(timeout);
     if (status_.ok() && then_) {
       try {
         StatusOr<at::Tensor> r = then_();
@@ -188,14 +194,12 @@ CommHook AdasumHook() {
     std::shared_ptr<Work> work = comm.AllGather(buffer, gathered);
     std::vector<int64_t> offsets = bucket.offsets;
     std::vector<int64_t> numels = bucket.numels;
-    return BucketWork::Then(
-        work,
-        [work, buffer, gathered, world, numel, offsets, numels]() -> StatusOr<at::Tensor> {
-          // The tree reads the rows on the host (its coefficients): the
-          // gather must have ended well, not only be ordered before this
-          // stream (WaitStream on a device). A peer lost mid-gather leaves
-          // rows half written once the communicator aborts.
-          if (Status s = work->Wait(); !s.ok()) return s;
+    // On the host: a gather that fails after the stream order was taken
+    // (a peer lost, the rows half written once the communicator aborts)
+    // must not be combined.
+    return BucketWork::ThenOnHost(
+        std::move(work),
+        [buffer, gathered, world, numel, offsets, numels]() -> StatusOr<at::Tensor> {
           at::Tensor rows = gathered.view({world, numel});
           for (size_t k = 0; k < offsets.size(); ++k) {
             AdasumTreeInPlace(rows.narrow(1, offsets[k], numels[k]));

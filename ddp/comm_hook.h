@@ -104,11 +104,20 @@ class BucketWork {
   // The result is what `then()` returns, run once after `work` completes.
   static std::shared_ptr<BucketWork> Then(std::shared_ptr<Work> work, Continuation then,
                                           int64_t wire_bytes);
+  // The same for a continuation that reads the collective's result on the
+  // host (Adasum's coefficients): Wait waits on the host for the collective
+  // to have ended (Work::Wait) where Then only orders the caller's stream
+  // after it on a device, so a collective that fails after that order was
+  // taken (a peer lost, the communicator aborted with the output half
+  // written) fails the bucket instead of feeding `then` its output.
+  static std::shared_ptr<BucketWork> ThenOnHost(std::shared_ptr<Work> work, Continuation then,
+                                                int64_t wire_bytes);
   // Already failed; `Wait` returns `status`.
   static std::shared_ptr<BucketWork> Failed(Status status);
 
   // Waits for the collective (Work::WaitStream: a stream wait on CUDA, a
-  // host wait otherwise; at most `timeout`), then runs the continuation once.
+  // host wait otherwise; a host wait for ThenOnHost; at most `timeout`),
+  // then runs the continuation once.
   // Returns the reduced bucket, or the first error. Later calls return the
   // same result.
   StatusOr<at::Tensor> Wait(Duration timeout);
@@ -118,15 +127,18 @@ class BucketWork {
   int64_t wire_bytes() const { return wire_bytes_; }
 
  private:
-  BucketWork(std::shared_ptr<Work> work, at::Tensor result, Continuation then, int64_t wire_bytes)
+  BucketWork(std::shared_ptr<Work> work, at::Tensor result, Continuation then, int64_t wire_bytes,
+             bool host_wait)
       : work_(std::move(work)),
         then_(std::move(then)),
         wire_bytes_(wire_bytes),
+        host_wait_(host_wait),
         result_(std::move(result)) {}
 
   const std::shared_ptr<Work> work_;
   const Continuation then_;
   const int64_t wire_bytes_;
+  const bool host_wait_;
   // Written by Wait only (one waiter at a time, see above).
   bool waited_ = false;
   Status status_;
