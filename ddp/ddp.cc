@@ -445,7 +445,9 @@ Status DistributedDataParallel::PreForward() {
     // must not interleave with gradient_priority's launches: the step first.
     RETURN_IF_ERROR(CompletePendingStep());
   }
-  RETURN_IF_ERROR(reducer_->last_error());
+  // Before the broadcasts, which would fail on a communicator that aborted
+  // since, with its error and not the step's.
+  RETURN_IF_ERROR(reducer_->PreviousStepError());
   // The rebuild's and the buffers' broadcasts block on every peer.
   SetCollective(true, -1, "broadcast");
   Status s = reducer_->RebuildBucketsIfNeeded();

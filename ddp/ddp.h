@@ -502,8 +502,10 @@ class DistributedDataParallel {
   //     opt.step();
   //   }
   // Blocks on the step's collectives (the rebuild and buffer broadcasts
-  // too). Errors: FailedPrecondition without weight_by_samples; the
-  // communicator's.
+  // too; on CUDA, as Backward, only the current stream waits for them, and
+  // AllDone waits on the host for the counts' collective: false if it
+  // failed, whose error the next step returns). Errors: FailedPrecondition
+  // without weight_by_samples; the communicator's.
   Status JoinStep();
   bool AllDone() const;
   // weight_by_samples: the reduced sum of the ranks' samples in the last

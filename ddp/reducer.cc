@@ -255,14 +255,26 @@ Status Reducer::last_error() const {
   return error_;
 }
 
-int64_t Reducer::last_global_samples() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return last_counts_.defined() ? last_counts_[0].item<int64_t>() : 0;
-}
+int64_t Reducer::last_global_samples() const { return LastCount(0); }
 
-int64_t Reducer::last_done_ranks() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return last_counts_.defined() ? last_counts_[1].item<int64_t>() : 0;
+int64_t Reducer::last_done_ranks() const { return LastCount(1); }
+
+int64_t Reducer::LastCount(int64_t index) const {
+  torch::Tensor counts;
+  std::shared_ptr<Work> work;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    counts = last_counts_;
+    work = last_counts_work_;
+  }
+  if (!counts.defined()) return 0;
+  // On a device the step ended on a stream wait: the counts are read once
+  // their collective has ended on the host's clock, and not at all if it
+  // failed after that wait was queued (aborted with the bucket half
+  // written): 0, so a loop does not stop on "every rank done" that was never
+  // reduced; its next step fails with the collective's error.
+  if (work != nullptr && !work->Wait(options_.timeout).ok()) return 0;
+  return counts[index].item<int64_t>();
 }
 
 namespace {
@@ -274,11 +286,10 @@ Status OpenStepError() {
 }
 }  // namespace
 
-Status Reducer::BeginStepLocked(std::unique_lock<std::mutex>& lock) {
+Status Reducer::PreviousStepErrorLocked() {
   if (!error_.ok()) return error_;
-  if (step_open_) return error_ = OpenStepError();
   // The previous step's collectives, when backward's end only queued a
-  // stream wait on them: one that has failed since fails this step.
+  // stream wait on them: one that has failed since fails what comes next.
   for (size_t b = 0; b < last_works_.size(); ++b) {
     if (last_works_[b] == nullptr) continue;
     Status s = last_works_[b]->status();
@@ -288,6 +299,18 @@ Status Reducer::BeginStepLocked(std::unique_lock<std::mutex>& lock) {
       return error_;
     }
   }
+  return absl::OkStatus();
+}
+
+Status Reducer::PreviousStepError() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return PreviousStepErrorLocked();
+}
+
+Status Reducer::BeginStepLocked(std::unique_lock<std::mutex>& lock) {
+  if (!error_.ok()) return error_;
+  if (step_open_) return error_ = OpenStepError();
+  RETURN_IF_ERROR(PreviousStepErrorLocked());
   if (options_.gradient_priority && scheduled_step_ != step_seq_) {
     // A step that never finalised (no gradient reached DDP): its scheduling
     // is abandoned.
@@ -753,7 +776,10 @@ Status Reducer::WriteBackLocked(size_t b, const torch::Tensor& result) {
     // sum_r n_r g_r / N; N = 0 (every rank joining) leaves the zeros.
     const torch::Tensor counts = buffer.narrow(0, bucket.grad_numel, 2);
     buffer.narrow(0, 0, bucket.grad_numel).div_(counts.narrow(0, 0, 1).clamp_min(1));
-    if (b == 0) last_counts_ = counts.to(torch::kLong);
+    if (b == 0) {
+      last_counts_ = counts.to(torch::kLong);
+      last_counts_work_ = bucket.work->work();
+    }
   }
   for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
     torch::Tensor& grad = params_[bucket.params[pos]].tensor.mutable_grad();

@@ -274,7 +274,8 @@ class Reducer {
   Status JoinStep();
 
   // The reduced [N, done] of the last finalised step (weight_by_samples;
-  // 0 before the first). Reads the device on CUDA (a sync).
+  // 0 before the first). On CUDA: waits on the host for that collective
+  // (bounded by the timeout) and reads the device; 0 if it failed.
   int64_t last_global_samples() const;
   int64_t last_done_ranks() const;
 
@@ -292,10 +293,17 @@ class Reducer {
   // "Bucket memory"), for tests and the bench.
   bool buckets_in_comm_memory() const;
   ReducerStepStats last_stats() const;
+  // last_error, or the failure of a collective of the previous step that
+  // failed after backward's end queued only a stream wait on it (CUDA):
+  // DDP checks it before forward's broadcasts.
+  Status PreviousStepError();
   Status last_error() const;
   const std::vector<NamedParam>& params() const { return params_; }
 
  private:
+  int64_t LastCount(int64_t index) const;  // [N, done][index], as above
+  Status PreviousStepErrorLocked();  // REQUIRES: mu_ held
+
   struct Bucket {
     torch::Tensor buffer;               // Flat, one dtype (+ [n, done], see above).
     int64_t grad_numel = 0;             // Elements before the extras.
@@ -388,6 +396,7 @@ class Reducer {
   double slot_scale_ = 1.0;                       // GUARDED_BY(mu_)
   torch::Tensor slot_scale_tensor_;               // GUARDED_BY(mu_)
   torch::Tensor last_counts_;                     // GUARDED_BY(mu_)
+  std::shared_ptr<Work> last_counts_work_;        // GUARDED_BY(mu_): its collective
 };
 
 }  // namespace ddp

@@ -4,6 +4,12 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
 #include "ddp/ddp.h"
 #include "ddp/fake_communicator.h"
 #include "ddp/streaming.h"
@@ -213,6 +219,87 @@ TEST(ReducerTest, LargeGradientsStreamIntoTheirSlotsExactly) {
           << "step " << step << " parameter " << i;
     }
   }
+}
+
+// A device communicator's allreduce: WaitStream returns once the caller's
+// stream is ordered after it, and the collective may fail after that
+// (NCCL's watchdog aborts on a lost peer, the bucket half written). Here
+// what reached the bucket says every rank is done.
+class AllReduceFailingAfterItsStreamWait : public FakeCommunicator {
+ public:
+  AllReduceFailingAfterItsStreamWait() : FakeCommunicator(2) {}
+  ~AllReduceFailingAfterItsStreamWait() override {
+    for (auto& t : finishers_) t.join();
+  }
+  std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op) override {
+    tensor.mul_(world_size());
+    auto work = std::make_shared<Work>();
+    work->SetStreamWaiter([] { return absl::OkStatus(); });
+    work->MarkStarted();
+    finishers_.emplace_back([this, work] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      broken_ = true;
+      work->Finish(absl::UnavailableError(
+          "nccl allreduce #2 on rank 0 failed: asynchronous NCCL error: remote process exited; "
+          "communicator aborted"));
+    });
+    return work;
+  }
+  // Every later call fails, as on an aborted NCCL communicator.
+  std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root) override {
+    if (broken_) {
+      return Work::Failed(absl::FailedPreconditionError(
+          "nccl broadcast on rank 0: the communicator failed earlier"));
+    }
+    return FakeCommunicator::Broadcast(std::move(tensor), root);
+  }
+
+ private:
+  std::atomic<bool> broken_{false};
+  std::vector<std::thread> finishers_;
+};
+
+// AllDone reads the counts only once their collective has ended well: a
+// loop must not stop on "every rank done" that was never reduced.
+TEST(ReducerTest, AllDoneIsFalseWhenTheCountsCollectiveFailedAfterItsStreamWait) {
+  auto model = ReversedUse();
+  auto comm = std::make_shared<AllReduceFailingAfterItsStreamWait>();
+  DdpOptions options;
+  options.weight_by_samples = true;
+  auto ddp = DistributedDataParallel::Create(model, comm, options);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  ASSERT_TRUE((*ddp)->JoinStep().ok()) << "only the stream waited";
+  EXPECT_FALSE((*ddp)->AllDone());
+}
+
+struct WithBuffersImpl : torch::nn::Module {
+  WithBuffersImpl() {
+    fc = register_module("fc", torch::nn::Linear(4, 4));
+    bn = register_module("bn", torch::nn::BatchNorm1d(4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return bn(fc(x)); }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(WithBuffers);
+
+// A step whose allreduce failed after backward returned (CUDA) fails the
+// next forward with that allreduce's error, named as the previous step's,
+// before the buffer broadcast runs into the aborted communicator.
+TEST(ReducerTest, TheNextForwardNamesThePreviousStepsFailedAllreduceBeforeBroadcasting) {
+  auto model = WithBuffers();
+  auto comm = std::make_shared<AllReduceFailingAfterItsStreamWait>();
+  auto ddp = DistributedDataParallel::Create(model, comm);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  auto out = (*ddp)->Forward(torch::randn({8, 4}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE((*ddp)->Backward(out->pow(2).sum()).ok()) << "only the stream waited";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the abort lands
+  auto next = (*ddp)->Forward(torch::randn({8, 4}));
+  ASSERT_FALSE(next.ok());
+  EXPECT_THAT(std::string(next.status().message()),
+              HasSubstr("gradient allreduce of bucket 0 in the previous step failed"));
+  EXPECT_THAT(std::string(next.status().message()), HasSubstr("remote process exited"));
 }
 
 TEST(ReducerTest, MissingGradientFailsNamingTheParameterInsteadOfHanging) {
