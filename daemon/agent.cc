@@ -197,6 +197,9 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
     if (guard.ok()) {
       guard_ = *std::move(guard);
       guard_->SetAgent(agent_address_);
+      // A frozen agent's cleaner cannot end its job uids' processes: the
+      // guard kills those in its tree whose environment it cannot read.
+      guard_->SetJobUids(options_.job_uid_first, options_.job_uid_last);
       guard_up_ = true;
     } else {
       log_.Error("{}: a frozen agent's workers that do not link the engine will not be stopped",

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -43,7 +44,15 @@ struct FenceGuard::Marker {
   static constexpr int kWords = kAgentBytes / 8;
   std::atomic<uint32_t> seq{0};
   std::atomic<uint64_t> text[kWords] = {};
+  // The node's job uids (SetJobUids; 0, 0: none), outside the lock: each
+  // is one word, and the range is set once.
+  std::atomic<uint32_t> uid_first{0};
+  std::atomic<uint32_t> uid_last{0};
 };
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<int64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
+              "atomics shared with another process");
 
 namespace {
 
@@ -232,6 +241,23 @@ bool Runs(pid_t pid) {
   return ReadStat(pid, &row) && row.state != 'Z' && row.state != 'X';
 }
 
+// This process's pid and its parent's as /proc numbers them (the pid
+// namespace /proc was mounted for may not be this process's own); 0 when
+// /proc does not show this process.
+pid_t SelfInProc() {
+  char link[32];
+  const ssize_t got = ::readlink("/proc/self", link, sizeof(link) - 1);
+  if (got <= 0) return 0;
+  ssize_t i = 0;
+  const int64_t pid = ParseInt(link, got, &i);
+  return pid > 0 && i == got ? static_cast<pid_t>(pid) : 0;
+}
+pid_t ParentInProc() {
+  ProcRow row{};
+  const pid_t self = SelfInProc();
+  return self > 0 && ReadStat(self, &row) ? row.ppid : 0;
+}
+
 // Starts one of the guard's lines, in the daemon's own format
 // (common/logging.h) written by hand: spdlog cannot be used in a child
 // forked from a threaded process.
@@ -363,15 +389,20 @@ const ProcRow* FindRow(const ProcRow* rows, int n, pid_t pid) {
   return lo < n && rows[lo].pid == pid ? &rows[lo] : nullptr;
 }
 
-// Whether `row`'s process descends from `ancestor`.
-// (An agent that is its pid namespace's init, as in a container, is pid 1.)
-bool Descends(const ProcRow* rows, int n, const ProcRow& row, pid_t ancestor) {
+// Whether `row`'s process descends from `ancestor` (an agent that is its
+// pid namespace's init, as in a container, is pid 1). *unsure: an ancestor
+// exited during the scan (the process is being adopted), so a later sweep
+// must look again.
+bool Descends(const ProcRow* rows, int n, const ProcRow& row, pid_t ancestor, bool* unsure) {
   pid_t p = row.ppid;
   for (int depth = 0; depth < 4096 && p > 0; ++depth) {
     if (p == ancestor) return true;
     if (p == 1) return false;
     const ProcRow* parent = FindRow(rows, n, p);
-    if (parent == nullptr) return false;
+    if (parent == nullptr) {
+      *unsure = true;
+      return false;
+    }
     p = parent->ppid;
   }
   return false;
@@ -383,7 +414,7 @@ bool Descends(const ProcRow* rows, int n, const ProcRow& row, pid_t ancestor) {
 class EnvFields {
  public:
   static constexpr int kFields = 4;
-  static constexpr size_t kValueBytes = 128;
+  static constexpr size_t kValueBytes = FenceGuard::kAgentBytes;
   enum Field { kAgent, kJob, kRank, kRound };
 
   EnvFields() {
@@ -500,81 +531,125 @@ bool SameText(const char* a, const char* b) {
 // What the guard needs to sweep, set before the fork.
 struct SweepSetup {
   pid_t agent = 0;                            // its tree is searched
-  const FenceGuard::Marker* marker = nullptr;  // its LOCKSTEP_AGENT
+  const FenceGuard::Marker* marker = nullptr;  // its LOCKSTEP_AGENT, its job uids
   ProcRow* rows = nullptr;                    // scratch, kMaxProcesses of them
   pid_t* killed = nullptr;                    // helpers killed this fence, kMaxKilled of them
 };
 
-// The agent's marker as it stands (empty: none set, no sweeps).
-void ReadMarker(const FenceGuard::Marker& m, char* out) {
-  while (true) {
+// The agent's marker as it stands; false while the agent is writing it
+// (an agent stopped in the middle of SetAgent must not hang the guard).
+bool ReadMarker(const FenceGuard::Marker& m, char* out) {
+  for (int tries = 0; tries < 8; ++tries) {
     const uint32_t seq = m.seq.load(std::memory_order_acquire);
     if ((seq & 1) == 0) {
       LoadText(m.text, FenceGuard::Marker::kWords, out);
       std::atomic_thread_fence(std::memory_order_acquire);
-      if (m.seq.load(std::memory_order_relaxed) == seq) break;
+      if (m.seq.load(std::memory_order_relaxed) == seq) {
+        out[FenceGuard::kAgentBytes - 1] = '\0';
+        return true;
+      }
     }
-    struct timespec pause = {0, 1000000};
+    struct timespec pause = {0, 100000};
     ::nanosleep(&pause, nullptr);
   }
-  out[FenceGuard::kAgentBytes - 1] = '\0';
+  return false;
 }
+
+// The uid a process runs as: the owner of /proc/<pid> (its effective uid
+// while it is dumpable, as a worker that exec'd after its switch to a job
+// uid is). Unlike its environment, readable without CAP_SYS_PTRACE.
+bool OwnerOf(pid_t pid, uint32_t* uid) {
+  char path[64];
+  ProcPath(path, pid, "");
+  struct stat st {};
+  if (::stat(path, &st) != 0) return false;
+  *uid = st.st_uid;
+  return true;
+}
+
 constexpr int kMaxProcesses = 1 << 16;
 constexpr int kMaxKilled = 1024;
 constexpr size_t kRowBytes = sizeof(ProcRow) * kMaxProcesses;
 constexpr size_t kScratchBytes = kRowBytes + sizeof(pid_t) * kMaxKilled;
 
-// Kills the helpers in the agent's tree that carry its marker and are not in
-// a listed worker's group (those went with it); says so once per helper per
+// Kills the helpers in the agent's tree that are not in a listed worker's
+// group (those went with it): those whose environment carries its marker,
+// and, where an environment cannot be read (another uid's, without
+// CAP_SYS_PTRACE, which the shipped units and the agent pod do not grant),
+// those running as one of the node's job uids. Says so once per helper per
 // fence (killed_n: how many are in setup.killed).
 SweepCount SweepHelpers(const SweepSetup& setup, const FenceGuard::Slot* slots, int* killed_n,
                         int64_t now, int64_t deadline) {
   SweepCount count;
   char marker[FenceGuard::kAgentBytes];
-  ReadMarker(*setup.marker, marker);
-  if (marker[0] == '\0') return count;
-  const pid_t self = ::getpid();
+  if (!ReadMarker(*setup.marker, marker)) {
+    ++count.unreadable;  // look again
+    return count;
+  }
+  const uint32_t uid_first = setup.marker->uid_first.load(std::memory_order_relaxed);
+  const uint32_t uid_last = setup.marker->uid_last.load(std::memory_order_relaxed);
+  if (marker[0] == '\0' && uid_first == 0) return count;
+  const pid_t self = SelfInProc();
   const int n = ScanProcesses(setup.rows, kMaxProcesses);
   for (int i = 0; i < n; ++i) {
     const ProcRow& row = setup.rows[i];
     if (row.pid == self || row.pid == setup.agent || row.state == 'Z' || row.state == 'X') continue;
-    if (!Descends(setup.rows, n, row, setup.agent)) continue;
+    bool unsure = false;
+    if (!Descends(setup.rows, n, row, setup.agent, &unsure)) {
+      if (unsure) ++count.unreadable;
+      continue;
+    }
     bool in_listed_group = false;
     for (int s = 0; s < FenceGuard::kSlots && !in_listed_group; ++s) {
-      in_listed_group = slots[s].pgid.load(std::memory_order_relaxed) == row.pgid;
+      const int32_t pgid = slots[s].pgid.load(std::memory_order_relaxed);
+      in_listed_group = pgid > 0 && pgid == row.pgid;
     }
     if (in_listed_group) continue;
+    // A process in uninterruptible sleep may hold its memory map's lock,
+    // which reading its environment waits for: only its owner is looked at.
     EnvFields env;
-    if (!ReadEnviron(row.pid, &env)) {
+    const bool env_read = row.state != 'D' && ReadEnviron(row.pid, &env);
+    uint32_t uid = 0;
+    bool by_uid = false;
+    if (env_read) {
+      if (!SameText(env.Get(EnvFields::kAgent), marker)) continue;  // not this agent's worker's
+    } else if (uid_first != 0 && OwnerOf(row.pid, &uid) && uid >= uid_first && uid <= uid_last) {
+      by_uid = true;
+    } else {
       ++count.unreadable;
       continue;
     }
-    if (!SameText(env.Get(EnvFields::kAgent), marker)) continue;  // not this agent's worker's
+    char comm[32];
+    ProcRow now_row{};
+    if (!ReadStat(row.pid, &now_row, comm, sizeof(comm))) continue;  // gone meanwhile
     const bool leader = row.pgid == row.pid;
     if (::kill(leader ? -row.pid : row.pid, SIGKILL) != 0) continue;
-    ++count.killed;
     bool said = false;
     for (int k = 0; k < *killed_n && !said; ++k) said = setup.killed[k] == row.pid;
     if (said) continue;  // still dying from an earlier sweep's kill
+    ++count.killed;
     if (*killed_n < kMaxKilled) setup.killed[(*killed_n)++] = row.pid;
-    char comm[32];
-    ProcRow again{};
-    if (!ReadStat(row.pid, &again, comm, sizeof(comm))) comm[0] = '\0';
     auto or_unknown = [](const char* v) { return v != nullptr ? v : "?"; };
     char line[640];
     size_t k = 0;
     const size_t cap = sizeof(line) - 1;
-    PutLineStart(line, &k, cap, or_unknown(env.Get(EnvFields::kJob)));
-    PutStr(line, &k, cap, or_unknown(env.Get(EnvFields::kRank)));
+    PutLineStart(line, &k, cap, by_uid ? "?" : or_unknown(env.Get(EnvFields::kJob)));
+    PutStr(line, &k, cap, by_uid ? "?" : or_unknown(env.Get(EnvFields::kRank)));
     PutStr(line, &k, cap, " SIGKILLed pid ");
     PutInt(line, &k, cap, row.pid);
     PutStr(line, &k, cap, " (");
     PutStr(line, &k, cap, comm);
     PutStr(line, &k, cap, leader ? " and its process group" : "");
-    PutStr(line, &k, cap, "), which round ");
-    PutStr(line, &k, cap, or_unknown(env.Get(EnvFields::kRound)));
-    PutStr(line, &k, cap, "'s workers started outside their process group (setsid or a double "
-                          "fork), ");
+    if (by_uid) {
+      PutStr(line, &k, cap, "), which ran as uid ");
+      PutInt(line, &k, cap, uid);
+      PutStr(line, &k, cap, ", a job uid of this node, outside its worker's process group, ");
+    } else {
+      PutStr(line, &k, cap, "), which round ");
+      PutStr(line, &k, cap, or_unknown(env.Get(EnvFields::kRound)));
+      PutStr(line, &k, cap, "'s workers started outside their process group (setsid or a "
+                            "double fork), ");
+    }
     PutInt(line, &k, cap, (now - deadline) / 1000000);
     PutStr(line, &k, cap, " ms past the node's fence deadline\n");
     line[k] = '\0';
@@ -601,27 +676,32 @@ SweepCount SweepHelpers(const SweepSetup& setup, const FenceGuard::Slot* slots, 
     for (int fd = pipe_read + 1; fd < 65536; ++fd) ::close(fd);
   }
   uint32_t killed[FenceGuard::kSlots] = {};
-  // Sweeps for helpers: once when a deadline passes, again after each kill
-  // of listings, and on while the last sweep killed (a helper still dying,
-  // or one a dying process forked) or could not read an environment (an
-  // exec under way; given up after kUnreadableSweeps).
-  constexpr int kUnreadableSweeps = 20;
+  // Sweeps for helpers: once when a deadline passes and after each kill of
+  // listings, then on while the last sweep killed one (it may have forked
+  // as it died) or was unsure of one (an environment not readable yet: an
+  // exec under way; an ancestor exiting mid-scan), kSweeps at most (a
+  // second): a process that will not die (uninterruptible sleep) or that
+  // stays unreadable is not scanned for forever.
+  constexpr int kSweeps = 20;
   int64_t swept_for = 0;
   bool sweep_again = false;
-  int unreadable_sweeps = 0;
+  int sweeps_left = 0;
   int helpers_killed = 0;
   while (true) {
     const int64_t deadline = fence->deadline();
     const int64_t now = worker_link::MonotonicNowNs();
     if (deadline != 0 && now > deadline + kAfterDeadlineNs) {
       const int taken = KillListed(slots, killed, now, deadline);
-      if (taken > 0 || deadline != swept_for || sweep_again) {
-        if (deadline != swept_for) helpers_killed = 0;
-        if (deadline != swept_for || taken > 0) unreadable_sweeps = 0;
-        swept_for = deadline;
+      if (deadline != swept_for) helpers_killed = 0;
+      if (deadline != swept_for || taken > 0) {
+        sweeps_left = kSweeps;
+        sweep_again = true;
+      }
+      swept_for = deadline;
+      if (sweep_again && sweeps_left > 0) {
+        --sweeps_left;
         const SweepCount c = SweepHelpers(setup, slots, &helpers_killed, now, deadline);
-        sweep_again =
-            c.killed > 0 || (c.unreadable > 0 && ++unreadable_sweeps < kUnreadableSweeps);
+        sweep_again = c.killed > 0 || c.unreadable > 0;
       }
     }
     pollfd p{pipe_read, POLLIN, 0};
@@ -662,6 +742,15 @@ Status FenceGuard::Spawn() {
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     return absl::UnavailableError(absl::StrCat("fence guard: pipe: ", std::strerror(errno)));
   }
+  // Above stdio (a daemon started with stdin closed gets 0 here), which the
+  // guard keeps: it closes every descriptor above its pipe's read end.
+  if (fds[0] <= 2) {
+    const int moved = ::fcntl(fds[0], F_DUPFD_CLOEXEC, 3);
+    if (moved >= 0) {
+      ::close(fds[0]);
+      fds[0] = moved;
+    }
+  }
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int err = errno;
@@ -672,7 +761,7 @@ Status FenceGuard::Spawn() {
   if (pid == 0) {
     ::close(fds[1]);
     SweepSetup setup;
-    setup.agent = ::getppid();
+    setup.agent = ParentInProc();
     setup.marker = marker_;
     setup.rows = static_cast<ProcRow*>(scratch_);
     setup.killed = reinterpret_cast<pid_t*>(static_cast<char*>(scratch_) + kRowBytes);
@@ -748,6 +837,11 @@ void FenceGuard::SetAgent(absl::string_view agent) {
   std::atomic_thread_fence(std::memory_order_release);
   StoreText(marker_->text, Marker::kWords, agent);
   marker_->seq.store(seq + 2, std::memory_order_release);
+}
+
+void FenceGuard::SetJobUids(uint32_t first, uint32_t last) {
+  marker_->uid_first.store(first, std::memory_order_relaxed);
+  marker_->uid_last.store(last, std::memory_order_relaxed);
 }
 
 void FenceGuard::Release(int slot, uint32_t seq) {

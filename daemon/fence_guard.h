@@ -33,10 +33,12 @@
 // is not in the group the guard kills. Past the deadline the guard also
 // looks through /proc for processes in its agent's tree (the agent is their
 // child subreaper once their parent died, daemon/orphans.h) whose
-// environment names this agent (LOCKSTEP_AGENT), SIGKILLs them (with their
-// group, if they lead one) and says so: after the listed groups, and again
-// while it finds some still there, or processes whose environment cannot be
-// read yet (an exec under way), for a second at most.
+// environment names this agent (LOCKSTEP_AGENT), or, where the environment
+// cannot be read (another uid's: that takes CAP_SYS_PTRACE), that run as
+// one of the node's job uids; SIGKILLs them (with their group, if they lead
+// one) and says so: after the listed groups, and again while it kills new
+// ones or is unsure of some (an exec under way, an ancestor exiting), for a
+// second at most.
 //
 // Limits: a helper that cleared its environment, or left the agent's tree
 // (a daemon without the subreaper's right), is not found, as by the
@@ -123,6 +125,12 @@ class FenceGuard {
   // process's tree that carry it and left their worker's group are killed
   // too. Until it is set, only the listed groups are.
   void SetAgent(absl::string_view agent);
+
+  // The node's job uids (lockstepd --job-uids; 0, 0: none). Past the
+  // deadline, a process in this process's tree whose environment cannot be
+  // read (another uid's, without CAP_SYS_PTRACE) is killed when it runs as
+  // one of them.
+  void SetJobUids(uint32_t first, uint32_t last);
 
   // The guard process (the agent's orphan sweep leaves it alone).
   pid_t pid() const { return pid_; }

@@ -1,11 +1,14 @@
 #include "daemon/fence_guard.h"
 
 #include <dirent.h>
+#include <grp.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <linux/capability.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -491,6 +494,95 @@ TEST(FenceGuardPidOneTest, AnAgentThatIsItsNamespacesInitHasItsWorkersHelpersKil
   if (WEXITSTATUS(st) == kNoNamespace) GTEST_SKIP() << "no pid and mount namespace here";
   EXPECT_EQ(WEXITSTATUS(st), 0)
       << "1: the helper outlived the fence; 10-14: the scenario could not be set up";
+}
+
+// Keeps only the capabilities the shipped lockstepd-agent unit grants
+// (deploy/systemd; the agent pod grants fewer): no CAP_SYS_PTRACE, so
+// another uid's /proc/PID/environ cannot be read. False if refused.
+bool KeepTheUnitsCapabilities() {
+  const uint64_t keep = (1ULL << CAP_SETUID) | (1ULL << CAP_SETGID) | (1ULL << CAP_CHOWN) |
+                        (1ULL << CAP_FOWNER) | (1ULL << CAP_DAC_OVERRIDE) |
+                        (1ULL << CAP_DAC_READ_SEARCH) | (1ULL << CAP_KILL) |
+                        (1ULL << CAP_SYS_NICE);
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  data[0].effective = data[0].permitted = static_cast<uint32_t>(keep);
+  data[1].effective = data[1].permitted = static_cast<uint32_t>(keep >> 32);
+  return ::syscall(SYS_capset, &header, data) == 0;
+}
+
+// Run in a child holding the unit's capabilities: a worker of job uid
+// 60123 leaves a helper in a session of its own, whose environment the
+// guard cannot read. Without the node's job uids the guard leaves it; told
+// them, it kills it. The exit code says how it went.
+int HelperOfAJobUid() {
+  constexpr uint32_t kUid = 60123;
+  if (!KeepTheUnitsCapabilities()) return 77;
+  worker_link::FencePage fence;
+  if (!fence.Create().ok()) return 11;
+  auto guard = FenceGuard::Start(&fence);
+  if (!guard.ok()) return 12;
+  (*guard)->SetAgent("10.9.0.1:7001");
+  int out[2];
+  if (::pipe(out) != 0) return 13;
+  const pid_t worker = ::fork();
+  if (worker == 0) {
+    ::setpgid(0, 0);
+    ::dup2(out[1], 1);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(kUid) != 0 || ::setuid(kUid) != 0) ::_exit(126);
+    char* envp[] = {const_cast<char*>("LOCKSTEP_AGENT=10.9.0.1:7001"),
+                    const_cast<char*>("PATH=/usr/bin:/bin"), nullptr};
+    ::execle("/bin/sh", "sh", "-c",
+             "setsid sleep 30 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 30 >/dev/null",
+             static_cast<char*>(nullptr), envp);
+    ::_exit(127);
+  }
+  ::setpgid(worker, worker);
+  ::close(out[1]);
+  char buf[32] = {};
+  if (::read(out[0], buf, sizeof(buf) - 1) <= 0) return 14;
+  const pid_t helper = static_cast<pid_t>(std::atoi(buf));
+  if (helper <= 0) return 15;
+  // The premise: its environment is closed to this process.
+  const int fd = ::open(("/proc/" + std::to_string(helper) + "/environ").c_str(), O_RDONLY);
+  if (fd >= 0) {
+    char probe[1];
+    const bool readable = ::read(fd, probe, 1) > 0;
+    ::close(fd);
+    if (readable) return 78;
+  }
+  FenceGuard::Entry entry = (*guard)->Watch(worker, "j-uid", 0, 1);
+  fence.SetDeadline(worker_link::MonotonicNowNs() - 1000000);
+  if (::waitpid(worker, nullptr, 0) != worker) return 16;
+  std::this_thread::sleep_for(milliseconds(1500));  // the guard's sweeps end
+  if (::kill(helper, 0) != 0) return 2;  // killed though nothing told the guard its uid
+  (*guard)->SetJobUids(60000, 60999);
+  fence.SetDeadline(worker_link::MonotonicNowNs() - 1000000);  // a new deadline: a new sweep
+  const bool gone = WaitFor(
+      [&] { return ::waitpid(helper, nullptr, WNOHANG) == helper || ::kill(helper, 0) != 0; },
+      milliseconds(3000));
+  if (!gone) ::kill(helper, SIGKILL);
+  return gone ? 0 : 1;
+}
+
+// Where the agent cannot read its workers' environment (another uid's,
+// without CAP_SYS_PTRACE, as the shipped unit and pod run it), a helper
+// running as one of the node's job uids is killed by its uid.
+TEST(FenceGuardUidTest, AHelperWhoseEnvironmentIsClosedIsKilledByItsJobUid) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (a job uid)";
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // Orphans are this child's (it is the agent): a subreaper.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    ::_exit(HelperOfAJobUid());
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  ASSERT_TRUE(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 77) GTEST_SKIP() << "capabilities cannot be dropped here";
+  if (WEXITSTATUS(st) == 78) GTEST_SKIP() << "this kernel lets the process read the environment anyway";
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "1: the helper outlived the fence with its uid known; 2: it "
+                                   "was killed without; 11-16: the scenario could not be set up";
 }
 
 TEST_F(FenceGuardTest, ListsAsManyWorkersAsItHasSlots) {

@@ -86,8 +86,9 @@ std::optional<std::map<std::string, std::string>> EnvironOf(pid_t pid,
     const size_t eq = entry.find('=');
     if (eq == std::string::npos) continue;
     const std::string name = entry.substr(0, eq);
+    // The first of a name counts, as for getenv (and the fence guard).
     if (std::find(names.begin(), names.end(), name) != names.end()) {
-      out[name] = entry.substr(eq + 1);
+      out.emplace(name, entry.substr(eq + 1));
     }
   }
   return out;

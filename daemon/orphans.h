@@ -38,7 +38,8 @@ std::vector<pid_t> ChildrenOf(pid_t parent);
 std::vector<pid_t> ChildrenOfByScan(pid_t parent);
 
 // The values of `names` in /proc/<pid>/environ (the environment the process
-// was started with); a name that is not there is absent. None when the file
+// was started with; the first entry of a name, as getenv reads it); a name
+// that is not there is absent. None when the file
 // cannot be read or reads empty: a zombie, a process gone, another uid's
 // without privilege, or one in the middle of an execve (the kernel shows no
 // environment until the new program's is set up), which a later read sees.

@@ -23,8 +23,10 @@ pid_t StartSleeper() {
   const pid_t pid = ::fork();
   if (pid == 0) {
     char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("30"), nullptr};
+    // A name twice: the first counts, as for getenv.
     char* envp[] = {const_cast<char*>("LOCKSTEP_JOB_ID=j-1"), const_cast<char*>("LOCKSTEP_ROUND=2"),
-                    const_cast<char*>("OTHER=x"), nullptr};
+                    const_cast<char*>("OTHER=x"), const_cast<char*>("LOCKSTEP_JOB_ID=j-later"),
+                    nullptr};
     ::execve("/bin/sleep", argv, envp);
     ::_exit(127);
   }
