@@ -104,19 +104,34 @@ std::shared_ptr<Work> HierarchicalCommunicator::Run(const char* name,
 }
 
 Status HierarchicalCommunicator::FollowBlame(uint64_t seq, Status failed) {
+  (void)seq;
+  if (failed.ok()) return failed;
   const int blamed = LostPeerOf(failed);
   failed.ErasePayload(kLostPeerPayload);  // consumed here: not in what the caller prints
-  if (failed.ok() || blamed < 0 || blamed >= layout_.world_size) return failed;
-  const std::string base = absl::StrCat(options_.key_prefix, "/waits/", seq, "/");
-  // Published either way, so that a chain through this rank goes on.
-  (void)store_->Set(base + std::to_string(layout_.rank), std::to_string(blamed));
-  if (failed.code() != absl::StatusCode::kDeadlineExceeded) return failed;  // it saw the peer exit
+  // Keyed by rank alone, not by collective: the hosts may be a collective
+  // apart when one freezes (a host that finished collective #k's result
+  // broadcast waits in #k+1 for a leader still stuck in #k). A rank
+  // publishes once: the queue refuses everything after its first failure.
+  const std::string base = absl::StrCat(options_.key_prefix, "/waits/");
+  const bool names_peer = blamed >= 0 && blamed < layout_.world_size;
+  // Published either way, so that a chain through this rank goes on, or
+  // stops at it: -1, it gave up blaming no one (an argument error, a
+  // transport error after every rank arrived).
+  (void)store_->Set(base + std::to_string(layout_.rank),
+                    std::to_string(names_peer ? blamed : -1));
+  if (!names_peer) return failed;
+  // A rank that saw its peer's process exit follows that peer's own blame
+  // if it published one before it exited (it had given up too); one that
+  // crashed published none, and is the one: no wait for it.
+  const bool peer_exited = failed.code() != absl::StatusCode::kDeadlineExceeded;
   const Duration grace = std::min<Duration>(options_.timeout / 5, kMaxDiagnosisGrace);
   const MonoTime deadline = RealClock()->Now() + grace;
   std::vector<int> chain = {layout_.rank, blamed};
   int at = blamed;
   while (true) {
-    const Duration left = std::max<Duration>(deadline - RealClock()->Now(), Duration::zero());
+    const Duration left = peer_exited && at == blamed
+                              ? Duration::zero()
+                              : std::max<Duration>(deadline - RealClock()->Now(), Duration::zero());
     StatusOr<std::string> next = store_->Get(base + std::to_string(at), left);
     if (!next.ok()) {
       // DeadlineExceeded: `at` never gave up. Any other error is the
@@ -125,7 +140,10 @@ Status HierarchicalCommunicator::FollowBlame(uint64_t seq, Status failed) {
       break;
     }
     int n = -1;
-    if (!absl::SimpleAtoi(*next, &n) || n < 0 || n >= layout_.world_size) break;
+    if (!absl::SimpleAtoi(*next, &n) || n < 0 || n >= layout_.world_size) {
+      at = blamed;  // `at` gave up blaming no one (or said nothing readable): not the one
+      break;
+    }
     if (std::find(chain.begin(), chain.end(), n) != chain.end()) {
       at = blamed;  // a cycle: no rank on it is the one
       break;

@@ -37,16 +37,22 @@
 // 2 ranks, rank 2 waits for it on host 1, node 0's leader (rank 0) waits for
 // rank 2 between hosts, and rank 1 waits for rank 0's result broadcast; each
 // gives up at about the same time, and the coordinator blames whichever
-// reported first (the agents stop the others). So a rank whose
-// sub-collective blamed a peer (kLostPeerPayload, global rank) publishes it
-// in the store ("<prefix>/waits/<collective #>/<rank>") and, when that
-// sub-collective timed out (DeadlineExceeded), follows the published
-// blames from its peer (1 -> 0 -> 2 -> 3) for up to min(timeout / 5, 5 s)
-// in all, to the first rank that published none: the one that never gave
-// up (frozen, hung, or gone). It marks that rank lost (worker_link) and
-// names the chain in its error. A chain that comes back to a rank already
-// on it, or a store that cannot be read, keeps the first blame. So a collective that fails may take up to
-// that much longer.
+// reported first (the agents stop the others). So a rank whose collective
+// failed publishes whom its sub-collective blamed (kLostPeerPayload, global
+// rank; -1 for none) in the store ("<prefix>/waits/<rank>": by rank, not by
+// collective, since the hosts may be a collective apart when one freezes,
+// and a rank fails once: the queue refuses the rest) and follows the
+// published blames from its peer (1 -> 0 -> 2 -> 3) for up to
+// min(timeout / 5, 5 s) in all, to the first rank that published none: the
+// one that never gave up (frozen, hung, or gone). It marks that rank lost
+// (worker_link) and names the chain in its error. A chain that comes back to
+// a rank already on it, that reaches a rank that blamed no one, or a store
+// that cannot be read, keeps the first blame. A rank that saw its peer's
+// process exit looks at once whether the peer had published (it had given
+// up before exiting), and blames it if not (it crashed). So a collective
+// that times out may fail up to that much later. Limit: a rank that gives
+// up more than that grace after this one (it began waiting later) is taken
+// for the one that never did.
 //
 // Thread safety: thread-safe (see Communicator).
 #ifndef LOCKSTEP_DDP_HIERARCHICAL_COMMUNICATOR_H_

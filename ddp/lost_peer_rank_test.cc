@@ -208,6 +208,57 @@ TEST(LostPeerRankTest, EveryRankOfAHierarchicalJobMarksTheFrozenRank) {
   }
 }
 
+// The hosts may be a collective apart when a rank freezes: in a broadcast
+// from host 1, host 1's ranks are done once the leaders have it, while host
+// 0's leader (rank 0) still waits to hand it to rank 1. With rank 1 frozen
+// there, ranks 2 and 3 go on to the next collective and wait for rank 0 in
+// it; their walk must still reach rank 0's blame, published from the
+// collective before (blames are keyed by rank, not by collective).
+TEST(LostPeerRankTest, HostsACollectiveApartStillFindTheFrozenRank) {
+  constexpr int kWorld = 4;
+  constexpr int kFrozen = 1;
+  constexpr auto kTimeout = std::chrono::seconds(3);
+  worker_link::StatusPage page;
+  ASSERT_TRUE(page.Create(kWorld).ok());
+  ::fcntl(page.fd(), F_SETFD, 0);
+  const std::string fd = std::to_string(page.fd());
+  const std::vector<bool> ok = RunRankProcesses(kWorld, [&](int rank, rendezvous::Store* store) {
+    ::setenv(worker_link::kStatusFdEnv, fd.c_str(), 1);
+    ::setenv("LOCKSTEP_LOCAL_RANK", std::to_string(rank).c_str(), 1);
+    HierarchicalLayout layout;
+    layout.rank = rank;
+    layout.world_size = kWorld;
+    layout.local_rank = rank % 2;
+    layout.local_world_size = 2;
+    layout.node_rank = rank / 2;
+    layout.num_nodes = 2;
+    HierarchicalOptions options;
+    options.timeout = kTimeout;
+    auto comm = HierarchicalCommunicator::Create(store, layout, options);
+    if (!comm.ok()) return false;
+    at::Tensor t = at::ones({1024});
+    if (!(*comm)->AllReduce(t, ReduceOp::kSum)->Wait().ok()) return false;
+    if (rank == kFrozen) {
+      std::this_thread::sleep_for(kTimeout * 3);
+      _exit(0);
+    }
+    Status s = (*comm)->Broadcast(t, /*root=*/2)->Wait();
+    if (rank != 0) {
+      // Host 1 has its broadcast and goes on; rank 0 is still in it.
+      if (!s.ok()) return false;
+      s = (*comm)->AllReduce(t, ReduceOp::kSum)->Wait();
+    }
+    std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+    return !s.ok();
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kFrozen) continue;
+    EXPECT_TRUE(ok[r]) << "rank " << r;
+    ASSERT_TRUE(worker_link::IsPeerLost(page.Get(r))) << r << ": " << page.Get(r);
+    EXPECT_EQ(worker_link::LostPeer(page.Get(r)), kFrozen) << "rank " << r;
+  }
+}
+
 }  // namespace
 }  // namespace ddp
 }  // namespace lockstep
