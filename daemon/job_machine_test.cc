@@ -541,7 +541,7 @@ TEST_F(JobMachineTest, TheRankAPeerGaveUpWaitingForIsTheFirstFailure) {
 // job of 2 nodes x 2 ranks over shm and Gloo with rank 3 frozen, where the
 // engines could not follow each other's blames: rank 0 names 2, rank 1
 // names 0, rank 2 names 3): the chain leads to rank 3, which did not fail,
-// whoever reported first. A chain that comes back on itself names no one.
+// whoever reported first. (A chain that comes back on itself: below.)
 TEST_F(JobMachineTest, AChainOfRanksWaitingForEachOtherLeadsToTheOneThatDidNotFail) {
   Node("n1");
   Node("n2");
@@ -570,6 +570,31 @@ TEST_F(JobMachineTest, AChainOfRanksWaitingForEachOtherLeadsToTheOneThatDidNotFa
             (std::vector<int>{0, 1, 2}));
   ASSERT_EQ(d_.job.consequences_size(), 3);
   for (const auto& c : d_.job.consequences()) EXPECT_EQ(c.reason(), "after rank 3 failed");
+}
+
+// Ranks whose waits come back on themselves (rank 0 names 1, rank 1 names
+// 0): no rank on the chain is the one that never gave up, so none is named
+// as not arriving; the first failure is the first report's own exit.
+TEST_F(JobMachineTest, AChainThatComesBackOnItselfNamesNoOneAsNotArriving) {
+  Node("n1");
+  Node("n2");
+  d_ = machine_.NewJob("j", TestSpec(2, 2, 2, 0), "");
+  Advance();
+  Beat("n1", {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
+  Beat("n2", {Worker(2, v1::WORKER_STATE_RUNNING), Worker(3, v1::WORKER_STATE_RUNNING)});
+  ASSERT_EQ(State(), v1::JOB_STATE_RUNNING);
+  auto gave_up = [](int rank, int lost) {
+    v1::WorkerStatus w = Worker(rank, v1::WORKER_STATE_EXITED, 1);
+    w.mutable_exit()->set_peer_lost(true);
+    w.mutable_exit()->set_lost_peer(lost);
+    return w;
+  };
+  Beat("n1", {gave_up(0, 1), gave_up(1, 0)});
+  EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
+  const v1::Failure& first = d_.job.first_failure();
+  EXPECT_EQ(first.rank(), 0);
+  EXPECT_EQ(first.reason(), "worker exited");
+  EXPECT_EQ(first.waiting_ranks_size(), 0);
 }
 
 TEST_F(JobMachineTest, ARestartNamesTheRankAPeerGaveUpWaitingFor) {
