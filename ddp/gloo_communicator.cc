@@ -305,11 +305,20 @@ std::shared_ptr<Work> GlooCommunicator::Enqueue(
 }
 
 Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::string& what) {
-  const std::vector<int> missing = ReportAndFindMissing(
-      store_, absl::StrCat(options_.key_prefix, "/failed/", seq, "/"), rank_, world_size_, grace_);
+  Status store_error;
+  const std::vector<int> missing =
+      ReportAndFindMissing(store_, absl::StrCat(options_.key_prefix, "/failed/", seq, "/"), rank_,
+                           world_size_, grace_, &store_error);
   // Either way a peer is gone or unreachable: this rank's failure follows
   // another's (the agent reads the mark when this worker exits).
   const std::string head = absl::StrCat("gloo ", name, " #", seq, " on rank ", rank_, " failed");
+  if (!store_error.ok()) {
+    return PeerLostError(
+        absl::UnavailableError(absl::StrCat(head, " (gloo: ", what,
+                                            "); the store could not tell which ranks reached it: ",
+                                            store_error.message())),
+        options_.global_ranks, -1, options_.blame_payload);
+  }
   if (missing.empty()) {
     return PeerLostError(
         absl::UnavailableError(

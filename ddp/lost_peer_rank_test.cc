@@ -21,6 +21,7 @@
 #include "common/worker_link.h"
 #include "ddp/gloo_communicator.h"
 #include "ddp/hierarchical_communicator.h"
+#include "ddp/missing_ranks.h"
 #include "ddp/shm_communicator.h"
 #include "gtest/gtest.h"
 #include "rendezvous/file_store.h"
@@ -257,6 +258,47 @@ TEST(LostPeerRankTest, HostsACollectiveApartStillFindTheFrozenRank) {
     ASSERT_TRUE(worker_link::IsPeerLost(page.Get(r))) << r << ": " << page.Get(r);
     EXPECT_EQ(worker_link::LostPeer(page.Get(r)), kFrozen) << "rank " << r;
   }
+}
+
+// A store that is down (every op Unavailable, as a client whose server does
+// not answer reports it), over a store that works.
+class DownStore : public rendezvous::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  Status Wait(const std::vector<std::string>&, Duration) override {
+    ++calls;
+    return absl::UnavailableError("store server at 10.0.0.1:7070 did not answer op 7 in time");
+  }
+  StatusOr<std::string> Get(const std::string&, Duration) override {
+    ++calls;
+    return absl::UnavailableError("store server at 10.0.0.1:7070 did not answer op 8 in time");
+  }
+  int calls = 0;
+};
+
+// A store that cannot answer tells nothing of which ranks arrived: the
+// diagnosis stops at its first error and says so, rather than asking key by
+// key (each costing its RPC timeout) and calling every rank missing.
+TEST(LostPeerRankTest, AStoreThatIsDownNamesNoRankMissing) {
+  const std::string base = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+  std::string dir = base + "/down_store_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  auto files = rendezvous::FileStore::Open(dir);
+  ASSERT_TRUE(files.ok()) << files.status();
+  DownStore down(files->get());
+  Status store_error;
+  EXPECT_TRUE(
+      ReportAndFindMissing(&down, "failed/3/", 0, 8, std::chrono::seconds(1), &store_error).empty());
+  EXPECT_TRUE(absl::IsUnavailable(store_error)) << store_error;
+  EXPECT_EQ(down.calls, 1) << "asked on after the store failed";
+  // Ranks that did not report in time, with a store that answers, are
+  // missing: rank 1 reported, 2 and 3 did not.
+  ASSERT_TRUE((*files)->Set("failed/4/1", "1").ok());
+  Status none;
+  EXPECT_EQ(ReportAndFindMissing(files->get(), "failed/4/", 0, 4, std::chrono::milliseconds(100),
+                                 &none),
+            (std::vector<int>{2, 3}));
+  EXPECT_TRUE(none.ok()) << none;
 }
 
 }  // namespace

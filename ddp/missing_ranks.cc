@@ -13,16 +13,32 @@ namespace lockstep {
 namespace ddp {
 
 std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::string& base,
-                                      int rank, int world_size, Duration grace) {
+                                      int rank, int world_size, Duration grace,
+                                      Status* store_error) {
   (void)store->Set(base + std::to_string(rank), "1");
   std::vector<std::string> keys;
   for (int r = 0; r < world_size; ++r) keys.push_back(base + std::to_string(r));
   std::vector<int> missing;
-  if (store->Wait(keys, grace).ok()) return missing;
+  const Status waited = store->Wait(keys, grace);
+  if (waited.ok()) return missing;
+  // Only "not there in time" tells which ranks are missing; any other error
+  // is the store's (down, not answering, the namespace closed) and says
+  // nothing of any rank: asking on, key by key, would cost each its RPC
+  // timeout and blame every rank.
+  auto unknown = [&](const Status& s) {
+    if (store_error == nullptr) return false;
+    *store_error = s;
+    return true;
+  };
+  if (!absl::IsDeadlineExceeded(waited) && unknown(waited)) return {};
   for (int r = 0; r < world_size; ++r) {
     // Not this rank, even when its own mark could not be written (a store
     // closed under it): it is here.
-    if (r != rank && !store->Get(keys[r], Duration::zero()).ok()) missing.push_back(r);
+    if (r == rank) continue;
+    const StatusOr<std::string> got = store->Get(keys[r], Duration::zero());
+    if (got.ok()) continue;
+    if (!absl::IsDeadlineExceeded(got.status()) && unknown(got.status())) return {};
+    missing.push_back(r);
   }
   return missing;
 }

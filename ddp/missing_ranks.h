@@ -21,9 +21,13 @@ namespace ddp {
 
 // Publishes "<base><rank>", then waits up to `grace` for the keys of all
 // `world_size` ranks. Returns the ranks whose key is missing, in order.
-// Store errors count as "missing" (the diagnosis is best effort).
+// With `store_error`: a store error other than a key not there in time (the
+// store down or not answering) stops the diagnosis there, is stored in
+// *store_error and returns none, as it tells nothing of any rank. Without,
+// such errors count as "missing" (best effort).
 std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::string& base,
-                                      int rank, int world_size, Duration grace);
+                                      int rank, int world_size, Duration grace,
+                                      Status* store_error = nullptr);
 
 // How a communicator's ranks map to the job's global ranks, for the
 // lost-peer mark (worker_link::MarkPeerLost, which the coordinator reads as

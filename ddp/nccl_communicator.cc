@@ -426,12 +426,19 @@ std::shared_ptr<Work> NcclCommunicator::Impl::Issue(
 Status NcclCommunicator::Impl::Diagnose(uint64_t seq, const char* name, const std::string& what,
                                         bool timed_out) {
   const Duration grace = std::min<Duration>(options.timeout / 5, std::chrono::seconds(5));
-  const std::vector<int> missing = ReportAndFindMissing(
-      store, absl::StrCat(options.key_prefix, "/failed/", seq, "/"), rank, world_size, grace);
+  Status store_error;
+  const std::vector<int> missing =
+      ReportAndFindMissing(store, absl::StrCat(options.key_prefix, "/failed/", seq, "/"), rank,
+                           world_size, grace, &store_error);
   const std::string head = absl::StrCat("nccl ", name, " #", seq, " on rank ", rank, " ", what);
   // A peer is gone, stuck or unreachable either way: this rank's failure
   // follows another's (as the Gloo communicator marks a transport error).
   worker_link::MarkPeerLost(missing.empty() ? -1 : missing.front());
+  if (!store_error.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        head, "; the store could not tell which ranks reached it: ", store_error.message(),
+        "; communicator aborted"));
+  }
   if (!missing.empty()) {
     return absl::DeadlineExceededError(absl::StrCat(
         head, ": ranks ", FormatRanks(missing), " did not arrive; communicator aborted"));

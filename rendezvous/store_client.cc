@@ -129,7 +129,10 @@ class Session {
     }
     if (!pending.done) {
       pending_.erase(op.id());
-      return absl::DeadlineExceededError(
+      // Unavailable, not DeadlineExceeded: that is the server's answer for
+      // keys that never came, which callers act on (a rank that never
+      // arrived); a server that does not answer says nothing of any rank.
+      return absl::UnavailableError(
           absl::StrCat("store server at ", address_, " did not answer op ", op.id(), " in time"));
     }
     return std::move(pending.result);

@@ -102,6 +102,42 @@ TEST(StoreClientTest, AnAddCutOffAfterItWasSentMayOrMayNotHaveBeenApplied) {
   ShutdownGrpcServer(&started->server, seconds(5));
 }
 
+// A store service whose session takes ops and never answers them (a hung
+// server, a silent partition).
+class SilentService final : public v1::StoreService::Service {
+ public:
+  grpc::Status Session(grpc::ServerContext* context,
+                       grpc::ServerReaderWriter<v1::StoreOpResult, v1::StoreOp>* stream) override {
+    stream->SendInitialMetadata();
+    v1::StoreOp op;
+    while (!context->IsCancelled() && stream->Read(&op)) ops_read_++;
+    return grpc::Status::OK;
+  }
+  std::atomic<int> ops_read_{0};
+};
+
+// A server that does not answer is Unavailable, not DeadlineExceeded: that
+// code is the server's own answer for keys that never came, which callers
+// take as ranks that never arrived.
+TEST(StoreClientTest, AServerThatDoesNotAnswerIsUnavailableNotDeadlineExceeded) {
+  SilentService service;
+  auto started = StartGrpcServer("127.0.0.1:0", {&service}, "the test's store");
+  ASSERT_TRUE(started.ok()) << started.status();
+  StoreClientOptions options;
+  options.connect_timeout = seconds(10);
+  options.rpc_timeout = milliseconds(300);
+  auto store = ConnectStore(started->address, "job/1", options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const Status set = (*store)->Set("k", "v");
+  EXPECT_EQ(set.code(), absl::StatusCode::kUnavailable) << set;
+  EXPECT_NE(set.message().find("did not answer"), std::string::npos) << set;
+  const StatusOr<std::string> got = (*store)->Get("k", milliseconds(100));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  EXPECT_GE(service.ops_read_.load(), 2);
+  store->reset();
+  ShutdownGrpcServer(&started->server, seconds(5));
+}
+
 TEST(StoreClientTest, InvalidNamespaceIsRejectedBeforeConnecting) {
   EXPECT_EQ(ConnectStore("127.0.0.1:1", "", seconds(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
