@@ -555,6 +555,8 @@ void StoreCore::CloseJob(const std::string& job) {
     MutexLock lock(&mu_);
     closed_jobs_.insert(job);
   }
+  // Its rounds' ("<job>/<n>"), and the bare "<job>" a job's token opens too.
+  DeleteNamespace(job);
   DeleteNamespacesWithPrefix(job + "/");
 }
 

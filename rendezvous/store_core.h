@@ -169,7 +169,7 @@ class StoreCore {
   // Drops every namespace starting with `prefix` ("job-1/" drops all rounds
   // of job-1). Returns how many were dropped.
   int DeleteNamespacesWithPrefix(const std::string& prefix);
-  // The job has ended: drops its namespaces ("<job>/...", as
+  // The job has ended: drops its namespaces ("<job>" and "<job>/...", as
   // DeleteNamespacesWithPrefix) and refuses every later write or wait in
   // them with FailedPrecondition naming the job (a worker or a token that
   // outlived the job would otherwise fill namespaces nobody drops again).

@@ -207,6 +207,8 @@ TEST_F(StoreCoreTest, DeleteNamespacesWithPrefixDropsEveryRoundOfAJob) {
 TEST_F(StoreCoreTest, AClosedJobsNamespacesTakeNoMoreWritesOrWaits) {
   ASSERT_TRUE(core_.Set("job/1", "k", "v").ok());
   ASSERT_TRUE(core_.Set("jobx/1", "k", "v").ok());
+  // The bare job name is a namespace the job's token opens too.
+  ASSERT_TRUE(core_.Set("job", "k", "v").ok());
   Recorder parked;
   core_.WaitAsync("job/1", {"never"}, MonoTime::max(), false, parked.Callback());
   core_.CloseJob("job");
@@ -219,6 +221,7 @@ TEST_F(StoreCoreTest, AClosedJobsNamespacesTakeNoMoreWritesOrWaits) {
   };
   EXPECT_PRED1(refused, core_.Set("job/1", "k", "v"));
   EXPECT_PRED1(refused, core_.Set("job/2", "k", "v"));  // a round not seen before
+  EXPECT_PRED1(refused, core_.Set("job", "k", "v"));
   EXPECT_PRED1(refused, core_.Add("job/1", "n", 1).status());
   EXPECT_PRED1(refused, core_.CompareSet("job/1", "k", "", "v").status());
   EXPECT_PRED1(refused, core_.MultiSet("job/1", {{"a", "1"}}));
