@@ -626,6 +626,35 @@ TEST(ShmCommunicatorTest, KilledPeerIsNamedLongBeforeTheTimeout) {
   EXPECT_FALSE(results[1].ok()) << "rank 1 was meant to die";
 }
 
+// A rank that comes after its peer gave up the collective (the peer's
+// phase was already counted) fails it too, naming the peer, instead of
+// passing the barrier and writing into a buffer nobody waits on. The peer
+// waited for this rank: it marks no lost peer (a rank the peer had waited
+// for instead would be marked, as the peer marks it).
+TEST(ShmCommunicatorTest, ARankThatComesAfterItsPeerGaveUpFailsToo) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(Mode::kThreads, kWorld, [&](int rank, rendezvous::Store* store) -> Status {
+    ShmOptions options;
+    options.timeout = std::chrono::milliseconds(500);
+    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld, options));
+    at::Tensor t = at::ones({4096});
+    RETURN_IF_ERROR(comm->AllReduce(t, ReduceOp::kSum)->Wait());
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    Status s = comm->AllReduce(t, ReduceOp::kSum)->Wait();
+    if (rank == 0) {
+      return Expect(absl::IsDeadlineExceeded(s), "rank 0: " + s.ToString());
+    }
+    // (Before, it passed the barrier rank 0 had counted itself at, then
+    // waited at the next for rank 0, gone, and blamed it.)
+    RETURN_IF_ERROR(Expect(absl::IsAborted(s), "rank 1: " + s.ToString()));
+    return Expect(s.message().find("rank 0 gave up on it first, waiting for this rank") !=
+                      std::string::npos,
+                  s.ToString());
+  });
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(results[1].ok()) << results[1];
+}
+
 // Rank 0's side of a bootstrap rank 1 was refused: it waited in vain.
 Status RankOneNeverAttached(const Status& status) {
   RETURN_IF_ERROR(Expect(absl::IsDeadlineExceeded(status), status.ToString()));

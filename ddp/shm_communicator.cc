@@ -54,6 +54,12 @@ struct alignas(kLine) Control {
   std::atomic<uint64_t> phase;
   std::atomic<int64_t> pid;
   std::atomic<uint32_t> attached;
+  // Set once this rank gave up a collective (its phase may already have
+  // been counted): a peer that arrives later fails instead of passing the
+  // barrier and writing into a buffer its owner no longer waits on.
+  // 0: no; 1: blaming no rank; 2 + r: blaming rank r (this communicator's
+  // numbering), whom a later peer marks too.
+  std::atomic<uint32_t> gave_up;
   // Where this rank's current allreduce tensor is, published before its
   // first barrier: dtype << 8 | op; the bucket-memory region (0: ordinary
   // memory), the offset in this rank's buffer there, and the size in bytes.
@@ -307,6 +313,7 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
       c->phase.store(0, std::memory_order_relaxed);
       c->pid.store(0, std::memory_order_relaxed);
       c->attached.store(0, std::memory_order_relaxed);
+      c->gave_up.store(0, std::memory_order_relaxed);
     }
     WriteHeader(segment->base, nonce, options.slot_bytes, world_size);
     RETURN_IF_ERROR(Annotate(store->Set(prefix + "/segment", PublishedMemfd(segment->fd, nonce)),
@@ -383,6 +390,41 @@ std::shared_ptr<Work> ShmCommunicator::Enqueue(
 }
 
 Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline) {
+  int blamed = -1;
+  Status s = WaitForAll(seq, name, deadline, &blamed);
+  if (s.ok()) {
+    // Every rank's phase is counted, but one may have given up meanwhile.
+    for (int r = 0; r < world_size_; ++r) {
+      const uint32_t gave_up =
+          r == rank_ ? 0 : segment_->control(r)->gave_up.load(std::memory_order_acquire);
+      if (gave_up == 0) continue;
+      const int theirs = gave_up >= 2 ? static_cast<int>(gave_up) - 2 : -1;
+      const std::string head =
+          absl::StrCat("shm ", name, " #", seq, " on rank ", rank_, ": rank ", r,
+                       " gave up on it first");
+      if (theirs == rank_) {
+        // This rank is the one it waited for: its own failure, no peer lost.
+        s = absl::AbortedError(absl::StrCat(head, ", waiting for this rank"));
+      } else {
+        // It blames the rank it waited for: so does this rank.
+        s = PeerLostError(
+            absl::AbortedError(theirs >= 0 ? absl::StrCat(head, ", waiting for rank ", theirs)
+                                           : head),
+            options_.global_ranks, theirs, options_.blame_payload);
+      }
+      blamed = theirs == rank_ ? -1 : theirs;
+      break;
+    }
+  }
+  if (!s.ok()) {
+    segment_->control(rank_)->gave_up.store(blamed >= 0 ? static_cast<uint32_t>(blamed) + 2 : 1,
+                                            std::memory_order_release);
+  }
+  return s;
+}
+
+Status ShmCommunicator::WaitForAll(uint64_t seq, const char* name, MonoTime deadline,
+                                   int* blamed) {
   Header* header = segment_->header();
   const uint64_t target = ++phase_;
   segment_->control(rank_)->phase.store(target, std::memory_order_seq_cst);
@@ -414,6 +456,7 @@ Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline
       const auto pid = static_cast<pid_t>(segment_->control(r)->pid.load(std::memory_order_relaxed));
       if (check_pids && segment_->check_pid[r] && ProcessExited(pid)) {
         // This rank follows r's failure.
+        *blamed = r;
         return PeerLostError(absl::UnavailableError(absl::StrCat("shm ", name, " #", seq, " on rank ",
                                                                  rank_, ": rank ", r, " (pid ", pid,
                                                                  ") exited")),
@@ -421,6 +464,7 @@ Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline
       }
     }
     if (now > deadline) {
+      *blamed = missing.empty() ? -1 : missing.front();
       return PeerLostError(
           absl::DeadlineExceededError(absl::StrCat("shm ", name, " #", seq, " on rank ", rank_,
                                                    ": ranks ", FormatRanks(missing),

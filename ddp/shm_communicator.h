@@ -175,8 +175,13 @@ class ShmCommunicator : public Communicator {
   std::shared_ptr<Work> Enqueue(const char* name,
                                 std::function<Status(uint64_t seq, MonoTime deadline)> body);
 
-  // The phase barrier: publishes the next phase and waits for every rank.
+  // The phase barrier: publishes the next phase and waits for every rank
+  // (WaitForAll); fails when a rank gave up a collective meanwhile, and
+  // says, when this rank gives up, that it did (the control line's
+  // gave_up), so that no peer passes a barrier it no longer waits at.
   Status Arrive(uint64_t seq, const char* name, MonoTime deadline);
+  // *blamed: on failure, the rank it waited for (-1: none known).
+  Status WaitForAll(uint64_t seq, const char* name, MonoTime deadline, int* blamed);
   // The half of every slot the next chunk uses (alternates).
   size_t NextHalf();
   uint8_t* HalfOf(int rank, size_t half) const;
