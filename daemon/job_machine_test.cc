@@ -90,6 +90,23 @@ class JobMachineTest : public ::testing::Test {
     Beat("n2", {Worker(1, v1::WORKER_STATE_RUNNING)});
     ASSERT_EQ(State(), v1::JOB_STATE_RUNNING);
   }
+  // n1 (ranks 0, 1) and n2 (ranks 2, 3) run a 2-node x 2-process job in
+  // round 1, no restarts.
+  void RunningTwoByTwo() {
+    Node("n1");
+    Node("n2");
+    d_ = machine_.NewJob("j", TestSpec(2, 2, 2, 0), "");
+    Advance();
+    Beat("n1", {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
+    Beat("n2", {Worker(2, v1::WORKER_STATE_RUNNING), Worker(3, v1::WORKER_STATE_RUNNING)});
+  }
+  // A worker that exited having given up waiting for rank `lost`.
+  static v1::WorkerStatus GaveUp(int rank, int lost) {
+    v1::WorkerStatus w = Worker(rank, v1::WORKER_STATE_EXITED, 1);
+    w.mutable_exit()->set_peer_lost(true);
+    w.mutable_exit()->set_lost_peer(lost);
+    return w;
+  }
   // Both nodes report their round-`round` workers stopped.
   void BothStopped(int round) {
     Beat("n1", {Worker(0, v1::WORKER_STATE_STOPPED)}, round);
@@ -543,25 +560,14 @@ TEST_F(JobMachineTest, TheRankAPeerGaveUpWaitingForIsTheFirstFailure) {
 // names 0, rank 2 names 3): the chain leads to rank 3, which did not fail,
 // whoever reported first. (A chain that comes back on itself: below.)
 TEST_F(JobMachineTest, AChainOfRanksWaitingForEachOtherLeadsToTheOneThatDidNotFail) {
-  Node("n1");
-  Node("n2");
-  d_ = machine_.NewJob("j", TestSpec(2, 2, 2, 0), "");
-  Advance();
-  Beat("n1", {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
-  Beat("n2", {Worker(2, v1::WORKER_STATE_RUNNING), Worker(3, v1::WORKER_STATE_RUNNING)});
+  RunningTwoByTwo();
   ASSERT_EQ(State(), v1::JOB_STATE_RUNNING);
-  auto gave_up = [](int rank, int lost) {
-    v1::WorkerStatus w = Worker(rank, v1::WORKER_STATE_EXITED, 1);
-    w.mutable_exit()->set_peer_lost(true);
-    w.mutable_exit()->set_lost_peer(lost);
-    return w;
-  };
-  Beat("n1", {gave_up(0, 2), gave_up(1, 0)});
+  Beat("n1", {GaveUp(0, 2), GaveUp(1, 0)});
   EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
   // Rank 2 has not reported yet: the chain ends at it.
   EXPECT_EQ(d_.job.first_failure().rank(), 2);
   EXPECT_EQ(d_.job.first_failure().reason(), "did not arrive");
-  Beat("n2", {gave_up(2, 3), Worker(3, v1::WORKER_STATE_STOPPED, 0, 15)});
+  Beat("n2", {GaveUp(2, 3), Worker(3, v1::WORKER_STATE_STOPPED, 0, 15)});
   const v1::Failure& first = d_.job.first_failure();
   EXPECT_EQ(first.rank(), 3);
   EXPECT_EQ(first.node_id(), "n2");
@@ -576,20 +582,9 @@ TEST_F(JobMachineTest, AChainOfRanksWaitingForEachOtherLeadsToTheOneThatDidNotFa
 // 0): no rank on the chain is the one that never gave up, so none is named
 // as not arriving; the first failure is the first report's own exit.
 TEST_F(JobMachineTest, AChainThatComesBackOnItselfNamesNoOneAsNotArriving) {
-  Node("n1");
-  Node("n2");
-  d_ = machine_.NewJob("j", TestSpec(2, 2, 2, 0), "");
-  Advance();
-  Beat("n1", {Worker(0, v1::WORKER_STATE_RUNNING), Worker(1, v1::WORKER_STATE_RUNNING)});
-  Beat("n2", {Worker(2, v1::WORKER_STATE_RUNNING), Worker(3, v1::WORKER_STATE_RUNNING)});
+  RunningTwoByTwo();
   ASSERT_EQ(State(), v1::JOB_STATE_RUNNING);
-  auto gave_up = [](int rank, int lost) {
-    v1::WorkerStatus w = Worker(rank, v1::WORKER_STATE_EXITED, 1);
-    w.mutable_exit()->set_peer_lost(true);
-    w.mutable_exit()->set_lost_peer(lost);
-    return w;
-  };
-  Beat("n1", {gave_up(0, 1), gave_up(1, 0)});
+  Beat("n1", {GaveUp(0, 1), GaveUp(1, 0)});
   EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
   const v1::Failure& first = d_.job.first_failure();
   EXPECT_EQ(first.rank(), 0);

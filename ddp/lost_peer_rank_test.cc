@@ -129,6 +129,25 @@ int LostPeerOfChainEnd(const Status& s) {
   return at == std::string::npos ? -1 : std::atoi(m.c_str() + at + key.size());
 }
 
+// Rank `rank` of a job of 2 hosts x 2 ranks (host = rank / 2).
+HierarchicalLayout TwoHostsOfTwo(int rank) {
+  HierarchicalLayout layout;
+  layout.rank = rank;
+  layout.world_size = 4;
+  layout.local_rank = rank % 2;
+  layout.local_world_size = 2;
+  layout.node_rank = rank / 2;
+  layout.num_nodes = 2;
+  return layout;
+}
+
+// In a rank's process: its lost-peer mark goes to slot `rank` of the
+// test's one status page (descriptor `fd`, which holds every rank).
+void UseTheTestsStatusPage(const std::string& fd, int rank) {
+  ::setenv(worker_link::kStatusFdEnv, fd.c_str(), 1);
+  ::setenv("LOCKSTEP_LOCAL_RANK", std::to_string(rank).c_str(), 1);
+}
+
 // A store that cannot read rank 2's published blame (its Get of
 // ".../waits/<n>/2" fails UNAVAILABLE), the rest passed through.
 class NoWaitsStore : public rendezvous::ForwardingStore {
@@ -170,16 +189,8 @@ TEST(LostPeerRankTest, EveryRankOfAHierarchicalJobMarksTheFrozenRank) {
     const std::string fd = std::to_string(page.fd());
     std::vector<std::string> errors(kWorld);
     const std::vector<bool> ok = RunRankProcesses(kWorld, [&](int rank, rendezvous::Store* store) {
-      ::setenv(worker_link::kStatusFdEnv, fd.c_str(), 1);
-      // The page's slot: this test's one page holds every rank.
-      ::setenv("LOCKSTEP_LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      HierarchicalLayout layout;
-      layout.rank = rank;
-      layout.world_size = kWorld;
-      layout.local_rank = rank % 2;
-      layout.local_world_size = 2;
-      layout.node_rank = rank / 2;
-      layout.num_nodes = 2;
+      UseTheTestsStatusPage(fd, rank);
+      const HierarchicalLayout layout = TwoHostsOfTwo(rank);
       HierarchicalOptions options;
       options.timeout = kTimeout;
       NoWaitsStore no_waits(store);
@@ -224,15 +235,8 @@ TEST(LostPeerRankTest, HostsACollectiveApartStillFindTheFrozenRank) {
   ::fcntl(page.fd(), F_SETFD, 0);
   const std::string fd = std::to_string(page.fd());
   const std::vector<bool> ok = RunRankProcesses(kWorld, [&](int rank, rendezvous::Store* store) {
-    ::setenv(worker_link::kStatusFdEnv, fd.c_str(), 1);
-    ::setenv("LOCKSTEP_LOCAL_RANK", std::to_string(rank).c_str(), 1);
-    HierarchicalLayout layout;
-    layout.rank = rank;
-    layout.world_size = kWorld;
-    layout.local_rank = rank % 2;
-    layout.local_world_size = 2;
-    layout.node_rank = rank / 2;
-    layout.num_nodes = 2;
+    UseTheTestsStatusPage(fd, rank);
+    const HierarchicalLayout layout = TwoHostsOfTwo(rank);
     HierarchicalOptions options;
     options.timeout = kTimeout;
     auto comm = HierarchicalCommunicator::Create(store, layout, options);
