@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -158,12 +158,14 @@ StatusOr<std::string> FileStore::ReadKey(const std::string& key) const {
 }
 
 Status FileStore::WriteKey(const std::string& key, const std::string& value) {
-  static std::atomic<uint64_t> counter{0};
   const std::string path = PathFor(key);
-  const std::string tmp =
-      absl::StrCat(dir_, "/.tmp.", getpid(), ".", counter.fetch_add(1));
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus("open", tmp);
+  // A name no other writer has, made exclusively: writers in other pid
+  // namespaces (containers sharing the directory) can have this one's pid,
+  // and two of them writing one temp file would publish a mix.
+  std::string tmp = absl::StrCat(dir_, "/.tmp.XXXXXX");
+  int fd = mkostemp(tmp.data(), O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("mkostemp", tmp);
+  (void)fchmod(fd, 0644);  // as the keys were before: readable by the job's other users
   size_t done = 0;
   while (done < value.size()) {
     ssize_t n = write(fd, value.data() + done, value.size() - done);
