@@ -76,6 +76,18 @@ void LoadText(const std::atomic<uint64_t>* text, int words, char* out) {
   }
 }
 
+// The writer's side of a sequence lock (the agent's, under its mutex):
+// `seq` odd while `write` runs, then two past where it was. Returns that.
+template <typename Write>
+uint32_t WriteUnderSeq(std::atomic<uint32_t>& seq, Write write) {
+  const uint32_t was = seq.load(std::memory_order_relaxed);
+  seq.store(was + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  write();
+  seq.store(was + 2, std::memory_order_release);
+  return was + 2;
+}
+
 constexpr size_t kSlotBytes = sizeof(FenceGuard::Slot) * FenceGuard::kSlots;
 constexpr size_t kSharedBytes = kSlotBytes + sizeof(FenceGuard::Marker);
 constexpr int kTickMs = 50;
@@ -331,7 +343,7 @@ int KillListed(FenceGuard::Slot* slots, uint32_t* killed, int64_t now, int64_t d
 
 // What one sweep found.
 struct SweepCount {
-  int killed = 0;      // helpers SIGKILLed (again, for one still dying)
+  int killed = 0;      // helpers SIGKILLed this sweep, not before
   int unreadable = 0;  // in the agent's tree, environment not readable yet
 };
 
@@ -814,17 +826,14 @@ FenceGuard::Entry FenceGuard::Watch(pid_t pgid, absl::string_view job_id, int ra
     Slot& s = slots_[i];
     if (s.pgid.load(std::memory_order_relaxed) != 0) continue;
     next_ = (i + 1) % kSlots;
-    const uint32_t seq = s.seq.load(std::memory_order_relaxed);
-    s.seq.store(seq + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-    s.pgid.store(static_cast<int32_t>(pgid), std::memory_order_relaxed);
-    s.rank.store(rank, std::memory_order_relaxed);
-    s.round.store(round, std::memory_order_relaxed);
-    StoreText(s.job, Slot::kJobWords, job_id);
-    s.seq.store(seq + 2, std::memory_order_release);
+    entry.seq_ = WriteUnderSeq(s.seq, [&] {
+      s.pgid.store(static_cast<int32_t>(pgid), std::memory_order_relaxed);
+      s.rank.store(rank, std::memory_order_relaxed);
+      s.round.store(round, std::memory_order_relaxed);
+      StoreText(s.job, Slot::kJobWords, job_id);
+    });
     entry.guard_ = this;
     entry.slot_ = i;
-    entry.seq_ = seq + 2;
     return entry;
   }
   return entry;  // every slot taken: not guarded
@@ -832,11 +841,7 @@ FenceGuard::Entry FenceGuard::Watch(pid_t pgid, absl::string_view job_id, int ra
 
 void FenceGuard::SetAgent(absl::string_view agent) {
   MutexLock lock(&mu_);
-  const uint32_t seq = marker_->seq.load(std::memory_order_relaxed);
-  marker_->seq.store(seq + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  StoreText(marker_->text, Marker::kWords, agent);
-  marker_->seq.store(seq + 2, std::memory_order_release);
+  WriteUnderSeq(marker_->seq, [&] { StoreText(marker_->text, Marker::kWords, agent); });
 }
 
 void FenceGuard::SetJobUids(uint32_t first, uint32_t last) {
@@ -848,10 +853,7 @@ void FenceGuard::Release(int slot, uint32_t seq) {
   MutexLock lock(&mu_);
   Slot& s = slots_[slot];
   if (s.seq.load(std::memory_order_relaxed) != seq) return;
-  s.seq.store(seq + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  s.pgid.store(0, std::memory_order_relaxed);
-  s.seq.store(seq + 2, std::memory_order_release);
+  WriteUnderSeq(s.seq, [&] { s.pgid.store(0, std::memory_order_relaxed); });
 }
 
 FenceGuard::Entry& FenceGuard::Entry::operator=(Entry&& other) noexcept {

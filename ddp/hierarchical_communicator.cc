@@ -98,13 +98,12 @@ Status HierarchicalCommunicator::BetweenHosts(const std::shared_ptr<Work>& work,
 
 std::shared_ptr<Work> HierarchicalCommunicator::Run(const char* name,
                                                     std::function<Status()> body) {
-  return queue_.Enqueue(name, [this, body = std::move(body)](uint64_t seq) {
-    return FollowBlame(seq, body());
+  return queue_.Enqueue(name, [this, body = std::move(body)](uint64_t) {
+    return FollowBlame(body());
   });
 }
 
-Status HierarchicalCommunicator::FollowBlame(uint64_t seq, Status failed) {
-  (void)seq;
+Status HierarchicalCommunicator::FollowBlame(Status failed) {
   if (failed.ok()) return failed;
   const int blamed = LostPeerOf(failed);
   failed.ErasePayload(kLostPeerPayload);  // consumed here: not in what the caller prints

@@ -153,10 +153,10 @@ class HierarchicalCommunicator : public Communicator {
 
   // Enqueues `body` as one collective; its error goes through FollowBlame.
   std::shared_ptr<Work> Run(const char* name, std::function<Status()> body);
-  // Collective #seq's error: publishes whom it blamed and follows the
-  // blames published by the others to the rank that never gave up (see
-  // the header comment). OK passes through.
-  Status FollowBlame(uint64_t seq, Status failed);
+  // A collective's error: publishes whom it blamed and follows the blames
+  // published by the others to the rank that never gave up (see the header
+  // comment). OK passes through.
+  Status FollowBlame(Status failed);
 
   // The allreduce's steps (AllReduce, AllReduceFrom), on the queue's thread.
   Status RunAllReduce(at::Tensor& tensor, ReduceOp op, std::vector<InputPiece> pieces);
