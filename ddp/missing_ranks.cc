@@ -25,19 +25,19 @@ std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::strin
   // is the store's (down, not answering, the namespace closed) and says
   // nothing of any rank: asking on, key by key, would cost each its RPC
   // timeout and blame every rank.
-  auto unknown = [&](const Status& s) {
-    if (store_error == nullptr) return false;
-    *store_error = s;
-    return true;
-  };
-  if (!absl::IsDeadlineExceeded(waited) && unknown(waited)) return {};
+  if (!absl::IsDeadlineExceeded(waited)) {
+    *store_error = waited;
+    return {};
+  }
   for (int r = 0; r < world_size; ++r) {
-    // Not this rank, even when its own mark could not be written (a store
-    // closed under it): it is here.
+    // Not this rank, even when its own mark could not be written: it is here.
     if (r == rank) continue;
     const StatusOr<std::string> got = store->Get(keys[r], Duration::zero());
     if (got.ok()) continue;
-    if (!absl::IsDeadlineExceeded(got.status()) && unknown(got.status())) return {};
+    if (!absl::IsDeadlineExceeded(got.status())) {
+      *store_error = got.status();
+      return {};
+    }
     missing.push_back(r);
   }
   return missing;

@@ -20,14 +20,13 @@ namespace lockstep {
 namespace ddp {
 
 // Publishes "<base><rank>", then waits up to `grace` for the keys of all
-// `world_size` ranks. Returns the ranks whose key is missing, in order.
-// With `store_error`: a store error other than a key not there in time (the
-// store down or not answering) stops the diagnosis there, is stored in
-// *store_error and returns none, as it tells nothing of any rank. Without,
-// such errors count as "missing" (best effort).
+// `world_size` ranks. Returns the ranks whose key is missing, in order. A
+// store error other than a key not there in time (the store down or not
+// answering, the namespace closed) stops the diagnosis there: it is stored
+// in *store_error and none is returned, as it tells nothing of any rank.
 std::vector<int> ReportAndFindMissing(rendezvous::Store* store, const std::string& base,
                                       int rank, int world_size, Duration grace,
-                                      Status* store_error = nullptr);
+                                      Status* store_error);
 
 // How a communicator's ranks map to the job's global ranks, for the
 // lost-peer mark (worker_link::MarkPeerLost, which the coordinator reads as

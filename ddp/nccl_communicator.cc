@@ -606,14 +606,18 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(rendezvous:
       impl->comm = nullptr;
     }
     if (!timed_out) return error;
-    const std::vector<int> missing =
-        ReportAndFindMissing(store, arrived, rank, world_size, std::chrono::seconds(0));
+    Status store_error;
+    const std::vector<int> missing = ReportAndFindMissing(store, arrived, rank, world_size,
+                                                          std::chrono::seconds(0), &store_error);
     if (!missing.empty()) worker_link::MarkPeerLost(missing.front());
     return absl::DeadlineExceededError(absl::StrCat(
         "nccl: rank ", rank, " could not build the communicator of ", world_size,
         " ranks within ", ToSeconds(options.connect_timeout), " s",
-        missing.empty() ? std::string(": every rank arrived; NCCL bootstrap stalled")
-                        : absl::StrCat(": ranks ", FormatRanks(missing), " never arrived")));
+        !store_error.ok()
+            ? absl::StrCat(": the store could not tell which ranks arrived: ",
+                           store_error.message())
+        : missing.empty() ? std::string(": every rank arrived; NCCL bootstrap stalled")
+                          : absl::StrCat(": ranks ", FormatRanks(missing), " never arrived")));
   }
   int lowest = 0, highest = 0;
   LOCKSTEP_CUDA_OK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
