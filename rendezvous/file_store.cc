@@ -190,6 +190,10 @@ Status FileStore::WriteKey(const std::string& key, const std::string& value) {
 Status FileStore::Set(const std::string& key, const std::string& value) {
   RETURN_IF_ERROR(CheckKey(key));
   RETURN_IF_ERROR(CheckValue(key, value));
+  // Under the lock as Add and CompareSet are: their read-then-write would
+  // otherwise put back what they read over this value.
+  DirLock lock(dir_);
+  RETURN_IF_ERROR(lock.status());
   return WriteKey(key, value);
 }
 

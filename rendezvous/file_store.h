@@ -7,8 +7,9 @@
 // name would exceed kMaxFileNameBytes are named by a 64-bit hash of the key
 // (collisions are not detected). Writes go to a temporary file that is then
 // renamed over the key's file, so readers never see a partial value.
-// Read-modify-write operations (Add, CompareSet, Delete) hold an exclusive
-// flock(2) on "<dir>/.lock", so they are atomic across processes.
+// Every write (Set, MultiSet, Add, CompareSet, Delete) holds an exclusive
+// flock(2) on "<dir>/.lock", so read-modify-writes are atomic across
+// processes and a Set is never overwritten by an Add that read before it.
 //
 // Blocking: Get, Wait and MultiGet poll the directory, starting at
 // kFileStoreMinPoll and backing off to kFileStoreMaxPoll, until the keys

@@ -1,6 +1,7 @@
 #include "rendezvous/file_store.h"
 
 #include <stdlib.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -86,6 +87,33 @@ TEST(FileStoreTest, AddIsAtomicAcrossProcesses) {
   auto v = store->Add("counter", 0);
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(*v, kProcs * kAdds);
+}
+
+// A Set is not lost to an Add that read the key before it: each Set below
+// writes a value above anything the Adds can have made from earlier ones, so
+// reading less right after it means an Add's write replaced it.
+TEST(FileStoreTest, SetIsNotLostToAConcurrentAdd) {
+  const std::string dir = TempDir();
+  pid_t adder = fork();
+  if (adder == 0) {
+    auto store = FileStore::Open(dir);
+    if (!store.ok()) _exit(1);
+    while (true) (void)(*store)->Add("counter", 1);
+  }
+  auto store = OpenStore(dir);
+  int lost = 0;
+  for (int64_t i = 1; i <= 300 && lost == 0; ++i) {
+    const int64_t set = i * 1000000000;
+    ASSERT_TRUE(store->Set("counter", std::to_string(set)).ok());
+    auto v = store->Get("counter", std::chrono::seconds(1));
+    ASSERT_TRUE(v.ok()) << v.status();
+    if (std::stoll(*v) < set) {
+      ++lost;
+      ADD_FAILURE() << "Set " << i << " wrote " << set << ", read back " << *v;
+    }
+  }
+  kill(adder, SIGKILL);
+  waitpid(adder, nullptr, 0);
 }
 
 TEST(FileStoreTest, AddRejectsNonInteger) {
