@@ -242,7 +242,8 @@ StatusOr<std::string> FileStore::CompareSet(const std::string& key, const std::s
   StatusOr<std::string> current = ReadKey(key);
   if (!current.ok() && !absl::IsNotFound(current.status())) return current.status();
   const bool matches = current.ok() ? *current == expected : expected.empty();
-  if (!matches) return *current;
+  // Not swapped: the current value, "" for an absent key (as StoreCore).
+  if (!matches) return current.ok() ? *std::move(current) : std::string();
   RETURN_IF_ERROR(WriteKey(key, desired));
   return desired;
 }

@@ -144,6 +144,17 @@ TEST_P(StoreConformanceTest, CompareSetSwapsOnlyWhenExpectedMatches) {
   EXPECT_EQ(*store_->Get("k", seconds(5)), "second");
 }
 
+// An absent key matches only an empty `expected`: anything else leaves it
+// absent and returns "" (the value of an absent key).
+TEST_P(StoreConformanceTest, CompareSetOnAbsentKeyWithNonEmptyExpectedReturnsEmptyAndCreatesNothing) {
+  auto got = store_->CompareSet("absent", "x", "y");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "");
+  EXPECT_EQ(store_->Get("absent", milliseconds(10)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(*store_->NumKeys(), 0);
+}
+
 TEST_P(StoreConformanceTest, DeleteReportsWhetherKeyExisted) {
   ASSERT_TRUE(store_->Set("k", "v").ok());
   EXPECT_TRUE(*store_->Delete("k"));
