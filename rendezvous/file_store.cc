@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -93,10 +94,15 @@ class DirLock {
   Status status_;
 };
 
+// Longest wait a poll keeps a deadline for (a year): longer timeouts, up to
+// Duration::max(), are clamped to it, as the gRPC client does, so now +
+// timeout cannot overflow into the past.
+constexpr Duration kMaxPollWait = std::chrono::hours(24 * 365);
+
 // Polls `ready` until it returns true or the deadline passes.
 template <typename Fn>
 bool PollUntil(Duration timeout, Fn ready) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = std::chrono::steady_clock::now() + std::min(timeout, kMaxPollWait);
   Duration sleep = kFileStoreMinPoll;
   while (true) {
     if (ready()) return true;

@@ -60,6 +60,27 @@ TEST_P(StoreConformanceTest, GetReturnsDeadlineExceededWhenKeyNeverSet) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(90));
 }
 
+// Duration::max() means "no timeout": it must not overflow a deadline into
+// the past (an instant DeadlineExceeded) but wait for the write.
+TEST_P(StoreConformanceTest, WaitsWithTheLargestTimeoutReturnOnceTheKeyIsSet) {
+  std::unique_ptr<Store> writer = env_->Open("conformance/1");
+  auto set_later = [&](const std::string& key) {
+    return std::thread([&writer, key] {
+      std::this_thread::sleep_for(milliseconds(50));  // the reader is waiting by then
+      ASSERT_TRUE(writer->Set(key, "arrived").ok());
+    });
+  };
+  std::thread get_setter = set_later("late-get");
+  auto got = store_->Get("late-get", Duration::max());
+  get_setter.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "arrived");
+  std::thread wait_setter = set_later("late-wait");
+  Status waited = store_->Wait({"late-wait"}, Duration::max());
+  wait_setter.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+}
+
 TEST_P(StoreConformanceTest, AddStartsFromZeroAndReturnsNewValue) {
   EXPECT_EQ(*store_->Add("n", 3), 3);
   EXPECT_EQ(*store_->Add("n", -1), 2);
