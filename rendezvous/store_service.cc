@@ -527,6 +527,10 @@ grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* StoreGrpcService::Sessi
   std::string job;
   auto it = ctx->client_metadata().find(kStoreJobMetadata);
   if (it != ctx->client_metadata().end()) job.assign(it->second.data(), it->second.size());
+  // The job is "<job>" of what the client names ("<job>/..." too), as
+  // authorization reads it; its stream cap counts under that name, so a
+  // job's token naming "<job>/1", "<job>/2", ... gets no slot per name.
+  job = job.substr(0, job.find('/'));
   // Checked as the job's namespaces ("<job>/*"): each op is checked again
   // against its own namespace.
   const std::string ns = job.empty() ? job : job + "/*";

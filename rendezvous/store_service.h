@@ -81,8 +81,9 @@ namespace rendezvous {
 // The longest a store wait parks (a year): larger timeout_ms are clamped.
 inline constexpr Duration kMaxStoreWait = std::chrono::hours(24 * 365);
 
-// Live Session streams per job (the job its client names at open; "" for a
-// client that names none) and in all. A job holds one per rank.
+// Live Session streams per job (the job its client names at open, "<job>" of
+// "<job>/..." as authorization reads it; "" for a client that names none)
+// and in all. A job holds one per rank.
 inline constexpr int kMaxSessionsPerJob = 16384;
 inline constexpr int kMaxSessions = 65536;
 // Results one Session may have waiting to be written before it stops

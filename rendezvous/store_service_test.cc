@@ -365,6 +365,43 @@ TEST_F(StoreServiceLimitsTest, SessionsPerJobAndInAllAreCapped) {
   }
 }
 
+// The per-job cap counts a stream under its job ("<job>" of what the
+// client names at open), as authorization reads it: a job's token naming
+// "job-a/1", "job-a/2", ... gets no extra slot per name (it could take
+// every slot of the store that way).
+TEST_F(StoreServiceLimitsTest, SessionsNamingRoundsOfAJobCountAgainstThatJob) {
+  StoreGrpcService::Limits limits;
+  limits.max_sessions_per_job = 2;
+  Start(limits);
+  auto open = [&](grpc::ClientContext* ctx, const std::string& named) {
+    auto stream = RawSession(stub_.get(), ctx, named, "tok-job-a");
+    v1::StoreOp op;
+    op.set_id(1);
+    op.mutable_num_keys()->set_namespace_("job-a/0");
+    v1::StoreOpResult result;
+    const bool served = stream->Write(op) && stream->Read(&result);
+    return std::make_pair(std::move(stream), served);
+  };
+  grpc::ClientContext c1, c2, c3;
+  auto s1 = open(&c1, "job-a");
+  auto s2 = open(&c2, "job-a/1");
+  ASSERT_TRUE(s1.second && s2.second);
+  auto s3 = open(&c3, "job-a/2");
+  EXPECT_FALSE(s3.second) << "a third stream of job-a was served";
+  if (s3.second) s3.first->WritesDone();  // so Finish returns what it was
+  grpc::Status refused = s3.first->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("job \"job-a\""), std::string::npos)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("kMaxSessionsPerJob=2"), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(service_->NumSessions(), 2);
+  for (auto* s : {&s1, &s2}) {
+    s->first->WritesDone();
+    EXPECT_TRUE(s->first->Finish().ok());
+  }
+}
+
 // A client that sends ops but never reads their results: once the
 // results it has not taken fill the queue (the HTTP/2 window is full of
 // 1 MiB values), the server stops reading its ops, so what it holds for
