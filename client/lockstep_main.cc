@@ -117,6 +117,15 @@ Status AsUsage(Status s) {
   return s;
 }
 
+// The coordinator refused what the flags said (it checks the spec, and
+// logs the refusal): bad usage, exit 2. A spec field is named first in a
+// refusal's message ("spec.run_as: ..."); InvalidArgument also covers a bad
+// --request-id, AlreadyExists one reused with another spec.
+bool RefusedSubmission(const Status& s) {
+  if (absl::IsInvalidArgument(s) || absl::IsAlreadyExists(s)) return true;
+  return absl::IsPermissionDenied(s) && absl::StrContains(s.message(), ": spec.");
+}
+
 // The directory this CLI runs in, as the user's shell names it: $PWD when
 // it is this directory (a path through a symlink, e.g. a shared mount,
 // more likely means the same on other nodes), else getcwd.
@@ -401,9 +410,7 @@ class Cli {
     RETURN_IF_ERROR(Connect());
     v1::SubmitJobResponse resp;
     Status submitted = Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit");
-    // The coordinator refused the spec (it checks it, and logs the refusal):
-    // what the flags said is wrong, so bad usage, exit 2.
-    if (absl::IsInvalidArgument(submitted)) return AsUsage(std::move(submitted));
+    if (RefusedSubmission(submitted)) return AsUsage(std::move(submitted));
     if (absl::IsDeadlineExceeded(submitted) || absl::IsUnavailable(submitted)) {
       // The request may have reached the coordinator: say how to retry it
       // without a second job.
@@ -465,7 +472,9 @@ class Cli {
                 << daemon->state_dir() << std::endl;
     }
     v1::SubmitJobResponse resp;
-    RETURN_IF_ERROR(Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit"));
+    Status submitted = Check(coord_->SubmitJob(Ctx().get(), req, &resp), "submit");
+    if (RefusedSubmission(submitted)) return AsUsage(std::move(submitted));
+    RETURN_IF_ERROR(submitted);
     const std::string id = resp.job().job_id();
     if (!common_.json) std::cout << "submitted job " << id << std::endl;
     RankLogTail tail(daemon->job_dir(id), [&](int rank, bool is_stderr, const std::string& line) {
@@ -518,8 +527,12 @@ class Cli {
   // `submit --json` and `watch --json`: long-polls WatchJob until the job
   // ends, printing the job as a JSON line at each change. Returns the exit
   // code (0 SUCCEEDED, else 3).
+  // stdout carries the job's JSON only: while the coordinator does not
+  // answer (restarting, or a wrong address or TLS setting), it keeps trying
+  // and says so on stderr, when that starts, every 30 s, and when it ends.
   StatusOr<int> FollowJson(const std::string& id) {
     int64_t version = 0;
+    std::optional<std::chrono::steady_clock::time_point> unreachable_since, said_at;
     while (true) {
       v1::WatchJobRequest req;
       req.set_job_id(id);
@@ -527,10 +540,26 @@ class Cli {
       v1::WatchJobResponse resp;
       grpc::Status s = coord_->WatchJob(Ctx().get(), req, &resp);
       if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) continue;
+      const auto now = std::chrono::steady_clock::now();
       if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // coordinator restarting
+        if (!unreachable_since) unreachable_since = now;
+        if (!said_at || now - *said_at >= std::chrono::seconds(30)) {
+          const auto for_s =
+              std::chrono::duration_cast<std::chrono::seconds>(now - *unreachable_since).count();
+          const Status why = Check(s, "watch job " + id);
+          std::cerr << "lockstep: " << absl::StatusCodeToString(why.code()) << ": " << why.message()
+                    << (said_at ? absl::StrCat(" (for ", for_s, " s)") : "")
+                    << "; still trying every 0.5 s\n";
+          said_at = now;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
         continue;
       }
+      if (said_at) {
+        std::cerr << "lockstep: coordinator " << common_.coordinator << " answers again\n";
+        said_at.reset();
+      }
+      unreachable_since.reset();
       RETURN_IF_ERROR(Check(s, "watch job " + id));
       version = resp.version();
       PrintJson(resp.job());
@@ -781,9 +810,10 @@ class Cli {
     std::cout << absl::StrFormat("%-16s %-22s %-6s %-9s %-24s %s\n", "NODE", "ADDRESS", "ALIVE",
                                  "LAST_HB", "INCARNATION", "JOBS");
     for (const auto& n : resp.nodes()) {
-      std::cout << absl::StrFormat("%-16s %-22s %-6s %-9s %-24s %s\n", n.node_id(), n.agent_address(),
+      std::cout << absl::StrFormat("%-16s %-22s %-6s %-9s %-24s %s\n", n.node_id(), Printable(n.agent_address()),
                                    n.alive() ? "yes" : "DEAD",
-                                   absl::StrFormat("%.1fs", n.last_heartbeat_age_s()), n.incarnation(),
+                                   absl::StrFormat("%.1fs", n.last_heartbeat_age_s()),
+                                   Printable(n.incarnation()),
                                    absl::StrJoin(n.job_ids(), ","));
     }
     return 0;

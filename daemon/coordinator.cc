@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/address.h"
+#include "common/ids.h"
 #include "daemon/job_env.h"
 #include "daemon/job_spec.h"
 #include "rendezvous/store.h"
@@ -16,6 +21,78 @@
 namespace lockstep {
 namespace daemon {
 namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+// Collects the names of the top-level fields two messages differ in.
+class DifferingFields : public MessageDifferencer::Reporter {
+ public:
+  void ReportAdded(const google::protobuf::Message&, const google::protobuf::Message&,
+                   const std::vector<MessageDifferencer::SpecificField>& path) override {
+    Add(path);
+  }
+  void ReportDeleted(const google::protobuf::Message&, const google::protobuf::Message&,
+                     const std::vector<MessageDifferencer::SpecificField>& path) override {
+    Add(path);
+  }
+  void ReportModified(const google::protobuf::Message&, const google::protobuf::Message&,
+                      const std::vector<MessageDifferencer::SpecificField>& path) override {
+    Add(path);
+  }
+  const std::set<std::string>& names() const { return names_; }
+
+ private:
+  void Add(const std::vector<MessageDifferencer::SpecificField>& path) {
+    if (!path.empty() && path[0].field != nullptr) names_.insert("spec." + path[0].field->name());
+  }
+  std::set<std::string> names_;
+};
+
+// Bound on a registering node's hostname and address: they are stored,
+// logged and shown by `lockstep nodes`.
+constexpr size_t kMaxNodeFieldBytes = 256;
+
+bool HasControl(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u == 0x7f;
+  });
+}
+
+// The address workers and peers will dial: host:port, [v6]:port, with a
+// port in 1-65535 and a host of address characters only.
+Status CheckAgentAddress(const std::string& node, const std::string& address) {
+  const std::string host = HostOfAddress(address);
+  const std::string port = PortOfAddress(address);
+  int port_number = 0;
+  const bool host_ok =
+      !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
+               c == '_' || c == ':' || c == '%';
+      });
+  if (address.size() > kMaxNodeFieldBytes || !host_ok || !absl::SimpleAtoi(port, &port_number) ||
+      port_number < 1 || port_number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", node, ": agent_address ", QuoteForError(address),
+        ": must be host:port or [v6]:port (a port in 1-65535, at most ", kMaxNodeFieldBytes,
+        " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// A request id names one submission: sending it again (a retry) returns
+// the job it made, but only for the same spec; another spec under it would
+// otherwise be dropped without a word.
+Status SameSubmission(const v1::Job& job, const v1::JobSpec& full_spec) {
+  DifferingFields fields;
+  MessageDifferencer differ;
+  differ.ReportDifferencesTo(&fields);
+  if (differ.Compare(job.spec(), full_spec)) return absl::OkStatus();
+  return absl::AlreadyExistsError(absl::StrCat(
+      "request_id ", QuoteForError(job.request_id()), " was already used by job ", job.job_id(),
+      " with a different spec (", absl::StrJoin(fields.names(), ", "),
+      " differ): a request id resubmits only the same spec; use a new request id"));
+}
 
 // Submit order (job_order_'s): oldest first, ties by job id.
 void SortBySubmitOrder(std::vector<v1::Job>* jobs) {
@@ -106,7 +183,7 @@ Status Coordinator::Commit(const std::string& id, JobDraft next, Effects* effect
   JobEntry& entry = jobs_.at(id);
   JobMachine::MirrorRound(&next.job);
   const v1::Job& before = entry.current.job;
-  const bool changed = !google::protobuf::util::MessageDifferencer::Equals(before, next.job);
+  const bool changed = !MessageDifferencer::Equals(before, next.job);
   if (changed) {
     Status s = store_->PutJob(next.job);
     if (!s.ok()) {
@@ -174,6 +251,10 @@ void Coordinator::Run(Effects* effects) {
 }
 
 StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& spec, const std::string& request_id) {
+  if (!request_id.empty() && !IsSafeId(request_id)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request_id ", QuoteForError(request_id), ": must be [A-Za-z0-9._-]{1,128}"));
+  }
   RETURN_IF_ERROR(ValidateJobSpec(spec, options_.allowed_commands));
   RETURN_IF_ERROR(CheckJobEnv(spec, {options_.allowed_env, !options_.allowed_commands.empty()}));
   v1::JobSpec full = spec;
@@ -184,11 +265,15 @@ StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& spec, const std::str
     MutexLock lock(&mu_);
     if (!request_id.empty()) {
       for (const auto& [id, entry] : jobs_) {
-        if (entry.current.job.request_id() == request_id) return entry.current.job;
+        if (entry.current.job.request_id() == request_id) {
+          RETURN_IF_ERROR(SameSubmission(entry.current.job, full));
+          return entry.current.job;
+        }
       }
       auto evicted = evicted_requests_.find(request_id);
       if (evicted != evicted_requests_.end()) {
         ASSIGN_OR_RETURN(auto found, FindJob(evicted->second));
+        RETURN_IF_ERROR(SameSubmission(found.first, full));
         return found.first;
       }
     }
@@ -307,7 +392,10 @@ StatusOr<v1::Job> Coordinator::CancelJob(const JobId& id) {
     MutexLock lock(&mu_);
     auto it = jobs_.find(id.value());
     if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job ", id.value(), " not found"));
+      // Out of memory means finished long enough ago (or never submitted).
+      ASSIGN_OR_RETURN(auto found, FindJob(id.value()));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id.value(), " already finished as ", JobMachine::StateName(found.first.state())));
     }
     JobDraft draft = it->second.current;
     if (JobMachine::IsTerminal(draft.job.state())) {
@@ -428,8 +516,16 @@ StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::RegisterN
     return absl::InvalidArgumentError(
         absl::StrCat("node_id ", QuoteForError(req.node_id()), ": must be [A-Za-z0-9._-]{1,128}"));
   }
-  if (req.incarnation().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("node ", req.node_id(), ": empty incarnation"));
+  if (!IsSafeId(req.incarnation())) {
+    return absl::InvalidArgumentError(absl::StrCat("node ", req.node_id(), ": incarnation ",
+                                                   QuoteForError(req.incarnation()),
+                                                   ": must be [A-Za-z0-9._-]{1,128}"));
+  }
+  RETURN_IF_ERROR(CheckAgentAddress(req.node_id(), req.agent_address()));
+  if (req.hostname().size() > kMaxNodeFieldBytes || HasControl(req.hostname())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", req.node_id(), ": hostname ", QuoteForError(req.hostname()), ": must be at most ",
+        kMaxNodeFieldBytes, " bytes without control characters"));
   }
   Effects effects;
   Status s, reports;

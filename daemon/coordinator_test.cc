@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log_capture.h"
 #include "daemon/fake_job_store.h"
@@ -177,9 +178,15 @@ TEST(JobSpecTest, RejectsBadSpecsNamingTheField) {
   (*s.mutable_env())["A=B"] = "x";
   EXPECT_NE(ValidateJobSpec(s, {}).message().find("spec.env"), std::string::npos);
 
+  // Root by name, or by any spelling of uid 0 the agent's lookup reads so.
+  for (const char* root : {"root", "0", "00", " 0", "+0", "0000000000"}) {
+    s = ok;
+    s.set_run_as(root);
+    EXPECT_EQ(ValidateJobSpec(s, {}).code(), absl::StatusCode::kPermissionDenied) << root;
+  }
   s = ok;
-  s.set_run_as("root");
-  EXPECT_EQ(ValidateJobSpec(s, {}).code(), absl::StatusCode::kPermissionDenied);
+  s.set_run_as("1000");
+  EXPECT_TRUE(ValidateJobSpec(s, {}).ok());
 
   EXPECT_EQ(ValidateJobSpec(ok, {"/bin/other"}).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(ValidateJobSpec(ok, {"/bin/other", "/bin/train"}).ok());
@@ -424,6 +431,35 @@ TEST_F(CoordinatorTest, SubmitWithSameRequestIdReturnsSameJob) {
   auto b = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "req-1");
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->job_id(), b->job_id());
+  EXPECT_EQ(coord_->ListJobs({})->size(), 1u);
+}
+
+// A request id names one submission: the same id with another spec is
+// refused, naming the job it made and the fields that differ, and makes
+// nothing.
+TEST_F(CoordinatorTest, ARequestIdReusedWithAnotherSpecIsRefused) {
+  auto a = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "nightly");
+  ASSERT_TRUE(a.ok()) << a.status();
+  v1::JobSpec other = TestSpec(1, 1, 1, 0);
+  other.add_command("--lr=0.2");
+  other.set_max_restarts(2);
+  auto b = coord_->SubmitJob(other, "nightly");
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kAlreadyExists) << b.status();
+  EXPECT_EQ(b.status().message(),
+            absl::StrCat("request_id \"nightly\" was already used by job ", a->job_id(),
+                         " with a different spec (spec.command, spec.max_restarts differ): a "
+                         "request id resubmits only the same spec; use a new request id"));
+  EXPECT_EQ(coord_->ListJobs({})->size(), 1u);
+}
+
+TEST_F(CoordinatorTest, ARequestIdIsBoundedAndPrintable) {
+  for (const std::string& bad : {std::string(129, 'r'), std::string("a\nb"), std::string("a b")}) {
+    auto job = coord_->SubmitJob(TestSpec(1, 1, 1, 0), bad);
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+    EXPECT_TRUE(absl::StartsWith(job.status().message(), "request_id ")) << job.status();
+    EXPECT_EQ(job.status().message().find('\n'), std::string::npos) << job.status();
+  }
+  EXPECT_TRUE(coord_->SubmitJob(TestSpec(1, 1, 1, 0), std::string(128, 'r')).ok());
   EXPECT_EQ(coord_->ListJobs({})->size(), 1u);
 }
 
@@ -697,6 +733,15 @@ TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndAreReadFromTheStore) {
   auto again = coord_->SubmitJob(TestSpec(1, 1, 1, 0), "req-1");
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->job_id(), ids[1]) << "a retried submit finds the job that left memory";
+  EXPECT_EQ(coord_->SubmitJob(TestSpec(1, 1, 2, 0), "req-1").status().code(),
+            absl::StatusCode::kAlreadyExists)
+      << "the request id of a job that left memory still names that spec only";
+
+  // Cancelling a job that left memory: it finished, as for one still there.
+  auto cancel = coord_->CancelJob(JobId(ids[0]));
+  EXPECT_EQ(cancel.status().code(), absl::StatusCode::kFailedPrecondition) << cancel.status();
+  EXPECT_EQ(cancel.status().message(), "job " + ids[0] + " already finished as CANCELLED");
+  EXPECT_EQ(coord_->CancelJob(JobId("j-nosuch")).status().code(), absl::StatusCode::kNotFound);
 
   auto version = coord_->GetJobVersion(JobId(ids[0]));
   ASSERT_TRUE(version.ok());
@@ -994,6 +1039,49 @@ TEST_F(CoordinatorTest, RegisterQuotesABadNodeIdShortAndEscaped) {
   EXPECT_EQ(r.status().message().rfind("node_id \"n1\\n2026", 0), 0u) << r.status();
 }
 
+// What a node registers is stored, logged and printed by `lockstep
+// nodes`: an address workers can dial, a bounded printable hostname, an
+// incarnation of id characters. Anything else is refused naming the field.
+TEST_F(CoordinatorTest, RegisterRefusesAddressesHostnamesAndIncarnationsItCannotUse) {
+  auto refused = [&](const std::string& address, const std::string& hostname,
+                     const std::string& incarnation, const std::string& field) {
+    v1::RegisterNodeRequest req;
+    req.set_node_id("n1");
+    req.set_agent_address(address);
+    req.set_hostname(hostname);
+    req.set_incarnation(incarnation);
+    auto r = coord_->RegisterNode(req);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+        << QuoteForError(address) << " " << QuoteForError(hostname) << " " << r.status();
+    EXPECT_TRUE(absl::StartsWith(r.status().message(), "node n1: " + field + " ")) << r.status();
+    EXPECT_EQ(r.status().message().find('\x1b'), std::string::npos) << r.status();
+    EXPECT_LT(r.status().message().size(), 400u) << r.status();
+  };
+  refused("\x1b[31mEVIL\x1b[0m:1", "h", "inc-1", "agent_address");
+  refused("", "h", "inc-1", "agent_address");
+  refused("10.0.0.1", "h", "inc-1", "agent_address");
+  refused("10.0.0.1:0", "h", "inc-1", "agent_address");
+  refused("10.0.0.1:70000", "h", "inc-1", "agent_address");
+  refused("10.0.0.1:x", "h", "inc-1", "agent_address");
+  refused("a b:1", "h", "inc-1", "agent_address");
+  refused(std::string(300, 'a') + ":1", "h", "inc-1", "agent_address");
+  refused("10.0.0.1:9001", "h\nI [coordinator] forged", "inc-1", "hostname");
+  refused("10.0.0.1:9001", std::string(300, 'h'), "inc-1", "hostname");
+  refused("10.0.0.1:9001", "h", "inc\x1b", "incarnation");
+  refused("10.0.0.1:9001", "h", std::string(1 << 20, 'i'), "incarnation");
+  EXPECT_TRUE(coord_->ListNodes().empty()) << "a refused node is not registered";
+
+  for (const char* good : {"10.0.0.1:9001", "[::1]:9001", "node-a.example.org:29400",
+                                  "[fe80::1%eth0]:9001"}) {
+    v1::RegisterNodeRequest req;
+    req.set_node_id("n1");
+    req.set_agent_address(good);
+    req.set_hostname("node-a");
+    req.set_incarnation("inc-1");
+    EXPECT_TRUE(coord_->RegisterNode(req).ok()) << good;
+  }
+}
+
 TEST_F(CoordinatorTest, AgentRestartWithNewIncarnationFailsItsRound) {
   std::string id = RunningTwoByTwo(/*max_restarts=*/1);
   Register("n2", "inc-n2-second");
@@ -1142,6 +1230,7 @@ TEST_F(CoordinatorTest, FailedPersistenceChangesNothing) {
 
   v1::RegisterNodeRequest reg;
   reg.set_node_id("n3");
+  reg.set_agent_address("127.0.0.1:9051");
   reg.set_incarnation("inc-n3");
   EXPECT_EQ(coord_->RegisterNode(reg).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(coord_->ListNodes().size(), 2u) << "n3 was not registered";

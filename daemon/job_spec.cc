@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -174,7 +175,11 @@ Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& 
     return absl::InvalidArgumentError(absl::StrCat("spec.max_restarts: must be in [0, ",
                                                    kMaxRestarts, "], got ", spec.max_restarts()));
   }
-  if (spec.run_as() == "root" || spec.run_as() == "0") {
+  // As the agent's user lookup reads it: digits (absl::SimpleAtoi, so "00"
+  // and " 0" too) are a uid, anything else a name.
+  uint32_t run_as_uid = 1;
+  if (spec.run_as() == "root" ||
+      (absl::SimpleAtoi(spec.run_as(), &run_as_uid) && run_as_uid == 0)) {
     return absl::PermissionDeniedError("spec.run_as: workers never run as root");
   }
   if (!allowed_commands.empty() &&

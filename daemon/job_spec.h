@@ -60,7 +60,8 @@ inline constexpr int64_t kDefaultMaxJobProcesses = 8192;
 // maximum; a resource limit negative or over its maximum; a relative
 // command[0] with a '/' ("./train") unless working_dir is absolute;
 // PermissionDenied when `allowed_commands` is non-empty and command[0] is
-// not in it, or when run_as names root.
+// not in it, or when run_as names root ("root", or digits that read as uid
+// 0: "0", "00", " 0", as the agent's user lookup reads them).
 Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& allowed_commands);
 
 // Fills defaults (max_nodes = min_nodes when 0, stop grace, last call).

@@ -22,6 +22,8 @@ expect_error "spec.nodes: min 3 > max 2" ls_cli submit --nodes 3:2 -- /bin/true
 expect_error "spec.max_restarts" ls_cli submit --max-restarts -1 -- /bin/true
 expect_error "\-\-nodes: expected N or MIN:MAX" ls_cli submit --nodes x -- /bin/true
 expect_error "spec.run_as: workers never run as root" ls_cli submit --run-as root -- /bin/true
+rc=0; ls_cli submit --run-as 00 -- /bin/true 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "a spec refused with PERMISSION_DENIED (run_as uid 0) exited $rc, want 2 (usage)"
 expect_error "NOT_FOUND: .*job j-nope not found" ls_cli status j-nope
 expect_error "NOT_FOUND: .*job j-nope not found" ls_cli cancel j-nope
 expect_error "NOT_FOUND: .*job j-nope not found" ls_cli logs j-nope --rank 0
@@ -168,6 +170,30 @@ job=$(submit --nodes 1 --nproc-per-node 1 --env TRAINER_STEPS=2)
 wait_state "$job" SUCCEEDED 30
 ls_cli list >/dev/null || fail "lockstep list broke after the oversized spec"
 log "ok: oversized and non-finite specs refused; the node still runs jobs"
+
+# A request id names one submission: again with the same spec, the same job;
+# with another spec, refused (exit 2) naming the job, and nothing made.
+nightly() { ls_cli submit --detach --request-id nightly-1 --env TRAINER_OUT_DIR="$T/out" "$@" -- "$TRAINER" "$MARKER"; }
+first=$(nightly --env TRAINER_STEPS=2 | awk '{print $3}')
+again=$(nightly --env TRAINER_STEPS=2 | awk '{print $3}')
+[ -n "$first" ] && [ "$first" = "$again" ] || fail "a resubmitted request id gave $again, not $first"
+expect_error "ALREADY_EXISTS: .*request_id \"nightly-1\" was already used by job $first with a different spec (spec.env differ)" \
+  nightly --env TRAINER_STEPS=3
+rc=0; nightly 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "a request id reused with another spec exited $rc, want 2 (usage)"
+expect_error "INVALID_ARGUMENT: .*request_id \"a b\": must be" ls_cli submit --request-id "a b" -- /bin/true
+wait_state "$first" SUCCEEDED 30
+
+# --json watch keeps stdout for JSON, and says on stderr that (and why) the
+# coordinator does not answer while it keeps trying.
+rc=0
+timeout 4 "$LOCKSTEP" --coordinator 127.0.0.1:1 --token-file "$TOKEN" --json watch j-abc \
+  >"$T/jw.out" 2>"$T/jw.err" || rc=$?
+[ "$rc" = 124 ] || fail "--json watch of an unreachable coordinator exited $rc: $(cat "$T/jw.err")"
+[ ! -s "$T/jw.out" ] || fail "--json watch wrote non-JSON to stdout: $(cat "$T/jw.out")"
+grep -q "UNAVAILABLE: watch job j-abc (coordinator 127.0.0.1:1).*still trying" "$T/jw.err" ||
+  fail "--json watch did not say the coordinator is unreachable: $(cat "$T/jw.err")"
+log "ok: request ids, and --json watch of an unreachable coordinator"
 
 # A worker's terminal escapes reach `status` escaped, never raw.
 esc_job=$(ls_cli submit --detach --json --max-restarts 0 -- /bin/sh -c 'printf "\033[31mred\033[0m\n" >&2; exit 3' |

@@ -59,6 +59,14 @@ grep -qx '\[0\] boom in round 1' "$T/run2.err" || fail "round 1's stderr missing
 grep -qx '\[0\] boom in round 2' "$T/run2.err" || fail "round 2's stderr missing: $(cat "$T/run2.err")"
 assert_nothing_left "a failed run"
 
+# A spec the private daemon refuses is bad usage (exit 2), as for submit.
+rc=0
+"$LOCKSTEP" run --lockstepd "$LOCKSTEPD" --state-dir "$T/run-refused" --nproc-per-node 0 -- /bin/true \
+  >"$T/run-refused.out" 2>"$T/run-refused.err" || rc=$?
+[ "$rc" = 2 ] || fail "run of a refused spec exited $rc, not 2: $(cat "$T/run-refused.err")"
+grep -q 'spec.nproc_per_node' "$T/run-refused.err" || fail "run's refusal lacks the field: $(cat "$T/run-refused.err")"
+assert_nothing_left "a refused run"
+
 # 3. SIGINT while the job runs (submit --standalone): cancelled, exit 130.
 "$LOCKSTEP" submit --standalone --state-dir "$T/run3" --nproc-per-node 2 -- \
   "$TRAIN" --model mlp_small --steps 100000 --step-delay-ms 50 --timeout-s 60 \

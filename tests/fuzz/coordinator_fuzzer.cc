@@ -123,7 +123,8 @@ class Session {
     auto got = coordinator_.RegisterNode(r);
     CheckErrorMessage(got.status(), kMaxErrorBytes, "RegisterNode");
     if (got.ok()) {
-      FUZZ_CHECK(IsSafeId(r.node_id()) && !r.incarnation().empty(), "RegisterNode accepted a bad id");
+      FUZZ_CHECK(IsSafeId(r.node_id()) && IsSafeId(r.incarnation()) && !r.agent_address().empty(),
+                 "RegisterNode accepted a bad id or address");
       FUZZ_CHECK(got->lease_s() == 10 && got->heartbeat_interval_s() == 1, got->ShortDebugString());
     }
   }
