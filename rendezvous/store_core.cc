@@ -108,7 +108,8 @@ Status StoreCore::CheckOpenLocked(const std::string& ns) const {
 }
 
 Status StoreCore::CheckRoomLocked(const std::string& ns, const Namespace* space,
-                                  size_t new_keys, int64_t added_bytes) const {
+                                  size_t new_keys, int64_t added_bytes, absl::string_view op,
+                                  const std::string& key) const {
   RETURN_IF_ERROR(CheckOpenLocked(ns));
   size_t have = space == nullptr ? 0 : space->values.size();
   if (have + new_keys > options_.max_keys_per_namespace) {
@@ -122,26 +123,40 @@ Status StoreCore::CheckRoomLocked(const std::string& ns, const Namespace* space,
   auto held = job_bytes_.find(owner);
   const size_t job = held == job_bytes_.end() ? 0 : held->second;
   const size_t add = static_cast<size_t>(added_bytes);
+  // The write, for the messages: built only when one is refused.
+  auto what = [&] {
+    if (new_keys <= 1) return absl::StrCat(op, " of store key ", QuoteForError(key));
+    return absl::StrCat(op, " of ", new_keys, " new store keys (", QuoteForError(key), ", ...)");
+  };
   if (job + add > options_.max_bytes_per_job) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "store: the namespaces of ", QuoteForError(owner), " hold ", job, " bytes; this write adds ",
-        add, ", over the per-job quota of ", options_.max_bytes_per_job, " bytes"));
+        "store: the namespaces of ", QuoteForError(owner), " hold ", job, " bytes; ", what(),
+        " in namespace ", QuoteForError(ns), " adds ", add, ", over the per-job quota of ",
+        options_.max_bytes_per_job, " bytes"));
   }
   if (total_bytes_ + add > options_.max_bytes_total) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "store: all jobs' namespaces hold ", total_bytes_, " bytes; this write (", QuoteForError(ns),
-        ") adds ", add, ", over the store's budget of ", options_.max_bytes_total, " bytes"));
+        "store: all jobs' namespaces hold ", total_bytes_, " bytes; ", what(), " in namespace ",
+        QuoteForError(ns), " adds ", add, ", over the store's budget of ", options_.max_bytes_total,
+        " bytes"));
   }
   return absl::OkStatus();
 }
 
 int64_t StoreCore::WriteDelta(const Namespace* space, const std::string& key, size_t value_size) {
-  int64_t delta = static_cast<int64_t>(key.size() + value_size);
+  int64_t delta = static_cast<int64_t>(StoreKeyCharge(key.size(), value_size));
   if (space != nullptr) {
     auto it = space->values.find(key);
-    if (it != space->values.end()) delta -= static_cast<int64_t>(key.size() + it->second.size());
+    if (it != space->values.end()) {
+      delta -= static_cast<int64_t>(StoreKeyCharge(key.size(), it->second.size()));
+    }
   }
   return delta;
+}
+
+int64_t StoreCore::OpenDelta(const std::string& ns, const Namespace* space) {
+  if (space != nullptr && !space->values.empty()) return 0;
+  return static_cast<int64_t>(StoreNamespaceCharge(ns.size()));
 }
 
 void StoreCore::AccountLocked(const std::string& ns, int64_t delta) {
@@ -253,8 +268,8 @@ Status StoreCore::Set(const std::string& ns, const std::string& key, std::string
     MutexLock lock(&mu_);
     Namespace* space = FindNamespace(ns);
     bool exists = space != nullptr && space->values.count(key) > 0;
-    const int64_t delta = WriteDelta(space, key, value.size());
-    RETURN_IF_ERROR(CheckRoomLocked(ns, space, exists ? 0 : 1, delta));
+    const int64_t delta = WriteDelta(space, key, value.size()) + OpenDelta(ns, space);
+    RETURN_IF_ERROR(CheckRoomLocked(ns, space, exists ? 0 : 1, delta, "Set", key));
     WriteLocked(namespaces_[ns], key, std::move(value), &ready);
     AccountLocked(ns, delta);
   }
@@ -298,8 +313,8 @@ StatusOr<int64_t> StoreCore::Add(const std::string& ns, const std::string& key, 
                                                 delta, " overflows int64"));
     }
     std::string value = std::to_string(result);
-    const int64_t delta = WriteDelta(space, key, value.size());
-    RETURN_IF_ERROR(CheckRoomLocked(ns, space, old == nullptr ? 1 : 0, delta));
+    const int64_t delta = WriteDelta(space, key, value.size()) + OpenDelta(ns, space);
+    RETURN_IF_ERROR(CheckRoomLocked(ns, space, old == nullptr ? 1 : 0, delta, "Add", key));
     WriteLocked(namespaces_[ns], key, std::move(value), &ready);
     AccountLocked(ns, delta);
   }
@@ -328,8 +343,9 @@ StatusOr<CompareSetResult> StoreCore::CompareSet(const std::string& ns, const st
       result.current = old == nullptr ? std::string() : *old;
       return result;
     }
-    const int64_t delta = WriteDelta(space, key, desired.size());
-    RETURN_IF_ERROR(CheckRoomLocked(ns, space, old == nullptr ? 1 : 0, delta));
+    const int64_t delta = WriteDelta(space, key, desired.size()) + OpenDelta(ns, space);
+    RETURN_IF_ERROR(
+        CheckRoomLocked(ns, space, old == nullptr ? 1 : 0, delta, "CompareSet", key));
     result.swapped = true;
     result.current = desired;
     WriteLocked(namespaces_[ns], key, std::move(desired), &ready);
@@ -345,10 +361,15 @@ StatusOr<bool> StoreCore::Delete(const std::string& ns, const std::string& key) 
   MutexLock lock(&mu_);
   Namespace* space = FindNamespace(ns);
   if (space == nullptr) return false;
-  // Absent: 0 (nothing erased); present: minus its key and value.
-  const int64_t delta = WriteDelta(space, key, 0) - static_cast<int64_t>(key.size());
-  bool erased = space->values.erase(key) > 0;
-  if (erased) AccountLocked(ns, delta);
+  auto it = space->values.find(key);
+  const bool erased = it != space->values.end();
+  if (erased) {
+    int64_t delta = -static_cast<int64_t>(StoreKeyCharge(key.size(), it->second.size()));
+    space->values.erase(it);
+    // Its last key: the namespace's own charge goes too.
+    if (space->values.empty()) delta -= static_cast<int64_t>(StoreNamespaceCharge(ns.size()));
+    AccountLocked(ns, delta);
+  }
   MaybeDropEmptyLocked(ns);
   return erased;
 }
@@ -378,7 +399,7 @@ Status StoreCore::MultiSet(const std::string& ns,
     MutexLock lock(&mu_);
     Namespace* space = FindNamespace(ns);
     size_t new_keys = 0;
-    int64_t delta = 0;
+    int64_t delta = OpenDelta(ns, space);
     // A key named twice: its last value wins and is the only one written, so
     // no waiter completes on a value this MultiSet then overwrites.
     std::unordered_map<std::string, size_t> last;  // key -> index of its last entry
@@ -387,7 +408,7 @@ Status StoreCore::MultiSet(const std::string& ns,
       if (space == nullptr || space->values.count(key) == 0) ++new_keys;
       delta += WriteDelta(space, key, entries[i].second.size());
     }
-    RETURN_IF_ERROR(CheckRoomLocked(ns, space, new_keys, delta));
+    RETURN_IF_ERROR(CheckRoomLocked(ns, space, new_keys, delta, "MultiSet", entries[0].first));
     Namespace& target = namespaces_[ns];
     for (size_t i = 0; i < entries.size(); ++i) {
       auto& [key, value] = entries[i];

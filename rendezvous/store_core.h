@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
@@ -53,6 +54,25 @@ namespace rendezvous {
 // Store quotas (StoreCore::Options).
 inline constexpr size_t kMaxBytesPerJob = 64u << 20;
 inline constexpr size_t kMaxBytesTotal = 1u << 30;
+// What the byte quotas charge beyond a key's and a namespace's own bytes:
+// the memory that holds them, measured with glibc on x86-64. A key's node in
+// its namespace's table (two std::string, the next pointer, the cached hash,
+// the allocator's header) and its bucket slot: 96 bytes. A namespace's node
+// in the table of namespaces (its name's std::string and two tables) and the
+// first bucket array of its keys: 304 bytes. Without them 1-byte values in
+// namespaces with 1,000-byte names were charged 2 bytes each.
+inline constexpr size_t kStoreKeyOverheadBytes = 96;
+inline constexpr size_t kStoreNamespaceOverheadBytes = 304;
+
+// What the byte quotas charge for a key holding a value, and for a
+// namespace (while it holds keys; one kept only by parked waits is paid for
+// by the waiter quotas).
+inline constexpr size_t StoreKeyCharge(size_t key_bytes, size_t value_bytes) {
+  return key_bytes + value_bytes + kStoreKeyOverheadBytes;
+}
+inline constexpr size_t StoreNamespaceCharge(size_t name_bytes) {
+  return name_bytes + kStoreNamespaceOverheadBytes;
+}
 // Parked waits (Get, Wait, MultiGet not yet satisfied) one job's namespaces,
 // and all namespaces, may hold at once. A job's bootstrap parks a handful
 // per rank; each waiter costs about a kilobyte of the coordinator's memory.
@@ -84,11 +104,14 @@ class StoreCore {
     // Keys one namespace may hold (ResourceExhausted beyond).
     // Default: kMaxKeysPerNamespace; tests lower it.
     size_t max_keys_per_namespace = kMaxKeysPerNamespace;
-    // Bytes (keys + values) the namespaces of one job ("<job>/...": the
-    // namespace up to its first '/') may hold together, and all namespaces
-    // together (ResourceExhausted beyond, naming the quota). A job's
-    // bootstrap needs kilobytes; these bound what a hostile or broken one
-    // can take. Defaults: kMaxBytesPerJob, kMaxBytesTotal; tests lower them.
+    // Bytes the namespaces of one job ("<job>/...": the namespace up to its
+    // first '/') may hold together, and all namespaces together
+    // (ResourceExhausted beyond, naming the job or the store, the quota and
+    // the write). A key counts StoreKeyCharge (its key, its value and
+    // kStoreKeyOverheadBytes), a namespace holding keys StoreNamespaceCharge
+    // (its name and kStoreNamespaceOverheadBytes). A job's bootstrap needs
+    // kilobytes; these bound what a hostile or broken one can take.
+    // Defaults: kMaxBytesPerJob, kMaxBytesTotal; tests lower them.
     size_t max_bytes_per_job = kMaxBytesPerJob;
     size_t max_bytes_total = kMaxBytesTotal;
     // Waiters one job and all jobs may have registered at once: a wait over
@@ -196,7 +219,9 @@ class StoreCore {
   };
   struct Namespace {
     std::unordered_map<std::string, std::string> values;
-    size_t bytes = 0;  // Keys and values, counted against the quotas.
+    // What it counts against the quotas: StoreNamespaceCharge(ns) while it
+    // holds keys, plus StoreKeyCharge of each key.
+    size_t bytes = 0;
     // Waiters still missing a key, indexed by that key.
     std::unordered_map<std::string, std::vector<WaitId>> waiters_by_key;
   };
@@ -210,15 +235,21 @@ class StoreCore {
   void WriteLocked(Namespace& space, const std::string& key, std::string value, Ready* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `new_keys` more keys and `added_bytes` more bytes fit in `ns`
-  // (keys per namespace, bytes per job, bytes in all).
+  // (keys per namespace, bytes per job, bytes in all). `op` ("Set") and
+  // `key` (the first one written) name the write in the messages.
   Status CheckRoomLocked(const std::string& ns, const Namespace* space, size_t new_keys,
-                         int64_t added_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                         int64_t added_bytes, absl::string_view op, const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether one more waiter of `ns` fits (per job, in all).
   // FailedPrecondition when `ns` belongs to a closed job (CloseJob).
   Status CheckOpenLocked(const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status CheckWaiterRoomLocked(const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What writing `value_size` bytes at `key` changes the byte count by.
+  // What writing `value_size` bytes at `key` changes the byte count by
+  // (StoreKeyCharge; the namespace's own charge is OpenDelta's).
   static int64_t WriteDelta(const Namespace* space, const std::string& key, size_t value_size);
+  // What a write that gives `ns` keys adds for the namespace itself:
+  // StoreNamespaceCharge when it holds none yet, else 0.
+  static int64_t OpenDelta(const std::string& ns, const Namespace* space);
   // Adds `delta` bytes to `ns` (which exists), its job and the total.
   void AccountLocked(const std::string& ns, int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-checks a waiter whose missing count reached zero (a key may have been

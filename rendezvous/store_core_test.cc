@@ -6,6 +6,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace lockstep {
@@ -294,39 +295,117 @@ TEST(StoreCoreLimitTest, NamespaceKeyLimitIsResourceExhaustedButOverwritesStillW
 // a write past either quota is ResourceExhausted naming it and changes
 // nothing; overwrites, deletes and dropped namespaces give bytes back.
 TEST(StoreCoreLimitTest, ByteQuotasPerJobAndInAll) {
+  // What each write below is charged (store_core.h): a key its key, its
+  // value and kStoreKeyOverheadBytes; a namespace, once it holds a key, its
+  // name and kStoreNamespaceOverheadBytes.
+  const std::string v40(39, 'x');
+  const size_t entry = StoreKeyCharge(2, v40.size());  // "k1".."k5" holding v40
+  const size_t small = StoreKeyCharge(2, 5);           // "k2" holding "small"
+  const size_t ns = StoreNamespaceCharge(3);           // "a/1", "a/2", "b/1", "c/1"
+  // Job a: two rounds, then "k2" shrunk to "small" and "k3" added, with 11
+  // bytes to spare; the store: that, "b/1" with one entry, and 20 to spare.
+  const size_t job_a = 2 * ns + entry + small + entry;
+  const size_t per_job = job_a + 11;
+  const size_t total = job_a + ns + entry + 20;
   FakeClock clock;
   StoreCore::Options options;
   options.run_expiry_thread = false;
-  options.max_bytes_per_job = 100;
-  options.max_bytes_total = 150;
+  options.max_bytes_per_job = per_job;
+  options.max_bytes_total = total;
   StoreCore core(&clock, options);
-  const std::string v40(39, 'x');  // key "k1" + 39 bytes = 41 bytes
   ASSERT_TRUE(core.Set("a/1", "k1", v40).ok());
-  ASSERT_TRUE(core.Set("a/2", "k2", v40).ok());  // job a: 82 bytes over two rounds
+  ASSERT_TRUE(core.Set("a/2", "k2", v40).ok());  // job a: 2 * (ns + entry) over two rounds
   Status over = core.Set("a/2", "k3", v40);
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
-  EXPECT_NE(over.message().find("namespaces of \"a\" hold 82 bytes"), std::string::npos) << over;
-  EXPECT_NE(over.message().find("per-job quota of 100 bytes"), std::string::npos) << over;
+  EXPECT_NE(over.message().find(absl::StrCat("namespaces of \"a\" hold ", 2 * (ns + entry),
+                                             " bytes; Set of store key \"k3\"")),
+            std::string::npos)
+      << over;
+  EXPECT_NE(over.message().find(absl::StrCat("per-job quota of ", per_job, " bytes")),
+            std::string::npos)
+      << over;
   EXPECT_EQ(core.TryGet("a/2", "k3").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(core.MultiSet("a/2", {{"k4", "1"}, {"k5", v40}}).code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(core.TryGet("a/2", "k4").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(core.Set("a/2", "k2", "small").ok());  // overwriting shrinks: 41 + 7
-  EXPECT_TRUE(core.Set("a/2", "k3", v40).ok());      // 89
-  // Another job has its own quota, but the total binds: 89 + 41 + 41 > 150.
+  EXPECT_TRUE(core.Set("a/2", "k2", "small").ok());  // overwriting shrinks: ns + entry + small
+  EXPECT_TRUE(core.Set("a/2", "k3", v40).ok());      // job_a
+  // Another job has its own quota, but the total binds: job_a + ns + 2 * entry > total.
   ASSERT_TRUE(core.Set("b/1", "k1", v40).ok());
   Status full = core.Set("b/1", "k2", v40);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
-  EXPECT_NE(full.message().find("budget of 150 bytes"), std::string::npos) << full;
+  EXPECT_NE(full.message().find(absl::StrCat("budget of ", total, " bytes")), std::string::npos)
+      << full;
   // Deleting a key and dropping a job's namespaces give their bytes back.
   ASSERT_TRUE(*core.Delete("a/2", "k3"));
   EXPECT_TRUE(core.Set("b/1", "k2", v40).ok());
   EXPECT_EQ(core.DeleteNamespacesWithPrefix("a/"), 2);
-  EXPECT_TRUE(core.Set("c/1", "k1", std::string(58, 'y')).ok());  // 60 + 82 <= 150
+  // Job b holds ns + 2 * entry; "c/1" takes the rest but for its two small
+  // writes below and 3 bytes, too few for the last.
+  const size_t c_value = total - (ns + 2 * entry) - ns - StoreKeyCharge(2, 0) -
+                         StoreKeyCharge(2, 1) - StoreKeyCharge(1, 1) - 3;
+  EXPECT_TRUE(core.Set("c/1", "k1", std::string(c_value, 'y')).ok());
   EXPECT_TRUE(core.CompareSet("c/1", "k2", "", "z").ok());
   EXPECT_EQ(core.Add("c/1", "n", 1).status().code(), absl::StatusCode::kOk);
   EXPECT_EQ(core.CompareSet("c/1", "k3", "", std::string(40, 'w')).status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// A namespace's name and each key's bookkeeping cost memory too, and count
+// against the quotas: one job's token writing 1-byte values into many
+// namespaces with 1,000-byte names was charged 2 bytes each, and so could
+// hold ~30 times its quota. Dropping the namespaces (by deleting their keys,
+// by prefix, or by closing the job) gives the bytes back.
+TEST(StoreCoreLimitTest, NamespaceNamesAndPerKeyOverheadCountAgainstTheQuotas) {
+  constexpr size_t kQuota = 64 * 1024;
+  FakeClock clock;
+  StoreCore::Options options;
+  options.run_expiry_thread = false;
+  options.max_bytes_per_job = kQuota;
+  options.max_bytes_total = kQuota;
+  StoreCore core(&clock, options);
+  const std::string long_name(1000, 'n');
+  auto ns_of = [&](const std::string& job, int i) {
+    return absl::StrCat(job, "/", long_name, i);
+  };
+  // Sets "v" at "k" in fresh namespaces of `job` until one is refused;
+  // returns how many were accepted (at most 100).
+  auto fill = [&](const std::string& job) {
+    for (int i = 0; i < 100; ++i) {
+      Status s = core.Set(ns_of(job, i), "k", "v");
+      if (s.ok()) continue;
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+      EXPECT_NE(s.message().find(absl::StrCat("namespaces of \"", job, "\"")), std::string::npos)
+          << s;
+      EXPECT_NE(s.message().find(absl::StrCat("quota of ", kQuota, " bytes")), std::string::npos)
+          << s;
+      EXPECT_NE(s.message().find("key \"k\""), std::string::npos) << s;
+      EXPECT_EQ(core.TryGet(ns_of(job, i), "k").status().code(), absl::StatusCode::kNotFound);
+      return i;
+    }
+    return 100;
+  };
+  const int accepted = fill("job");
+  // Each costs at least its namespace's name: 1,000-odd bytes.
+  EXPECT_LE(accepted, static_cast<int>(kQuota / 1000)) << "namespace names are not charged";
+  // Exactly: the namespace's charge and its key's.
+  int fit = 0;
+  for (size_t held = 0;; ++fit) {
+    held += StoreNamespaceCharge(ns_of("job", fit).size()) + StoreKeyCharge(1, 1);
+    if (held > kQuota) break;
+  }
+  EXPECT_EQ(accepted, fit);
+  // Deleting a namespace's last key drops it and gives back all it cost.
+  for (int i = 0; i < accepted; ++i) ASSERT_TRUE(*core.Delete(ns_of("job", i), "k"));
+  EXPECT_EQ(core.NumNamespaces(), 0);
+  EXPECT_EQ(fill("job"), accepted);
+  EXPECT_EQ(core.DeleteNamespacesWithPrefix("job/"), accepted);
+  EXPECT_EQ(fill("job"), accepted);
+  // Closing the job gives the store's budget (here the size of one job's
+  // quota, which it holds) back to the others.
+  EXPECT_EQ(core.Set(ns_of("other", 0), "k", "v").code(), absl::StatusCode::kResourceExhausted);
+  core.CloseJob("job");
+  EXPECT_EQ(fill("other"), accepted);
 }
 
 // Parked waits are counted per job and in all: one over either is
