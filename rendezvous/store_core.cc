@@ -174,11 +174,11 @@ void StoreCore::WriteLocked(Namespace& space, const std::string& key, std::strin
   space.values[key] = std::move(value);
   auto it = space.waiters_by_key.find(key);
   if (it == space.waiters_by_key.end()) return;
-  std::vector<WaitId> ids = std::move(it->second);
+  std::multiset<WaitId> ids = std::move(it->second);
   space.waiters_by_key.erase(it);
   for (WaitId id : ids) {
     auto w = waiters_.find(id);
-    if (w == waiters_.end()) continue;  // cancelled; index entries are dropped lazily
+    if (w == waiters_.end()) continue;
     if (--w->second.missing == 0) CompleteOrRearmLocked(space, w->second, ready);
   }
 }
@@ -191,7 +191,7 @@ void StoreCore::CompleteOrRearmLocked(Namespace& space, Waiter& waiter, Ready* r
     if (v == space.values.end()) {
       // Deleted after it was counted: wait for it again.
       ++waiter.missing;
-      space.waiters_by_key[key].push_back(waiter.id);
+      space.waiters_by_key[key].insert(waiter.id);
     } else if (waiter.want_values) {
       values.push_back(v->second);
     }
@@ -207,15 +207,15 @@ void StoreCore::EraseWaiterLocked(WaitId id, bool unindex) {
   Waiter& waiter = it->second;
   if (waiter.deadline_it != deadlines_.end()) deadlines_.erase(waiter.deadline_it);
   // Drop the waiter from the per-key index, so a client that keeps timing
-  // out on a key nobody writes does not grow it.
+  // out on a key nobody writes does not grow it: O(log n) per key in an
+  // index of n waiters, so expiring or cancelling all n is O(n log n).
   Namespace* space = unindex && waiter.missing > 0 ? FindNamespace(waiter.ns) : nullptr;
   if (space != nullptr) {
     for (const std::string& key : waiter.keys) {
       auto entry = space->waiters_by_key.find(key);
       if (entry == space->waiters_by_key.end()) continue;
-      std::vector<WaitId>& ids = entry->second;
-      ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
-      if (ids.empty()) space->waiters_by_key.erase(entry);
+      entry->second.erase(id);
+      if (entry->second.empty()) space->waiters_by_key.erase(entry);
     }
   }
   auto owner = job_waiters_.find(QuotaOwner(waiter.ns));
@@ -244,13 +244,9 @@ Status StoreCore::CheckWaiterRoomLocked(const std::string& ns) const {
 void StoreCore::MaybeDropEmptyLocked(const std::string& ns) {
   auto it = namespaces_.find(ns);
   if (it == namespaces_.end() || !it->second.values.empty()) return;
-  // Drop stale index entries of cancelled waiters; keep the namespace while a
-  // live waiter remains.
-  for (auto& [key, ids] : it->second.waiters_by_key) {
-    for (WaitId id : ids) {
-      if (waiters_.count(id) > 0) return;
-    }
-  }
+  // Kept while a waiter waits in it: every index entry is a live waiter's
+  // (EraseWaiterLocked removes a waiter's entries with it).
+  if (!it->second.waiters_by_key.empty()) return;
   namespaces_.erase(it);
 }
 
@@ -447,7 +443,7 @@ StoreCore::WaitId StoreCore::WaitAsync(const std::string& ns, const std::vector<
       for (const std::string& key : keys) {
         if (space.values.count(key) == 0) {
           ++waiter.missing;
-          space.waiters_by_key[key].push_back(id);
+          space.waiters_by_key[key].insert(id);
         }
       }
       if (waiter.missing == 0) {

@@ -34,6 +34,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -222,8 +223,9 @@ class StoreCore {
     // What it counts against the quotas: StoreNamespaceCharge(ns) while it
     // holds keys, plus StoreKeyCharge of each key.
     size_t bytes = 0;
-    // Waiters still missing a key, indexed by that key.
-    std::unordered_map<std::string, std::vector<WaitId>> waiters_by_key;
+    // Waiters still missing a key, indexed by that key; ordered, so one is
+    // removed in O(log n) (a waiter waiting on a key twice is there twice).
+    std::unordered_map<std::string, std::multiset<WaitId>> waiters_by_key;
   };
   // A callback ready to run once the lock is released.
   using Ready = std::vector<std::pair<WaitCallback, StatusOr<std::vector<std::string>>>>;

@@ -454,6 +454,37 @@ TEST(StoreCoreLimitTest, ParkedWaitQuotasPerJobAndInAll) {
   EXPECT_FALSE(b3.result.has_value());
 }
 
+// Many waits parked on one key (every rank of a big job waiting for rank
+// 0's address), half cancelled (their clients went away), the rest expired
+// at once: each runs exactly as promised and nothing is left behind. Each
+// removal from the key's waiter index used to scan the whole index under
+// the core's lock, so this was quadratic in the number of waits.
+TEST_F(StoreCoreTest, ManyWaitsOnOneKeyAreCancelledAndExpiredAndLeaveNothingBehind) {
+  constexpr int kWaits = 65536;
+  const MonoTime deadline = clock_.Now() + std::chrono::seconds(1);
+  std::vector<int> calls(kWaits, 0);
+  std::vector<StoreCore::WaitId> ids(kWaits);
+  int deadline_exceeded = 0;
+  for (int i = 0; i < kWaits; ++i) {
+    ids[i] = core_.WaitAsync("job/1", {"rank0-addr"}, deadline, true, [&, i](Result r) {
+      ++calls[i];
+      if (r.status().code() == absl::StatusCode::kDeadlineExceeded) ++deadline_exceeded;
+    });
+  }
+  ASSERT_EQ(core_.NumPendingWaiters(), kWaits);
+  for (int i = 0; i < kWaits; i += 2) ASSERT_TRUE(core_.CancelWait(ids[i]));
+  EXPECT_EQ(core_.NumPendingWaiters(), kWaits / 2);
+  clock_.Advance(std::chrono::seconds(1));
+  EXPECT_EQ(core_.ExpireWaiters(), MonoTime::max());
+  EXPECT_EQ(deadline_exceeded, kWaits / 2);
+  for (int i = 0; i < kWaits; ++i) ASSERT_EQ(calls[i], i % 2 == 0 ? 0 : 1) << "wait " << i;
+  EXPECT_EQ(core_.NumPendingWaiters(), 0);
+  EXPECT_EQ(core_.NumNamespaces(), 0);
+  // The key's index is empty again: a write completes nobody.
+  ASSERT_TRUE(core_.Set("job/1", "rank0-addr", "10.0.0.1:1234").ok());
+  for (int i = 0; i < kWaits; ++i) ASSERT_LE(calls[i], 1) << "wait " << i;
+}
+
 TEST(StoreCoreExpiryThreadTest, ExpiryThreadFiresDeadlineOnRealClock) {
   StoreCore core;
   std::mutex mu;
