@@ -21,6 +21,8 @@ namespace {
 
 using WaitValues = StatusOr<std::vector<std::string>>;
 
+constexpr char kSessionMethod[] = "/lockstep.v1.StoreService/Session";
+
 const Logger& StoreLog() {
   static const Logger log("store");
   return log;
@@ -165,10 +167,13 @@ class WaitReactor : public grpc::ServerUnaryReactor {
 // client match them). Blocking operations park in the core and write their
 // result from the core's callback.
 //
-// Lifetime: Finish is called once reads are over (client done or gone), no
-// waiter of this stream can still call back, and the write queue is drained;
-// OnDone, after Finish, deletes the reactor.
-class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult> {
+// Lifetime: Finish is called once reads are over (client done or gone, or
+// bytes that are no StoreOp), no waiter of this stream can still call back,
+// and the write queue is drained; OnDone, after Finish, deletes the reactor.
+//
+// Ops arrive as bytes and are parsed here (see "Malformed ops" in the
+// header); results are serialized here as they are written.
+class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   SessionReactor(StoreCore* core, const StoreAuthorizer* authorizer,
                  grpc::CallbackServerContext* ctx,
@@ -176,11 +181,23 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
                  RateLimiter* refused_op_log)
       : core_(core), authorizer_(authorizer), ctx_(ctx), slot_(std::move(slot)),
         max_queued_(std::max<size_t>(max_queued, 1)), refused_op_log_(refused_op_log) {
-    StartRead(&op_);
+    StartRead(&read_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
+      CancelWaits();
+      return;
+    }
+    if (!grpc::SerializationTraits<v1::StoreOp>::Deserialize(&read_, &op_).ok()) {
+      {
+        MutexLock lock(&mu_);
+        finish_status_ = grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("malformed request: bytes sent on ", kSessionMethod,
+                         " do not parse as ", v1::StoreOp::descriptor()->full_name(),
+                         "; the stream ends"));
+      }
       CancelWaits();
       return;
     }
@@ -194,7 +211,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
         return;
       }
     }
-    StartRead(&op_);
+    StartRead(&read_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -211,14 +228,14 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
     if (queue_.empty()) {
       writing_ = false;
       MaybeFinishLocked();
-      if (resume) StartRead(&op_);
+      if (resume) StartRead(&read_);
       return;
     }
-    current_ = std::move(queue_.front());
+    v1::StoreOpResult next = std::move(queue_.front());
     queue_.pop_front();
     mu_.Unlock();
-    if (resume) StartRead(&op_);
-    StartWrite(&current_);
+    if (resume) StartRead(&read_);
+    Write(next);
   }
 
   void OnDone() override { delete this; }
@@ -384,8 +401,26 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
       return;
     }
     writing_ = true;
-    current_ = std::move(result);
     mu_.Unlock();
+    Write(result);
+  }
+
+  // Serializes `result` into current_ and writes it. REQUIRES: this thread
+  // set writing_ (current_ is free).
+  void Write(const v1::StoreOpResult& result) {
+    bool own_buffer = false;
+    current_.Clear();  // the last write's bytes
+    grpc::Status serialized =
+        grpc::SerializationTraits<v1::StoreOpResult>::Serialize(result, &current_, &own_buffer);
+    if (!serialized.ok()) {  // over protobuf's 2 GiB: the op fails, not the server
+      v1::StoreOpResult failed;
+      failed.set_id(result.id());
+      failed.set_code(static_cast<int32_t>(absl::StatusCode::kResourceExhausted));
+      failed.set_message(absl::StrCat("store op ", result.id(), ": its result of ",
+                                      result.ByteSizeLong(), " bytes cannot be sent"));
+      current_.Clear();
+      grpc::SerializationTraits<v1::StoreOpResult>::Serialize(failed, &current_, &own_buffer);
+    }
     StartWrite(&current_);
   }
 
@@ -393,8 +428,9 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   void MaybeFinishLocked() ABSL_UNLOCK_FUNCTION(mu_) {
     bool finish = reads_done_ && waits_.empty() && !writing_ && queue_.empty() && !finished_;
     if (finish) finished_ = true;
+    const grpc::Status status = finish_status_;
     mu_.Unlock();
-    if (finish) Finish(grpc::Status::OK);
+    if (finish) Finish(status);
   }
 
   StoreCore* const core_;
@@ -403,22 +439,28 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpRe
   const std::unique_ptr<StoreGrpcService::SessionSlot> slot_;  // released with the reactor
   const size_t max_queued_;  // results queued before reads pause
   RateLimiter* const refused_op_log_;  // the service's; outlives every stream
-  v1::StoreOp op_;  // the read in progress; only touched by the read chain
+  // The read in progress and the op parsed from it; only touched by the read
+  // chain.
+  grpc::ByteBuffer read_;
+  v1::StoreOp op_;
 
   Mutex mu_;
   std::unordered_map<uint64_t, StoreCore::WaitId> waits_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<v1::StoreOpResult> queue_ ABSL_GUARDED_BY(mu_);
-  v1::StoreOpResult current_;  // the write in flight; owned by whoever set writing_
+  grpc::ByteBuffer current_;  // the write in flight; owned by whoever set writing_
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // What the stream ends with: OK, or INVALID_ARGUMENT for bytes that are no
+  // StoreOp.
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
 // A Session refused when it opened: finished at once, holding nothing.
-class RefusedSession : public grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult> {
+class RefusedSession : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit RefusedSession(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -522,7 +564,7 @@ grpc::ServerUnaryReactor* StoreGrpcService::MultiSet(grpc::CallbackServerContext
                 core_->MultiSet(request->namespace_(), Entries(*request)));
 }
 
-grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* StoreGrpcService::Session(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StoreGrpcService::Session(
     grpc::CallbackServerContext* ctx) {
   std::string job;
   auto it = ctx->client_metadata().find(kStoreJobMetadata);

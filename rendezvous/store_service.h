@@ -42,6 +42,14 @@
 // holds at most that many results; HTTP/2 flow control holds back the rest.
 // A client that goes away releases its parked waits and its slot.
 //
+// Malformed ops: the Session method is served raw (ByteBuffers; its wire
+// format is StoreOp / StoreOpResult as store.proto says) and the reactor
+// parses each op itself, because gRPC reports bytes that do not parse as a
+// StoreOp exactly as it reports the client's end of the stream (a failed
+// read). Such bytes end the stream, once the results of the ops before them
+// are written, with INVALID_ARGUMENT naming lockstep.v1.StoreOp; the
+// client's end of the stream ends it with OK.
+//
 // Message size: values may be up to kMaxValueBytes, so servers hosting this
 // service must raise gRPC's 4 MiB default: call ApplyMessageLimits()
 // (rendezvous/grpc_limits.h).
@@ -99,7 +107,17 @@ StatusOr<Duration> StoreWaitTimeout(int64_t timeout_ms);
 using StoreAuthorizer = std::function<Status(
     const std::multimap<grpc::string_ref, grpc::string_ref>& client_metadata, absl::string_view ns)>;
 
-class StoreGrpcService final : public lockstep::v1::StoreService::CallbackService {
+// The generated CallbackService with Session raw (see "Malformed ops").
+using StoreCallbackServiceBase = v1::StoreService::WithCallbackMethod_Set<
+    v1::StoreService::WithCallbackMethod_Get<v1::StoreService::WithCallbackMethod_Add<
+        v1::StoreService::WithCallbackMethod_CompareSet<v1::StoreService::WithCallbackMethod_Delete<
+            v1::StoreService::WithCallbackMethod_Wait<v1::StoreService::WithCallbackMethod_NumKeys<
+                v1::StoreService::WithCallbackMethod_MultiGet<
+                    v1::StoreService::WithCallbackMethod_MultiSet<
+                        v1::StoreService::WithRawCallbackMethod_Session<
+                            v1::StoreService::Service>>>>>>>>>>;
+
+class StoreGrpcService final : public StoreCallbackServiceBase {
  public:
   // See "Resources" above; tests lower them.
   struct Limits {
@@ -142,7 +160,8 @@ class StoreGrpcService final : public lockstep::v1::StoreService::CallbackServic
   grpc::ServerUnaryReactor* MultiSet(grpc::CallbackServerContext* ctx,
                                      const v1::StoreMultiSetRequest* request,
                                      v1::StoreMultiSetResponse* response) override;
-  grpc::ServerBidiReactor<v1::StoreOp, v1::StoreOpResult>* Session(
+  // StoreOps in, StoreOpResults out, as bytes (see "Malformed ops").
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* ctx) override;
 
   // Live Session streams (refused ones never count); for tests and status.

@@ -2,6 +2,7 @@
 // every Session op is checked against (metadata, namespace).
 #include "rendezvous/store_service.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -230,6 +231,63 @@ TEST_F(StoreServiceAuthTest, UnauthenticatedSessionsAreRefusedAtOpenAndHoldNothi
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(service_->NumSessions(), 0);
+}
+
+// Bytes on a Session stream that do not parse as a StoreOp end the stream
+// with INVALID_ARGUMENT naming StoreOp, after the results of the ops before
+// them; they used to end it with OK, as if the client had finished.
+TEST_F(StoreServiceAuthTest, MalformedStoreOpEndsTheSessionWithInvalidArgumentNamingStoreOp) {
+  grpc::GenericStub stub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer tok-job-a");
+  ctx.AddMetadata(kStoreJobMetadata, "job-a");
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(30));  // a stream left open ends
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&ctx, "/lockstep.v1.StoreService/Session", &cq);
+  // One operation at a time: each completes before the next starts.
+  auto done = [&cq](int want) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(tag, reinterpret_cast<void*>(want));
+    return ok;
+  };
+  auto write = [&](const std::string& bytes) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(2));
+    return done(2);
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(done(1));
+  v1::StoreOp add;
+  add.set_id(7);
+  add.mutable_add()->set_namespace_("job-a/0");
+  add.mutable_add()->set_key("n");
+  add.mutable_add()->set_delta(1);
+  ASSERT_TRUE(write(add.SerializeAsString()));
+  grpc::ByteBuffer reply;
+  call->Read(&reply, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(done(3));
+  v1::StoreOpResult result;
+  ASSERT_TRUE(grpc::SerializationTraits<v1::StoreOpResult>::Deserialize(&reply, &result).ok());
+  EXPECT_EQ(result.id(), 7u);
+  EXPECT_EQ(result.code(), 0) << result.message();
+  write(std::string("\xff\xff\xff", 3));
+  call->Read(&reply, reinterpret_cast<void*>(3));
+  EXPECT_FALSE(done(3)) << "the stream went on after a malformed StoreOp";
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  done(4);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("lockstep.v1.StoreOp"), std::string::npos)
+      << status.error_message();
+  EXPECT_EQ(*core_.TryGet("job-a/0", "n"), "1");
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 // A worker may repeat a refused op in a loop: refusals of Session ops are
