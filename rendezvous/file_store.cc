@@ -242,6 +242,11 @@ StatusOr<int64_t> FileStore::Add(const std::string& key, int64_t delta) {
 StatusOr<std::string> FileStore::CompareSet(const std::string& key, const std::string& expected,
                                             const std::string& desired) {
   RETURN_IF_ERROR(CheckKey(key));
+  if (expected.size() > kMaxValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("CompareSet on key '", key, "': expected value of ",
+                                                   expected.size(), " bytes exceeds kMaxValueBytes (",
+                                                   kMaxValueBytes, ")"));
+  }
   RETURN_IF_ERROR(CheckValue(key, desired));
   DirLock lock(dir_);
   RETURN_IF_ERROR(lock.status());

@@ -27,6 +27,25 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 // Longest wait a client passes on (keeps deadline arithmetic from overflowing).
 constexpr Duration kMaxWait = std::chrono::hours(24 * 365);
 
+// Room an op must leave under kMaxGrpcMessageBytes for the fields Run sets
+// after checking its size: the id and a wait's timeout_ms (a tag and a
+// varint of at most 10 bytes each).
+constexpr size_t kOpHeadroomBytes = 64;
+
+// An op gRPC would refuse to send (over kMaxGrpcMessageBytes) is refused
+// here instead, naming its size and the limit: sent, it would end the whole
+// Session and fail every other caller's op in flight on it.
+Status CheckMessageSize(const v1::StoreOp& op, const char* what, const std::string& key) {
+  const size_t size = op.ByteSizeLong();
+  if (size + kOpHeadroomBytes <= static_cast<size_t>(kMaxGrpcMessageBytes)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " (first store key '", key, "') is ", size,
+      " bytes encoded, over gRPC's message limit kMaxGrpcMessageBytes=", kMaxGrpcMessageBytes,
+      " less ", kOpHeadroomBytes, " bytes of headroom; nothing was sent"));
+}
+
 std::chrono::system_clock::time_point ToSystem(SteadyTime t) {
   return std::chrono::system_clock::now() +
          std::chrono::duration_cast<std::chrono::system_clock::duration>(
@@ -370,6 +389,7 @@ class GrpcStore : public Store {
   StatusOr<std::string> CompareSet(const std::string& key, const std::string& expected,
                                    const std::string& desired) override {
     RETURN_IF_ERROR(ValidateKey(key));
+    RETURN_IF_ERROR(ValidateExpected(key, expected));
     RETURN_IF_ERROR(ValidateValue(key, desired));
     v1::StoreOp op;
     auto* cas = op.mutable_compare_set();
@@ -450,6 +470,7 @@ class GrpcStore : public Store {
   StatusOr<v1::StoreOpResult> Run(v1::StoreOp& op, Duration wait, bool idempotent,
                                   const SetTimeout& set_timeout, const char* what,
                                   const std::string& key) {
+    RETURN_IF_ERROR(CheckMessageSize(op, what, key));
     wait = std::clamp(wait, Duration::zero(), kMaxWait);
     SteadyTime start = std::chrono::steady_clock::now();
     SteadyTime wait_deadline = start + wait;

@@ -31,8 +31,12 @@
 //
 // Thread safety: safe for concurrent use by any number of threads.
 // Errors: those of Store (store.h), plus Unavailable (server unreachable
-// until the deadline; the message names the address), and Unauthenticated /
-// PermissionDenied from a server with an authorizer (see options.token).
+// until the deadline; the message names the address), Unauthenticated /
+// PermissionDenied from a server with an authorizer (see options.token), and
+// InvalidArgument naming its size and kMaxGrpcMessageBytes for a request
+// gRPC could not send (a MultiSet of large values, a Wait on many long
+// keys): refused before it is sent, so the stream and other callers' ops on
+// it go on.
 #ifndef LOCKSTEP_RENDEZVOUS_STORE_CLIENT_H_
 #define LOCKSTEP_RENDEZVOUS_STORE_CLIENT_H_
 

@@ -5,9 +5,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "lockstep/v1/store.grpc.pb.h"
+#include "rendezvous/grpc_limits.h"
 #include "rendezvous/grpc_server.h"
 #include "rendezvous/store_conformance.h"
 #include "rendezvous/store_server.h"
@@ -56,6 +60,35 @@ TEST(StoreClientTest, ConnectToNothingIsUnavailableNamingAddress) {
   auto store = ConnectStore(address, "ns", milliseconds(200));
   EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(store.status().message().find(address), std::string::npos) << store.status();
+}
+
+// A request over gRPC's message limit is refused by the client before it is
+// sent, naming its size and the limit; the client's Session, and the other
+// threads' ops on it, go on. gRPC used to refuse to send it, ending the
+// stream: every op in flight failed ("refused the session").
+TEST(StoreClientTest, ARequestOverTheMessageLimitIsRefusedAndTheSessionGoesOn) {
+  auto core = std::make_shared<StoreCore>();
+  auto server = StoreServer::Start("127.0.0.1:0", core);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto store = ConnectStore((*server)->address(), "job/1", seconds(10));
+  ASSERT_TRUE(store.ok()) << store.status();
+  StatusOr<std::string> parked = absl::UnknownError("not run");
+  std::thread waiter([&] { parked = (*store)->Get("x", seconds(20)); });
+  ASSERT_TRUE(Eventually([&] { return core->NumPendingWaiters() == 1; }));
+  // Five values at kMaxValueBytes: each valid, together over 64 MiB.
+  const std::string value(kMaxValueBytes, 'v');
+  std::vector<std::pair<std::string, std::string>> entries;
+  for (int i = 0; i < 5; ++i) entries.emplace_back("big" + std::to_string(i), value);
+  Status too_big = (*store)->MultiSet(entries);
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument) << too_big;
+  EXPECT_NE(too_big.message().find("kMaxGrpcMessageBytes"), std::string::npos) << too_big;
+  EXPECT_NE(too_big.message().find(std::to_string(kMaxGrpcMessageBytes)), std::string::npos)
+      << too_big;
+  EXPECT_EQ(*core->NumKeys("job/1"), 0) << "nothing of the refused MultiSet was written";
+  ASSERT_TRUE((*store)->Set("x", "here").ok());
+  waiter.join();
+  ASSERT_TRUE(parked.ok()) << parked.status();
+  EXPECT_EQ(*parked, "here");
 }
 
 // A store service whose session answers every op but Add, and ends the

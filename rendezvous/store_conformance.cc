@@ -176,6 +176,16 @@ TEST_P(StoreConformanceTest, CompareSetOnAbsentKeyWithNonEmptyExpectedReturnsEmp
   EXPECT_EQ(*store_->NumKeys(), 0);
 }
 
+// No value can be over kMaxValueBytes, so an `expected` that is cannot be
+// meant: InvalidArgument naming the limit, and nothing changes.
+TEST_P(StoreConformanceTest, CompareSetWithAnOversizedExpectedIsInvalidArgumentNamingTheLimit) {
+  ASSERT_TRUE(store_->Set("k", "v").ok());
+  auto got = store_->CompareSet("k", std::string(kMaxValueBytes + 1, 'e'), "d");
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("kMaxValueBytes"), std::string::npos) << got.status();
+  EXPECT_EQ(*store_->Get("k", seconds(5)), "v");
+}
+
 TEST_P(StoreConformanceTest, DeleteReportsWhetherKeyExisted) {
   ASSERT_TRUE(store_->Set("k", "v").ok());
   EXPECT_TRUE(*store_->Delete("k"));

@@ -56,6 +56,15 @@ Status ValidateValue(const std::string& key, const std::string& value) {
   return absl::OkStatus();
 }
 
+Status ValidateExpected(const std::string& key, const std::string& expected) {
+  if (expected.size() > kMaxValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CompareSet on store key ", QuoteForError(key), ": expected value of ", expected.size(),
+        " bytes exceeds kMaxValueBytes=", kMaxValueBytes));
+  }
+  return absl::OkStatus();
+}
+
 Status ValidateKeyList(const std::vector<std::string>& keys) {
   if (keys.empty()) return absl::InvalidArgumentError("store request names no keys");
   if (keys.size() > kMaxKeysPerRequest) {
@@ -323,6 +332,7 @@ StatusOr<CompareSetResult> StoreCore::CompareSet(const std::string& ns, const st
                                                  std::string desired, bool only_if_absent) {
   RETURN_IF_ERROR(ValidateNamespace(ns));
   RETURN_IF_ERROR(ValidateKey(key));
+  RETURN_IF_ERROR(ValidateExpected(key, expected));
   RETURN_IF_ERROR(ValidateValue(key, desired));
   Ready ready;
   CompareSetResult result;
