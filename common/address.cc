@@ -37,6 +37,28 @@ std::string PortOfAddress(const std::string& address) {
   return colon == std::string::npos ? "" : address.substr(colon + 1);
 }
 
+bool IsDialableAddress(const std::string& address) {
+  const auto colon = PortColon(address);
+  if (address.size() > 256 || colon == std::string::npos) return false;
+  const std::string port = address.substr(colon + 1);
+  if (port.empty() || port.size() > 5) return false;
+  int number = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9') return false;
+    number = number * 10 + (c - '0');
+  }
+  if (number < 1 || number > 65535) return false;
+  const bool bracketed = address.front() == '[';
+  const std::string host = HostOfAddress(address);
+  if (host.empty()) return false;
+  for (char c : host) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '-' || c == '_' || (bracketed && (c == ':' || c == '%'));
+    if (!ok) return false;
+  }
+  return true;
+}
+
 std::string NumericHost(const sockaddr_storage& address) {
   char buf[INET6_ADDRSTRLEN] = {0};
   const void* raw = nullptr;

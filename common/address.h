@@ -15,6 +15,12 @@ std::string HostOfAddress(const std::string& address);
 // The port of "host:port" or "[v6]:port"; "" when there is none.
 std::string PortOfAddress(const std::string& address);
 
+// Whether `address` is one a peer can dial: "host:port" or "[v6]:port",
+// with a port of 1-65535 in digits and a host of address characters only
+// (letters, digits, '.', '-', '_'; ':' and '%' too inside brackets); at
+// most 256 bytes.
+bool IsDialableAddress(const std::string& address);
+
 // The numeric host of a socket address ("127.0.0.1", "::1"); "" for a
 // family other than AF_INET and AF_INET6.
 std::string NumericHost(const sockaddr_storage& address);

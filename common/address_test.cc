@@ -19,6 +19,21 @@ TEST(AddressTest, HostAndPort) {
   EXPECT_EQ(HostOfAddress("[fe80::1]"), "fe80::1");
 }
 
+TEST(AddressTest, DialableAddresses) {
+  for (const char* good : {"10.0.0.1:29500", "[::1]:1", "node-a.example.org:65535",
+                           "[fe80::1%eth0]:9001", "host_1:80"}) {
+    EXPECT_TRUE(IsDialableAddress(good)) << good;
+  }
+  for (const char* bad : {"", "10.0.0.1", "10.0.0.1:", "10.0.0.1:0", "10.0.0.1:65536",
+                          "10.0.0.1:99999999999", "10.0.0.1:+80", "10.0.0.1:8x", ":80", "[]:80",
+                          "fe80::1:80", "a b:80", "a%b:80", "\x1b[31mEVIL:1", "host\n:80",
+                          "[::1]80"}) {
+    EXPECT_FALSE(IsDialableAddress(bad)) << bad;
+  }
+  EXPECT_TRUE(IsDialableAddress(std::string(250, 'a') + ":80"));
+  EXPECT_FALSE(IsDialableAddress(std::string(260, 'a') + ":80"));
+}
+
 // A socket address of `family` holding `host` (numeric) and `port`.
 sockaddr_storage SocketAddress(int family, const char* host, uint16_t port) {
   sockaddr_storage ss{};

@@ -8,8 +8,6 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/address.h"
@@ -48,8 +46,8 @@ class DifferingFields : public MessageDifferencer::Reporter {
   std::set<std::string> names_;
 };
 
-// Bound on a registering node's hostname and address: they are stored,
-// logged and shown by `lockstep nodes`.
+// Bound on a registering node's hostname (its address: IsDialableAddress):
+// stored, logged and shown by `lockstep nodes`.
 constexpr size_t kMaxNodeFieldBytes = 256;
 
 bool HasControl(const std::string& s) {
@@ -57,27 +55,6 @@ bool HasControl(const std::string& s) {
     const auto u = static_cast<unsigned char>(c);
     return u < 0x20 || u == 0x7f;
   });
-}
-
-// The address workers and peers will dial: host:port, [v6]:port, with a
-// port in 1-65535 and a host of address characters only.
-Status CheckAgentAddress(const std::string& node, const std::string& address) {
-  const std::string host = HostOfAddress(address);
-  const std::string port = PortOfAddress(address);
-  int port_number = 0;
-  const bool host_ok =
-      !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
-        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
-               c == '_' || c == ':' || c == '%';
-      });
-  if (address.size() > kMaxNodeFieldBytes || !host_ok || !absl::SimpleAtoi(port, &port_number) ||
-      port_number < 1 || port_number > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "node ", node, ": agent_address ", QuoteForError(address),
-        ": must be host:port or [v6]:port (a port in 1-65535, at most ", kMaxNodeFieldBytes,
-        " bytes)"));
-  }
-  return absl::OkStatus();
 }
 
 // A request id names one submission: sending it again (a retry) returns
@@ -521,7 +498,11 @@ StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::RegisterN
                                                    QuoteForError(req.incarnation()),
                                                    ": must be [A-Za-z0-9._-]{1,128}"));
   }
-  RETURN_IF_ERROR(CheckAgentAddress(req.node_id(), req.agent_address()));
+  if (!IsDialableAddress(req.agent_address())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", req.node_id(), ": agent_address ", QuoteForError(req.agent_address()),
+        ": must be host:port or [v6]:port (a port in 1-65535, at most 256 bytes)"));
+  }
   if (req.hostname().size() > kMaxNodeFieldBytes || HasControl(req.hostname())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "node ", req.node_id(), ": hostname ", QuoteForError(req.hostname()), ": must be at most ",

@@ -175,11 +175,7 @@ Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& 
     return absl::InvalidArgumentError(absl::StrCat("spec.max_restarts: must be in [0, ",
                                                    kMaxRestarts, "], got ", spec.max_restarts()));
   }
-  // As the agent's user lookup reads it: digits (absl::SimpleAtoi, so "00"
-  // and " 0" too) are a uid, anything else a name.
-  uint32_t run_as_uid = 1;
-  if (spec.run_as() == "root" ||
-      (absl::SimpleAtoi(spec.run_as(), &run_as_uid) && run_as_uid == 0)) {
+  if (NamesRoot(spec.run_as())) {
     return absl::PermissionDeniedError("spec.run_as: workers never run as root");
   }
   if (!allowed_commands.empty() &&
@@ -190,6 +186,13 @@ Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& 
                                                     absl::StrJoin(allowed_commands, ", "), "]"));
   }
   return absl::OkStatus();
+}
+
+bool NamesRoot(const std::string& run_as) {
+  // As the agent's user lookup reads it: digits (absl::SimpleAtoi, so "00"
+  // and " 0" too) are a uid, anything else a name.
+  uint32_t uid = 1;
+  return run_as == "root" || (absl::SimpleAtoi(run_as, &uid) && uid == 0);
 }
 
 void ApplyJobSpecDefaults(v1::JobSpec* spec) {

@@ -64,6 +64,10 @@ inline constexpr int64_t kDefaultMaxJobProcesses = 8192;
 // 0: "0", "00", " 0", as the agent's user lookup reads them).
 Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& allowed_commands);
 
+// Whether a run_as (a job's, or lockstepd --run-as) names root: "root", or
+// digits that read as uid 0.
+bool NamesRoot(const std::string& run_as);
+
 // Fills defaults (max_nodes = min_nodes when 0, stop grace, last call).
 // REQUIRES: ValidateJobSpec(spec) is OK.
 void ApplyJobSpecDefaults(v1::JobSpec* spec);

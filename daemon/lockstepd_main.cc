@@ -257,8 +257,13 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-log-mb: want 0 (no cap) to 1 PiB in MiB, got ", c.max_log_mb));
   }
-  if (c.run_as == "root" || c.run_as == "0") {
+  if (daemon::NamesRoot(c.run_as)) {
     return absl::InvalidArgumentError("--run-as: workers never run as root");
+  }
+  if (!c.advertise.empty() && !IsDialableAddress(c.advertise)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--advertise-address ", QuoteForError(c.advertise),
+        ": want host:port or [v6]:port that others can dial (a port in 1-65535)"));
   }
   if (c.job_uids.empty() && c.agent && c.run_as.empty() && ::geteuid() == 0 &&
       MissingUserSwitchCapabilities().empty()) {

@@ -95,6 +95,10 @@ expect_usage '--tls-cert and --tls-key need --tls-ca' \
   env LOCKSTEP_TLS_CA= "$LOCKSTEP" --coordinator "$COORD" --token-file "$TOKEN" --tls-cert x --tls-key y list
 expect_usage 'must be more than 0 (got 45 and 0)' \
   "$LOCKSTEPD" --state-dir "$T/hb0" --coordinator-address 127.0.0.1:1 --heartbeat-interval-s 0
+expect_usage '--advertise-address "node-a": want host:port' \
+  "$LOCKSTEPD" --state-dir "$T/adv" --coordinator-address 127.0.0.1:1 --advertise-address node-a
+expect_usage '--run-as: workers never run as root' \
+  "$LOCKSTEPD" --state-dir "$T/adv" --coordinator-address 127.0.0.1:1 --run-as 00
 
 # certs: the CA a second run finds is reused and said so, not "wrote";
 # --days past what a certificate's clock holds, and a host that is neither a
