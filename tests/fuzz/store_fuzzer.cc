@@ -133,19 +133,33 @@ class Session {
 
  private:
   // ----------------------------------------------------------- the model
+  // What a namespace holding these keys counts against the quotas
+  // (StoreCore::Options: StoreNamespaceCharge while it holds keys, and
+  // StoreKeyCharge per key).
+  static size_t Charge(const std::string& ns, const std::map<std::string, size_t>& sizes) {
+    if (sizes.empty()) return 0;
+    size_t bytes = StoreNamespaceCharge(ns.size());
+    for (const auto& [k, size] : sizes) bytes += StoreKeyCharge(k.size(), size);
+    return bytes;
+  }
+  std::map<std::string, size_t> Sizes(const std::string& ns) const {
+    std::map<std::string, size_t> sizes;
+    auto space = model_.find(ns);
+    if (space != model_.end()) {
+      for (const auto& [k, v] : space->second) sizes[k] = v.size();
+    }
+    return sizes;
+  }
   size_t OwnerBytes(const std::string& owner) const {
     size_t bytes = 0;
     for (const auto& [ns, keys] : model_) {
-      if (Owner(ns) != owner) continue;
-      for (const auto& [k, v] : keys) bytes += k.size() + v.size();
+      if (Owner(ns) == owner) bytes += Charge(ns, Sizes(ns));
     }
     return bytes;
   }
   size_t TotalBytes() const {
     size_t bytes = 0;
-    for (const auto& [ns, keys] : model_) {
-      for (const auto& [k, v] : keys) bytes += k.size() + v.size();
-    }
+    for (const auto& [ns, keys] : model_) bytes += Charge(ns, Sizes(ns));
     return bytes;
   }
   const std::string* Find(const std::string& ns, const std::string& key) const {
@@ -157,15 +171,12 @@ class Session {
   // Whether writing `values` (last one per key wins) into `ns` fits the
   // quotas (StoreCore::Options; ResourceExhausted otherwise).
   bool Fits(const std::string& ns, const std::map<std::string, size_t>& values) const {
-    size_t keys = model_.count(ns) ? model_.at(ns).size() : 0;
-    int64_t delta = 0;
-    for (const auto& [key, size] : values) {
-      const std::string* old = Find(ns, key);
-      if (old == nullptr) ++keys;
-      delta += static_cast<int64_t>(key.size() + size) -
-               (old == nullptr ? 0 : static_cast<int64_t>(key.size() + old->size()));
-    }
-    if (keys > limits_.max_keys_per_namespace) return false;
+    const std::map<std::string, size_t> before = Sizes(ns);
+    std::map<std::string, size_t> after = before;
+    for (const auto& [key, size] : values) after[key] = size;
+    if (after.size() > limits_.max_keys_per_namespace) return false;
+    const int64_t delta =
+        static_cast<int64_t>(Charge(ns, after)) - static_cast<int64_t>(Charge(ns, before));
     if (delta <= 0) return true;
     return OwnerBytes(Owner(ns)) + delta <= limits_.max_bytes_per_job &&
            TotalBytes() + delta <= limits_.max_bytes_total;
@@ -299,7 +310,8 @@ class Session {
   // (store.proto: "empty + expect_absent: set only if missing").
   void CompareSet(const v1::StoreCompareSetRequest& r) {
     if (r.expect_absent() && !r.expected().empty()) return;  // refused by the shell
-    const bool valid = ValidName(r.namespace_()) && ValidName(r.key()) && r.desired().size() <= kMaxValueBytes;
+    const bool valid = ValidName(r.namespace_()) && ValidName(r.key()) &&
+                       r.desired().size() <= kMaxValueBytes && r.expected().size() <= kMaxValueBytes;
     const std::string* old = Find(r.namespace_(), r.key());
     const bool swap =
         valid && (old == nullptr ? r.expected().empty() : !r.expect_absent() && *old == r.expected());
