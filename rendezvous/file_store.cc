@@ -304,8 +304,18 @@ StatusOr<std::vector<std::string>> FileStore::MultiGet(const std::vector<std::st
   RETURN_IF_ERROR(Wait(keys, timeout));
   std::vector<std::string> values;
   values.reserve(keys.size());
+  size_t total = 0;
   for (const auto& key : keys) {
     ASSIGN_OR_RETURN(std::string v, ReadKey(key));
+    total += v.size();
+    if (total > kMaxMultiGetBytes) {
+      // Read no further: the rest need not be in memory to know.
+      for (size_t i = values.size() + 1; i < keys.size(); ++i) {
+        struct stat st {};
+        if (::stat(PathFor(keys[i]).c_str(), &st) == 0) total += static_cast<size_t>(st.st_size);
+      }
+      return absl::ResourceExhaustedError(MultiGetTooLarge(dir_, keys.size(), total));
+    }
     values.push_back(std::move(v));
   }
   return values;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace lockstep {
@@ -39,11 +40,24 @@ inline constexpr size_t kMaxValueBytes = 16 * 1024 * 1024;
 // (InvalidArgument beyond).
 inline constexpr size_t kMaxKeysPerRequest = 65536;
 inline constexpr size_t kMaxKeysPerNamespace = 1 << 20;
+// The values one MultiGet returns together: one answer, which must fit one
+// gRPC message (64 MiB, rendezvous/grpc_limits.h) with its framing
+// (ResourceExhausted beyond, naming the total; nothing is copied first, so a
+// MultiGet naming one 16 MiB key 65,536 times costs no memory).
+inline constexpr size_t kMaxMultiGetBytes = 60 * 1024 * 1024;
 
 // Metadata a Session stream opens with: the job ("<job>" of "<job>/...") its
 // ops will use, so the server can check the stream's token before it keeps
 // anything for the stream. A "-bin" key: any bytes, base64 on the wire.
 inline constexpr char kStoreJobMetadata[] = "lockstep-store-job-bin";
+
+// The message of a MultiGet refused for kMaxMultiGetBytes; `where` names
+// the namespace or directory.
+inline std::string MultiGetTooLarge(const std::string& where, size_t keys, size_t total_bytes) {
+  return absl::StrCat("MultiGet of ", keys, " keys in ", QuoteForError(where), ": their values total ",
+                      total_bytes, " bytes, more than one answer carries (kMaxMultiGetBytes, ",
+                      kMaxMultiGetBytes, "); get them in smaller groups");
+}
 
 // "<job>/<round>": the namespace a job's round uses.
 inline std::string StoreNamespace(const std::string& job_id, int round) {

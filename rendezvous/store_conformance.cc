@@ -244,6 +244,35 @@ TEST_P(StoreConformanceTest, MultiGetBlocksUntilAllKeysExist) {
   EXPECT_EQ(*got, (std::vector<std::string>{"1", "2"}));
 }
 
+// One MultiGet answer carries at most kMaxMultiGetBytes of values; past
+// that it is refused naming the total, before anything is copied (a MultiGet
+// naming one 16 MiB key 65,536 times would otherwise take a TiB).
+TEST_P(StoreConformanceTest, AMultiGetLargerThanOneAnswerIsRefusedNamingItsTotal) {
+  ASSERT_TRUE(store_->Set("big", std::string(kMaxValueBytes, 'b')).ok());
+  auto three = store_->MultiGet({"big", "big", "big"}, seconds(30));
+  ASSERT_TRUE(three.ok()) << three.status();
+  ASSERT_EQ(three->size(), 3u);
+  EXPECT_EQ((*three)[2].size(), kMaxValueBytes);
+  three = StatusOr<std::vector<std::string>>(std::vector<std::string>());  // free 48 MiB
+
+  std::vector<std::string> keys(kMaxKeysPerRequest, "big");
+  auto all = store_->MultiGet(keys, seconds(30));
+  ASSERT_EQ(all.status().code(), absl::StatusCode::kResourceExhausted) << all.status();
+  EXPECT_NE(all.status().message().find(absl::StrCat(
+                "MultiGet of ", kMaxKeysPerRequest, " keys in ")),
+            std::string::npos)
+      << all.status();
+  EXPECT_NE(all.status().message().find(absl::StrCat(
+                ": their values total ", kMaxKeysPerRequest * kMaxValueBytes,
+                " bytes, more than one answer carries (kMaxMultiGetBytes, ")),
+            std::string::npos)
+      << all.status();
+  // The store goes on.
+  auto one = store_->Get("big", seconds(5));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->size(), kMaxValueBytes);
+}
+
 TEST_P(StoreConformanceTest, EmptyKeyIsInvalidArgument) {
   EXPECT_EQ(store_->Set("", "v").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->Get("", milliseconds(10)).status().code(),

@@ -193,20 +193,29 @@ void StoreCore::WriteLocked(Namespace& space, const std::string& key, std::strin
 }
 
 void StoreCore::CompleteOrRearmLocked(Namespace& space, Waiter& waiter, Ready* ready) {
-  std::vector<std::string> values;
-  if (waiter.want_values) values.reserve(waiter.keys.size());
+  size_t total = 0;
   for (const std::string& key : waiter.keys) {
     auto v = space.values.find(key);
     if (v == space.values.end()) {
       // Deleted after it was counted: wait for it again.
       ++waiter.missing;
       space.waiters_by_key[key].insert(waiter.id);
-    } else if (waiter.want_values) {
-      values.push_back(v->second);
+    } else {
+      total += v->second.size();
     }
   }
   if (waiter.missing > 0) return;
-  ready->emplace_back(std::move(waiter.callback), std::move(values));
+  if (waiter.want_values && total > kMaxMultiGetBytes) {
+    ready->emplace_back(std::move(waiter.callback),
+                        absl::ResourceExhaustedError(MultiGetTooLarge(waiter.ns, waiter.keys.size(), total)));
+  } else {
+    std::vector<std::string> values;
+    if (waiter.want_values) {
+      values.reserve(waiter.keys.size());
+      for (const std::string& key : waiter.keys) values.push_back(space.values.at(key));
+    }
+    ready->emplace_back(std::move(waiter.callback), std::move(values));
+  }
   EraseWaiterLocked(waiter.id);
 }
 
