@@ -293,6 +293,59 @@ TEST_P(CommunicatorConformanceTest, MissingRankFailsOthersWithinTimeoutNamingIt)
   for (const auto& s : results) EXPECT_TRUE(s.ok()) << s;
 }
 
+// Ranks that issue different collectives at one point of their sequence
+// (the invariant every communicator assumes, communicator.h) must not all
+// return OK: shm compares what each rank entered and fails every rank at
+// once with InvalidArgument saying `shm_says`; Gloo cannot tell and times
+// out. Either way the communicator is broken: the next call is refused.
+Status ExpectOutOfStep(Communicator* comm, const Status& s, const std::string& shm_says) {
+  if (comm->backend() == "shm") {
+    RETURN_IF_ERROR(Expect(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), shm_says),
+                           "want InvalidArgument '" + shm_says + "', got " + s.ToString()));
+  } else {
+    RETURN_IF_ERROR(Expect(!s.ok(), "a collective out of step returned OK"));
+  }
+  const Status later = comm->Barrier()->Wait();
+  return Expect(absl::IsFailedPrecondition(later), "the call after it: " + later.ToString());
+}
+
+// Gloo's timeout (the way it notices) is short; shm does not wait for it.
+constexpr auto kOutOfStepTimeout = std::chrono::seconds(3);
+
+TEST_P(CommunicatorConformanceTest, DifferentCollectivesAtOneSeqFailEveryRank) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, Connect(GetParam().name, store, rank, kWorld, kOutOfStepTimeout));
+    at::Tensor t = at::full({256}, float(rank));  // 1 KiB
+    RETURN_IF_ERROR(comm->AllReduce(t, ReduceOp::kSum)->Wait());  // #0, in step
+    const Status s = rank == 0 ? comm->Broadcast(t, 0)->Wait() : comm->Barrier()->Wait();
+    return ExpectOutOfStep(
+        comm.get(), s,
+        rank == 0 ? "shm broadcast #1 on rank 0: ranks are out of step: this rank is in broadcast "
+                    "#1 (1024 bytes of Float, root 0), rank 1 is in barrier #1: every rank must "
+                    "issue the same collectives, with the same sizes, dtypes and roots, in the "
+                    "same order"
+                  : "shm barrier #1 on rank 1: ranks are out of step: this rank is in barrier #1, "
+                    "rank 0 is in broadcast #1 (1024 bytes of Float, root 0): every rank must");
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
+TEST_P(CommunicatorConformanceTest, BroadcastWithDifferentRootsFails) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ASSIGN_OR_RETURN(auto comm, Connect(GetParam().name, store, rank, kWorld, kOutOfStepTimeout));
+    at::Tensor t = at::full({256}, float(rank));
+    RETURN_IF_ERROR(comm->AllReduce(t, ReduceOp::kSum)->Wait());
+    const Status s = comm->Broadcast(t, rank)->Wait();  // each rank its own root
+    return ExpectOutOfStep(
+        comm.get(), s,
+        absl::StrCat("this rank is in broadcast #1 (1024 bytes of Float, root ", rank, "), rank ",
+                     1 - rank, " is in broadcast #1 (1024 bytes of Float, root ", 1 - rank, ")"));
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
 TEST_P(CommunicatorConformanceTest, CreateNamesRanksThatNeverConnect) {
   constexpr int kWorld = 3;
   auto results = RunRanks(GetParam().mode, kWorld, [](int rank, rendezvous::Store* store) -> Status {
@@ -655,6 +708,194 @@ TEST(ShmCommunicatorTest, ARankThatComesAfterItsPeerGaveUpFailsToo) {
   EXPECT_TRUE(results[1].ok()) << results[1];
 }
 
+// A rank that has given up is seen by a peer still waiting at the barrier,
+// at once, not after the peer's own timeout: rank 2 never comes, rank 0
+// (0.5 s) gives up on it, and rank 1 (60 s) stops waiting for rank 2 too,
+// saying rank 0 gave up first, instead of its own timeout a minute later
+// (still DeadlineExceeded naming rank 2, as MissingRankFailsOthers...
+// wants of every waiting rank). The timeouts say what rank 2 last entered.
+TEST(ShmCommunicatorTest, PeerThatGaveUpIsSeenWhileWaiting) {
+  constexpr int kWorld = 3;
+  auto results = RunRanks(Mode::kThreads, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ShmOptions options;
+    options.timeout = rank == 0 ? std::chrono::milliseconds(500) : std::chrono::seconds(60);
+    options.blame_payload = true;
+    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld, options));
+    at::Tensor t = at::ones({1000});
+    RETURN_IF_ERROR(comm->AllReduce(t, ReduceOp::kSum)->Wait());  // #0, every rank
+    if (rank == 2) {
+      return store->Wait({"test/done/0", "test/done/1"}, std::chrono::seconds(120));
+    }
+    const Status s = comm->AllReduce(t, ReduceOp::kSum)->Wait();
+    RETURN_IF_ERROR(store->Set(absl::StrCat("test/done/", rank), "1"));
+    if (rank == 0) {
+      RETURN_IF_ERROR(Expect(absl::IsDeadlineExceeded(s), "rank 0: " + s.ToString()));
+      return Expect(absl::StrContains(s.message(), "ranks [2] did not arrive within 0.5 s (rank 2 "
+                                                   "last entered allreduce #0)"),
+                    "rank 0: " + s.ToString());
+    }
+    RETURN_IF_ERROR(Expect(absl::IsDeadlineExceeded(s), "rank 1: " + s.ToString()));
+    RETURN_IF_ERROR(Expect(LostPeerOf(s) == 2, "rank 1 blames rank 2: " + s.ToString()));
+    return Expect(absl::StrContains(s.message(),
+                                    "shm allreduce #1 on rank 1: ranks [2] did not arrive (rank 2 "
+                                    "last entered allreduce #0); rank 0 gave up on it first, "
+                                    "waiting for rank 2"),
+                  "rank 1 did not see rank 0 give up: " + s.ToString());
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
+// ---- Ranks out of step: every rank publishes what it entered (kind,
+// size, dtype, root or divisor) and compares the others' after the first
+// barrier; all fail together, naming both, and blame no peer as lost ----
+
+// Two ranks that agree on allreduce #0 and then run `call` (#1 and on):
+// each rank's first Work must fail with InvalidArgument containing
+// `want[rank]`, no peer marked lost, and the next call is refused.
+void ExpectShmOutOfStep(
+    const std::function<std::vector<std::shared_ptr<Work>>(int rank, ShmCommunicator* comm)>& call,
+    const std::vector<std::string>& want) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(Mode::kThreads, kWorld, [&](int rank, rendezvous::Store* store) -> Status {
+    ShmOptions options;
+    options.timeout = std::chrono::seconds(3);  // shm must not need it
+    options.blame_payload = true;
+    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld, options));
+    at::Tensor t = at::ones({1000});
+    RETURN_IF_ERROR(comm->AllReduce(t, ReduceOp::kSum)->Wait());
+    const std::vector<std::shared_ptr<Work>> works = call(rank, comm.get());
+    const Status s = works.front()->Wait();
+    RETURN_IF_ERROR(Expect(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), want[rank]),
+                           "want InvalidArgument '" + want[rank] + "', got " + s.ToString()));
+    RETURN_IF_ERROR(Expect(LostPeerOf(s) == -1,
+                           absl::StrCat("rank ", LostPeerOf(s), " was blamed as lost")));
+    for (const auto& w : works) {
+      if (w == works.front()) continue;
+      const Status later = w->Wait();
+      RETURN_IF_ERROR(Expect(absl::IsFailedPrecondition(later), "a queued call: " + later.ToString()));
+    }
+    const Status later = comm->Barrier()->Wait();
+    return Expect(absl::IsFailedPrecondition(later), "the call after it: " + later.ToString());
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
+// The review's case: rank 0 in broadcast #1 while rank 1 is in barrier #1
+// both passed the one barrier, and every allreduce after it read the other
+// half of the peer's slot (the halves had drifted): wrong sums, OK status.
+TEST(ShmCommunicatorTest, OutOfStepBroadcastDoesNotCorruptLaterAllReduces) {
+  constexpr int kWorld = 2;
+  auto results = RunRanks(Mode::kProcesses, kWorld, [](int rank, rendezvous::Store* store) -> Status {
+    ShmOptions options;
+    options.timeout = std::chrono::seconds(3);
+    ASSIGN_OR_RETURN(auto comm, ConnectShm(store, rank, kWorld, options));
+    at::Tensor t = at::full({1000}, float(100 + rank));
+    RETURN_IF_ERROR(comm->AllReduce(t, ReduceOp::kSum)->Wait());
+    at::Tensor b = at::full({256}, float(7));
+    const Status s = rank == 0 ? comm->Broadcast(b, 0)->Wait() : comm->Barrier()->Wait();
+    RETURN_IF_ERROR(Expect(!s.ok(), "the call out of step returned OK"));
+    for (int i = 0; i < 3; ++i) {
+      at::Tensor u = at::full({1000}, float(rank + 1));
+      const Status later = comm->AllReduce(u, ReduceOp::kSum)->Wait();
+      if (later.ok() && !u.eq(3.0f).all().item<bool>()) {
+        return absl::InternalError(absl::StrCat("allreduce ", i, " after it returned OK with sum ",
+                                                u[0].item<float>(), ", want 3"));
+      }
+      RETURN_IF_ERROR(Expect(absl::IsFailedPrecondition(later),
+                             absl::StrCat("allreduce ", i, " after it: ", later.ToString())));
+    }
+    return absl::OkStatus();
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
+TEST(ShmCommunicatorTest, BroadcastOfDifferentSizesFailsNamingBoth) {
+  ExpectShmOutOfStep(
+      [](int rank, ShmCommunicator* comm) {
+        return std::vector<std::shared_ptr<Work>>{
+            comm->Broadcast(at::zeros({rank == 0 ? 256 : 512}), 0)};
+      },
+      {"shm broadcast #1 on rank 0: ranks are out of step: this rank is in broadcast #1 (1024 "
+       "bytes of Float, root 0), rank 1 is in broadcast #1 (2048 bytes of Float, root 0): every "
+       "rank must issue the same collectives, with the same sizes, dtypes and roots, in the same "
+       "order",
+       "shm broadcast #1 on rank 1: ranks are out of step: this rank is in broadcast #1 (2048 "
+       "bytes of Float, root 0), rank 0 is in broadcast #1 (1024 bytes of Float, root 0)"});
+}
+
+TEST(ShmCommunicatorTest, AllGatherOfDifferentSizesFailsNamingBoth) {
+  ExpectShmOutOfStep(
+      [](int rank, ShmCommunicator* comm) {
+        const int64_t n = rank == 0 ? 4 : 8;
+        return std::vector<std::shared_ptr<Work>>{
+            comm->AllGather(at::ones({n}, at::kDouble), at::empty({2 * n}, at::kDouble))};
+      },
+      {"this rank is in allgather #1 (32 bytes of Double from each rank), rank 1 is in allgather "
+       "#1 (64 bytes of Double from each rank)",
+       "this rank is in allgather #1 (64 bytes of Double from each rank), rank 0 is in allgather "
+       "#1 (32 bytes of Double from each rank)"});
+}
+
+TEST(ShmCommunicatorTest, AllReduceAgainstBroadcastFailsNamingBoth) {
+  ExpectShmOutOfStep(
+      [](int rank, ShmCommunicator* comm) {
+        at::Tensor t = at::ones({256});
+        return std::vector<std::shared_ptr<Work>>{
+            rank == 0 ? comm->AllReduce(t, ReduceOp::kSum) : comm->Broadcast(t, 0)};
+      },
+      {"shm allreduce #1 on rank 0: ranks are out of step: this rank is in allreduce #1 (1024 "
+       "bytes of Float, sum), rank 1 is in broadcast #1 (1024 bytes of Float, root 0)",
+       "shm broadcast #1 on rank 1: ranks are out of step: this rank is in broadcast #1 (1024 "
+       "bytes of Float, root 0), rank 0 is in allreduce #1 (1024 bytes of Float, sum)"});
+}
+
+// An empty tensor skipped the barrier on the rank that had it: that rank
+// went on one collective ahead of the other.
+TEST(ShmCommunicatorTest, EmptyCollectiveOnOneRankFails) {
+  ExpectShmOutOfStep(
+      [](int rank, ShmCommunicator* comm) {
+        at::Tensor t = rank == 0 ? at::ones({0}) : at::ones({4});
+        return std::vector<std::shared_ptr<Work>>{comm->AllReduce(t, ReduceOp::kAvg)};
+      },
+      {"this rank is in allreduce #1 (0 bytes of Float, average), rank 1 is in allreduce #1 (16 "
+       "bytes of Float, average)",
+       "this rank is in allreduce #1 (16 bytes of Float, average), rank 0 is in allreduce #1 (0 "
+       "bytes of Float, average)"});
+}
+
+// Rank 0 issues a broadcast that rank 1 skips: both fail at #1 naming what
+// the other entered, and neither marks the other as a lost peer (both are
+// alive; the program is wrong), nor waits out a timeout.
+TEST(ShmCommunicatorTest, ARankOneCallAheadIsNamedNotBlamedAsLost) {
+  ExpectShmOutOfStep(
+      [](int rank, ShmCommunicator* comm) {
+        at::Tensor t = at::ones({1000});
+        if (rank == 1) return std::vector<std::shared_ptr<Work>>{comm->AllReduce(t, ReduceOp::kSum)};
+        return std::vector<std::shared_ptr<Work>>{comm->Broadcast(at::ones({1000}), 0),
+                                                  comm->AllReduce(t, ReduceOp::kSum)};
+      },
+      {"this rank is in broadcast #1 (4000 bytes of Float, root 0), rank 1 is in allreduce #1 "
+       "(4000 bytes of Float, sum)",
+       "this rank is in allreduce #1 (4000 bytes of Float, sum), rank 0 is in broadcast #1 (4000 "
+       "bytes of Float, root 0)"});
+}
+
+// AllReduceDividedFrom's divisor is part of what the ranks agree on (the
+// hierarchical host step divides by the whole world on every rank).
+TEST(ShmCommunicatorTest, DivisorMismatchInAllReduceDividedFromFails) {
+  ExpectShmOutOfStep(
+      [](int rank, ShmCommunicator* comm) {
+        auto region = comm->AllocateBucketMemory(1000, at::kFloat);
+        EXPECT_TRUE(region.ok() && region->defined());
+        return std::vector<std::shared_ptr<Work>>{
+            comm->AllReduceDividedFrom(*region, rank == 0 ? 4.0 : 6.0, {})};
+      },
+      {"this rank is in allreduce #1 (4000 bytes of Float, sum divided by 4), rank 1 is in "
+       "allreduce #1 (4000 bytes of Float, sum divided by 6)",
+       "this rank is in allreduce #1 (4000 bytes of Float, sum divided by 6), rank 0 is in "
+       "allreduce #1 (4000 bytes of Float, sum divided by 4)"});
+}
+
 // Rank 0's side of a bootstrap rank 1 was refused: it waited in vain.
 Status RankOneNeverAttached(const Status& status) {
   RETURN_IF_ERROR(Expect(absl::IsDeadlineExceeded(status), status.ToString()));
@@ -694,7 +935,7 @@ TEST(ShmCommunicatorTest, RanksThatDisagreeOnSlotBytesAreRefusedNamingBoth) {
     if (rank == 1) {
       RETURN_IF_ERROR(Expect(absl::IsInvalidArgument(comm.status()), comm.status().ToString()));
       return Expect(comm.status().message().find(
-                        "has 8384 bytes, expected 16576: rank 0 made it for 2 ranks of 4096 "
+                        "has 8512 bytes, expected 16704: rank 0 made it for 2 ranks of 4096 "
                         "bytes each, this rank expects 2 of 8192 (do all ranks use the same "
                         "world size and sizes?)") != std::string::npos,
                     comm.status().ToString());

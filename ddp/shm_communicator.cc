@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/unique_fd.h"
 #include "common/worker_link.h"
 #include "ddp/missing_ranks.h"
@@ -32,7 +33,9 @@ namespace lockstep {
 namespace ddp {
 namespace {
 
-constexpr uint64_t kMagic = 0x4d53504554534b4cULL;  // "LKSTEPSM", little-endian.
+// "LKSTEPS2", little-endian: layout 2 (call lines after the control lines).
+// Bumped with the layout, so a rank of another build is refused.
+constexpr uint64_t kMagic = 0x3253504554534b4cULL;
 constexpr size_t kLine = 64;
 constexpr size_t kSlotAlign = 128;  // Each half of a slot stays 64-byte aligned.
 
@@ -61,17 +64,38 @@ struct alignas(kLine) Control {
   // numbering), whom a later peer marks too.
   std::atomic<uint32_t> gave_up;
   // Where this rank's current allreduce tensor is, published before its
-  // first barrier: dtype << 8 | op; the bucket-memory region (0: ordinary
-  // memory), the offset in this rank's buffer there, and the size in bytes.
-  std::atomic<uint32_t> kind;
+  // first barrier: the bucket-memory region (0: ordinary memory) and the
+  // offset in this rank's buffer there (its size, dtype and op are in the
+  // call line, compared first).
   std::atomic<uint64_t> region;
   std::atomic<uint64_t> offset;
-  std::atomic<uint64_t> nbytes;
 };
 static_assert(sizeof(Control) == kLine, "one control line per rank");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "atomics shared between processes");
 
-size_t SlotsOffset(int world) { return kLine + kLine * static_cast<size_t>(world); }
+enum class CallKind : uint32_t { kNone = 0, kAllReduce, kBroadcast, kAllGather, kBarrier };
+
+// One per rank, after the control lines: the collectives this rank entered
+// (see "Agreement" in the header), written only by their rank. Two
+// entries, indexed by seq & 1: a peer that finished a one-barrier
+// collective may publish the next before this rank has read the current.
+struct alignas(kLine) CallLine {
+  struct Entry {
+    std::atomic<uint64_t> seq;
+    std::atomic<uint32_t> kind;   // CallKind; kNone: nothing published here yet
+    std::atomic<uint32_t> dtype;  // at::ScalarType
+    std::atomic<uint64_t> arg;    // allreduce: the divisor's bits; broadcast: the root
+    std::atomic<uint64_t> nbytes;
+  };
+  Entry entry[2];
+};
+static_assert(sizeof(CallLine) == kLine, "one call line per rank");
+
+// The header, the control lines, the call lines, the slots.
+size_t CallLineOffset(int world, int rank) {
+  return kLine + kLine * static_cast<size_t>(world + rank);
+}
+size_t SlotsOffset(int world) { return CallLineOffset(world, world); }
 size_t SegmentBytes(int world, size_t slot_bytes) {
   return SlotsOffset(world) + slot_bytes * static_cast<size_t>(world);
 }
@@ -161,15 +185,6 @@ StatusOr<UniqueFd> OpenPublishedMemfd(const std::string& who, const std::string&
   return fd;
 }
 
-std::string Placement(uint32_t kind, uint64_t region, uint64_t offset, uint64_t nbytes) {
-  const auto dtype = static_cast<at::ScalarType>(kind >> 8);
-  const char* op = (kind & 0xff) == static_cast<uint32_t>(ReduceOp::kAvg) ? "avg" : "sum";
-  const std::string where =
-      region == 0 ? std::string("ordinary memory")
-                  : absl::StrCat("bucket region ", region, " at offset ", offset);
-  return absl::StrCat(nbytes, " bytes of ", c10::toString(dtype), " (", op, ") in ", where);
-}
-
 std::string LocalHostname() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
@@ -212,7 +227,69 @@ inline void CpuRelax() {
 #endif
 }
 
+uint64_t BitsOf(double d) {
+  uint64_t bits;
+  std::memcpy(&bits, &d, sizeof(bits));
+  return bits;
+}
+double DoubleOf(uint64_t bits) {
+  double d;
+  std::memcpy(&d, &bits, sizeof(d));
+  return d;
+}
+
+const char* KindName(CallKind kind) {
+  switch (kind) {
+    case CallKind::kAllReduce: return "allreduce";
+    case CallKind::kBroadcast: return "broadcast";
+    case CallKind::kAllGather: return "allgather";
+    case CallKind::kBarrier: return "barrier";
+    case CallKind::kNone: break;
+  }
+  return "no collective";
+}
+
+// The rank a control line's gave_up blames (-1: none).
+int BlamedBy(uint32_t gave_up) { return gave_up >= 2 ? static_cast<int>(gave_up) - 2 : -1; }
+
 }  // namespace
+
+// What a collective is, as the ranks compare it (see "Agreement").
+struct ShmCommunicator::Call {
+  CallKind kind = CallKind::kNone;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  uint64_t arg = 0;     // allreduce: BitsOf(divisor); broadcast: the root; else 0
+  uint64_t nbytes = 0;  // allgather: each rank's input
+
+  bool operator==(const Call& o) const {
+    return kind == o.kind && dtype == o.dtype && arg == o.arg && nbytes == o.nbytes;
+  }
+  // "broadcast #7 (1024 bytes of Float, root 0)".
+  std::string Text(uint64_t seq, int world) const {
+    std::string text = absl::StrCat(KindName(kind), " #", seq);
+    const std::string bytes = absl::StrCat(nbytes, " bytes of ", c10::toString(dtype));
+    switch (kind) {
+      case CallKind::kAllReduce: {
+        const double divisor = DoubleOf(arg);
+        const std::string op = divisor == 1.0 ? std::string("sum")
+                               : divisor == world ? std::string("average")
+                                                  : absl::StrCat("sum divided by ", divisor);
+        absl::StrAppend(&text, " (", bytes, ", ", op, ")");
+        break;
+      }
+      case CallKind::kBroadcast:
+        absl::StrAppend(&text, " (", bytes, ", root ", arg, ")");
+        break;
+      case CallKind::kAllGather:
+        absl::StrAppend(&text, " (", bytes, " from each rank)");
+        break;
+      case CallKind::kBarrier:
+      case CallKind::kNone:
+        break;
+    }
+    return text;
+  }
+};
 
 struct ShmCommunicator::Segment {
   uint8_t* base = nullptr;
@@ -224,6 +301,10 @@ struct ShmCommunicator::Segment {
   Header* header() const { return reinterpret_cast<Header*>(base); }
   Control* control(int rank) const {
     return reinterpret_cast<Control*>(base + kLine + kLine * static_cast<size_t>(rank));
+  }
+  CallLine* calls(int rank) const {
+    return reinterpret_cast<CallLine*>(base +
+                                       CallLineOffset(static_cast<int>(header()->world), rank));
   }
   uint8_t* slot(int rank, size_t slot_bytes) const {
     return base + SlotsOffset(static_cast<int>(header()->world)) +
@@ -315,6 +396,14 @@ StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(rendezvous::S
       c->attached.store(0, std::memory_order_relaxed);
       c->gave_up.store(0, std::memory_order_relaxed);
     }
+    // (Not segment->calls(): the header's world is written below.)
+    for (int r = 0; r < world_size; ++r) {
+      auto* line = new (segment->base + CallLineOffset(world_size, r)) CallLine;
+      for (CallLine::Entry& e : line->entry) {
+        e.seq.store(0, std::memory_order_relaxed);
+        e.kind.store(static_cast<uint32_t>(CallKind::kNone), std::memory_order_relaxed);
+      }
+    }
     WriteHeader(segment->base, nonce, options.slot_bytes, world_size);
     RETURN_IF_ERROR(Annotate(store->Set(prefix + "/segment", PublishedMemfd(segment->fd, nonce)),
                              who + ": publishing the segment"));
@@ -389,42 +478,111 @@ std::shared_ptr<Work> ShmCommunicator::Enqueue(
   });
 }
 
-Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline) {
-  int blamed = -1;
-  Status s = WaitForAll(seq, name, deadline, &blamed);
-  if (s.ok()) {
-    // Every rank's phase is counted, but one may have given up meanwhile.
-    for (int r = 0; r < world_size_; ++r) {
-      const uint32_t gave_up =
-          r == rank_ ? 0 : segment_->control(r)->gave_up.load(std::memory_order_acquire);
-      if (gave_up == 0) continue;
-      const int theirs = gave_up >= 2 ? static_cast<int>(gave_up) - 2 : -1;
-      const std::string head =
-          absl::StrCat("shm ", name, " #", seq, " on rank ", rank_, ": rank ", r,
-                       " gave up on it first");
-      if (theirs == rank_) {
-        // This rank is the one it waited for: its own failure, no peer lost.
-        s = absl::AbortedError(absl::StrCat(head, ", waiting for this rank"));
-      } else {
-        // It blames the rank it waited for: so does this rank.
-        s = PeerLostError(
-            absl::AbortedError(theirs >= 0 ? absl::StrCat(head, ", waiting for rank ", theirs)
-                                           : head),
-            options_.global_ranks, theirs, options_.blame_payload);
-      }
-      blamed = theirs == rank_ ? -1 : theirs;
-      break;
-    }
-  }
-  if (!s.ok()) {
-    segment_->control(rank_)->gave_up.store(blamed >= 0 ? static_cast<uint32_t>(blamed) + 2 : 1,
-                                            std::memory_order_release);
-  }
-  return s;
+void ShmCommunicator::Publish(uint64_t seq, const Call& call) {
+  CallLine::Entry& e = segment_->calls(rank_)->entry[seq & 1];
+  e.kind.store(static_cast<uint32_t>(call.kind), std::memory_order_relaxed);
+  e.dtype.store(static_cast<uint32_t>(call.dtype), std::memory_order_relaxed);
+  e.arg.store(call.arg, std::memory_order_relaxed);
+  e.nbytes.store(call.nbytes, std::memory_order_relaxed);
+  // The barrier's phase store publishes the entry to the peers; the release
+  // here is for LastEntered, which reads a peer's without a barrier.
+  e.seq.store(seq, std::memory_order_release);
 }
 
-Status ShmCommunicator::WaitForAll(uint64_t seq, const char* name, MonoTime deadline,
-                                   int* blamed) {
+ShmCommunicator::Call ShmCommunicator::EntryOf(int rank, size_t index, uint64_t* seq) const {
+  const CallLine::Entry& e = segment_->calls(rank)->entry[index];
+  *seq = e.seq.load(std::memory_order_acquire);
+  Call call;
+  call.kind = static_cast<CallKind>(e.kind.load(std::memory_order_relaxed));
+  call.dtype = static_cast<at::ScalarType>(e.dtype.load(std::memory_order_relaxed));
+  call.arg = e.arg.load(std::memory_order_relaxed);
+  call.nbytes = e.nbytes.load(std::memory_order_relaxed);
+  return call;
+}
+
+std::string ShmCommunicator::LastEntered(int rank) const {
+  uint64_t seq[2];
+  const Call calls[2] = {EntryOf(rank, 0, &seq[0]), EntryOf(rank, 1, &seq[1])};
+  int last = -1;
+  for (int i = 0; i < 2; ++i) {
+    if (calls[i].kind != CallKind::kNone && (last < 0 || seq[i] > seq[last])) last = i;
+  }
+  return last < 0 ? absl::StrCat("rank ", rank, " entered no collective yet")
+                  : absl::StrCat("rank ", rank, " last entered ",
+                                 KindName(calls[last].kind), " #", seq[last]);
+}
+
+Status ShmCommunicator::Enter(uint64_t seq, const Call& call, MonoTime deadline) {
+  Publish(seq, call);
+  const char* name = KindName(call.kind);
+  RETURN_IF_ERROR(Arrive(seq, name, deadline));
+  // Every rank published before this barrier and publishes the next entry
+  // (the other one) only after it: all compare the same entries, so all
+  // fail together, and none waits for another or blames it.
+  for (int r = 0; r < world_size_; ++r) {
+    if (r == rank_) continue;
+    uint64_t their_seq = 0;
+    const Call theirs = EntryOf(r, seq & 1, &their_seq);
+    if (their_seq == seq && theirs == call) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shm ", name, " #", seq, " on rank ", rank_, ": ranks are out of step: this rank is in ",
+        call.Text(seq, world_size_), ", rank ", r, " is in ", theirs.Text(their_seq, world_size_),
+        ": every rank must issue the same collectives, with the same sizes, dtypes and roots, "
+        "in the same order"));
+  }
+  return absl::OkStatus();
+}
+
+void ShmCommunicator::GiveUp(int blamed) {
+  segment_->control(rank_)->gave_up.store(blamed >= 0 ? static_cast<uint32_t>(blamed) + 2 : 1,
+                                          std::memory_order_seq_cst);
+  // Peers asleep at a barrier see it now, not at their next 10 ms check.
+  Header* header = segment_->header();
+  header->generation.fetch_add(1, std::memory_order_seq_cst);
+  if (header->sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&header->generation);
+}
+
+std::string ShmCommunicator::GaveUpText(uint64_t seq, int peer, uint32_t gave_up) const {
+  // Which collective it gave up in: this one, or one this rank finished
+  // (its peers all arrived) before the peer gave up waiting for a third.
+  std::string where = "on it first";
+  uint64_t last_seq[2];
+  const Call last[2] = {EntryOf(peer, 0, &last_seq[0]), EntryOf(peer, 1, &last_seq[1])};
+  const int i = last_seq[0] >= last_seq[1] ? 0 : 1;
+  if (last[i].kind != CallKind::kNone && last_seq[i] != seq) {
+    where = absl::StrCat("in ", KindName(last[i].kind), " #", last_seq[i]);
+  }
+  const int theirs = BlamedBy(gave_up);
+  return absl::StrCat("rank ", peer, " gave up ", where,
+                      theirs == rank_ ? ", waiting for this rank"
+                      : theirs >= 0   ? absl::StrCat(", waiting for rank ", theirs)
+                                      : std::string());
+}
+
+Status ShmCommunicator::FollowGaveUp(uint64_t seq, const char* name, int peer, uint32_t gave_up) {
+  const int theirs = BlamedBy(gave_up);
+  // Said first, so that no rank passes a barrier this one has left.
+  GiveUp(theirs == rank_ ? -1 : theirs);
+  const Status error = absl::AbortedError(
+      absl::StrCat("shm ", name, " #", seq, " on rank ", rank_, ": ", GaveUpText(seq, peer, gave_up)));
+  // This rank is the one it waited for: its own failure, no peer lost.
+  if (theirs == rank_) return error;
+  // It blames the rank it waited for: so does this rank.
+  return PeerLostError(error, options_.global_ranks, theirs, options_.blame_payload);
+}
+
+Status ShmCommunicator::Arrive(uint64_t seq, const char* name, MonoTime deadline) {
+  RETURN_IF_ERROR(WaitForAll(seq, name, deadline));
+  // Every rank's phase is counted, but one may have given up meanwhile.
+  for (int r = 0; r < world_size_; ++r) {
+    if (r == rank_) continue;
+    const uint32_t gave_up = segment_->control(r)->gave_up.load(std::memory_order_acquire);
+    if (gave_up != 0) return FollowGaveUp(seq, name, r, gave_up);
+  }
+  return absl::OkStatus();
+}
+
+Status ShmCommunicator::WaitForAll(uint64_t seq, const char* name, MonoTime deadline) {
   Header* header = segment_->header();
   const uint64_t target = ++phase_;
   segment_->control(rank_)->phase.store(target, std::memory_order_seq_cst);
@@ -455,22 +613,52 @@ Status ShmCommunicator::WaitForAll(uint64_t seq, const char* name, MonoTime dead
       missing.push_back(r);
       const auto pid = static_cast<pid_t>(segment_->control(r)->pid.load(std::memory_order_relaxed));
       if (check_pids && segment_->check_pid[r] && ProcessExited(pid)) {
-        // This rank follows r's failure.
-        *blamed = r;
+        // This rank follows r's failure; said before anything else.
+        GiveUp(r);
         return PeerLostError(absl::UnavailableError(absl::StrCat("shm ", name, " #", seq, " on rank ",
                                                                  rank_, ": rank ", r, " (pid ", pid,
                                                                  ") exited")),
                              options_.global_ranks, r, options_.blame_payload);
       }
     }
-    if (now > deadline) {
-      *blamed = missing.empty() ? -1 : missing.front();
-      return PeerLostError(
-          absl::DeadlineExceededError(absl::StrCat("shm ", name, " #", seq, " on rank ", rank_,
-                                                   ": ranks ", FormatRanks(missing),
-                                                   " did not arrive within ",
-                                                   ToSeconds(options_.timeout), " s")),
-          options_.global_ranks, missing.empty() ? -1 : missing.front(), options_.blame_payload);
+    // Every rank arrived since all_arrived() looked: look again.
+    if (missing.empty()) continue;
+    // A peer that gave up means this barrier cannot pass. One that has not
+    // arrived, or gave up waiting for this rank (or for none), is followed
+    // as Arrive follows it. One that arrived and gave up waiting for another
+    // rank gave up on the ranks this one still waits for: this rank stops
+    // waiting too, and fails as its own timeout would, saying so.
+    int gave_up_first = -1;
+    uint32_t gave_up_word = 0;
+    for (int r = 0; r < world_size_; ++r) {
+      if (r == rank_) continue;
+      const uint32_t gave_up = segment_->control(r)->gave_up.load(std::memory_order_acquire);
+      if (gave_up == 0) continue;
+      const int theirs = BlamedBy(gave_up);
+      if (std::find(missing.begin(), missing.end(), r) != missing.end() || theirs < 0 ||
+          theirs == rank_) {
+        return FollowGaveUp(seq, name, r, gave_up);
+      }
+      if (gave_up_first < 0) {
+        gave_up_first = r;
+        gave_up_word = gave_up;
+      }
+    }
+    if (gave_up_first >= 0 || now > deadline) {
+      const int blamed = missing.front();
+      GiveUp(blamed);
+      std::vector<std::string> last;
+      for (int r : missing) last.push_back(LastEntered(r));
+      const std::string head = absl::StrCat("shm ", name, " #", seq, " on rank ", rank_,
+                                            ": ranks ", FormatRanks(missing), " did not arrive");
+      const std::string text =
+          gave_up_first >= 0
+              ? absl::StrCat(head, " (", absl::StrJoin(last, "; "), "); ",
+                             GaveUpText(seq, gave_up_first, gave_up_word))
+              : absl::StrCat(head, " within ", ToSeconds(options_.timeout), " s (",
+                             absl::StrJoin(last, "; "), ")");
+      return PeerLostError(absl::DeadlineExceededError(text), options_.global_ranks, blamed,
+                           options_.blame_payload);
     }
     // Sleep until the next arrival anywhere (or 10 ms, for the checks above).
     // An arrival between `seen` and the wait changes the word, so the wait
@@ -602,27 +790,28 @@ std::shared_ptr<ShmCommunicator::Region> ShmCommunicator::RegionOf(const at::Ten
   return nullptr;
 }
 
-Status ShmCommunicator::CheckPlacements(uint64_t seq) const {
-  struct Where {
-    uint32_t kind;
-    uint64_t region, offset, nbytes;
-    bool operator!=(const Where& o) const {
-      return kind != o.kind || region != o.region || offset != o.offset || nbytes != o.nbytes;
-    }
-    std::string Text() const { return Placement(kind, region, offset, nbytes); }
-  };
-  auto where = [this](int r) {
+Status ShmCommunicator::CheckPlacements(uint64_t seq, const Call& call) const {
+  // The size, dtype and op are the call's, the same on every rank by now.
+  const char* op = DoubleOf(call.arg) != 1.0 ? "avg" : "sum";
+  auto where = [&](int r) {
     const Control* c = segment_->control(r);
-    return Where{c->kind.load(std::memory_order_relaxed), c->region.load(std::memory_order_relaxed),
-                 c->offset.load(std::memory_order_relaxed), c->nbytes.load(std::memory_order_relaxed)};
+    const uint64_t region = c->region.load(std::memory_order_relaxed);
+    const uint64_t offset = c->offset.load(std::memory_order_relaxed);
+    return std::make_pair(region, offset);
   };
-  const Where mine = where(rank_);
+  auto text = [&](std::pair<uint64_t, uint64_t> w) {
+    return absl::StrCat(call.nbytes, " bytes of ", c10::toString(call.dtype), " (", op, ") in ",
+                        w.first == 0 ? std::string("ordinary memory")
+                                     : absl::StrCat("bucket region ", w.first, " at offset ",
+                                                    w.second));
+  };
+  const auto mine = where(rank_);
   for (int r = 0; r < world_size_; ++r) {
-    const Where theirs = where(r);
+    const auto theirs = where(r);
     if (theirs != mine) {
       return absl::InvalidArgumentError(absl::StrCat(
           "shm allreduce #", seq, " on rank ", rank_, ": ranks disagree on the tensor (rank ",
-          rank_, ": ", mine.Text(), "; rank ", r, ": ", theirs.Text(),
+          rank_, ": ", text(mine), "; rank ", r, ": ", text(theirs),
           "): every rank must allreduce the same bucket, in the same order"));
     }
   }
@@ -644,8 +833,8 @@ std::pair<int64_t, int64_t> ShmCommunicator::OwnShare(const at::Tensor& tensor) 
 
 namespace {
 
-// The op the peers check and the dtype rules apply to: a divided sum is an
-// average, whatever the divisor.
+// The op the dtype rules apply to: a divided sum is an average, whatever
+// the divisor.
 ReduceOp OpOfDivisor(double divisor) { return divisor != 1.0 ? ReduceOp::kAvg : ReduceOp::kSum; }
 
 }  // namespace
@@ -706,7 +895,12 @@ void ShmCommunicator::ReduceInRegion(const Region& region, const at::Tensor& ten
 Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, double divisor,
                                      const std::vector<InputPiece>& pieces, uint64_t seq,
                                      MonoTime deadline) {
-  const ReduceOp op = OpOfDivisor(divisor);
+  Call call;
+  call.kind = CallKind::kAllReduce;
+  call.dtype = tensor.scalar_type();
+  call.arg = BitsOf(divisor);
+  call.nbytes = tensor.nbytes();
+  if (tensor.numel() == 0) return Enter(seq, call, deadline);
   // Where the tensor is, for the peers to check against theirs.
   size_t offset = 0;
   const std::shared_ptr<Region> region = RegionOf(tensor, &offset);
@@ -734,16 +928,13 @@ Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, double divisor,
     CopyInputPieces(tensor, pieces);
   }
   Control* me = segment_->control(rank_);
-  me->kind.store(static_cast<uint32_t>(tensor.scalar_type()) << 8 | static_cast<uint32_t>(op),
-                 std::memory_order_relaxed);
   me->region.store(region ? region->id : 0, std::memory_order_relaxed);
   me->offset.store(offset, std::memory_order_relaxed);
-  me->nbytes.store(tensor.nbytes(), std::memory_order_relaxed);
   if (region != nullptr) {
     // Every rank's bucket is final once all have arrived; every slice is
     // written everywhere once all arrive again.
-    RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
-    RETURN_IF_ERROR(CheckPlacements(seq));
+    RETURN_IF_ERROR(Enter(seq, call, deadline));
+    RETURN_IF_ERROR(CheckPlacements(seq, call));
     ReduceInRegion(*region, tensor, offset, divisor, in_place);
     RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
     ++in_place_allreduces_;
@@ -759,8 +950,12 @@ Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, double divisor,
     const int64_t n = std::min(chunk, numel - off);
     const size_t half = NextHalf();
     std::memcpy(HalfOf(rank_, half), data + off * es, static_cast<size_t>(n * es));
-    RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
-    if (off == 0) RETURN_IF_ERROR(CheckPlacements(seq));
+    if (off == 0) {
+      RETURN_IF_ERROR(Enter(seq, call, deadline));
+      RETURN_IF_ERROR(CheckPlacements(seq, call));
+    } else {
+      RETURN_IF_ERROR(Arrive(seq, "allreduce", deadline));
+    }
     // This rank reduces [lo, hi) of the chunk, in place in its own slot.
     const int64_t lo = n * rank_ / world, hi = n * (rank_ + 1) / world;
     if (hi > lo) {
@@ -783,13 +978,19 @@ Status ShmCommunicator::RunAllReduce(const at::Tensor& tensor, double divisor,
 Status ShmCommunicator::RunBroadcast(const at::Tensor& tensor, int root, uint64_t seq,
                                      MonoTime deadline) {
   const size_t bytes = tensor.nbytes();
+  Call call;
+  call.kind = CallKind::kBroadcast;
+  call.dtype = tensor.scalar_type();
+  call.arg = static_cast<uint64_t>(root);
+  call.nbytes = bytes;
+  if (bytes == 0) return Enter(seq, call, deadline);
   const size_t chunk = options_.slot_bytes / 2;
   auto* data = static_cast<uint8_t*>(tensor.data_ptr());
   for (size_t off = 0; off < bytes; off += chunk) {
     const size_t n = std::min(chunk, bytes - off);
     const size_t half = NextHalf();
     if (rank_ == root) std::memcpy(HalfOf(root, half), data + off, n);
-    RETURN_IF_ERROR(Arrive(seq, "broadcast", deadline));
+    RETURN_IF_ERROR(off == 0 ? Enter(seq, call, deadline) : Arrive(seq, "broadcast", deadline));
     if (rank_ != root) std::memcpy(data + off, HalfOf(root, half), n);
   }
   return absl::OkStatus();
@@ -798,6 +999,11 @@ Status ShmCommunicator::RunBroadcast(const at::Tensor& tensor, int root, uint64_
 Status ShmCommunicator::RunAllGather(const at::Tensor& input, const at::Tensor& output,
                                      uint64_t seq, MonoTime deadline) {
   const size_t bytes = input.nbytes();
+  Call call;
+  call.kind = CallKind::kAllGather;
+  call.dtype = input.scalar_type();
+  call.nbytes = bytes;
+  if (bytes == 0) return Enter(seq, call, deadline);
   const size_t chunk = options_.slot_bytes / 2;
   const auto* in = static_cast<const uint8_t*>(input.data_ptr());
   auto* out = static_cast<uint8_t*>(output.data_ptr());
@@ -805,7 +1011,7 @@ Status ShmCommunicator::RunAllGather(const at::Tensor& input, const at::Tensor& 
     const size_t n = std::min(chunk, bytes - off);
     const size_t half = NextHalf();
     std::memcpy(HalfOf(rank_, half), in + off, n);
-    RETURN_IF_ERROR(Arrive(seq, "allgather", deadline));
+    RETURN_IF_ERROR(off == 0 ? Enter(seq, call, deadline) : Arrive(seq, "allgather", deadline));
     for (int r = 0; r < world_size_; ++r) {
       std::memcpy(out + static_cast<size_t>(r) * bytes + off, HalfOf(r, half), n);
     }
@@ -834,7 +1040,7 @@ std::shared_ptr<Work> ShmCommunicator::AllReduceDividedFrom(at::Tensor tensor, d
   if (Status s = CheckInputPieces(tensor, pieces); !s.ok()) return Work::Failed(s);
   return Enqueue("allreduce", [this, tensor, divisor, pieces = std::move(pieces)](
                                   uint64_t seq, MonoTime deadline) {
-    if (tensor.numel() == 0 || world_size_ == 1) {
+    if (world_size_ == 1) {
       CopyInputPieces(tensor, pieces);  // the sum over one rank
       if (divisor != 1.0) tensor.div_(divisor);
       return absl::OkStatus();
@@ -848,7 +1054,7 @@ std::shared_ptr<Work> ShmCommunicator::Broadcast(at::Tensor tensor, int root) {
   if (s.ok()) s = CheckBroadcastRoot(root, world_size_);
   if (!s.ok()) return Work::Failed(s);
   return Enqueue("broadcast", [this, tensor, root](uint64_t seq, MonoTime deadline) {
-    if (tensor.numel() == 0 || world_size_ == 1) return absl::OkStatus();
+    if (world_size_ == 1) return absl::OkStatus();
     return RunBroadcast(tensor, root, seq, deadline);
   });
 }
@@ -856,9 +1062,8 @@ std::shared_ptr<Work> ShmCommunicator::Broadcast(at::Tensor tensor, int root) {
 std::shared_ptr<Work> ShmCommunicator::AllGather(at::Tensor input, at::Tensor output) {
   if (Status s = CheckAllGather(input, output, world_size_); !s.ok()) return Work::Failed(s);
   return Enqueue("allgather", [this, input, output](uint64_t seq, MonoTime deadline) {
-    if (input.numel() == 0) return absl::OkStatus();
     if (world_size_ == 1) {
-      std::memcpy(output.data_ptr(), input.data_ptr(), input.nbytes());
+      if (input.numel() > 0) std::memcpy(output.data_ptr(), input.data_ptr(), input.nbytes());
       return absl::OkStatus();
     }
     return RunAllGather(input, output, seq, deadline);
@@ -868,7 +1073,9 @@ std::shared_ptr<Work> ShmCommunicator::AllGather(at::Tensor input, at::Tensor ou
 std::shared_ptr<Work> ShmCommunicator::Barrier() {
   return Enqueue("barrier", [this](uint64_t seq, MonoTime deadline) {
     if (world_size_ == 1) return absl::OkStatus();
-    return Arrive(seq, "barrier", deadline);
+    Call call;
+    call.kind = CallKind::kBarrier;
+    return Enter(seq, call, deadline);
   });
 }
 

@@ -17,13 +17,34 @@
 // job's round, so a rank can only ever find its own round's segment.
 //
 // Layout: a header, one 64-byte control line per rank (a phase counter and
-// its pid), then one slot per rank, split in two halves used alternately.
+// its pid), one 64-byte call line per rank (see "Agreement"), then one slot
+// per rank, split in two halves used alternately.
 // Synchronisation is a phase barrier: a rank publishes phase p and waits
 // until every rank's phase is at least p. Chunks alternate between the two
 // halves of each slot, so a rank may write chunk i+1 while slower ranks still
 // read chunk i: an allreduce costs two barriers per chunk, a broadcast or an
 // allgather one. Each element is reduced by exactly one rank, so every rank
 // ends with bit-identical results.
+//
+// Agreement: every rank must issue the same collectives, in the same order,
+// with the same sizes, dtypes and roots (communicator.h); the barrier only
+// counts arrivals, so ranks out of step would pass it, and their slot halves
+// would drift apart for good. So each collective publishes in its rank's
+// call line what it is (sequence number, kind, dtype, bytes, and the root
+// of a broadcast or the divisor of an allreduce) before its first barrier,
+// and after that barrier, before it reads any peer's slot, compares every
+// peer's entry with its own. Every rank sees every entry, so all fail
+// together, with InvalidArgument naming both ("shm broadcast #7 on rank 0:
+// ranks are out of step: this rank is in broadcast #7 (1024 bytes of
+// Float, root 0), rank 1 is in barrier #7: every rank must issue the same
+// collectives, ..."); none marks a peer lost (each is alive; the program
+// is wrong), and the communicator is broken as after any failure. A call
+// line holds two entries, indexed by seq & 1: a peer that finished a
+// one-barrier collective may publish the next before this rank read the
+// current. With two ranks or more an empty collective publishes and passes
+// one barrier too, so a rank with an empty tensor cannot run a collective
+// ahead. Cost: one line written and world - 1 read per collective, nothing
+// per chunk.
 //
 // Waiting spins briefly, then sleeps on a futex in the segment that every
 // arrival bumps and wakes, so a waiting rank costs no CPU (its compute
@@ -40,9 +61,10 @@
 // every buffer, and a second barrier ends it. Per rank that is one read and
 // one write of the bucket, against a copy in, a reduction and a copy out
 // through the slots. Each rank publishes in its control line where its
-// tensor is (region, offset, bytes, dtype, op); a rank that finds the others
-// disagree (one in a region, one not, or different offsets) fails the
-// collective with both placements named instead of reading the wrong bytes.
+// tensor is (region, offset; its bytes, dtype and op are the call's, see
+// "Agreement"); a rank that finds the others disagree (one in a region, one
+// not, or different offsets) fails the collective with both placements
+// named instead of reading the wrong bytes.
 // Regions are created like the segment (rank 0's memfd, opened by the others
 // through /proc, checked by nonce), over the store under
 // "<key_prefix>/region/<k>"; every rank reports whether it mapped the region
@@ -50,11 +72,20 @@
 // does (on every rank).
 //
 // Errors: a rank that does not reach a barrier within the collective's
-// timeout is named ("shm allreduce #12 on rank 0: ranks [2] did not arrive
-// within 3 s"); a rank whose process has exited is named at once, without
-// waiting for the timeout ("rank 1 (pid 4242) exited"). Either way the
-// communicator is broken and every later call fails with FailedPrecondition,
-// as with Gloo.
+// timeout is named, with the collective it last entered ("shm allreduce #12
+// on rank 0: ranks [2] did not arrive within 3 s (rank 2 last entered
+// allgather #11)"); a rank whose process has exited is named at once,
+// without waiting for the timeout ("rank 1 (pid 4242) exited"). A rank that
+// gives up says so in its control line before anything else, and a peer
+// fails at once on seeing it: one arriving at a barrier the rank was
+// counted at, or waiting for that rank at a later one, with Aborted ("rank
+// 0 gave up on it first, waiting for rank 2"), blaming the rank that one
+// blamed (none when it waited for this rank); one waiting at the barrier
+// for the same ranks the other gave up on, with the DeadlineExceeded its
+// own timeout would have given ("ranks [2] did not arrive (rank 2 last
+// entered allreduce #0); rank 0 gave up on it first, waiting for rank 2").
+// Either way the communicator is broken and every later call fails with
+// FailedPrecondition, as with Gloo.
 //
 // Thread safety: thread-safe (see Communicator). The destructor lets queued
 // collectives finish (each bounded by its timeout) and joins the thread.
@@ -166,6 +197,7 @@ class ShmCommunicator : public Communicator {
 
   struct Segment;  // The mapping (shm_communicator.cc).
   struct Region;   // A bucket-memory region (shm_communicator.cc).
+  struct Call;     // What a collective is, as the ranks compare it (shm_communicator.cc).
 
  private:
   ShmCommunicator(rendezvous::Store* store, int rank, int world_size, ShmOptions options,
@@ -175,13 +207,30 @@ class ShmCommunicator : public Communicator {
   std::shared_ptr<Work> Enqueue(const char* name,
                                 std::function<Status(uint64_t seq, MonoTime deadline)> body);
 
+  // A collective's first barrier (see "Agreement"): publishes `call` in
+  // this rank's call line, arrives, and fails with InvalidArgument unless
+  // every peer published the same call at `seq`.
+  Status Enter(uint64_t seq, const Call& call, MonoTime deadline);
+  void Publish(uint64_t seq, const Call& call);
+  // Entry `index` of `rank`'s call line; *seq gets its sequence number.
+  Call EntryOf(int rank, size_t index, uint64_t* seq) const;
+  // "rank 2 last entered allgather #6", for messages.
+  std::string LastEntered(int rank) const;
   // The phase barrier: publishes the next phase and waits for every rank
-  // (WaitForAll); fails when a rank gave up a collective meanwhile, and
-  // says, when this rank gives up, that it did (the control line's
-  // gave_up), so that no peer passes a barrier it no longer waits at.
+  // (WaitForAll); fails when a rank gave up a collective meanwhile.
   Status Arrive(uint64_t seq, const char* name, MonoTime deadline);
-  // *blamed: on failure, the rank it waited for (-1: none known).
-  Status WaitForAll(uint64_t seq, const char* name, MonoTime deadline, int* blamed);
+  // Fails at once when a peer's process exited or a peer gave up (see
+  // "Errors"), else at `deadline`; says it gave up (GiveUp) before building
+  // the error, so that no peer passes a barrier it no longer waits at.
+  Status WaitForAll(uint64_t seq, const char* name, MonoTime deadline);
+  // Marks this rank as given up in its control line, blaming `blamed`
+  // (-1: none), and wakes the peers asleep at a barrier.
+  void GiveUp(int blamed);
+  // This rank's failure after `peer` gave up (its control line's `gave_up`):
+  // it gives up too and blames the rank `peer` blamed (none if itself).
+  Status FollowGaveUp(uint64_t seq, const char* name, int peer, uint32_t gave_up);
+  // "rank 0 gave up on it first, waiting for rank 2", for messages.
+  std::string GaveUpText(uint64_t seq, int peer, uint32_t gave_up) const;
   // The half of every slot the next chunk uses (alternates).
   size_t NextHalf();
   uint8_t* HalfOf(int rank, size_t half) const;
@@ -200,9 +249,9 @@ class ShmCommunicator : public Communicator {
   std::pair<int64_t, int64_t> SliceOf(int64_t numel) const;
   // The region holding all of `tensor` in this rank's buffer, or null.
   std::shared_ptr<Region> RegionOf(const at::Tensor& tensor, size_t* offset) const;
-  // After the first barrier: InvalidArgument unless every rank published
-  // the same placement as this one.
-  Status CheckPlacements(uint64_t seq) const;
+  // After Enter: InvalidArgument unless every rank published the same
+  // placement (region, offset) as this one.
+  Status CheckPlacements(uint64_t seq, const Call& call) const;
   Status RunBroadcast(const at::Tensor& tensor, int root, uint64_t seq, MonoTime deadline);
   Status RunAllGather(const at::Tensor& input, const at::Tensor& output, uint64_t seq,
                       MonoTime deadline);
