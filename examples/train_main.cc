@@ -29,12 +29,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -99,6 +101,18 @@ std::vector<torch::Tensor> UniqueParameters(torch::nn::Module& m) {
   return out;
 }
 
+// torch::chunk splits B into ceil(B/K)-sized parts: fewer than K when K
+// does not fit (32 into 9 is 8 parts), and the step loop takes K.
+Status CheckMicroBatches(int64_t micro, int64_t batch, const std::string& what) {
+  const int64_t part = micro < 1 ? 0 : (batch + micro - 1) / micro;  // torch's chunk size
+  if (micro < 1 || micro > batch || (batch + part - 1) / part != micro) {
+    return absl::InvalidArgumentError(absl::StrCat("--micro-batches ", micro, " does not split ",
+                                                   what, " ", batch, " into that many parts (1 to ",
+                                                   batch, ", e.g. a divisor)"));
+  }
+  return absl::OkStatus();
+}
+
 Status Run(const Config& cfg) {
   if (cfg.device != "cpu" && cfg.device != "cuda") {
     return absl::InvalidArgumentError("--device must be cpu or cuda, got '" + cfg.device + "'");
@@ -123,15 +137,23 @@ Status Run(const Config& cfg) {
   if (cfg.batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--batch: expected 1 or more, got ", cfg.batch));
   }
-  // torch::chunk splits B into ceil(B/K)-sized parts: fewer than K when K
-  // does not fit (32 into 9 is 8 parts), and the step loop takes K.
-  const int64_t micro = cfg.micro_batches;
-  const int64_t part = micro < 1 ? 0 : (cfg.batch + micro - 1) / micro;  // torch's chunk size
-  if (micro < 1 || micro > cfg.batch || (cfg.batch + part - 1) / part != micro) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--micro-batches ", cfg.micro_batches, " does not split --batch ", cfg.batch,
-        " into that many parts (1 to ", cfg.batch, ", e.g. a divisor)"));
+  if (cfg.steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps: expected 0 or more, got ", cfg.steps));
   }
+  for (const auto& [flag, value, max] :
+       {std::tuple<const char*, int64_t, int64_t>{"--step-delay-ms", cfg.step_delay_ms, 3600000},
+        {"--slow-ms", cfg.slow_ms, 3600000},
+        {"--leak-mb", cfg.leak_mb, int64_t{1} << 30}}) {
+    if (value < 0 || value > max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": expected 0 to ", max, ", got ", value));
+    }
+  }
+  if (cfg.local && cfg.stall_rank >= 0) {
+    return absl::InvalidArgumentError("--stall-rank needs DDP: it stalls a rank after DDP setup, "
+                                      "and --local sets none up");
+  }
+  RETURN_IF_ERROR(CheckMicroBatches(cfg.micro_batches, cfg.batch, "--batch"));
   if (cfg.device == "cuda" && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
         "--device cuda: this LibTorch sees no CUDA device (CPU-only build, or no GPU)");
@@ -179,6 +201,11 @@ Status Run(const Config& cfg) {
       return absl::InvalidArgumentError(absl::StrCat("--batch-sizes has ", sizes.size(),
                                                      " entries for a world of ", world));
     }
+    // Every rank checks every entry, so all refuse together.
+    for (int r = 0; r < world; ++r) {
+      RETURN_IF_ERROR(CheckMicroBatches(cfg.micro_batches, sizes[r],
+                                        absl::StrCat("rank ", r, "'s --batch-sizes entry")));
+    }
   }
   int64_t global_batch = 0, offset = 0;
   for (int r = 0; r < world; ++r) {
@@ -221,6 +248,32 @@ Status Run(const Config& cfg) {
       }
     } else {
       log.Info("no checkpoint in {}: starting at step 1", cfg.checkpoint_dir);
+    }
+    if (first_step > cfg.steps + 1) {
+      log.Warn("the checkpoint is at step {}, past --steps {}: nothing left to train",
+               first_step - 1, cfg.steps);
+    }
+  }
+  if (group && !cfg.checkpoint_dir.empty()) {
+    // Every rank must resume from the same step (ddp/checkpoint.h): a dir
+    // that is not one shared directory, or a stale listing of one, would
+    // have them train different steps against each other.
+    const auto options = torch::dtype(torch::kLong).device(group->communicator()->device());
+    torch::Tensor mine = torch::full({1}, first_step - 1, options);
+    torch::Tensor all = torch::empty({world}, options);
+    RETURN_IF_ERROR(group->communicator()->AllGather(mine, all)->Wait(FromSeconds(cfg.timeout_s)));
+    all = all.cpu();
+    std::vector<std::string> steps;
+    bool same = true;
+    for (int r = 0; r < world; ++r) {
+      const int64_t step = all[r].item<int64_t>();
+      same = same && step == first_step - 1;
+      steps.push_back(absl::StrCat("rank ", r, " at step ", step));
+    }
+    if (!same) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ranks resumed from different checkpoints in ", cfg.checkpoint_dir, " (",
+          absl::StrJoin(steps, ", "), "; step 0: none): every rank must read one shared directory"));
     }
   }
 

@@ -74,6 +74,37 @@ refused "--lr: expected a finite number >= 0, got nan" --lr nan
 refused "--lr: expected a finite number >= 0, got -0.1" --lr -0.1
 refused "--momentum: expected a finite number >= 0, got inf" --momentum inf
 refused "--timeout-s: expected a finite number of seconds > 0, got 0" --timeout-s 0
+# --micro-batches must split each rank's own batch (--batch-sizes 3 with 4
+# micro-batches segfaulted); a test hook that needs DDP, under --local
+# (segfaulted); negative counts.
+refused "--micro-batches 4 does not split rank 0's --batch-sizes entry 3" --batch-sizes 3 --micro-batches 4
+refused "--stall-rank needs DDP" --stall-rank 0
+refused "--steps: expected 0 or more, got -5" --steps -5
+refused "--leak-mb: expected 0 to 1073741824, got -1" --leak-mb -1
+refused "--step-delay-ms: expected 0 to 3600000, got -10" --step-delay-ms -10
+
+# Ranks that find different checkpoints (each its own dir here; a node-local
+# dir or a stale listing of a shared one) fail together naming the steps,
+# instead of training different steps against each other.
+"$TRAIN" --local --model mlp_small --steps 2 --checkpoint-dir "$T/ckpt-0" --checkpoint-every 2 \
+  >"$T/ckpt-local.out" 2>&1 || fail "the local checkpointing run failed: $(tail -n 3 "$T/ckpt-local.out")"
+port=$(free_port)
+pids=()
+for rank in 0 1; do
+  env -u LOCKSTEP_STORE LOCKSTEP_RANK="$rank" LOCKSTEP_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+    MASTER_PORT="$port" "$TRAIN" --model mlp_small --steps 4 --timeout-s 60 \
+    --checkpoint-dir "$T/ckpt-$rank" >"$T/split.$rank.out" 2>"$T/split.$rank.err" &
+  pids+=($!)
+done
+for rank in 0 1; do
+  rc=0
+  wait "${pids[$rank]}" || rc=$?
+  [ "$rc" != 0 ] || fail "rank $rank trained from its own checkpoint step: $(tail -n 3 "$T/split.$rank.err")"
+  grep -qF "ranks resumed from different checkpoints in $T/ckpt-$rank (rank 0 at step 2, rank 1 at step 0" \
+    "$T/split.$rank.err" || fail "rank $rank does not name the steps: $(tail -n 3 "$T/split.$rank.err")"
+done
+log "ok: ranks at different checkpoint steps are refused together"
+
 # A misspelt model is refused before the rank looks for its peers (no store
 # in this environment: it would otherwise fail on that, or wait for them).
 rc=0
