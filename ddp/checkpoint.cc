@@ -12,6 +12,8 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -123,9 +125,11 @@ Status WriteSynced(torch::serialize::OutputArchive& archive, const std::string& 
 }
 
 // The dir's round fence (file comment in checkpoint.h): `<dir>/lockstep-round`
-// holds the newest round that restored from or saved into `dir`, read and
-// raised under flock on `<dir>/lockstep.lock`, which a save holds from that
-// check through its rename.
+// holds "<job id> <round>\n", the newest round of the job that last restored
+// from or saved into `dir`, or "<round>\n", a fence that names no job
+// (written before fences named their job, or by a caller that passed none).
+// It is read and rewritten under flock on `<dir>/lockstep.lock`, which a
+// save holds from that check through its rename.
 constexpr char kRoundFile[] = "lockstep-round";
 constexpr char kLockFile[] = "lockstep.lock";
 
@@ -165,32 +169,76 @@ Status SyncDir(const std::string& dir) {
   return status;
 }
 
-// Raises the dir's fence round to `round` when it is older (never lowers
-// it), atomically; returns the fence round found (0: none set yet).
-// REQUIRES: the dir's DirLock held.
-StatusOr<int64_t> RaiseFenceRound(const std::string& dir, int64_t round) {
-  const std::string path = (fs::path(dir) / kRoundFile).string();
+struct Fence {
+  std::string job_id;  // "": the fence names no job.
+  int64_t round = 0;
+};
+
+// " of job J", or "" for no job.
+std::string OfJob(const std::string& job_id) {
+  return job_id.empty() ? std::string() : absl::StrCat(" of job ", job_id);
+}
+
+// The fence in `path`; nullopt when there is none.
+StatusOr<std::optional<Fence>> ReadFence(const std::string& path) {
   std::error_code ec;
-  int64_t fence = 0;
-  if (fs::exists(path, ec)) {
-    std::ifstream in(path);
-    if (!(in >> fence)) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint round fence ", path, " does not hold a round"));
-    }
+  if (!fs::exists(path, ec)) return std::optional<Fence>();
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  // The round is the text after the last space; the job id, all before it.
+  const size_t space = text.rfind(' ');
+  const std::string digits = space == std::string::npos ? text : text.substr(space + 1);
+  Fence fence;
+  if (space != std::string::npos) fence.job_id = text.substr(0, space);
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint round fence ", path, " does not hold a round"));
   }
-  if (round <= fence) return fence;
+  fence.round = std::stoll(digits);
+  return std::optional<Fence>(std::move(fence));
+}
+
+Status WriteFence(const std::string& dir, const Fence& fence) {
+  const std::string path = (fs::path(dir) / kRoundFile).string();
   const std::string temp = absl::StrCat(path, ".tmp-", ::getpid());
   {
     std::ofstream out(temp, std::ios::trunc);
-    out << round << "\n";
+    if (!fence.job_id.empty()) out << fence.job_id << " ";
+    out << fence.round << "\n";
     if (!out.flush()) return Errno("cannot write", temp);
   }
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     return Errno(absl::StrCat("cannot rename ", temp, " to"), path);
   }
-  RETURN_IF_ERROR(SyncDir(dir));
-  return fence;
+  return SyncDir(dir);
+}
+
+// Round `round` (> 0) of job `job_id` claims `dir` for `what` (a restore, a
+// save of some step): the fence rules of checkpoint.h's Rounds. A fence of
+// the same job with a newer round refuses it (FailedPrecondition naming
+// both rounds and the job); a fence of another job, or of none, is taken
+// over; a caller with no job id compares rounds alone, whatever the fence's
+// job. The fence is rewritten when it changes; never lowered within a job.
+// REQUIRES: the dir's DirLock held; round > 0.
+Status ClaimFence(const std::string& dir, const std::string& job_id, int64_t round,
+                  const std::string& what) {
+  if (job_id.find('\n') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint: job id \"", job_id, "\" holds a newline"));
+  }
+  const std::string path = (fs::path(dir) / kRoundFile).string();
+  ASSIGN_OR_RETURN(const std::optional<Fence> found, ReadFence(path));
+  const bool same_job = found && (job_id.empty() || found->job_id == job_id);
+  if (same_job && round < found->round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " from round ", round, OfJob(job_id), " refused: round ", found->round,
+        OfJob(found->job_id), " has restored from or saved into ", dir,
+        " since (this worker belongs to a round that has ended and should have stopped)"));
+  }
+  if (same_job && round == found->round) return absl::OkStatus();
+  return WriteFence(dir, Fence{job_id, round});
 }
 
 // A tensor read from the checkpoint and the module tensor it goes into.
@@ -284,6 +332,7 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
     meta.write("step", torch::tensor(info.step, torch::kInt64));
     meta.write("round", torch::tensor(static_cast<int64_t>(info.round), torch::kInt64));
     meta.write("world_size", torch::tensor(static_cast<int64_t>(info.world_size), torch::kInt64));
+    meta.write("job_id", c10::IValue(info.job_id));
     archive.write("meta", meta);
     torch::serialize::OutputArchive model;
     module.save(model);
@@ -299,15 +348,12 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
   }
   fs::remove(temp_path, ec);  // A leftover of an earlier process with this pid.
   // The round fence, held from its check through the rename: a writer of
-  // an older round than one that has restored or saved here is refused.
+  // an older round of the job that has restored or saved here is refused.
   auto publish = [&]() -> Status {
     ASSIGN_OR_RETURN(DirLock lock, DirLock::Take(dir));
-    ASSIGN_OR_RETURN(const int64_t fence, RaiseFenceRound(dir, info.round));
-    if (info.round < fence) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint of step ", info.step, " from round ", info.round, " refused: round ", fence,
-          " has restored from or saved into ", dir,
-          " since (this worker belongs to a round that has ended and should have stopped)"));
+    if (info.round > 0) {
+      RETURN_IF_ERROR(
+          ClaimFence(dir, info.job_id, info.round, absl::StrCat("checkpoint of step ", info.step)));
     }
     if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
       return Errno(absl::StrCat("cannot rename ", temp_path, " to"), final_path);
@@ -334,18 +380,20 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
 StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string& dir,
                                                               torch::nn::Module& module,
                                                               torch::optim::Optimizer* optimizer,
-                                                              int round) {
+                                                              int round,
+                                                              const std::string& job_id) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint dir ", dir, " exists and is not a directory"));
   }
   if (round > 0 && fs::is_directory(dir, ec) && ::access(dir.c_str(), W_OK) == 0) {
-    // This round claims the dir: from now on an older round's save is
-    // refused. (A dir this worker cannot write, read-only checkpoints to
-    // start from, takes no save either: nothing to claim.)
+    // This round claims the dir: from now on an older round's save or
+    // restore is refused; or it is refused itself. (A dir this worker cannot
+    // write, read-only checkpoints to start from, takes no save either:
+    // nothing to claim.)
     ASSIGN_OR_RETURN(DirLock lock, DirLock::Take(dir));
-    RETURN_IF_ERROR(RaiseFenceRound(dir, round).status());
+    RETURN_IF_ERROR(ClaimFence(dir, job_id, round, "checkpoint restore"));
   }
   ASSIGN_OR_RETURN(auto steps, ListSteps(dir));
   if (steps.empty()) return std::optional<RestoredCheckpoint>();
@@ -378,6 +426,8 @@ StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string&
     ASSIGN_OR_RETURN(const int64_t world, ReadInt(meta, "world_size", path));
     restored.info.round = static_cast<int>(round);
     restored.info.world_size = static_cast<int>(world);
+    c10::IValue job;  // Absent from checkpoints written before it was saved.
+    if (meta.try_read("job_id", job) && job.isString()) restored.info.job_id = job.toStringRef();
 
     torch::serialize::InputArchive model;
     if (!archive.try_read("model", model)) {

@@ -3,28 +3,45 @@
 // lockstepd restarts resumes from the last checkpoint instead of step 0.
 //
 //   // Every rank, after InitFromEnv and before DistributedDataParallel::Create:
-//   ASSIGN_OR_RETURN(auto restored, ddp::RestoreCheckpoint(dir, *model, &opt));
+//   const WorkerEnv& env = group->env();
+//   ASSIGN_OR_RETURN(auto restored,
+//                    ddp::RestoreCheckpoint(dir, *model, &opt, env.round, env.job_id));
 //   int64_t first_step = restored ? restored->info.step + 1 : 1;
 //   ...
 //   // Every rank may call it; only rank 0 writes:
-//   RETURN_IF_ERROR(ddp::SaveCheckpoint(dir, rank, {step, round, world}, *model, &opt));
+//   RETURN_IF_ERROR(ddp::SaveCheckpoint(
+//       dir, env.rank, {step, env.round, env.world_size, env.job_id}, *model, &opt));
 //
 // On disk: one LibTorch archive per checkpoint, `<dir>/ckpt-<step, 12
 // digits>.pt`, holding "lockstep/format" (kCheckpointFormat), "meta/step",
-// "meta/round", "meta/world_size", "model/<parameter or buffer name>" and
-// "optimizer" (Optimizer::save's archive). A save writes
+// "meta/round", "meta/world_size", "meta/job_id", "model/<parameter or
+// buffer name>" and "optimizer" (Optimizer::save's archive). A save writes
 // `<final name>.tmp-<pid>` in the same directory, fsyncs it, renames it over
 // the final name and fsyncs the directory, so a reader sees a complete file
 // or none; temp files left by a writer that died are never read and are
 // removed by the next save. The newest `keep` checkpoints are kept.
 //
 // Rounds (DESIGN.md: a side effect that must not happen twice carries the
-// round, and a write from an older round is refused): `<dir>/lockstep-round`
-// holds the newest round that restored from (RestoreCheckpoint with its
-// round) or saved into the dir, raised under flock on `<dir>/lockstep.lock`.
-// A save from an older round is refused (FailedPrecondition): a worker of a
-// round that has ended, which lockstepd's fencing should already have
-// stopped, cannot overwrite what the new round resumed from.
+// round, and a write from an older round is refused). Round numbers count
+// per job; the fence is per dir: `<dir>/lockstep-round` holds
+// "<job id> <round>", the newest round of the job that last restored from
+// (RestoreCheckpoint with its round and job id) or saved into the dir,
+// rewritten under flock on `<dir>/lockstep.lock`. A restore or save from
+// round R > 0 of job J:
+//   - the fence names J with a newer round: refused (FailedPrecondition
+//     naming both rounds and the job), a restore at once rather than at its
+//     first save: a worker of a round that has ended, which lockstepd's
+//     fencing should already have stopped, cannot overwrite what the new
+//     round resumed from;
+//   - the fence names another job, or none (a file holding a round alone,
+//     written before fences named their job), or there is no fence: J takes
+//     it over (writes "J R"): a new job may resume another's checkpoints;
+//   - otherwise the fence is raised to "J R".
+// Round 0 (no lockstepd: a hand-started or --local run) neither checks nor
+// writes the fence. A caller with no job id ("", one written before the job
+// id was passed) compares rounds alone, whatever job the fence names, and
+// writes a fence that names no job. Two jobs writing one dir at the same
+// time are not fenced from each other.
 //
 // DDP (cross-process invariant): every rank must resume from the same step,
 // with the same parameters and its own copy of the optimizer state. Each rank
@@ -45,6 +62,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -57,11 +75,20 @@ inline constexpr int64_t kCheckpointFormat = 1;
 // How many checkpoints SaveCheckpoint keeps by default (the newest ones).
 inline constexpr int kDefaultCheckpointsKept = 2;
 
-// Where the run was when the checkpoint was taken.
+// Where the run was when the checkpoint was taken: {step, round, world_size}
+// or {step, round, world_size, job_id}.
 struct CheckpointInfo {
+  CheckpointInfo() = default;
+  CheckpointInfo(int64_t step, int round, int world_size, std::string job_id = "")
+      : step(step), round(round), world_size(world_size), job_id(std::move(job_id)) {}
+
   int64_t step = 0;    // Steps completed: training resumes at step + 1.
-  int round = 0;       // LOCKSTEP_ROUND of the writer.
+  int round = 0;       // LOCKSTEP_ROUND of the writer (0: not under lockstepd).
   int world_size = 0;  // World size of the writer's round.
+  // LOCKSTEP_JOB_ID of the writer (WorkerEnv::job_id). "": not known (a
+  // checkpoint written before it was saved reads as ""), and a save's round
+  // fence then compares rounds alone (see Rounds). Default: "".
+  std::string job_id;
 };
 
 struct CheckpointOptions {
@@ -84,8 +111,9 @@ struct RestoredCheckpoint {
 // Blocks for the write and its fsyncs.
 // Errors: Internal naming the path for a failed write, fsync or rename (the
 // previous checkpoints are then untouched); InvalidArgument for a negative
-// step or keep < 1; FailedPrecondition, naming both rounds, when a newer
-// round than info.round has restored from or saved into `dir` (see Rounds).
+// step, keep < 1 or a job id holding a newline; FailedPrecondition, naming
+// both rounds and the job, when a newer round of info.job_id than
+// info.round has restored from or saved into `dir` (see Rounds).
 Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& info,
                       const torch::nn::Module& module, const torch::optim::Optimizer* optimizer,
                       const CheckpointOptions& options = {});
@@ -94,19 +122,23 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
 // the existing parameters and buffers, which keep their storage) and, if not
 // null, into `optimizer`. Call on every rank (see file comment).
 // Returns nullopt when `dir` does not exist or holds no checkpoint (start
-// fresh); temp files are ignored. `round` > 0 (the caller's LOCKSTEP_ROUND)
-// first raises the dir's fence round to it, if the dir exists and this
-// process may write it: older rounds' saves are refused from then on.
-// 0: no fence.
+// fresh); temp files are ignored. `round` > 0 (the caller's LOCKSTEP_ROUND),
+// with `job_id` (its LOCKSTEP_JOB_ID), first claims the dir's fence, if the
+// dir exists and this process may write it (see Rounds): older rounds of
+// the job are refused from then on, and this restore is refused
+// (FailedPrecondition naming both rounds and the job) when a newer round of
+// the job has restored or saved there. 0: no fence.
 // Errors, each naming the file: DataLoss for a file that is not a complete
 // checkpoint (truncated, corrupt, wrong format); FailedPrecondition when it
 // does not match the model (a missing name, another shape or dtype) or the
-// optimizer (other parameter groups). On any error the module is unchanged;
+// optimizer (other parameter groups). InvalidArgument for a job id holding
+// a newline. On any error the module is unchanged;
 // the optimizer may be partly loaded, so treat the error as fatal.
 StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string& dir,
                                                               torch::nn::Module& module,
                                                               torch::optim::Optimizer* optimizer,
-                                                              int round = 0);
+                                                              int round = 0,
+                                                              const std::string& job_id = "");
 
 // The complete checkpoints in `dir`, newest (highest step) first; empty if
 // `dir` does not exist. Errors: Internal if it cannot be listed.

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -189,21 +190,31 @@ TEST(CheckpointTest, KeepsTheNewestCheckpointsAndRestoresTheNewest) {
   EXPECT_EQ((*restored)->info.step, 40);
 }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 // DESIGN.md: a side effect that must not happen twice carries the round,
-// and a write from an older round is refused. Round 2 restoring claims the
-// dir; a late save from round 1 (a worker the fencing missed) is refused and
-// leaves the checkpoints as they were; round 2's own save goes through.
+// and a write from an older round is refused. Round 2 of job-a restoring
+// claims the dir; a late save from round 1 (a worker the fencing missed) is
+// refused and leaves the checkpoints as they were; round 2's own save goes
+// through.
 TEST(CheckpointTest, ASaveFromARoundOlderThanOneThatRestoredIsRefused) {
   const std::string dir = FreshDir("rounds");
   Net net;
-  ASSERT_TRUE(SaveCheckpoint(dir, 0, {10, 1, 2}, *net, nullptr).ok());
-  auto restored = RestoreCheckpoint(dir, *net, nullptr, /*round=*/2);
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {10, 1, 2, "job-a"}, *net, nullptr).ok());
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-a 1\n");
+  auto restored = RestoreCheckpoint(dir, *net, nullptr, /*round=*/2, "job-a");
   ASSERT_TRUE(restored.ok() && restored->has_value()) << restored.status();
   EXPECT_EQ((*restored)->info.step, 10);
-  Status late = SaveCheckpoint(dir, 0, {20, 1, 2}, *net, nullptr);
+  EXPECT_EQ((*restored)->info.job_id, "job-a");
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-a 2\n");
+  Status late = SaveCheckpoint(dir, 0, {20, 1, 2, "job-a"}, *net, nullptr);
   EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
   EXPECT_THAT(std::string(late.message()),
-              HasSubstr("checkpoint of step 20 from round 1 refused: round 2 has restored from"))
+              HasSubstr("checkpoint of step 20 from round 1 of job job-a refused: round 2 of "
+                        "job job-a has restored from"))
       << late;
   auto list = ListCheckpoints(dir);
   ASSERT_TRUE(list.ok());
@@ -212,15 +223,106 @@ TEST(CheckpointTest, ASaveFromARoundOlderThanOneThatRestoredIsRefused) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos)
         << "the refused save left " << entry.path();
   }
-  EXPECT_TRUE(SaveCheckpoint(dir, 0, {20, 2, 2}, *net, nullptr).ok());
+  EXPECT_TRUE(SaveCheckpoint(dir, 0, {20, 2, 2, "job-a"}, *net, nullptr).ok());
   // A save raises the fence too: round 3's save, then round 2's is refused.
-  ASSERT_TRUE(SaveCheckpoint(dir, 0, {30, 3, 2}, *net, nullptr).ok());
-  EXPECT_EQ(SaveCheckpoint(dir, 0, {31, 2, 2}, *net, nullptr).code(),
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {30, 3, 2, "job-a"}, *net, nullptr).ok());
+  EXPECT_EQ(SaveCheckpoint(dir, 0, {31, 2, 2, "job-a"}, *net, nullptr).code(),
             absl::StatusCode::kFailedPrecondition);
   // Restoring without a round (0) claims nothing and reads the newest.
   restored = RestoreCheckpoint(dir, *net, nullptr);
   ASSERT_TRUE(restored.ok() && restored->has_value());
   EXPECT_EQ((*restored)->info.step, 30);
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-a 3\n");
+}
+
+// A worker of an ended round that restores (a restart the fencing raced)
+// is refused at once, before it trains --checkpoint-every steps only to
+// have its first save refused. The module is left as it was.
+TEST(CheckpointTest, ARestoreFromAnOlderRoundOfTheSameJobIsRefusedAtRestore) {
+  const std::string dir = FreshDir("stale_restore");
+  torch::manual_seed(1);
+  Net saved;
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {10, 3, 2, "job-a"}, *saved, nullptr).ok());
+  torch::manual_seed(2);
+  Net net;
+  const torch::Tensor before = net->fc1->weight.clone();
+  auto restored = RestoreCheckpoint(dir, *net, nullptr, /*round=*/2, "job-a");
+  ASSERT_FALSE(restored.ok());
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kFailedPrecondition) << restored.status();
+  EXPECT_THAT(std::string(restored.status().message()),
+              HasSubstr("from round 2 of job job-a refused: round 3 of job job-a has restored "
+                        "from or saved into " + dir))
+      << restored.status();
+  EXPECT_TRUE(torch::equal(net->fc1->weight, before));
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-a 3\n");
+}
+
+// Round numbers count per job, the fence is per dir: job B's round 1 (a new
+// job resuming job A's checkpoints) is not a stale worker of A's round 3.
+// It takes the fence over; a hand-started run (round 0) has no fence at all.
+TEST(CheckpointTest, ANewJobTakesTheFenceOverFromAnotherJob) {
+  const std::string dir = FreshDir("other_job");
+  Net net;
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {10, 3, 2, "job-a"}, *net, nullptr).ok());
+  ASSERT_EQ(ReadFile(dir + "/lockstep-round"), "job-a 3\n");
+
+  auto restored = RestoreCheckpoint(dir, *net, nullptr, /*round=*/1, "job-b");
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->has_value());
+  EXPECT_EQ((*restored)->info.step, 10);
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-b 1\n");
+  Status saved = SaveCheckpoint(dir, 0, {20, 1, 2, "job-b"}, *net, nullptr);
+  EXPECT_TRUE(saved.ok()) << saved;
+  // Job A's round 3 is now the other job: it would take the fence back.
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-b 1\n");
+
+  // A --local or hand-started run: round 0, no lockstepd, no fence.
+  restored = RestoreCheckpoint(dir, *net, nullptr, /*round=*/0, "local");
+  ASSERT_TRUE(restored.ok() && restored->has_value()) << restored.status();
+  EXPECT_EQ((*restored)->info.step, 20);
+  saved = SaveCheckpoint(dir, 0, {30, 0, 1, "local"}, *net, nullptr);
+  EXPECT_TRUE(saved.ok()) << saved;
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-b 1\n");
+}
+
+// A fence written before fences named their job holds a round alone: it
+// names no job, so any job takes it over.
+TEST(CheckpointTest, AnOldFormatFenceIsTakenOverByAnyJob) {
+  const std::string dir = FreshDir("old_fence");
+  Net net;
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {10, 0, 1}, *net, nullptr).ok());
+  std::ofstream(dir + "/lockstep-round") << "3\n";
+  auto restored = RestoreCheckpoint(dir, *net, nullptr, /*round=*/1, "job-b");
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->has_value());
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-b 1\n");
+  Status saved = SaveCheckpoint(dir, 0, {20, 1, 1, "job-b"}, *net, nullptr);
+  EXPECT_TRUE(saved.ok()) << saved;
+
+  std::ofstream(dir + "/lockstep-round") << "3\n";
+  saved = SaveCheckpoint(dir, 0, {30, 2, 1, "job-a"}, *net, nullptr);
+  EXPECT_TRUE(saved.ok()) << saved;
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-a 2\n");
+}
+
+// A caller that passes no job id (one written before the job id was a
+// parameter) gets the fence as it was: rounds compared alone, whatever job
+// the fence names, and a fence it raises names no job.
+TEST(CheckpointTest, WithoutAJobIdTheFenceComparesRoundsAlone) {
+  const std::string dir = FreshDir("no_job_id");
+  Net net;
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {10, 3, 2, "job-a"}, *net, nullptr).ok());
+  Status late = SaveCheckpoint(dir, 0, {20, 2, 2}, *net, nullptr);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_THAT(std::string(late.message()),
+              HasSubstr("checkpoint of step 20 from round 2 refused: round 3 of job job-a"))
+      << late;
+  auto restored = RestoreCheckpoint(dir, *net, nullptr, /*round=*/4);
+  ASSERT_TRUE(restored.ok() && restored->has_value()) << restored.status();
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "4\n");
+  EXPECT_EQ(SaveCheckpoint(dir, 0, {20, 3, 2}, *net, nullptr).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(SaveCheckpoint(dir, 0, {20, 4, 2}, *net, nullptr).ok());
 }
 
 // A writer killed mid-save leaves only a temp file: readers ignore it (the
