@@ -11,8 +11,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <optional>
 #include <system_error>
 #include <utility>
@@ -51,9 +49,9 @@ int64_t StepOfName(const std::string& name) {
   return std::stoll(digits);
 }
 
-// A temp file ("ckpt-….pt.tmp-<pid>") whose writer is no longer running on
-// this host: its pid is not a live process (another writer's file, still
-// being written, is left alone).
+// A checkpoint's temp file ("ckpt-….pt.tmp-<pid>") whose writer is no
+// longer running on this host: its pid is not a live process (another
+// writer's file, still being written, is left alone).
 bool IsDeadWritersTemp(const std::string& name) {
   if (name.compare(0, sizeof(kPrefix) - 1, kPrefix) != 0) return false;
   const size_t marker = name.find(kTempMarker);
@@ -86,25 +84,32 @@ Status Errno(const std::string& what, const std::string& path) {
   return absl::InternalError(absl::StrCat("checkpoint: ", what, " ", path, ": ", std::strerror(errno)));
 }
 
+// Writes all `n` bytes at `data` to `fd`; returns how many it wrote (n, or
+// fewer with errno set).
+size_t WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  size_t left = n;
+  while (left > 0) {
+    const ssize_t w = ::write(fd, p, left);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return n - left;
+    }
+    p += w;
+    left -= static_cast<size_t>(w);
+  }
+  return n;
+}
+
 // Writes `archive` to `path` (created, must not exist) and fsyncs it.
 Status WriteSynced(torch::serialize::OutputArchive& archive, const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", path);
   int write_errno = 0;
   auto writer = [fd, &write_errno](const void* data, size_t n) -> size_t {
-    const char* p = static_cast<const char*>(data);
-    size_t left = n;
-    while (left > 0) {
-      const ssize_t w = ::write(fd, p, left);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        write_errno = errno;
-        return n - left;
-      }
-      p += w;
-      left -= static_cast<size_t>(w);
-    }
-    return n;
+    const size_t written = WriteAll(fd, data, n);
+    if (written < n) write_errno = errno;
+    return written;
   };
   Status status;
   try {
@@ -129,8 +134,16 @@ Status WriteSynced(torch::serialize::OutputArchive& archive, const std::string& 
 // from or saved into `dir`, or "<round>\n", a fence that names no job
 // (written before fences named their job, or by a caller that passed none).
 // It is read and rewritten under flock on `<dir>/lockstep.lock`, which a
-// save holds from that check through its rename.
+// save holds from that check through its rename. A rewrite is a checkpoint's
+// write in small: `lockstep-round.tmp-<pid>`, fsync, close, rename over the
+// fence, fsync of the dir; so a fence is whole or the previous one, and a
+// fence that is not whole (empty, or no final newline) was torn by a crash
+// of an older version, which wrote it without the fsync. It is read as no
+// fence and taken over: refusing would keep the job from ever resuming, and
+// taking it over loses only the refusal of a save from an older round made
+// before this round's first restore or save.
 constexpr char kRoundFile[] = "lockstep-round";
+constexpr char kRoundTempPrefix[] = "lockstep-round.tmp-";
 constexpr char kLockFile[] = "lockstep.lock";
 
 class DirLock {
@@ -179,40 +192,78 @@ std::string OfJob(const std::string& job_id) {
   return job_id.empty() ? std::string() : absl::StrCat(" of job ", job_id);
 }
 
-// The fence in `path`; nullopt when there is none.
+// The fence in `path`; nullopt when there is none, or none that is whole.
 StatusOr<std::optional<Fence>> ReadFence(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return std::optional<Fence>();
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!text.empty() && text.back() == '\n') text.pop_back();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::optional<Fence>();
+    return Errno("cannot open", path);
+  }
+  std::string text;
+  char buf[512];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      Status status = Errno("cannot read", path);
+      ::close(fd);
+      return status;
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (text.empty() || text.back() != '\n') return std::optional<Fence>();  // Torn.
+  text.pop_back();
   // The round is the text after the last space; the job id, all before it.
   const size_t space = text.rfind(' ');
   const std::string digits = space == std::string::npos ? text : text.substr(space + 1);
-  Fence fence;
-  if (space != std::string::npos) fence.job_id = text.substr(0, space);
   if (digits.empty() || digits.size() > 18 ||
       !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint round fence ", path, " does not hold a round"));
+    return std::optional<Fence>();
   }
+  Fence fence;
+  if (space != std::string::npos) fence.job_id = text.substr(0, space);
   fence.round = std::stoll(digits);
   return std::optional<Fence>(std::move(fence));
 }
 
+// REQUIRES: the dir's DirLock held.
 Status WriteFence(const std::string& dir, const Fence& fence) {
   const std::string path = (fs::path(dir) / kRoundFile).string();
-  const std::string temp = absl::StrCat(path, ".tmp-", ::getpid());
-  {
-    std::ofstream out(temp, std::ios::trunc);
-    if (!fence.job_id.empty()) out << fence.job_id << " ";
-    out << fence.round << "\n";
-    if (!out.flush()) return Errno("cannot write", temp);
+  const std::string temp = absl::StrCat(dir, "/", kRoundTempPrefix, ::getpid());
+  std::error_code ec;
+  fs::remove(temp, ec);  // A leftover of an earlier process with this pid.
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", temp);
+  const std::string text = fence.job_id.empty()
+                               ? absl::StrCat(fence.round, "\n")
+                               : absl::StrCat(fence.job_id, " ", fence.round, "\n");
+  Status status;
+  if (WriteAll(fd, text.data(), text.size()) != text.size()) status = Errno("cannot write", temp);
+  if (status.ok() && ::fsync(fd) != 0) status = Errno("cannot fsync", temp);
+  if (::close(fd) != 0 && status.ok()) status = Errno("cannot close", temp);
+  if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
+    status = Errno(absl::StrCat("cannot rename ", temp, " to"), path);
   }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    return Errno(absl::StrCat("cannot rename ", temp, " to"), path);
+  if (!status.ok()) {
+    fs::remove(temp, ec);
+    return status;
   }
   return SyncDir(dir);
+}
+
+// Removes the fence temp files in `dir`: left by writers that died, since
+// the caller holds the lock every fence write runs under.
+// REQUIRES: the dir's DirLock held.
+void RemoveFenceTemps(const std::string& dir) {
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, sizeof(kRoundTempPrefix) - 1, kRoundTempPrefix) == 0) {
+      fs::remove(entry.path(), ec);
+    }
+  }
 }
 
 // Round `round` (> 0) of job `job_id` claims `dir` for `what` (a restore, a
@@ -358,6 +409,7 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
     if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
       return Errno(absl::StrCat("cannot rename ", temp_path, " to"), final_path);
     }
+    RemoveFenceTemps(dir);
     return absl::OkStatus();
   };
   Status status = WriteSynced(archive, temp_path);
@@ -368,7 +420,8 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
   }
   RETURN_IF_ERROR(SyncDir(dir));
 
-  // Retention: the newest `keep` checkpoints; temp files of writers that died.
+  // Retention: the newest `keep` checkpoints; checkpoint temp files of
+  // writers that died (fence temps went under the lock, above).
   ASSIGN_OR_RETURN(auto steps, ListSteps(dir));
   for (size_t i = options.keep; i < steps.size(); ++i) fs::remove(steps[i].second, ec);
   for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {

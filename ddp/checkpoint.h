@@ -41,7 +41,12 @@
 // writes the fence. A caller with no job id ("", one written before the job
 // id was passed) compares rounds alone, whatever job the fence names, and
 // writes a fence that names no job. Two jobs writing one dir at the same
-// time are not fenced from each other.
+// time are not fenced from each other. The fence is written like a
+// checkpoint (`lockstep-round.tmp-<pid>`, fsync, rename, fsync of the dir;
+// the temp file removed on error, and a dead writer's by the next save), so
+// it is whole or the previous one. A fence that is not whole (empty, or no
+// final newline: a crash of an older version, which did not fsync it) or
+// not "[<job id> ]<round>" reads as no fence and is taken over.
 //
 // DDP (cross-process invariant): every rank must resume from the same step,
 // with the same parameters and its own copy of the optimizer state. Each rank

@@ -352,6 +352,60 @@ TEST(CheckpointTest, LeftoverTempFileIsIgnoredAndRemovedByTheNextSave) {
   EXPECT_TRUE(fs::exists(dir + "/ckpt-000000000020.pt"));
 }
 
+// An older version wrote the fence without fsync before its rename, so a
+// crash could leave it empty (or torn). A save and a restore of any round
+// take such a fence over instead of failing forever with "does not hold a
+// round".
+TEST(CheckpointTest, AnEmptyOrTornFenceIsTakenOverNotAPermanentFailure) {
+  const std::string dir = FreshDir("empty_fence");
+  Net net;
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {10, 1, 2, "job-a"}, *net, nullptr).ok());
+  const std::string fence = dir + "/lockstep-round";
+  fs::resize_file(fence, 0);
+  Status saved = SaveCheckpoint(dir, 0, {20, 1, 2, "job-a"}, *net, nullptr);
+  EXPECT_TRUE(saved.ok()) << saved;
+  EXPECT_EQ(ReadFile(fence), "job-a 1\n");
+
+  fs::resize_file(fence, 0);
+  auto restored = RestoreCheckpoint(dir, *net, nullptr, /*round=*/2, "job-a");
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->has_value());
+  EXPECT_EQ((*restored)->info.step, 20);
+  EXPECT_EQ(ReadFile(fence), "job-a 2\n");
+  // The fence works again: round 1 is refused.
+  EXPECT_EQ(SaveCheckpoint(dir, 0, {30, 1, 2, "job-a"}, *net, nullptr).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  for (const char* torn : {"job-a ", "job-a 2x", "\n", "jo", "job-a 9"}) {
+    std::ofstream(fence, std::ios::trunc) << torn;
+    saved = SaveCheckpoint(dir, 0, {30, 2, 2, "job-a"}, *net, nullptr);
+    EXPECT_TRUE(saved.ok()) << "fence \"" << torn << "\": " << saved;
+    EXPECT_EQ(ReadFile(fence), "job-a 2\n") << "fence \"" << torn << "\"";
+  }
+}
+
+// A fence write's temp file ("lockstep-round.tmp-<pid>") left by a writer
+// killed mid-write is removed by the next save. Fence writes run under the
+// dir's lock, which that save holds when it looks, so any such file is
+// dead, whatever its pid.
+TEST(CheckpointTest, LeftoverFenceTempFileIsRemovedByTheNextSave) {
+  const std::string dir = FreshDir("fence_temp");
+  Net net;
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {10, 1, 1, "job-a"}, *net, nullptr).ok());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  const std::string dead = absl::StrCat(dir, "/lockstep-round.tmp-", child);
+  const std::string other_host = absl::StrCat(dir, "/lockstep-round.tmp-", getppid());
+  std::ofstream(dead) << "job-a ";
+  std::ofstream(other_host) << "job-a 7";
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {20, 1, 1, "job-a"}, *net, nullptr).ok());
+  EXPECT_FALSE(fs::exists(dead)) << "a dead writer's fence temp file was kept";
+  EXPECT_FALSE(fs::exists(other_host)) << "a fence temp file was kept";
+  EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-a 1\n");
+}
+
 TEST(CheckpointTest, TruncatedCheckpointIsDataLossNamingThePath) {
   const std::string dir = FreshDir("truncated");
   Net net;
