@@ -1,5 +1,7 @@
 #include "ddp/checkpoint.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -11,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <system_error>
 #include <utility>
@@ -292,6 +295,23 @@ Status ClaimFence(const std::string& dir, const std::string& job_id, int64_t rou
   return WriteFence(dir, Fence{job_id, round});
 }
 
+// The default CPU generator's state ("rng/cpu"): what dropout and every
+// torch::rand* without a generator draw from. Every rank seeds it alike and
+// draws alike, so rank 0's state, saved, is every rank's.
+torch::Tensor CpuGeneratorState() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+// Throws (c10::Error) for a state of another size or dtype, before changing
+// the generator.
+void SetCpuGeneratorState(const torch::Tensor& state) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
 // A tensor read from the checkpoint and the module tensor it goes into.
 struct Pending {
   torch::Tensor target;
@@ -393,6 +413,9 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
       optimizer->save(opt);
       archive.write("optimizer", opt);
     }
+    torch::serialize::OutputArchive rng;
+    rng.write("cpu", CpuGeneratorState(), /*is_buffer=*/true);
+    archive.write("rng", rng);
   } catch (const std::exception& e) {
     return absl::InternalError(
         absl::StrCat("checkpoint: cannot serialize step ", info.step, ": ", ExceptionMessage(e)));
@@ -463,6 +486,7 @@ StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string&
                                             ExceptionMessage(e)));
   }
   std::vector<Pending> pending;
+  torch::Tensor rng_state;  // Undefined: the checkpoint has none (older files).
   try {
     torch::serialize::InputArchive meta;
     if (!archive.try_read("meta", meta)) {
@@ -504,9 +528,24 @@ StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string&
             ExceptionMessage(e)));
       }
     }
+    torch::serialize::InputArchive rng;
+    if (archive.try_read("rng", rng) && !rng.try_read("cpu", rng_state, /*is_buffer=*/true)) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", path, " has rng but no rng/cpu"));
+    }
   } catch (const std::exception& e) {
     return absl::DataLossError(
         absl::StrCat("checkpoint ", path, " cannot be read: ", ExceptionMessage(e)));
+  }
+  // The generator before the model: a state that does not fit leaves it and
+  // the model unchanged.
+  if (rng_state.defined()) {
+    try {
+      SetCpuGeneratorState(rng_state);
+    } catch (const std::exception& e) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", path,
+                                              ": its rng/cpu is no CPU generator state: ",
+                                              ExceptionMessage(e)));
+    }
   }
   torch::NoGradGuard no_grad;
   for (Pending& p : pending) p.target.copy_(p.loaded);

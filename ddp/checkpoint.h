@@ -15,7 +15,8 @@
 // On disk: one LibTorch archive per checkpoint, `<dir>/ckpt-<step, 12
 // digits>.pt`, holding "lockstep/format" (kCheckpointFormat), "meta/step",
 // "meta/round", "meta/world_size", "meta/job_id", "model/<parameter or
-// buffer name>" and "optimizer" (Optimizer::save's archive). A save writes
+// buffer name>", "optimizer" (Optimizer::save's archive) and "rng/cpu" (the
+// default CPU generator's state, see Random numbers). A save writes
 // `<final name>.tmp-<pid>` in the same directory, fsyncs it, renames it over
 // the final name and fsyncs the directory, so a reader sees a complete file
 // or none; temp files left by a writer that died are never read and are
@@ -48,6 +49,17 @@
 // final newline: a crash of an older version, which did not fsync it) or
 // not "[<job id> ]<round>" reads as no fence and is taken over.
 //
+// Random numbers: a save records the default CPU generator's state (what
+// dropout and torch::rand* without a generator draw from on CPU), taken
+// under the generator's mutex; a restore sets it back, so a resumed run on
+// CPU draws the dropout masks an uninterrupted one would. Rank 0's state is
+// saved and every rank gets it back: right when every rank seeds alike and
+// makes the same draws (the same shapes), as examples/train does with equal
+// batch sizes; a program whose ranks draw differently does not resume
+// bit-identically. CUDA generators are not saved: a model with dropout on a
+// GPU resumes with other masks. A checkpoint without "rng/cpu" (written
+// before it was saved) restores as before, leaving the generator alone.
+//
 // DDP (cross-process invariant): every rank must resume from the same step,
 // with the same parameters and its own copy of the optimizer state. Each rank
 // reads the newest checkpoint itself. Call RestoreCheckpoint after
@@ -76,6 +88,9 @@ namespace lockstep {
 namespace ddp {
 
 // Written into every checkpoint; a file with another value is refused.
+// Changed only when a build would misread a file of the old value: entries
+// added since 1 (meta/job_id, rng/cpu) are looked up by name, so older
+// builds skip them and their absence from older files means "not saved".
 inline constexpr int64_t kCheckpointFormat = 1;
 // How many checkpoints SaveCheckpoint keeps by default (the newest ones).
 inline constexpr int kDefaultCheckpointsKept = 2;
@@ -107,8 +122,9 @@ struct RestoredCheckpoint {
 };
 
 // Saves `module`'s parameters and buffers (every name of
-// module.named_parameters() / named_buffers(), recursively) and, if not
-// null, `optimizer`'s state as the checkpoint of `info.step` in `dir`
+// module.named_parameters() / named_buffers(), recursively), if not null
+// `optimizer`'s state, and the default CPU generator's state (see Random
+// numbers) as the checkpoint of `info.step` in `dir`
 // (created if missing), atomically (see file comment), then deletes all but
 // the newest `options.keep` checkpoints and the temp files of writers that
 // died (a running writer's are left alone).
@@ -124,8 +140,10 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
                       const CheckpointOptions& options = {});
 
 // Loads the newest checkpoint in `dir` into `module` (copied in place into
-// the existing parameters and buffers, which keep their storage) and, if not
-// null, into `optimizer`. Call on every rank (see file comment).
+// the existing parameters and buffers, which keep their storage), if not
+// null into `optimizer`, and its generator state, if it has one, into the
+// default CPU generator (see Random numbers). Call on every rank (see file
+// comment).
 // Returns nullopt when `dir` does not exist or holds no checkpoint (start
 // fresh); temp files are ignored. `round` > 0 (the caller's LOCKSTEP_ROUND),
 // with `job_id` (its LOCKSTEP_JOB_ID), first claims the dir's fence, if the
@@ -137,7 +155,7 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
 // checkpoint (truncated, corrupt, wrong format); FailedPrecondition when it
 // does not match the model (a missing name, another shape or dtype) or the
 // optimizer (other parameter groups). InvalidArgument for a job id holding
-// a newline. On any error the module is unchanged;
+// a newline. On any error the module and the generator are unchanged;
 // the optimizer may be partly loaded, so treat the error as fatal.
 StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string& dir,
                                                               torch::nn::Module& module,

@@ -151,6 +151,93 @@ TEST(CheckpointTest, ResumeWithoutOptimizerStateDiverges) {
   EXPECT_FALSE(torch::equal(a->fc1->weight, b->fc1->weight));
 }
 
+// Dropout draws its masks from the default CPU generator.
+struct DropoutNetImpl : torch::nn::Module {
+  DropoutNetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    drop = register_module("drop", torch::nn::Dropout(0.5));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(drop(torch::relu(fc1(x)))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::Dropout drop{nullptr};
+};
+TORCH_MODULE(DropoutNet);
+
+// Steps first..last; each step's batch is a function of the step alone
+// (its own generator), so only dropout uses the default generator.
+void TrainDropoutNet(DropoutNet& net, torch::optim::Optimizer& opt, int64_t first, int64_t last) {
+  net->train();
+  for (int64_t step = first; step <= last; ++step) {
+    at::Generator data = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+    torch::Tensor x = torch::randn({32, 8}, data);
+    torch::Tensor y = torch::randint(0, 4, {32}, data);
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+    opt.step();
+  }
+}
+
+// A resumed run of a model with dropout draws the masks an uninterrupted
+// one would: the checkpoint carries the default CPU generator's state.
+TEST(CheckpointTest, ResumeWithDropoutEqualsUninterrupted) {
+  const std::string dir = FreshDir("dropout");
+  torch::manual_seed(1);
+  DropoutNet a;
+  torch::optim::SGD opt_a(a->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  TrainDropoutNet(a, opt_a, 1, 4);
+
+  torch::manual_seed(1);
+  DropoutNet b;
+  torch::optim::SGD opt_b(b->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  TrainDropoutNet(b, opt_b, 1, 2);
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {2, 1, 1, "job-a"}, *b, &opt_b).ok());
+
+  // A fresh process: another seed, other initial weights.
+  torch::manual_seed(2);
+  DropoutNet c;
+  torch::optim::SGD opt_c(c->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto restored = RestoreCheckpoint(dir, *c, &opt_c, /*round=*/2, "job-a");
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->has_value());
+  TrainDropoutNet(c, opt_c, (*restored)->info.step + 1, 4);
+  for (const auto& item : a->named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), c->named_parameters()[item.key()])) << item.key();
+  }
+}
+
+// A checkpoint written before the generator's state was saved restores as
+// it did, leaving the generator alone.
+TEST(CheckpointTest, ACheckpointWithoutGeneratorStateRestoresAndLeavesTheGeneratorAlone) {
+  const std::string dir = FreshDir("no_rng");
+  fs::create_directories(dir);
+  torch::manual_seed(1);
+  Net saved;
+  {
+    torch::serialize::OutputArchive archive, meta, model;
+    meta.write("format", torch::tensor(int64_t{1}));
+    meta.write("step", torch::tensor(int64_t{10}));
+    meta.write("round", torch::tensor(int64_t{1}));
+    meta.write("world_size", torch::tensor(int64_t{2}));
+    archive.write("meta", meta);
+    saved->save(model);
+    archive.write("model", model);
+    archive.save_to(dir + "/ckpt-000000000010.pt");
+  }
+  torch::manual_seed(2);
+  Net net;
+  const torch::Tensor before = torch::rand({4});
+  torch::manual_seed(2);
+  Net again;
+  auto restored = RestoreCheckpoint(dir, *net, nullptr);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->has_value());
+  EXPECT_EQ((*restored)->info.step, 10);
+  EXPECT_EQ((*restored)->info.job_id, "");
+  ExpectSameState(saved, net);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), before));
+}
+
 TEST(CheckpointTest, RestoreCopiesIntoTheExistingTensors) {
   const std::string dir = FreshDir("in_place");
   Net a, b;
