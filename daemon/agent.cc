@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -1106,6 +1107,25 @@ Status Agent::ReportProgress(const std::string& job_id, int round, const std::st
   if (round != run.assignment.round()) {
     return absl::AbortedError(absl::StrCat("job ", QuoteForError(job_id), ": stale round ", round, " (current ",
                                            run.assignment.round(), ")"));
+  }
+  // Every heartbeat carries each worker's last report: an unbounded one
+  // would make every heartbeat of this node too big to send, and the node,
+  // with every job on it, would be lost for good.
+  const size_t bytes = progress.ByteSizeLong();
+  if (bytes > kMaxProgressBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "progress of rank ", progress.rank(), ": ", bytes, " bytes exceeds the limit of ",
+        kMaxProgressBytes, " bytes (kMaxProgressBytes; ", progress.bucket_wait_ms_size(),
+        " bucket waits, collective_op of ", progress.collective_op().size(), " bytes)"));
+  }
+  if (progress.collective_op().size() > kMaxCollectiveOpBytes ||
+      std::any_of(progress.collective_op().begin(), progress.collective_op().end(), [](char c) {
+        return !absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-';
+      })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "progress of rank ", progress.rank(), ": collective_op ",
+        QuoteForError(progress.collective_op()), " is not a collective's name ([A-Za-z0-9_-], at most ",
+        kMaxCollectiveOpBytes, " bytes)"));
   }
   for (auto& w : run.workers) {
     if (w.rank != progress.rank()) continue;

@@ -926,6 +926,27 @@ TEST_F(AgentTest, ProgressNeedsTheRunTokenAndCurrentRound) {
   auto w = Workers("j1")[0];
   EXPECT_EQ(w.state(), v1::WORKER_STATE_RUNNING);
   EXPECT_EQ(w.progress().step(), 7);
+
+  // A report too big for the heartbeats that carry it (one of 64 MiB cut
+  // the node off for good: every heartbeat after it was over the message
+  // limit), or naming no collective, is refused; the last good one stays.
+  v1::RankProgress huge = p;
+  huge.set_step(8);
+  huge.set_collective_op(std::string(63 << 20, 'a'));
+  Status refused = agent_->ReportProgress("j1", 1, token, huge);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StartsWith(refused.message(), "progress of rank 1: ")) << refused;
+  huge.set_collective_op("allreduce");
+  for (int i = 0; i < 10000; ++i) huge.add_bucket_wait_ms(1.5);
+  refused = agent_->ReportProgress("j1", 1, token, huge);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("exceeds the limit of 65536 bytes"), std::string::npos) << refused;
+  huge.clear_bucket_wait_ms();
+  huge.set_collective_op("all\x1b[2Jreduce");
+  refused = agent_->ReportProgress("j1", 1, token, huge);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_EQ(refused.message().find('\x1b'), std::string::npos) << refused;
+  EXPECT_EQ(Workers("j1")[0].progress().step(), 7) << "a refused report replaced the last good one";
   ASSERT_TRUE(RunUntil([&] {
     auto hbs = coord_.heartbeats();
     return !hbs.empty() && hbs.back().jobs_size() == 1 &&

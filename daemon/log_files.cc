@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -15,18 +16,32 @@ namespace {
 
 constexpr mode_t kLogMode = 0640;
 
-// fd if it is a regular file (then made blocking again), else -1 with the
-// fd closed and errno EINVAL.
+// fd if it is a regular file with this one name (then made blocking
+// again), else -1 with the fd closed and errno EINVAL, or EMLINK for a file
+// with other names: a hard link the job made in its dir to a file it could
+// not otherwise touch (where fs.protected_hardlinks is off), which the agent
+// would chmod, hand to the job's uid, rotate and serve.
 int RegularOrClose(int fd) {
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    const bool linked = S_ISREG(st.st_mode) && st.st_nlink > 1;
     ::close(fd);
-    errno = EINVAL;
+    errno = linked ? EMLINK : EINVAL;
     return -1;
   }
   const int flags = ::fcntl(fd, F_GETFL);
   ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   return fd;
+}
+
+// What an open of a log file that RegularOrClose refused found there.
+std::string LinkText(int err) {
+  switch (err) {
+    case ELOOP: return "a symlink";
+    case EMLINK: return "a hard link to a file with other names";
+    case EINVAL: return "not a regular file";
+    default: return std::strerror(err);
+  }
 }
 
 }  // namespace
@@ -38,16 +53,15 @@ StatusOr<int> OpenLogForAppend(const std::string& path) {
   if (fd >= 0) fd = RegularOrClose(fd);
   if (fd < 0 && errno != EACCES && errno != ENOENT) {
     // A symlink (ELOOP), a FIFO or socket (ENXIO, EINVAL), a directory
-    // (EISDIR) put there by the job: replaced by a file of its own.
+    // (EISDIR), a hard link (EMLINK) put there by the job: replaced by a
+    // file of its own.
     if (::unlink(path.c_str()) == 0 || errno == ENOENT) {
       fd = ::open(path.c_str(), kFlags | O_EXCL, kLogMode);
       if (fd >= 0) fd = RegularOrClose(fd);
     }
   }
   if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("open log file ", path, ": ", std::strerror(errno),
-                     errno == EINVAL ? " (not a regular file)" : ""));
+    return absl::UnavailableError(absl::StrCat("open log file ", path, ": ", LinkText(errno)));
   }
   if (::fchmod(fd, kLogMode) != 0) {
     const int err = errno;
@@ -59,9 +73,11 @@ StatusOr<int> OpenLogForAppend(const std::string& path) {
 
 namespace {
 
-// Copies all of `src` to a new file `to` (made with O_EXCL, never through a
-// symlink); the bytes copied, or the failing step and errno's text.
-StatusOr<int64_t> CopyLog(int src, const std::string& to) {
+// Copies the first `limit` bytes of `src` (fewer if it is shorter) to a
+// new file `to` (made with O_EXCL, never through a symlink); the bytes
+// copied, or the failing step and errno's text. Bounded: a worker that
+// keeps writing would otherwise keep the copy going, and fill the disk.
+StatusOr<int64_t> CopyLog(int src, const std::string& to, int64_t limit) {
   const int dst = ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, kLogMode);
   if (dst < 0) return absl::UnavailableError(absl::StrCat("create ", to, ": ", std::strerror(errno)));
   auto fail = [&](const char* what) {
@@ -71,8 +87,9 @@ StatusOr<int64_t> CopyLog(int src, const std::string& to) {
   };
   int64_t copied = 0;
   std::string buf(1 << 20, '\0');
-  while (true) {
-    const ssize_t n = ::pread(src, buf.data(), buf.size(), copied);
+  while (copied < limit) {
+    const size_t want = static_cast<size_t>(std::min<int64_t>(buf.size(), limit - copied));
+    const ssize_t n = ::pread(src, buf.data(), want, copied);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return fail("read for");
     if (n == 0) break;
@@ -102,9 +119,8 @@ StatusOr<Rotation> RotateLog(const std::string& path, const std::string& marker_
   int src = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (src >= 0) src = RegularOrClose(src);
   if (src < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "log file ", path, " not rotated: ",
-        errno == ELOOP ? "a symlink" : errno == EINVAL ? "not a regular file" : std::strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("log file ", path, " not rotated: ", LinkText(errno)));
   }
   const std::string previous = path + ".1";
   const std::string tmp = previous + ".tmp";
@@ -112,7 +128,7 @@ StatusOr<Rotation> RotateLog(const std::string& path, const std::string& marker_
   struct stat st;
   r.bytes = ::fstat(src, &st) == 0 ? st.st_size : 0;
   ::unlink(tmp.c_str());  // a leftover, or a symlink the job planted
-  StatusOr<int64_t> copied = CopyLog(src, tmp);
+  StatusOr<int64_t> copied = CopyLog(src, tmp, r.bytes);
   // rename replaces whatever is named `previous`, a symlink included, and
   // never writes through it.
   if (copied.ok() && ::rename(tmp.c_str(), previous.c_str()) != 0) {
@@ -125,6 +141,8 @@ StatusOr<Rotation> RotateLog(const std::string& path, const std::string& marker_
     ::unlink(tmp.c_str());
     r.why_lost = std::string(copied.status().message());
   }
+  // What the worker wrote while the copy ran is not in it.
+  if (r.kept && ::fstat(src, &st) == 0 && st.st_size > r.bytes) r.dropped = st.st_size - r.bytes;
   if (::ftruncate(src, 0) != 0) {
     const int err = errno;
     ::close(src);
@@ -132,7 +150,9 @@ StatusOr<Rotation> RotateLog(const std::string& path, const std::string& marker_
         absl::StrCat("rotating log file ", path, ": truncate: ", std::strerror(err)));
   }
   const std::string marker =
-      r.kept ? absl::StrCat(marker_head, "; the earlier output is in ", BaseName(previous), " ===\n")
+      r.kept ? absl::StrCat(marker_head, "; the earlier output is in ", BaseName(previous),
+                            r.dropped > 0 ? absl::StrCat(" (", r.dropped, " bytes written while it was copied were dropped)") : "",
+                            " ===\n")
              : absl::StrCat(marker_head, "; the earlier output was dropped (", r.why_lost, ") ===\n");
   (void)!::write(src, marker.data(), marker.size());
   ::close(src);
@@ -147,8 +167,7 @@ StatusOr<int> OpenLogForRead(const std::string& path) {
   if (fd >= 0) fd = RegularOrClose(fd);
   if (fd < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "log file ", path, " is not a regular file (",
-        errno == ELOOP ? "a symlink" : std::strerror(errno), "): not read"));
+        "log file ", path, " is not a regular file of its own (", LinkText(errno), "): not read"));
   }
   return fd;
 }

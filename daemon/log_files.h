@@ -27,6 +27,9 @@ struct Rotation {
   int64_t bytes = 0;     // what `path` held
   bool kept = false;     // copied to `path`.1; else dropped
   std::string why_lost;  // when not kept: why `path`.1 could not be written
+  // Kept: what the worker wrote while the copy ran (the copy stops at the
+  // size `path` had when the rotation began), dropped and said in the marker.
+  int64_t dropped = 0;
 };
 
 // Rotates a log file that its worker keeps appending to (through an
@@ -37,7 +40,12 @@ struct Rotation {
 // written (the disk full, say), "; the earlier output was dropped (<why>)
 // ===": the file is emptied either way, since a log that keeps growing would
 // fill the disk. Copy then truncate, as logrotate's copytruncate: what the
-// worker writes between the end of the copy and the truncation is lost.
+// worker writes between the end of the copy and the truncation is lost
+// (the marker says how much, " (N bytes written while it was copied were
+// dropped)", when it saw it). The copy takes what `path` held when the
+// rotation began, no more: one that chased a worker writing as fast as it
+// copies would not end, and would fill the disk. A file with other names
+// (a hard link) is neither rotated, read nor appended to (it is replaced).
 // Nothing is followed through a symlink: `path` must be a regular file
 // (FailedPrecondition naming it otherwise; nothing changed); a symlink at
 // `path`.1 is replaced, never written through. Unavailable naming the path

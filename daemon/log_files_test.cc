@@ -4,9 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -130,6 +133,71 @@ TEST_F(LogFilesTest, RotateMovesTheOutputAsideAndTheWriterGoesOn) {
   ::close(*fd);
   struct stat st;
   EXPECT_NE(::lstat((path + ".1.tmp").c_str(), &st), 0) << "a temporary file was left";
+}
+
+// A rotation copies what the log held when it began: with writers going on
+// as fast as it copies, a copy to the end never ended (3.2 GB of .1 with a
+// 1 MiB cap) and could fill the disk. What they wrote meanwhile is dropped,
+// and the marker says how much.
+TEST_F(LogFilesTest, RotatingALogThatKeepsGrowingCopiesWhatItHeldWhenItBegan) {
+  const std::string path = dir_ + "/rank-0.stdout";
+  StatusOr<int> fd = OpenLogForAppend(path);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  std::atomic<bool> stop{false};
+  constexpr int64_t kBudget = int64_t{96} << 20;  // per writer
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 4; ++t) {
+    writers.emplace_back([&] {
+      const std::string chunk(256 << 10, 'w');
+      for (int64_t done = 0; done < kBudget && !stop.load(); done += chunk.size()) {
+        if (::write(*fd, chunk.data(), chunk.size()) <= 0) return;
+      }
+    });
+  }
+  struct stat st;
+  while (::stat(path.c_str(), &st) == 0 && st.st_size < (4 << 20)) std::this_thread::yield();
+  StatusOr<Rotation> r = RotateLog(path, "=== head");
+  stop = true;
+  for (auto& w : writers) w.join();
+  ::close(*fd);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->kept);
+  ASSERT_EQ(::stat((path + ".1").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, r->bytes);
+  EXPECT_LT(r->bytes, int64_t{48} << 20) << "the copy chased the writers";
+  // The marker follows whatever the writers appended after the truncation.
+  const std::string now = Contents(path);
+  const std::string marker =
+      r->dropped > 0
+          ? absl::StrCat("=== head; the earlier output is in rank-0.stdout.1 (", r->dropped,
+                         " bytes written while it was copied were dropped) ===\n")
+          : "=== head; the earlier output is in rank-0.stdout.1 ===\n";
+  EXPECT_NE(now.find(marker), std::string::npos) << marker;
+}
+
+// A hard link the job made in its dir to a file it could not otherwise
+// touch (possible where fs.protected_hardlinks is off): replaced when the
+// log is opened for the next worker, never read, rotated or chmodded.
+TEST_F(LogFilesTest, AHardLinkAtTheLogsNameIsReplacedNeverUsed) {
+  const std::string path = dir_ + "/rank-0.stdout";
+  ASSERT_EQ(::link(victim_.c_str(), path.c_str()), 0);
+  StatusOr<int> rd = OpenLogForRead(path);
+  EXPECT_EQ(rd.status().code(), absl::StatusCode::kFailedPrecondition) << rd.status();
+  EXPECT_NE(rd.status().message().find("a hard link"), std::string::npos) << rd.status();
+  StatusOr<Rotation> r = RotateLog(path, "=== head");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_EQ(Contents(victim_), "secret\n");
+
+  StatusOr<int> fd = OpenLogForAppend(path);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_EQ(::write(*fd, "out\n", 4), 4);
+  ::close(*fd);
+  EXPECT_EQ(Contents(path), "out\n");
+  EXPECT_EQ(Contents(victim_), "secret\n");
+  EXPECT_EQ(Mode(victim_), 0600) << "the victim was chmodded through the link";
+  struct stat st;
+  ASSERT_EQ(::stat(victim_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_nlink, 1u);
 }
 
 // The job owns the dir: a symlink at the log's name is not rotated (nor
