@@ -170,6 +170,7 @@ Status Run(const Config& cfg) {
   }
   std::unique_ptr<ddp::ProcessGroup> group;
   int rank = 0, world = 1, round = 0;
+  std::string job_id;  // the checkpoint fence's (ddp/checkpoint.h); none under --local
   // The same allocator settings InitFromEnv applies, so the --local baseline
   // differs from DDP only by communication.
   if (cfg.local) ddp::KeepFreedMemory();
@@ -183,6 +184,7 @@ Status Run(const Config& cfg) {
     rank = group->env().rank;
     world = group->env().world_size;
     round = group->env().round;
+    job_id = group->env().job_id;
   }
   // Rank r's batch: --batch samples, or the r-th of --batch-sizes; the
   // ranks' batches are consecutive slices of one synthetic global batch.
@@ -235,7 +237,8 @@ Status Run(const Config& cfg) {
   // environment names no job), so both components' lines agree.
   const Logger log("train", group ? group->env().job_id : "local", rank);
   if (!cfg.checkpoint_dir.empty()) {
-    ASSIGN_OR_RETURN(auto restored, ddp::RestoreCheckpoint(cfg.checkpoint_dir, *w.root, &opt, round));
+    ASSIGN_OR_RETURN(auto restored,
+                     ddp::RestoreCheckpoint(cfg.checkpoint_dir, *w.root, &opt, round, job_id));
     if (restored) {
       first_step = restored->info.step + 1;
       log.Info("resumed from step {} (round {}) in round {}: {} (world size {})",
@@ -393,8 +396,8 @@ Status Run(const Config& cfg) {
     if (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) {
       // --overlap-forward: this step's buckets are stepped before saving.
       if (model) RETURN_IF_ERROR(model->CompletePendingStep());
-      RETURN_IF_ERROR(ddp::SaveCheckpoint(cfg.checkpoint_dir, rank, {step, round, world}, *w.root,
-                                          &opt));
+      RETURN_IF_ERROR(ddp::SaveCheckpoint(cfg.checkpoint_dir, rank, {step, round, world, job_id},
+                                          *w.root, &opt));
     }
   }
   // --overlap-forward: the last step's buckets, before the checksum.

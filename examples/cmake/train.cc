@@ -81,7 +81,7 @@ lockstep::Status Train(const Flags& flags) {
   if (!flags.checkpoint_dir.empty()) {
     ASSIGN_OR_RETURN(auto restored,
                      lockstep::ddp::RestoreCheckpoint(flags.checkpoint_dir, *model, &opt,
-                                                     env.round));
+                                                     env.round, env.job_id));
     if (restored) first_step = restored->info.step + 1;
   }
   ASSIGN_OR_RETURN(auto ddp, lockstep::ddp::DistributedDataParallel::Create(
@@ -103,7 +103,7 @@ lockstep::Status Train(const Flags& flags) {
     std::fflush(stdout);
     if (flags.checkpoint_every > 0 && step % flags.checkpoint_every == 0) {
       RETURN_IF_ERROR(lockstep::ddp::SaveCheckpoint(
-          flags.checkpoint_dir, env.rank, {step, env.round, env.world_size}, *model, &opt));
+          flags.checkpoint_dir, env.rank, {step, env.round, env.world_size, env.job_id}, *model, &opt));
     }
   }
 

@@ -40,10 +40,10 @@ log "reference checksums: $(echo $ref_sums)"
 [ "$(echo "$ref_sums" | wc -l)" = 2 ] || fail "reference: expected 2 checksum lines, got: $ref_sums"
 [ "$(echo "$ref_sums" | sort -u | wc -l)" = 1 ] || fail "reference ranks differ: $ref_sums"
 # Rank 0 saved every 10 steps and kept the newest two; the dir's round
-# fence (ddp/checkpoint.h) is round 1's.
+# fence (ddp/checkpoint.h) is this job's round 1.
 [ "$(ls "$T/ckpt-ref" | grep '^ckpt-')" = "$(printf 'ckpt-000000000050.pt\nckpt-000000000060.pt')" ] ||
   fail "reference checkpoint dir holds: $(ls -a "$T/ckpt-ref")"
-[ "$(cat "$T/ckpt-ref/lockstep-round")" = 1 ] || fail "reference dir's round fence: $(cat "$T/ckpt-ref/lockstep-round")"
+[ "$(cat "$T/ckpt-ref/lockstep-round")" = "$ref 1" ] || fail "reference dir's round fence: $(cat "$T/ckpt-ref/lockstep-round")"
 
 # 2. The same job, rank 1 killed at step 30.
 job=$(ls_cli submit --detach --json --nodes 1 --nproc-per-node 2 --max-restarts 1 -- \
@@ -77,7 +77,7 @@ done
 [ "${steps[0]}" = "${steps[1]}" ] || fail "ranks resumed from different steps: ${steps[*]}"
 # The restarted round claimed the dir as it restored: round 1's saves are
 # refused from then on.
-[ "$(cat "$T/ckpt/lockstep-round")" = 2 ] || fail "the resumed dir's round fence: $(cat "$T/ckpt/lockstep-round")"
+[ "$(cat "$T/ckpt/lockstep-round")" = "$job 2" ] || fail "the resumed dir's round fence: $(cat "$T/ckpt/lockstep-round")"
 
 sums=$(checksums "$job")
 log "resumed run checksums: $(echo $sums)"
