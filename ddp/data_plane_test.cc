@@ -52,6 +52,66 @@ TEST(DataPlaneTest, UnresolvableNodeAddressIsAnErrorNamingIt) {
   EXPECT_NE(got.status().message().find("no-such-host.invalid"), std::string::npos);
 }
 
+// An override that does not resolve used to reach Gloo, which crashed the
+// worker (SIGSEGV in CreateDeviceAttr).
+TEST(DataPlaneTest, UnresolvableOverrideIsAnErrorNamingTheVariableAndTheValue) {
+  DataPlaneInputs in;
+  in.override_host = "nosuch.invalid";
+  auto got = ChooseDataPlaneAddress(in);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("LOCKSTEP_GLOO_HOST"), std::string::npos) << got.status();
+  EXPECT_NE(got.status().message().find("'nosuch.invalid' does not resolve"), std::string::npos)
+      << got.status();
+}
+
+// LOCKSTEP_GLOO_HOST=lo: an interface name where an address belongs.
+TEST(DataPlaneTest, AnInterfaceNameAsTheOverrideSaysItTakesAnAddress) {
+  DataPlaneInputs in;
+  in.override_host = "lo";
+  auto got = ChooseDataPlaneAddress(in);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("takes an address or host name"), std::string::npos)
+      << got.status();
+  EXPECT_NE(got.status().message().find("GLOO_SOCKET_IFNAME=lo"), std::string::npos)
+      << got.status();
+}
+
+// torchrun's habit: GLOO_SOCKET_IFNAME names the interface to bind.
+TEST(DataPlaneTest, GlooSocketIfnameBindsThatInterfacesAddress) {
+  DataPlaneInputs in;
+  in.socket_ifname = "lo";
+  in.node_addr = "192.0.2.1";
+  in.master_host = "192.0.2.1";
+  auto got = ChooseDataPlaneAddress(in);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->address, "127.0.0.1");
+  EXPECT_EQ(got->source, "GLOO_SOCKET_IFNAME");
+  // A list (PyTorch's several devices): the first interface.
+  in.socket_ifname = "lo,nosuchif0";
+  got = ChooseDataPlaneAddress(in);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->address, "127.0.0.1");
+}
+
+TEST(DataPlaneTest, UnknownGlooSocketIfnameIsAnErrorNamingIt) {
+  DataPlaneInputs in;
+  in.socket_ifname = "nosuchif0";
+  auto got = ChooseDataPlaneAddress(in);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("GLOO_SOCKET_IFNAME='nosuchif0'"), std::string::npos)
+      << got.status();
+}
+
+TEST(DataPlaneTest, TheOverrideWinsOverGlooSocketIfname) {
+  DataPlaneInputs in;
+  in.override_host = "127.0.0.1";
+  in.socket_ifname = "nosuchif0";
+  auto got = ChooseDataPlaneAddress(in);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->address, "127.0.0.1");
+  EXPECT_EQ(got->source, "override, over GLOO_SOCKET_IFNAME");
+}
+
 TEST(DataPlaneTest, LoopbackAndInterfaces) {
   EXPECT_TRUE(ResolvesToLoopback("127.0.0.1"));
   EXPECT_TRUE(ResolvesToLoopback("localhost"));

@@ -158,6 +158,7 @@ StatusOr<DataPlaneAddress> DataPlaneHost(const WorkerEnv& env, const InitOptions
     const char* host = std::getenv("LOCKSTEP_GLOO_HOST");
     if (host != nullptr) in.override_host = host;
   }
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) in.socket_ifname = ifname;
   in.node_addr = env.node_addr;
   if (!env.master_addr.empty()) in.master_host = HostOfAddress(env.master_addr);
   if (!env.store_address.empty() && !absl::StartsWith(env.store_address, "file:")) {
@@ -252,10 +253,11 @@ StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options) {
     backend = from_env != nullptr && *from_env != '\0' ? from_env : "gloo";
   }
   RETURN_IF_ERROR(CheckBackend(backend));
+  // Before the store: a bad address fails this rank before it joins.
+  ASSIGN_OR_RETURN(DataPlaneAddress data, DataPlaneHost(env, options));
   ASSIGN_OR_RETURN(auto store, OpenStore(env, options.connect_timeout));
   RETURN_IF_ERROR(JoinStore(store.get(), env));
   Logger log("ddp", env.job_id, env.rank);
-  ASSIGN_OR_RETURN(DataPlaneAddress data, DataPlaneHost(env, options));
   const MonoTime start = RealClock()->Now();
   auto comm = Connect(backend, env, data.address, store.get(), options);
   if (!comm.ok()) {

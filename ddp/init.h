@@ -78,8 +78,10 @@ struct InitOptions {
   // Waiting for every rank to connect. Default: rendezvous::kDefaultStoreTimeout.
   Duration connect_timeout = rendezvous::kDefaultStoreTimeout;
   // Address the data plane (Gloo, the shm+gloo leaders, NCCL's bootstrap)
-  // binds. Default: LOCKSTEP_GLOO_HOST if set, else the rule of
-  // ddp/data_plane.h (the node's own address: LOCKSTEP_NODE_ADDR from the
+  // binds: an address or a host name that resolves (else InitFromEnv
+  // fails with InvalidArgument). Default: LOCKSTEP_GLOO_HOST if set, else
+  // the rule of ddp/data_plane.h (the address of GLOO_SOCKET_IFNAME's
+  // interface, else the node's own address: LOCKSTEP_NODE_ADDR from the
   // agent, else the route to MASTER_ADDR or the store, else 127.0.0.1).
   std::string gloo_hostname;
   // "gloo" (CPU tensors, any hosts), "shm" (CPU tensors, every rank on one
@@ -134,8 +136,10 @@ class ProcessGroup {
 // Parses the process environment, opens the store and connects the
 // communicator of the chosen backend (GlooCommunicator, ShmCommunicator, or
 // NcclCommunicator on device local_rank). Blocks until all ranks connect or connect_timeout.
-// Errors: InvalidArgument naming an unknown backend; the communicators'
-// errors (NCCL in a build without it: Unimplemented saying how to build it).
+// Errors: InvalidArgument naming an unknown backend, a malformed
+// environment (ParseWorkerEnv) or a data-plane address that does not
+// resolve (ddp/data_plane.h), each before the store is opened; the
+// communicators' errors (NCCL in a build without it: Unimplemented saying how to build it).
 StatusOr<std::unique_ptr<ProcessGroup>> InitFromEnv(InitOptions options = {});
 
 }  // namespace ddp
