@@ -34,6 +34,63 @@ StatusOr<bool> ReadInt(const Getenv& getenv, std::initializer_list<const char*> 
   return false;
 }
 
+// One value of the contract and the variable it was read from ("" when
+// neither name is set; then `value` keeps its default).
+template <typename T>
+struct Found {
+  std::string name;
+  T value{};
+  bool set() const { return !name.empty(); }
+  // "RANK=2", for messages.
+  std::string Describe() const { return absl::StrCat(name, "=", value); }
+};
+
+// Whether the two names of one value disagree: the agent writes both
+// equal, so a difference is the user's (a LOCKSTEP_RANK left exported in
+// the shell beside torchrun's RANK). Taking either would make this process
+// someone it is not; refuse, naming both.
+Status Differ(const char* ours, const std::string& ours_value, const char* theirs,
+              const std::string& theirs_value) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      ours, "=", ours_value, " and ", theirs, "=", theirs_value,
+      " differ: the agent sets both to the same value, so one is left over from elsewhere (an "
+      "export in the shell?); unset it or make them equal"));
+}
+
+// The integer under LOCKSTEP_* name `ours` or torchrun's `theirs` (nullptr:
+// none); both set must agree.
+StatusOr<Found<int>> ReadIntEither(const Getenv& getenv, const char* ours, const char* theirs,
+                                   int default_value) {
+  Found<int> found;
+  found.value = default_value;
+  ASSIGN_OR_RETURN(bool has_ours, ReadInt(getenv, {ours}, &found.value));
+  if (has_ours) found.name = ours;
+  if (theirs == nullptr) return found;
+  int other = 0;
+  ASSIGN_OR_RETURN(bool has_theirs, ReadInt(getenv, {theirs}, &other));
+  if (!has_theirs) return found;
+  if (has_ours && other != found.value) {
+    return Differ(ours, getenv(ours), theirs, getenv(theirs));
+  }
+  if (!has_ours) {
+    found.name = theirs;
+    found.value = other;
+  }
+  return found;
+}
+
+// The string form of ReadIntEither.
+StatusOr<Found<std::string>> ReadEither(const Getenv& getenv, const char* ours,
+                                        const char* theirs) {
+  Found<std::string> found;
+  const std::string a = Read(getenv, {ours});
+  const std::string b = Read(getenv, {theirs});
+  if (!a.empty() && !b.empty() && a != b) return Differ(ours, a, theirs, b);
+  if (!a.empty()) return Found<std::string>{ours, a};
+  if (!b.empty()) return Found<std::string>{theirs, b};
+  return found;
+}
+
 }  // namespace
 
 bool WorkerEnv::operator==(const WorkerEnv& o) const {
@@ -49,31 +106,39 @@ bool WorkerEnv::operator==(const WorkerEnv& o) const {
 
 StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv) {
   WorkerEnv env;
-  ASSIGN_OR_RETURN(bool has_rank, ReadInt(getenv, {we::kRank, we::kTorchRank}, &env.rank));
-  ASSIGN_OR_RETURN(bool has_world,
-                   ReadInt(getenv, {we::kWorldSize, we::kTorchWorldSize}, &env.world_size));
-  if (!has_rank) return absl::InvalidArgumentError("LOCKSTEP_RANK (or RANK) is not set");
-  if (!has_world) {
+  ASSIGN_OR_RETURN(auto rank, ReadIntEither(getenv, we::kRank, we::kTorchRank, 0));
+  ASSIGN_OR_RETURN(auto world, ReadIntEither(getenv, we::kWorldSize, we::kTorchWorldSize, 1));
+  if (!rank.set()) return absl::InvalidArgumentError("LOCKSTEP_RANK (or RANK) is not set");
+  if (!world.set()) {
     return absl::InvalidArgumentError("LOCKSTEP_WORLD_SIZE (or WORLD_SIZE) is not set");
   }
-  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
+  if (world.value < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rank ", env.rank, " is outside the world of size ", env.world_size));
+        absl::StrCat(world.Describe(), " is not a world size (at least 1)"));
   }
-  env.local_rank = env.rank;
-  env.local_world_size = env.world_size;
-  RETURN_IF_ERROR(ReadInt(getenv, {we::kLocalRank, we::kTorchLocalRank}, &env.local_rank).status());
-  RETURN_IF_ERROR(ReadInt(getenv, {we::kLocalWorldSize, we::kTorchLocalWorldSize},
-                          &env.local_world_size)
-                      .status());
-  RETURN_IF_ERROR(ReadInt(getenv, {we::kNodeRank, we::kTorchGroupRank}, &env.node_rank).status());
+  if (rank.value < 0 || rank.value >= world.value) {
+    return absl::InvalidArgumentError(absl::StrCat(rank.Describe(), " is outside the world of ",
+                                                   world.Describe(), " ranks (0 to ",
+                                                   world.value - 1, ")"));
+  }
+  env.rank = rank.value;
+  env.world_size = world.value;
+  ASSIGN_OR_RETURN(auto local_rank,
+                   ReadIntEither(getenv, we::kLocalRank, we::kTorchLocalRank, env.rank));
+  ASSIGN_OR_RETURN(auto local_world, ReadIntEither(getenv, we::kLocalWorldSize,
+                                                   we::kTorchLocalWorldSize, env.world_size));
+  ASSIGN_OR_RETURN(auto node_rank, ReadIntEither(getenv, we::kNodeRank, we::kTorchGroupRank, 0));
+  env.local_rank = local_rank.value;
+  env.local_world_size = local_world.value;
+  env.node_rank = node_rank.value;
   RETURN_IF_ERROR(ReadInt(getenv, {we::kNumNodes}, &env.num_nodes).status());
   RETURN_IF_ERROR(ReadInt(getenv, {we::kRound}, &env.round).status());
-  RETURN_IF_ERROR(
-      ReadInt(getenv, {we::kRestartCount, we::kTorchRestartCount}, &env.restart_count).status());
+  ASSIGN_OR_RETURN(auto restarts,
+                   ReadIntEither(getenv, we::kRestartCount, we::kTorchRestartCount, 0));
+  env.restart_count = restarts.value;
   RETURN_IF_ERROR(ReadInt(getenv, {we::kTorchMaxRestarts}, &env.max_restarts).status());
-  const std::string job = Read(getenv, {we::kJobId, we::kTorchRunId});
-  if (!job.empty()) env.job_id = job;
+  ASSIGN_OR_RETURN(auto job, ReadEither(getenv, we::kJobId, we::kTorchRunId));
+  if (job.set()) env.job_id = job.value;
   env.store_address = Read(getenv, {we::kStore});
   env.store_token = Read(getenv, {we::kStoreToken});
   env.agent_address = Read(getenv, {we::kAgent});
@@ -96,11 +161,11 @@ WorkerTlsPem ReadWorkerTlsPem(const Getenv& getenv) {
 
 WorkerIdentity ReadWorkerIdentity(const Getenv& getenv) {
   WorkerIdentity id;
-  const std::string job = Read(getenv, {we::kJobId, we::kTorchRunId});
-  if (!job.empty()) id.job_id = job;
+  auto job = ReadEither(getenv, we::kJobId, we::kTorchRunId);
+  if (job.ok() && job->set()) id.job_id = job->value;
+  auto rank = ReadIntEither(getenv, we::kRank, we::kTorchRank, -1);
+  if (rank.ok()) id.rank = rank->value;
   int v = 0;
-  auto rank = ReadInt(getenv, {we::kRank, we::kTorchRank}, &v);
-  if (rank.ok() && *rank) id.rank = v;
   auto round = ReadInt(getenv, {we::kRound}, &v);
   if (round.ok() && *round) id.round = v;
   return id;

@@ -5,10 +5,13 @@
 // The agent sets every LOCKSTEP_* name and torchrun's names beside them
 // (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 // MASTER_PORT, TORCHELASTIC_RESTART_COUNT), so a program written for
-// torchrun runs unchanged. A reader takes the LOCKSTEP_* name first and
-// falls back to torchrun's where one exists, so a worker started by hand
-// the torchrun way (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) parses the
-// same. The fence and status page descriptors are common/worker_link.h's.
+// torchrun runs unchanged. A reader takes the LOCKSTEP_* name or, where it
+// is unset, torchrun's, so a worker started by hand the torchrun way (RANK,
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT) parses the same. Where both names
+// of one value are set they must agree: the agent writes them equal, so a
+// difference is the user's (a stale exported LOCKSTEP_RANK beside
+// torchrun's RANK), and taking either would make the process another rank
+// (ParseWorkerEnv refuses it). The fence and status page descriptors are common/worker_link.h's.
 //
 // Thread safety: everything here is a pure function of its arguments.
 #ifndef LOCKSTEP_COMMON_WORKER_ENV_H_
@@ -105,8 +108,15 @@ struct WorkerEnv {
 using Getenv = std::function<const char*(const char*)>;
 
 // Parses a worker's environment through `getenv` (tests inject a map).
-// Errors: InvalidArgument naming the variable (missing rank or world size,
-// a non-integer, a rank outside the world).
+// Errors: InvalidArgument naming the variable and its value (missing rank
+// or world size, a non-integer, a rank outside the world: "RANK=2 is
+// outside the world of WORLD_SIZE=2 ranks (0 to 1)"), or naming both
+// variables and values when a LOCKSTEP_* name and its torchrun name differ
+// (LOCKSTEP_RANK/RANK, LOCKSTEP_WORLD_SIZE/WORLD_SIZE,
+// LOCKSTEP_LOCAL_RANK/LOCAL_RANK, LOCKSTEP_LOCAL_WORLD_SIZE/LOCAL_WORLD_SIZE,
+// LOCKSTEP_NODE_RANK/GROUP_RANK,
+// LOCKSTEP_RESTART_COUNT/TORCHELASTIC_RESTART_COUNT,
+// LOCKSTEP_JOB_ID/TORCHELASTIC_RUN_ID; integers compare by value).
 StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv);
 
 // The LOCKSTEP_TLS_*_PEM variables (what ParseWorkerEnv puts in `tls`),
@@ -115,8 +125,9 @@ WorkerTlsPem ReadWorkerTlsPem(const Getenv& getenv);
 
 // Who this process is, for log lines and progress reports: never fails.
 // job_id "-" and rank -1 when the environment does not say (a program that
-// is not a worker); a malformed number makes the value unknown (-1), even
-// where a torchrun name beside it is well-formed.
+// is not a worker); a malformed number, or two names of the value that
+// differ, makes the value unknown (-1, "-"), even where a torchrun name
+// beside it is well-formed.
 struct WorkerIdentity {
   std::string job_id = "-";
   int rank = -1;

@@ -102,10 +102,42 @@ TEST(WorkerEnvTest, AHandStartedTorchrunWorkerParsesTheSame) {
   EXPECT_EQ(env->local_rank, 1);
   EXPECT_EQ(env->job_id, "run7");
   EXPECT_EQ(env->master_addr, "h:29500");
-  // LOCKSTEP_* wins over torchrun's name.
-  env = ParseWorkerEnv(From({{"LOCKSTEP_RANK", "0"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}}));
-  ASSERT_TRUE(env.ok());
-  EXPECT_EQ(env->rank, 0);
+  // Both names set to the same value, as the agent writes them, are fine.
+  env = ParseWorkerEnv(From({{"LOCKSTEP_RANK", "1"}, {"RANK", "01"}, {"WORLD_SIZE", "2"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->rank, 1);
+}
+
+// A stale LOCKSTEP_RANK=0 beside torchrun's RANK=1 made the process act as
+// rank 0 (LOCKSTEP_* won) and fail as a second rank 0 would ("Address
+// already in use"). The agent sets both names equal, so two values are the
+// user's: refused, naming both.
+TEST(WorkerEnvTest, ALockstepNameAndItsTorchrunNameThatDifferAreRefusedNamingBoth) {
+  const std::map<std::string, std::string> base = {
+      {"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+      {"GROUP_RANK", "0"}, {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_RUN_ID", "run"}};
+  ASSERT_TRUE(ParseWorkerEnv(From(base)).ok());
+  const std::pair<const char*, const char*> pairs[] = {
+      {"LOCKSTEP_RANK", "RANK"},
+      {"LOCKSTEP_WORLD_SIZE", "WORLD_SIZE"},
+      {"LOCKSTEP_LOCAL_RANK", "LOCAL_RANK"},
+      {"LOCKSTEP_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"},
+      {"LOCKSTEP_NODE_RANK", "GROUP_RANK"},
+      {"LOCKSTEP_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"},
+      {"LOCKSTEP_JOB_ID", "TORCHELASTIC_RUN_ID"}};
+  for (const auto& [ours, theirs] : pairs) {
+    auto vars = base;
+    const std::string value = vars[theirs];
+    vars[ours] = value;
+    EXPECT_TRUE(ParseWorkerEnv(From(vars)).ok()) << ours << " equal to " << theirs;
+    vars[ours] = value == "0" ? "3" : "0";
+    auto env = ParseWorkerEnv(From(vars));
+    ASSERT_EQ(env.status().code(), absl::StatusCode::kInvalidArgument) << ours;
+    EXPECT_NE(env.status().message().find(std::string(ours) + "=" + vars[ours] + " and " +
+                                          theirs + "=" + value + " differ"),
+              std::string::npos)
+        << env.status();
+  }
 }
 
 TEST(WorkerEnvTest, BadEnvironmentsNameTheVariable) {
@@ -115,8 +147,15 @@ TEST(WorkerEnvTest, BadEnvironmentsNameTheVariable) {
             "LOCKSTEP_WORLD_SIZE (or WORLD_SIZE) is not set");
   EXPECT_EQ(ParseWorkerEnv(From({{"RANK", "x"}, {"WORLD_SIZE", "2"}})).status().message(),
             "environment variable RANK='x' is not an integer");
+  // Range errors name the variables they read.
   EXPECT_EQ(ParseWorkerEnv(From({{"RANK", "2"}, {"WORLD_SIZE", "2"}})).status().message(),
-            "rank 2 is outside the world of size 2");
+            "RANK=2 is outside the world of WORLD_SIZE=2 ranks (0 to 1)");
+  EXPECT_EQ(ParseWorkerEnv(From({{"LOCKSTEP_RANK", "-1"}, {"LOCKSTEP_WORLD_SIZE", "2"}}))
+                .status()
+                .message(),
+            "LOCKSTEP_RANK=-1 is outside the world of LOCKSTEP_WORLD_SIZE=2 ranks (0 to 1)");
+  EXPECT_EQ(ParseWorkerEnv(From({{"RANK", "0"}, {"WORLD_SIZE", "0"}})).status().message(),
+            "WORLD_SIZE=0 is not a world size (at least 1)");
 }
 
 // Log lines of a hand-started worker carry its rank (RANK), not -1.
@@ -128,6 +167,11 @@ TEST(WorkerEnvTest, IdentityFallsBackToTorchrunNamesAndNeverFails) {
   EXPECT_EQ(id.job_id, "j");
   EXPECT_EQ(id.rank, -1);
   EXPECT_EQ(id.round, 4);
+  // Two names that differ leave the value unknown too.
+  id = ReadWorkerIdentity(From({{"LOCKSTEP_RANK", "0"}, {"RANK", "1"}, {"LOCKSTEP_JOB_ID", "a"},
+                                {"TORCHELASTIC_RUN_ID", "b"}}));
+  EXPECT_EQ(id.rank, -1);
+  EXPECT_EQ(id.job_id, "-");
 }
 
 }  // namespace
