@@ -91,6 +91,55 @@ StatusOr<Found<std::string>> ReadEither(const Getenv& getenv, const char* ours,
   return found;
 }
 
+// "X=5 is outside 0 to 1 (why)".
+Status Outside(const std::string& what, int low, int high, const std::string& why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " is outside ", low, " to ", high, " (", why, ")"));
+}
+
+// The node layout (local rank and size, node rank and count) of a rank
+// already in its world, range-checked, since later code divides by the
+// local world size and takes the local rank as its CUDA device:
+// 1 <= local world size <= world size, 0 <= local rank < local world size,
+// 1 <= nodes <= world size, 0 <= node rank (< nodes where given). Unset,
+// the local world is the whole world, the local rank the rank's place on
+// its node (rank mod local world size), the node rank 0 and the nodes 1.
+// Whether the layout is the uniform one (every node the same size, ranks
+// numbered node by node) is left to the code that needs it: the shm
+// backend across hosts checks it (ddp/hierarchical_communicator.h); Gloo
+// and NCCL do not need it, and torchrun may start nodes of different sizes.
+Status ParseLayout(const Getenv& getenv, const Found<int>& world, WorkerEnv* env) {
+  ASSIGN_OR_RETURN(auto local_world, ReadIntEither(getenv, we::kLocalWorldSize,
+                                                   we::kTorchLocalWorldSize, env->world_size));
+  if (local_world.set() && (local_world.value < 1 || local_world.value > world.value)) {
+    return Outside(local_world.Describe(), 1, world.value, world.Describe());
+  }
+  env->local_world_size = local_world.value;
+  ASSIGN_OR_RETURN(auto local_rank, ReadIntEither(getenv, we::kLocalRank, we::kTorchLocalRank,
+                                                  env->rank % env->local_world_size));
+  if (local_rank.value < 0 || local_rank.value >= env->local_world_size) {
+    return Outside(local_rank.Describe(), 0, env->local_world_size - 1,
+                   local_world.set()
+                       ? local_world.Describe()
+                       : absl::StrCat("LOCAL_WORLD_SIZE is unset, so ", world.Describe()));
+  }
+  env->local_rank = local_rank.value;
+  ASSIGN_OR_RETURN(auto nodes, ReadIntEither(getenv, we::kNumNodes, we::kTorchGroupWorldSize, 1));
+  if (nodes.set() && (nodes.value < 1 || nodes.value > world.value)) {
+    return Outside(nodes.Describe(), 1, world.value, world.Describe());
+  }
+  env->num_nodes = nodes.value;
+  ASSIGN_OR_RETURN(auto node_rank, ReadIntEither(getenv, we::kNodeRank, we::kTorchGroupRank, 0));
+  if (node_rank.value < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(node_rank.Describe(), " is negative"));
+  }
+  if (nodes.set() && node_rank.value >= nodes.value) {
+    return Outside(node_rank.Describe(), 0, nodes.value - 1, nodes.Describe());
+  }
+  env->node_rank = node_rank.value;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool WorkerEnv::operator==(const WorkerEnv& o) const {
@@ -123,15 +172,7 @@ StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv) {
   }
   env.rank = rank.value;
   env.world_size = world.value;
-  ASSIGN_OR_RETURN(auto local_rank,
-                   ReadIntEither(getenv, we::kLocalRank, we::kTorchLocalRank, env.rank));
-  ASSIGN_OR_RETURN(auto local_world, ReadIntEither(getenv, we::kLocalWorldSize,
-                                                   we::kTorchLocalWorldSize, env.world_size));
-  ASSIGN_OR_RETURN(auto node_rank, ReadIntEither(getenv, we::kNodeRank, we::kTorchGroupRank, 0));
-  env.local_rank = local_rank.value;
-  env.local_world_size = local_world.value;
-  env.node_rank = node_rank.value;
-  RETURN_IF_ERROR(ReadInt(getenv, {we::kNumNodes}, &env.num_nodes).status());
+  RETURN_IF_ERROR(ParseLayout(getenv, world, &env));
   RETURN_IF_ERROR(ReadInt(getenv, {we::kRound}, &env.round).status());
   ASSIGN_OR_RETURN(auto restarts,
                    ReadIntEither(getenv, we::kRestartCount, we::kTorchRestartCount, 0));

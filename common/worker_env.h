@@ -60,11 +60,12 @@ inline constexpr char kTorchRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
 inline constexpr char kTorchRunId[] = "TORCHELASTIC_RUN_ID";
 inline constexpr char kMasterAddr[] = "MASTER_ADDR";
 inline constexpr char kMasterPort[] = "MASTER_PORT";
+// torchrun's name for LOCKSTEP_NUM_NODES.
+inline constexpr char kTorchGroupWorldSize[] = "GROUP_WORLD_SIZE";
 // torchrun's other names, written for programs that read them (of these
 // the parser reads only TORCHELASTIC_MAX_RESTARTS, the job's restart
 // budget, which has no LOCKSTEP_* name). The role is always "default", as
 // torchrun's single-role jobs; its rank and world are the job's.
-inline constexpr char kTorchGroupWorldSize[] = "GROUP_WORLD_SIZE";
 inline constexpr char kTorchRoleRank[] = "ROLE_RANK";
 inline constexpr char kTorchRoleWorldSize[] = "ROLE_WORLD_SIZE";
 inline constexpr char kTorchRoleName[] = "ROLE_NAME";
@@ -114,9 +115,17 @@ using Getenv = std::function<const char*(const char*)>;
 // variables and values when a LOCKSTEP_* name and its torchrun name differ
 // (LOCKSTEP_RANK/RANK, LOCKSTEP_WORLD_SIZE/WORLD_SIZE,
 // LOCKSTEP_LOCAL_RANK/LOCAL_RANK, LOCKSTEP_LOCAL_WORLD_SIZE/LOCAL_WORLD_SIZE,
-// LOCKSTEP_NODE_RANK/GROUP_RANK,
+// LOCKSTEP_NODE_RANK/GROUP_RANK, LOCKSTEP_NUM_NODES/GROUP_WORLD_SIZE,
 // LOCKSTEP_RESTART_COUNT/TORCHELASTIC_RESTART_COUNT,
-// LOCKSTEP_JOB_ID/TORCHELASTIC_RUN_ID; integers compare by value).
+// LOCKSTEP_JOB_ID/TORCHELASTIC_RUN_ID; integers compare by value), or
+// naming the variable, its value and its bounds when the node layout is
+// out of range ("LOCAL_RANK=5 is outside 0 to 1 (LOCAL_WORLD_SIZE=2)"):
+// 1 <= LOCAL_WORLD_SIZE <= WORLD_SIZE, 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE,
+// 1 <= NUM_NODES <= WORLD_SIZE, 0 <= NODE_RANK (< NUM_NODES where given).
+// Unset: LOCAL_WORLD_SIZE is WORLD_SIZE, LOCAL_RANK is RANK mod
+// LOCAL_WORLD_SIZE, NODE_RANK 0, NUM_NODES 1. Whether every node has the
+// same size is not checked here (torchrun may start nodes of different
+// sizes; the shm backend across hosts, which needs it, checks it).
 StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv);
 
 // The LOCKSTEP_TLS_*_PEM variables (what ParseWorkerEnv puts in `tls`),

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -156,6 +157,57 @@ TEST(WorkerEnvTest, BadEnvironmentsNameTheVariable) {
             "LOCKSTEP_RANK=-1 is outside the world of LOCKSTEP_WORLD_SIZE=2 ranks (0 to 1)");
   EXPECT_EQ(ParseWorkerEnv(From({{"RANK", "0"}, {"WORLD_SIZE", "0"}})).status().message(),
             "WORLD_SIZE=0 is not a world size (at least 1)");
+}
+
+// LOCAL_WORLD_SIZE=0 reached a division in InitFromEnv (SIGFPE), LOCAL_RANK
+// past the node was accepted, and LOCAL_RANK=-1 made NCCL pick whatever
+// CUDA device was current.
+TEST(WorkerEnvTest, ALayoutOutOfRangeIsRefusedNamingTheVariables) {
+  auto message = [](const std::map<std::string, std::string>& vars) {
+    return std::string(ParseWorkerEnv(From(vars)).status().message());
+  };
+  EXPECT_EQ(message({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "0"}}),
+            "LOCAL_WORLD_SIZE=0 is outside 1 to 2 (WORLD_SIZE=2)");
+  EXPECT_EQ(message({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCKSTEP_LOCAL_WORLD_SIZE", "3"}}),
+            "LOCKSTEP_LOCAL_WORLD_SIZE=3 is outside 1 to 2 (WORLD_SIZE=2)");
+  EXPECT_EQ(message({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "5"},
+                     {"LOCAL_WORLD_SIZE", "2"}}),
+            "LOCAL_RANK=5 is outside 0 to 1 (LOCAL_WORLD_SIZE=2)");
+  EXPECT_EQ(message({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "-1"}}),
+            "LOCAL_RANK=-1 is outside 0 to 1 (LOCAL_WORLD_SIZE is unset, so WORLD_SIZE=2)");
+  EXPECT_EQ(message({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCKSTEP_NUM_NODES", "0"}}),
+            "LOCKSTEP_NUM_NODES=0 is outside 1 to 4 (WORLD_SIZE=4)");
+  EXPECT_EQ(message({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"},
+                     {"GROUP_RANK", "2"}, {"GROUP_WORLD_SIZE", "2"}}),
+            "GROUP_RANK=2 is outside 0 to 1 (GROUP_WORLD_SIZE=2)");
+  EXPECT_EQ(message({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCKSTEP_NODE_RANK", "-1"}}),
+            "LOCKSTEP_NODE_RANK=-1 is negative");
+  for (const auto& vars : std::vector<std::map<std::string, std::string>>{
+           {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "0"}},
+           {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "5"}, {"LOCAL_WORLD_SIZE", "2"}}}) {
+    EXPECT_EQ(ParseWorkerEnv(From(vars)).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// What torchrun writes for rank 3 of 2 nodes x 2, and a hand-started worker
+// that gives the node size alone (its local rank is its place on the node).
+TEST(WorkerEnvTest, AValidLayoutParsesAndAMissingLocalRankIsThePlaceOnTheNode) {
+  auto env = ParseWorkerEnv(From({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
+                                  {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},
+                                  {"GROUP_WORLD_SIZE", "2"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->local_world_size, 2);
+  EXPECT_EQ(env->node_rank, 1);
+  EXPECT_EQ(env->num_nodes, 2);
+  env = ParseWorkerEnv(From({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->local_rank, 1);
+  // LOCKSTEP_NUM_NODES and torchrun's GROUP_WORLD_SIZE are one value.
+  env = ParseWorkerEnv(From({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCKSTEP_NUM_NODES", "2"},
+                             {"GROUP_WORLD_SIZE", "4"}}));
+  EXPECT_EQ(env.status().message().substr(0, 45),
+            "LOCKSTEP_NUM_NODES=2 and GROUP_WORLD_SIZE=4 d");
 }
 
 // Log lines of a hand-started worker carry its rank (RANK), not -1.

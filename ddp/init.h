@@ -7,7 +7,9 @@
 // LOCKSTEP_NUM_NODES, LOCKSTEP_ROUND, LOCKSTEP_RESTART_COUNT, LOCKSTEP_STORE,
 // LOCKSTEP_AGENT, LOCKSTEP_NODE_ADDR; each falls back to torchrun's name
 // where one exists (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-// TORCHELASTIC_RESTART_COUNT). Required: rank and world size, and a store.
+// GROUP_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT; both names set must agree,
+// and the layout must be in range: ParseWorkerEnv). Required: rank and
+// world size, and a store.
 //
 // Store selection (LOCKSTEP_STORE):
 //   "file:/some/dir" -> FileStore on "/some/dir/<job>/<round>"
