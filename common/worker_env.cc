@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 
 namespace lockstep {
 namespace {
@@ -185,8 +186,13 @@ StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv) {
   env.agent_address = Read(getenv, {we::kAgent});
   env.agent_token = Read(getenv, {we::kAgentToken});
   env.node_addr = Read(getenv, {we::kNodeAddr});
-  const std::string master = Read(getenv, {we::kMasterAddr});
+  std::string master = Read(getenv, {we::kMasterAddr});
   const std::string port = Read(getenv, {we::kMasterPort});
+  // A bare IPv6 address (torchrun takes MASTER_ADDR=::1): bracketed, else
+  // "::1:29500" would read as a host with no port.
+  if (master.find(':') != std::string::npos && master.front() != '[') {
+    master = absl::StrCat("[", master, "]");
+  }
   if (!master.empty() || !port.empty()) env.master_addr = master + ":" + port;
   env.tls = ReadWorkerTlsPem(getenv);
   return env;
@@ -256,9 +262,17 @@ std::vector<std::pair<std::string, std::string>> WorkerEnvVars(const WorkerEnv& 
   set(we::kTorchWorldSize, std::to_string(env.world_size));
   set(we::kTorchLocalWorldSize, std::to_string(env.local_world_size));
   set(we::kTorchGroupRank, std::to_string(env.node_rank));
+  // torchrun's MASTER_ADDR is bare ("fd00::1"); env.master_addr may be
+  // "[fd00::1]:29500" (as parsed) or "fd00::1:29500" (the agent's).
   const auto colon = env.master_addr.rfind(':');
-  set(we::kMasterAddr, colon == std::string::npos ? env.master_addr : env.master_addr.substr(0, colon));
-  set(we::kMasterPort, colon == std::string::npos ? "" : env.master_addr.substr(colon + 1));
+  if (!env.master_addr.empty() && env.master_addr.front() == '[') {
+    set(we::kMasterAddr, HostOfAddress(env.master_addr));
+    set(we::kMasterPort, PortOfAddress(env.master_addr));
+  } else {
+    set(we::kMasterAddr,
+        colon == std::string::npos ? env.master_addr : env.master_addr.substr(0, colon));
+    set(we::kMasterPort, colon == std::string::npos ? "" : env.master_addr.substr(colon + 1));
+  }
   set(we::kTorchRestartCount, std::to_string(env.restart_count));
   set(we::kTorchMaxRestarts, std::to_string(env.max_restarts));
   set(we::kTorchRunId, env.job_id);

@@ -100,7 +100,8 @@ struct WorkerEnv {
   std::string agent_address;  // LOCKSTEP_AGENT; empty when not under lockstepd.
   std::string agent_token;    // LOCKSTEP_AGENT_TOKEN: this run's progress token.
   std::string node_addr;      // LOCKSTEP_NODE_ADDR: the agent's advertised host.
-  std::string master_addr;    // "MASTER_ADDR:MASTER_PORT", when either is set.
+  std::string master_addr;    // "MASTER_ADDR:MASTER_PORT", when either is set;
+                              // an IPv6 MASTER_ADDR bracketed: "[::1]:29500".
   WorkerTlsPem tls;           // LOCKSTEP_TLS_*_PEM
 
   bool operator==(const WorkerEnv& o) const;
@@ -147,7 +148,8 @@ WorkerIdentity ReadWorkerIdentity(const Getenv& getenv);
 // The variables the agent hands a worker for `env`: every LOCKSTEP_* name
 // and torchrun's beside it, in a fixed order. Tokens and addresses that are
 // empty are left out (MASTER_ADDR/MASTER_PORT are always set, from
-// env.master_addr "host:port").
+// env.master_addr "host:port", "[v6]:port" or "v6:port"; MASTER_ADDR
+// without brackets, as torchrun writes it).
 std::vector<std::pair<std::string, std::string>> WorkerEnvVars(const WorkerEnv& env);
 
 // Whether `name` is one of the contract's variables (any WorkerEnvVars may

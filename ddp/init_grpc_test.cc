@@ -1,3 +1,5 @@
+#include <map>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -53,6 +55,34 @@ TEST(InitFromEnvGrpcTest, MasterAddrMakesRankZeroServeTheStore) {
   env0.world_size = env1.world_size = 2;
   env1.rank = 1;
   auto [s0, s1] = OpenBoth(env0, env1);
+  ASSERT_TRUE(s0.ok()) << s0.status();
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  ASSERT_TRUE((*s1)->Set("from1", "x").ok());
+  auto v = (*s0)->Get("from1", std::chrono::seconds(5));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "x");
+}
+
+// torchrun's MASTER_ADDR=::1 (bare IPv6): rank 0 serves [::1]:port and both
+// ranks connect; it was read as the host "::1:port", "not a loopback address".
+TEST(InitFromEnvGrpcTest, BareIpv6MasterAddrServesAndConnects) {
+  auto probe = rendezvous::StoreServer::Start("[::1]:0");
+  if (!probe.ok()) GTEST_SKIP() << "no IPv6 loopback here: " << probe.status();
+  const std::string port = std::to_string((*probe)->port());
+  probe->reset();
+  auto parse = [&](const char* rank) {
+    std::map<std::string, std::string> vars = {
+        {"RANK", rank}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "::1"}, {"MASTER_PORT", port}};
+    return ParseWorkerEnv([vars](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    });
+  };
+  auto env0 = parse("0");
+  auto env1 = parse("1");
+  ASSERT_TRUE(env0.ok()) << env0.status();
+  ASSERT_TRUE(env1.ok()) << env1.status();
+  auto [s0, s1] = OpenBoth(*env0, *env1);
   ASSERT_TRUE(s0.ok()) << s0.status();
   ASSERT_TRUE(s1.ok()) << s1.status();
   ASSERT_TRUE((*s1)->Set("from1", "x").ok());
