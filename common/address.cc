@@ -1,7 +1,10 @@
 #include "common/address.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
+
+#include "absl/strings/str_cat.h"
 
 namespace lockstep {
 namespace {
@@ -57,6 +60,21 @@ bool IsDialableAddress(const std::string& address) {
     if (!ok) return false;
   }
   return true;
+}
+
+Status CheckResolves(const std::string& host) {
+  if (host.empty()) return absl::InvalidArgumentError("'' does not resolve: no host given");
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", host, "' does not resolve: ", gai_strerror(rc)));
+  }
+  freeaddrinfo(found);
+  return absl::OkStatus();
 }
 
 std::string NumericHost(const sockaddr_storage& address) {

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "common/status.h"
+
 namespace lockstep {
 
 // The host of "host:port" or "[v6]:port" (brackets removed); `address`
@@ -20,6 +22,12 @@ std::string PortOfAddress(const std::string& address);
 // (letters, digits, '.', '-', '_'; ':' and '%' too inside brackets); at
 // most 256 bytes.
 bool IsDialableAddress(const std::string& address);
+
+// Whether `host` (a name or a numeric address, without brackets) resolves
+// to an address (getaddrinfo; blocks on name resolution, which a resolver
+// may stretch to seconds). Errors: InvalidArgument "'host' does not
+// resolve: <the resolver's reason>", for an empty host too.
+Status CheckResolves(const std::string& host);
 
 // The numeric host of a socket address ("127.0.0.1", "::1"); "" for a
 // family other than AF_INET and AF_INET6.

@@ -68,5 +68,15 @@ TEST(AddressTest, OtherFamiliesHaveNoNumericForm) {
   EXPECT_EQ(NumericAddress(unix_address), "");
 }
 
+TEST(AddressTest, CheckResolvesNamesTheHostThatDoesNot) {
+  EXPECT_TRUE(CheckResolves("127.0.0.1").ok());
+  EXPECT_TRUE(CheckResolves("localhost").ok());
+  EXPECT_TRUE(CheckResolves("::1").ok());
+  const Status bad = CheckResolves("nosuch.invalid");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_EQ(bad.message().substr(0, 33), "'nosuch.invalid' does not resolve");
+  EXPECT_EQ(CheckResolves("").code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace lockstep

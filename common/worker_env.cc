@@ -141,6 +141,30 @@ Status ParseLayout(const Getenv& getenv, const Found<int>& world, WorkerEnv* env
   return absl::OkStatus();
 }
 
+// MASTER_ADDR (bracketed if IPv6) and MASTER_PORT, one of them set. Checked
+// on every rank before anything waits: a port out of range was taken mod
+// 65536 (70000 listened on 4464), port 0 or none made rank 0 wait out its
+// timeout for itself, and one rank refusing alone left the others waiting
+// for it. MASTER_PORT alone (an empty host) is OpenStore's to refuse, where
+// rank 0's store would need a host: under lockstepd only the store is used.
+Status CheckMaster(const std::string& master, const std::string& port) {
+  if (port.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MASTER_PORT is not set (MASTER_ADDR='", master, "' is)"));
+  }
+  const bool digits = port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+  int number = 0;
+  if (!digits || !absl::SimpleAtoi(port, &number) || number < 1 || number > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MASTER_PORT='", port, "' is not a port (1 to 65535 in digits)"));
+  }
+  if (!master.empty() && !IsDialableAddress(absl::StrCat(master, ":", port))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MASTER_ADDR='", master, "' is not a host name or address"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool WorkerEnv::operator==(const WorkerEnv& o) const {
@@ -193,7 +217,10 @@ StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv) {
   if (master.find(':') != std::string::npos && master.front() != '[') {
     master = absl::StrCat("[", master, "]");
   }
-  if (!master.empty() || !port.empty()) env.master_addr = master + ":" + port;
+  if (!master.empty() || !port.empty()) {
+    RETURN_IF_ERROR(CheckMaster(master, port));
+    env.master_addr = master + ":" + port;
+  }
   env.tls = ReadWorkerTlsPem(getenv);
   return env;
 }

@@ -126,7 +126,11 @@ using Getenv = std::function<const char*(const char*)>;
 // Unset: LOCAL_WORLD_SIZE is WORLD_SIZE, LOCAL_RANK is RANK mod
 // LOCAL_WORLD_SIZE, NODE_RANK 0, NUM_NODES 1. Whether every node has the
 // same size is not checked here (torchrun may start nodes of different
-// sizes; the shm backend across hosts, which needs it, checks it).
+// sizes; the shm backend across hosts, which needs it, checks it). When
+// MASTER_ADDR or MASTER_PORT is set: MASTER_PORT must be 1 to 65535 in
+// digits and set, MASTER_ADDR a host name or address (a missing
+// MASTER_ADDR is OpenStore's to refuse, where it would serve the store);
+// InvalidArgument naming the variable and its value.
 StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv);
 
 // The LOCKSTEP_TLS_*_PEM variables (what ParseWorkerEnv puts in `tls`),

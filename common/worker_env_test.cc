@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace lockstep {
 namespace {
 
@@ -228,6 +230,33 @@ TEST(WorkerEnvTest, AValidLayoutParsesAndAMissingLocalRankIsThePlaceOnTheNode) {
                              {"GROUP_WORLD_SIZE", "4"}}));
   EXPECT_EQ(env.status().message().substr(0, 45),
             "LOCKSTEP_NUM_NODES=2 and GROUP_WORLD_SIZE=4 d");
+}
+
+// MASTER_PORT=70000 listened on 4464 (mod 65536); 0 or empty made rank 0
+// wait out its timeout for itself; "abc" failed rank 0 alone while the
+// others waited out theirs. Every rank refuses them now.
+TEST(WorkerEnvTest, AMasterPortThatIsNotAPortIsRefusedOnEveryRank) {
+  for (const char* rank : {"0", "1"}) {
+    for (const char* port : {"70000", "0", "abc", "+80", " 80", "65536", "-1", "295000"}) {
+      auto env = ParseWorkerEnv(From(
+          {{"RANK", rank}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", port}}));
+      ASSERT_EQ(env.status().code(), absl::StatusCode::kInvalidArgument) << port;
+      EXPECT_EQ(env.status().message(),
+                absl::StrCat("MASTER_PORT='", port, "' is not a port (1 to 65535 in digits)"));
+    }
+    auto env = ParseWorkerEnv(
+        From({{"RANK", rank}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", ""}}));
+    EXPECT_EQ(env.status().message(), "MASTER_PORT is not set (MASTER_ADDR='h' is)");
+  }
+  auto env = ParseWorkerEnv(From(
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "a b"}, {"MASTER_PORT", "29500"}}));
+  EXPECT_EQ(env.status().message(), "MASTER_ADDR='a b' is not a host name or address");
+  for (const char* port : {"1", "29500", "65535"}) {
+    env = ParseWorkerEnv(
+        From({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", port}}));
+    ASSERT_TRUE(env.ok()) << env.status();
+    EXPECT_EQ(env->master_addr, absl::StrCat("h:", port));
+  }
 }
 
 // Log lines of a hand-started worker carry its rank (RANK), not -1.

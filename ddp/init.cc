@@ -56,6 +56,10 @@ StatusOr<std::unique_ptr<rendezvous::Store>> OpenStore(const WorkerEnv& env, Dur
   const std::string& address = env.store_address;
   if (address.empty()) {
     if (!env.master_addr.empty()) {
+      if (HostOfAddress(env.master_addr).empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "MASTER_ADDR is not set (MASTER_PORT=", PortOfAddress(env.master_addr), " is)"));
+      }
       MasterStoreFactory master;
       {
         std::lock_guard<std::mutex> lock(FactoryMu());

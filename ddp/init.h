@@ -62,7 +62,11 @@ void RegisterMasterStoreFactory(MasterStoreFactory factory);
 
 // Opens the store named by env.store_address, namespaced "<job>/<round>".
 // Errors: FailedPrecondition (no store configured, or no factory for
-// host:port), InvalidArgument (malformed address), the store's errors.
+// host:port), InvalidArgument (malformed address; MASTER_PORT without
+// MASTER_ADDR where rank 0's store would be used), the store's errors
+// (//ddp:init_from_env_grpc's for MASTER_ADDR: DeadlineExceeded when rank
+// 0's store did not come up, or MASTER_ADDR did not resolve, within
+// `timeout`, each said).
 StatusOr<std::unique_ptr<rendezvous::Store>> OpenStore(const WorkerEnv& env, Duration timeout);
 
 // Registers this rank in its job round's store before any bootstrap: the

@@ -77,7 +77,11 @@ StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
     server = std::move(*started);
   }
   // Rank 0 may start later than the others: wait for its store in slices,
-  // saying every few seconds whom this rank waits for.
+  // saying every few seconds whom this rank waits for. A MASTER_ADDR that
+  // does not resolve is waited for too, since a cluster's DNS may lag
+  // behind the pods it names (a headless service names rank 0's pod only
+  // once it runs), but each line and the final error say that it does not
+  // resolve rather than blame rank 0.
   Logger log("ddp", env.job_id, env.rank);
   const MonoTime start = RealClock()->Now();
   const MonoTime deadline = start + timeout;
@@ -96,15 +100,26 @@ StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
         client.status().code() != absl::StatusCode::kDeadlineExceeded) {
       return client.status();
     }
+    const Status resolves = CheckResolves(host);
     const MonoTime now = RealClock()->Now();
+    if (now >= deadline && !resolves.ok()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank ", env.rank, ": MASTER_ADDR ", resolves.message(), " (retried for ",
+          ToSeconds(timeout), " s; check the name)"));
+    }
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "rank ", env.rank, ": rank 0's store at MASTER_ADDR:MASTER_PORT ", env.master_addr,
           " did not come up within ", ToSeconds(timeout), " s (is rank 0 running?): ",
           client.status().message()));
     }
-    log.Info("waiting for rank 0's store at {} (MASTER_ADDR:MASTER_PORT): {:.0f} s of {:.0f} s",
-             env.master_addr, ToSeconds(now - start), ToSeconds(timeout));
+    if (!resolves.ok()) {
+      log.Info("waiting for MASTER_ADDR to resolve: {} ({:.0f} s of {:.0f} s)",
+               std::string(resolves.message()), ToSeconds(now - start), ToSeconds(timeout));
+    } else {
+      log.Info("waiting for rank 0's store at {} (MASTER_ADDR:MASTER_PORT): {:.0f} s of {:.0f} s",
+               env.master_addr, ToSeconds(now - start), ToSeconds(timeout));
+    }
   }
 }
 

@@ -91,6 +91,24 @@ TEST(InitFromEnvGrpcTest, BareIpv6MasterAddrServesAndConnects) {
   EXPECT_EQ(*v, "x");
 }
 
+// A MASTER_ADDR that does not resolve made the other ranks wait out their
+// timeout and blame rank 0 ("is rank 0 running?"). They still wait (DNS
+// may lag behind a starting cluster), but the error says it does not resolve.
+TEST(InitFromEnvGrpcTest, AnUnresolvableMasterAddrSaysSoWhenTheWaitEnds) {
+  WorkerEnv env;
+  env.master_addr = "nosuch.invalid:29500";
+  env.store_token = "s3cret";
+  env.world_size = 2;
+  env.rank = 1;
+  auto store = OpenStore(env, std::chrono::seconds(2));
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("MASTER_ADDR 'nosuch.invalid' does not resolve"),
+            std::string::npos)
+      << store.status();
+  EXPECT_EQ(store.status().message().find("is rank 0 running?"), std::string::npos)
+      << store.status();
+}
+
 // Beyond loopback (here the wildcard 0.0.0.0, reachable from other hosts),
 // rank 0's store needs the job's token: none is an error naming
 // LOCKSTEP_STORE_TOKEN; with one, the ranks that have it connect and a

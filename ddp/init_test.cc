@@ -101,6 +101,16 @@ TEST(OpenStoreTest, MasterAddrWithoutStoreNamesTheMissingVariable) {
   EXPECT_NE(store.status().message().find("LOCKSTEP_STORE"), std::string::npos);
 }
 
+// MASTER_PORT alone (no MASTER_ADDR, no LOCKSTEP_STORE) has no host to serve
+// or reach rank 0's store at.
+TEST(OpenStoreTest, MasterPortWithoutMasterAddrNamesTheMissingVariable) {
+  WorkerEnv env;
+  env.master_addr = ":29500";
+  auto store = OpenStore(env, std::chrono::seconds(1));
+  EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
+  EXPECT_EQ(store.status().message(), "MASTER_ADDR is not set (MASTER_PORT=29500 is)");
+}
+
 TEST(OpenStoreTest, AnAddressThatIsNeitherADirNorHostPortIsRefusedNamingIt) {
   WorkerEnv env;
   env.job_id = "job";
