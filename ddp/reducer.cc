@@ -374,6 +374,7 @@ Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
   std::unique_lock<std::mutex> lock(mu_);
   RETURN_IF_ERROR(BeginStepLocked(lock));
   std::fill(ready_.begin(), ready_.end(), false);
+  unused_.clear();
   local_samples_ = local_samples;
   // What each gradient is multiplied by on its way into its slot, this step.
   slot_scale_ = options_.weight_by_samples ? static_cast<double>(local_samples)
@@ -410,8 +411,12 @@ Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
       }
     }
   }
+  // Marked ready by the backward's first hook, as PyTorch's reducer does,
+  // not here: a Forward with no Backward (a validation pass) would
+  // otherwise launch collectives, and the gradient copied would be the one
+  // .grad holds now, before the zero_grad() a step may still make.
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (reached.count(accumulators_[i].get()) == 0) MarkReadyLocked(i);
+    if (reached.count(accumulators_[i].get()) == 0) unused_.push_back(i);
   }
   return absl::OkStatus();
 }
@@ -422,6 +427,13 @@ void Reducer::OnGradReady(size_t index) {
   if (!finalizer_queued_) {
     finalizer_queued_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
+  }
+  if (!unused_.empty()) {
+    // The first hook of this backward: the parameters its forward did not
+    // reach are ready now.
+    std::vector<size_t> unused;
+    unused.swap(unused_);
+    for (size_t i : unused) MarkReadyLocked(i);
   }
   MarkReadyLocked(index);
 }

@@ -74,10 +74,12 @@
 //
 // Unused parameters. With find_unused_parameters, PrepareForBackward walks
 // the autograd graph from the forward outputs; parameters whose accumulator
-// is not reached are marked ready at once (their slot zeroed, or holding
-// the gradient a defined param.grad already has, e.g. one accumulated under
-// no_sync), so no bucket
-// waits forever. Without the flag, a backward that ends with parameters that
+// is not reached are marked ready when the backward's first hook runs, as
+// PyTorch's reducer does (their slot zeroed, or holding the gradient a
+// defined param.grad has then, e.g. one accumulated under no_sync), so no
+// bucket waits forever. Not at forward: a Forward with no Backward would
+// launch collectives, and a zero_grad() between Forward and Backward would
+// come after the previous step's gradient was copied. Without the flag, a backward that ends with parameters that
 // never became ready fails with an error naming them.
 //
 // Devices. Every parameter must be on one device, the communicator's
@@ -378,6 +380,9 @@ class Reducer {
   Status finish_status_;                          // GUARDED_BY(mu_)
   Duration finish_waited_{};                      // GUARDED_BY(mu_)
   bool expect_sync_ = false;                      // GUARDED_BY(mu_)
+  // Parameters this step's forward did not reach (find_unused_parameters),
+  // until the backward's first hook marks them ready. GUARDED_BY(mu_)
+  std::vector<size_t> unused_;
   bool finalizer_queued_ = false;                 // GUARDED_BY(mu_)
   bool rebuilt_ = false;                          // GUARDED_BY(mu_)
   bool comm_memory_ = false;                      // GUARDED_BY(mu_)

@@ -332,6 +332,58 @@ TEST(ReducerTest, FindUnusedParametersMarksUnreachedParametersReady) {
   EXPECT_TRUE(model->spare->weight.grad().eq(0).all().item<bool>());
 }
 
+// A layer used in some steps only.
+struct SometimesUsedImpl : torch::nn::Module {
+  SometimesUsedImpl() {
+    used = register_module("used", torch::nn::Linear(4, 4));
+    spare = register_module("spare", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return use_spare ? spare(used(x)) : used(x); }
+  torch::nn::Linear used{nullptr}, spare{nullptr};
+  bool use_spare = true;
+};
+TORCH_MODULE(SometimesUsed);
+
+// Parameters a forward did not reach are taken when backward starts, as
+// PyTorch's reducer takes them, not at forward: a forward alone (a
+// validation pass) launches nothing, and the zero_grad() between forward
+// and backward applies to them (marked at forward, the previous step's
+// gradient was copied and written back, whichever way the step zeroed).
+TEST(ReducerTest, UnusedParametersAreTakenWhenBackwardStartsNotAtForward) {
+  for (bool set_to_none : {true, false}) {
+    for (bool as_view : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("set_to_none ", set_to_none, ", gradient_as_bucket_view ", as_view));
+      auto model = SometimesUsed();
+      auto comm = std::make_shared<FakeCommunicator>();
+      DdpOptions options = OneParamPerBucket();  // spare's buckets hold nothing else
+      options.find_unused_parameters = true;
+      options.gradient_as_bucket_view = as_view;
+      auto ddp = DistributedDataParallel::Create(model, comm, options);
+      ASSERT_TRUE(ddp.ok()) << ddp.status();
+      StatusOr<torch::Tensor> out;
+      for (int step = 0; step < 2; ++step) {  // the second rebuilds the buckets
+        out = (*ddp)->Forward(torch::randn({2, 4}));
+        ASSERT_TRUE(out.ok());
+        ASSERT_TRUE((*ddp)->Backward(out->pow(2).sum()).ok());
+      }
+      ASSERT_FALSE(model->spare->weight.grad().eq(0).all().item<bool>()) << "spare was used";
+
+      model->use_spare = false;
+      comm->clear();
+      out = (*ddp)->Forward(torch::randn({2, 4}));
+      ASSERT_TRUE(out.ok());
+      EXPECT_TRUE(comm->calls().empty()) << "a forward launched " << comm->calls().size()
+                                         << " collectives before any backward";
+      model->zero_grad(set_to_none);
+      ASSERT_TRUE((*ddp)->Backward(out->pow(2).sum()).ok());
+      ASSERT_TRUE(model->spare->weight.grad().defined());
+      EXPECT_TRUE(model->spare->weight.grad().eq(0).all().item<bool>())
+          << "the previous step's gradient came back after zero_grad";
+      EXPECT_FALSE(comm->calls().empty()) << "the step's buckets were reduced";
+    }
+  }
+}
+
 TEST(ReducerTest, NoSyncIssuesNoCollectivesAndNextSyncReducesTheSum) {
   auto model = ReversedUse();
   auto comm = std::make_shared<FakeCommunicator>();
