@@ -372,6 +372,19 @@ Status Reducer::JoinStep() {
 Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
                                    int64_t local_samples) {
   std::unique_lock<std::mutex> lock(mu_);
+  // LibTorch drops a parameter's gradient accumulator, where this reducer's
+  // hook sits, when its data changes dtype or device (Module::to after
+  // Create): no hook would run, and every rank would train on its own
+  // gradients without a word.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (torch::autograd::impl::grad_accumulator(params_[i].tensor) != accumulators_[i]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DDP: parameter ", params_[i].name, " is no longer the one DDP was created over (now ",
+          c10::toString(params_[i].tensor.scalar_type()), " on ", params_[i].tensor.device().str(),
+          "): the module was moved or converted (to()) after Create, so its gradients would not "
+          "be reduced; convert the module first, then create DDP over it"));
+    }
+  }
   RETURN_IF_ERROR(BeginStepLocked(lock));
   std::fill(ready_.begin(), ready_.end(), false);
   unused_.clear();
@@ -424,6 +437,17 @@ Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
 void Reducer::OnGradReady(size_t index) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!expect_sync_) return;  // no_sync, or a backward not prepared by forward.
+  if (const torch::Tensor& grad = params_[index].tensor.grad(); grad.defined() && grad.is_sparse()) {
+    // Buckets are dense; reading a sparse gradient's data pointer threw an
+    // error that named neither the parameter nor why.
+    if (error_.ok()) {
+      error_ = absl::FailedPreconditionError(absl::StrCat(
+          "DDP: parameter ", params_[index].name,
+          " has a sparse gradient (an Embedding or EmbeddingBag with sparse=true): DDP reduces "
+          "dense gradients only; make it dense (sparse=false)"));
+    }
+    throw std::runtime_error(std::string(error_.message()));
+  }
   if (!finalizer_queued_) {
     finalizer_queued_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });

@@ -384,6 +384,55 @@ TEST(ReducerTest, UnusedParametersAreTakenWhenBackwardStartsNotAtForward) {
   }
 }
 
+// Module::to(dtype) after Create drops the parameters' gradient
+// accumulators, where the reducer's hooks sit: backward then reduced
+// nothing and returned OK. The forward now refuses, naming the parameter.
+TEST(ReducerTest, AModuleConvertedAfterCreateIsRefusedNotLeftUnsynchronised) {
+  auto model = torch::nn::Linear(4, 4);
+  auto comm = std::make_shared<FakeCommunicator>();
+  auto ddp = DistributedDataParallel::Create(model, comm);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  auto out = (*ddp)->Forward(torch::randn({2, 4}));
+  ASSERT_TRUE(out.ok());
+  ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());
+  model->to(torch::kDouble);
+  comm->clear();
+  out = (*ddp)->Forward(torch::randn({2, 4}, torch::kDouble));
+  ASSERT_FALSE(out.ok()) << "a forward after to(kDouble) went on";
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+  EXPECT_THAT(std::string(out.status().message()),
+              HasSubstr("parameter weight is no longer the one DDP was created over (now Double on cpu)"));
+}
+
+struct SparseEmbeddingImpl : torch::nn::Module {
+  SparseEmbeddingImpl() {
+    table = register_module(
+        "table", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true)));
+    head = register_module("head", torch::nn::Linear(4, 1));
+  }
+  torch::Tensor forward(torch::Tensor ids) { return head(table(ids)); }
+  torch::nn::Embedding table{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(SparseEmbedding);
+
+// A sparse gradient (Embedding with sparse=true) fails backward naming the
+// parameter and why, instead of "Cannot access data pointer of Tensor that
+// doesn't have storage".
+TEST(ReducerTest, ASparseGradientFailsNamingTheParameter) {
+  auto model = SparseEmbedding();
+  auto comm = std::make_shared<FakeCommunicator>();
+  auto ddp = DistributedDataParallel::Create(model, comm);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  auto out = (*ddp)->Forward(torch::tensor({1, 2, 3}, torch::kLong));
+  ASSERT_TRUE(out.ok()) << out.status();
+  Status s = (*ddp)->Backward(out->sum());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("parameter table.weight has a sparse gradient (an Embedding or "
+                        "EmbeddingBag with sparse=true)"));
+}
+
 TEST(ReducerTest, NoSyncIssuesNoCollectivesAndNextSyncReducesTheSum) {
   auto model = ReversedUse();
   auto comm = std::make_shared<FakeCommunicator>();
