@@ -22,6 +22,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/openssl_ptr.h"
 
@@ -229,6 +230,51 @@ std::string OpenSslErrors() {
   return parts.empty() ? "no OpenSSL error queued" : absl::StrJoin(parts, "; ");
 }
 
+namespace {
+
+// A CA found in `dir` signs this cluster's certificates only if nobody else
+// could have put it there or can read its key, it is a CA, and it outlives
+// the certificates it is asked to sign.
+Status CheckReusableCa(const std::string& dir, const std::string& key_path,
+                       const std::string& cert_pem, SystemTime not_after) {
+  const uid_t me = ::geteuid();
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("stat ", dir, ": ", std::strerror(errno)));
+  }
+  if ((st.st_uid != me && st.st_uid != 0) || (st.st_mode & 022) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s holds a CA but is owned by uid %d, mode %04o: whoever else can write there could "
+        "have put that CA there, or swap the keys written next to it; use a directory only you "
+        "can write", dir, st.st_uid, st.st_mode & 07777));
+  }
+  if (::stat(key_path.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stat ", key_path, ": ", std::strerror(errno)));
+  }
+  if (st.st_uid != me || (st.st_mode & 077) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s is owned by uid %d, mode %04o: a CA key another user owns or can read can sign "
+        "certificates for this cluster; chown it to uid %d and chmod 600 it, or move ca.pem and "
+        "ca.key away to make a new CA", key_path, st.st_uid, st.st_mode & 07777, me));
+  }
+  ASSIGN_OR_RETURN(X509Ptr cert, ParseCert(cert_pem, dir + "/ca.pem"));
+  if (X509_check_ca(cert.get()) != 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, "/ca.pem is not a CA certificate: it cannot sign the cluster's"));
+  }
+  const std::time_t wanted = std::chrono::system_clock::to_time_t(not_after);
+  if (X509_cmp_time(X509_get0_notAfter(cert.get()), const_cast<std::time_t*>(&wanted)) < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the CA in ", dir, " expires ", FormatTime(X509_get0_notAfter(cert.get())),
+        ", before the certificates asked for would: ask for fewer --days, or move ca.pem and "
+        "ca.key away to make a new CA (and give every node the new ca.pem)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 StatusOr<KeyAndCert> MakeCa(const std::string& common_name, SystemTime not_before,
                             SystemTime not_after) {
   ASSIGN_OR_RETURN(Pkey key, NewKey());
@@ -312,6 +358,7 @@ StatusOr<std::vector<std::string>> WriteClusterCerts(const std::string& dir,
   auto old_key = ReadFile(ca_key_path);
   auto old_cert = ReadFile(ca_cert_path);
   if (old_key.ok() && old_cert.ok()) {
+    RETURN_IF_ERROR(CheckReusableCa(dir, ca_key_path, *old_cert, not_after));
     ca.key_pem = *old_key;
     ca.cert_pem = *old_cert;
   } else {

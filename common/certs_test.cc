@@ -106,6 +106,39 @@ TEST(CertsTest, WriteClusterCertsWritesEveryFileAndReusesTheCa) {
       << "a host named worker would overwrite the workers' certificate";
 }
 
+// A CA found in --out is reused only if nobody else could have put it there
+// or can read its key, and it outlives what it is asked to sign: before,
+// a 0777 directory with someone's ca.key at 0644 was "reused (the cluster's
+// CA)" and signed node certificates.
+TEST(CertsTest, ACaOthersCouldHavePlacedOrReadIsNotReused) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/certs_foreign_", ::getpid());
+  ASSERT_TRUE(WriteClusterCerts(dir, {"node1"}, 30).ok());
+  const std::string ca = Read(dir + "/ca.pem");
+
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  auto got = WriteClusterCerts(dir, {"node2"}, 30);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied) << got.status();
+  EXPECT_NE(got.status().message().find("mode 0777"), std::string::npos) << got.status();
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+
+  ASSERT_EQ(::chmod((dir + "/ca.key").c_str(), 0644), 0);
+  got = WriteClusterCerts(dir, {"node2"}, 30);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied) << got.status();
+  EXPECT_NE(got.status().message().find("ca.key is owned by uid"), std::string::npos) << got.status();
+  ASSERT_EQ(::chmod((dir + "/ca.key").c_str(), 0600), 0);
+
+  // The CA lives the asked days plus a year: certificates past it are refused.
+  got = WriteClusterCerts(dir, {"node2"}, 30 + 365 + 2);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
+  EXPECT_NE(got.status().message().find("before the certificates asked for would"), std::string::npos)
+      << got.status();
+  struct stat st;
+  EXPECT_NE(::stat((dir + "/node2.pem").c_str(), &st), 0) << "a refused run wrote a certificate";
+
+  ASSERT_TRUE(WriteClusterCerts(dir, {"node2"}, 30).ok());
+  EXPECT_EQ(Read(dir + "/ca.pem"), ca);
+}
+
 // `lockstep certs --out /etc/lockstep/tls` on a host with no /etc/lockstep:
 // the missing parents are made too; a file in the way is named.
 TEST(CertsTest, WriteClusterCertsMakesMissingParentDirectories) {

@@ -448,6 +448,13 @@ int Run(int argc, char** argv) {
     s = rendezvous::CheckPlaintextAllowed(tls, config.coordinator_address,
                                           "--coordinator-address", config.insecure_plaintext);
   }
+  // The advertised address is where this daemon's own agent sends its token
+  // and workers send theirs (store, progress): a loopback --listen does not
+  // make a non-loopback --advertise-address safe in plaintext.
+  if (s.ok() && !config.advertise.empty()) {
+    s = rendezvous::CheckPlaintextAllowed(tls, config.advertise, "--advertise-address",
+                                          config.insecure_plaintext);
+  }
   if (!s.ok()) {
     log.Error("{}", std::string(s.message()));
     return 2;

@@ -28,6 +28,7 @@
 #include "ddp/progress.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
+#include "rendezvous/tls.h"
 
 namespace lockstep {
 namespace ddp {
@@ -56,8 +57,8 @@ StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
   // one, anyone who can reach MASTER_PORT could write the job's bootstrap
   // keys (PyTorch's TCPStore has that hole, CVE-2024-5480).
   const std::string host = HostOfAddress(env.master_addr);
-  const bool loopback = host == "localhost" || absl::StartsWith(host, "127.") || host == "::1" ||
-                        host == "[::1]";
+  // By value, not spelling: "127.x.example" is a name, not 127.0.0.0/8.
+  const bool loopback = rendezvous::IsLoopbackHost(host);
   if (!loopback && env.store_token.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "MASTER_ADDR ", host, " is not a loopback address, so rank 0's store would be open to "

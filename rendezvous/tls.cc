@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/address.h"
 #include "common/certs.h"
 #include "common/mutex.h"
@@ -288,6 +290,14 @@ Status CheckTlsConfig(const TlsConfig& config, bool need_identity,
     if (has_cert) {
       ASSIGN_OR_RETURN(cert, ReadPem(config.cert_file, cert_flag));
       ASSIGN_OR_RETURN(key, ReadPem(config.key_file, key_flag));
+      // As ssh treats a private key: one others can read (a job of another
+      // uid on this node, say) lets them pass for this node.
+      struct stat st;
+      if (::stat(config.key_file.c_str(), &st) == 0 && (st.st_mode & 007) != 0) {
+        return absl::PermissionDeniedError(absl::StrFormat(
+            "%s %s is mode %04o, open to every user of this host: chmod 600 it (640 for a group "
+            "that must read it)", key_flag, config.key_file, st.st_mode & 07777));
+      }
       cert_what = absl::StrCat(cert_flag, " ", config.cert_file);
       key_what = absl::StrCat(key_flag, " ", config.key_file);
     }

@@ -70,6 +70,7 @@ class TlsTest : public ::testing::Test {
       c.cert_file = absl::StrCat(dir_, "/", name, ".pem");
       c.key_file = absl::StrCat(dir_, "/", name, ".key");
       WriteFile(c.key_file, leaf->key_pem);
+      EXPECT_EQ(::chmod(c.key_file.c_str(), 0600), 0);
       WriteFile(c.cert_file, leaf->cert_pem);
     }
     c.refresh_interval = std::chrono::seconds(1);
@@ -206,6 +207,18 @@ TEST_F(TlsTest, ReplacedCertificateFilesArePickedUpWithoutRestart) {
     if (s.ok()) break;
   }
   EXPECT_TRUE(s.ok()) << "the server never used its new certificate: " << s;
+}
+
+// A key file every user of the host can read is refused, as ssh refuses
+// one: a job of another uid could pass for this node with it.
+TEST_F(TlsTest, AKeyFileOthersCanReadIsRefusedNamingItsMode) {
+  TlsConfig c = Files("open", ca_, &server_);
+  ASSERT_EQ(::chmod(c.key_file.c_str(), 0644), 0);
+  Status s = CheckTlsConfig(c, /*need_identity=*/true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("--tls-key " + c.key_file + " is mode 0644"), std::string::npos) << s;
+  ASSERT_EQ(::chmod(c.key_file.c_str(), 0640), 0);  // a group's, as a Kubernetes fsGroup makes it
+  EXPECT_TRUE(CheckTlsConfig(c, /*need_identity=*/true).ok());
 }
 
 TEST_F(TlsTest, WorkerStyleInMemoryPemWorks) {

@@ -39,6 +39,14 @@ rc=0
 [ "$rc" = 2 ] || fail "lockstepd listened in plaintext on 0.0.0.0 (exit $rc): $(cat "$T/plain.log")"
 grep -q "is not a loopback address and TLS is off.*--insecure-plaintext" "$T/plain.log" ||
   fail "no clear error for plaintext on 0.0.0.0: $(cat "$T/plain.log")"
+# So is a loopback --listen advertised beyond loopback: the daemon's own
+# agent and its workers would send their tokens to the advertised address.
+rc=0
+"$LOCKSTEPD" --coordinator --listen 127.0.0.1:0 --advertise-address 10.0.0.5:7070 \
+  --state-dir "$T/plain-adv" > "$T/plain-adv.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "lockstepd advertised 10.0.0.5 in plaintext (exit $rc): $(cat "$T/plain-adv.log")"
+grep -q -- "--advertise-address 10.0.0.5:7070 is not a loopback address and TLS is off" "$T/plain-adv.log" ||
+  fail "no clear error for a plaintext advertised address: $(cat "$T/plain-adv.log")"
 # Forced with --insecure-plaintext, an agent dialling a coordinator beyond
 # loopback warns that its token crosses the network (0.0.0.0: this host,
 # nothing listens there, nothing leaves the machine).
