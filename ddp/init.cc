@@ -18,6 +18,7 @@
 #include "ddp/data_plane.h"
 #include "ddp/gloo_communicator.h"
 #include "ddp/hierarchical_communicator.h"
+#include "ddp/missing_ranks.h"
 #include "ddp/nccl_communicator.h"
 #include "ddp/shm_communicator.h"
 #include "rendezvous/file_store.h"
@@ -112,9 +113,14 @@ Status JoinStore(rendezvous::Store* store, const WorkerEnv& env) {
           : "another job uses this MASTER_ADDR:MASTER_PORT (give each job its own)";
   ASSIGN_OR_RETURN(std::string agreed, store->CompareSet("lockstep/world_size", "", world));
   if (agreed != world) {
-    return absl::FailedPreconditionError(absl::StrCat(where, " belongs to a world of ", agreed,
-                                                      " ranks; rank ", env.rank, " of job ",
-                                                      env.job_id, " expects ", world, ": ", cause));
+    // Said where the ranks that joined wait for this one (WaitForRanks), so
+    // they name the refusal instead of "did not arrive".
+    (void)store->Set(RefusedRankKey(env.rank),
+                     absl::StrCat("came with a world of ", world, " ranks, not ", agreed));
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, " belongs to a world of ", agreed, " ranks; rank ", env.rank, " of job ",
+        env.job_id, " expects ", world, ": the ranks were started with different world sizes "
+        "(WORLD_SIZE), or ", cause));
   }
   ASSIGN_OR_RETURN(int64_t owners, store->Add(absl::StrCat("lockstep/member/", env.rank), 1));
   if (owners != 1) {

@@ -1,4 +1,5 @@
 #include "ddp/init.h"
+#include "ddp/missing_ranks.h"
 
 #include <dlfcn.h>
 #include <malloc.h>
@@ -78,9 +79,32 @@ TEST(JoinStoreTest, EachRankJoinsOnceAndTheWorldSizeMustAgree) {
   env.rank = 3;
   Status other = JoinStore(&store, env);
   EXPECT_TRUE(absl::IsFailedPrecondition(other)) << other;
-  EXPECT_NE(other.message().find("belongs to a world of 2 ranks; rank 3 of job second expects 4"),
+  EXPECT_NE(other.message().find("belongs to a world of 2 ranks; rank 3 of job second expects 4: "
+                                 "the ranks were started with different world sizes (WORLD_SIZE)"),
             std::string::npos)
       << other;
+}
+
+// A rank refused for another world size said so only to itself: the ranks
+// that joined waited out their timeout and reported it as "did not arrive".
+// They now name the refusal at their next look.
+TEST(JoinStoreTest, PeersWaitingForARefusedRankNameTheRefusal) {
+  FakeStore store;
+  WorkerEnv env;
+  env.world_size = 3;
+  env.rank = 0;
+  ASSERT_TRUE(JoinStore(&store, env).ok());
+  ASSERT_TRUE(store.Set("boot/arrived/0", "1").ok());
+  env.world_size = 2;
+  env.rank = 1;
+  ASSERT_FALSE(JoinStore(&store, env).ok());
+  Status waited = WaitForRanks(&store, {{0, "boot/arrived/0"}, {1, "boot/arrived/1"}, {2, "boot/arrived/2"}},
+                               std::chrono::seconds(60), "rank 0 bootstrapping", nullptr,
+                               std::chrono::milliseconds(20));
+  EXPECT_EQ(waited.code(), absl::StatusCode::kFailedPrecondition) << waited;
+  EXPECT_EQ(waited.message(),
+            "rank 0 bootstrapping: rank 1 was refused by the store: it came with a world of 2 "
+            "ranks, not 3; every rank must be started with the same WORLD_SIZE");
 }
 
 TEST(OpenStoreTest, FileAddressOpensNamespacedDirectory) {

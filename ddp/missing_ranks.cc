@@ -83,7 +83,15 @@ Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, s
     missing = std::move(still);
     if (missing.empty()) return absl::OkStatus();
     std::vector<int> ranks;
-    for (const auto& entry : missing) ranks.push_back(entry.first);
+    for (const auto& entry : missing) {
+      ranks.push_back(entry.first);
+      auto refused = store->Get(RefusedRankKey(map.Global(entry.first)), Duration::zero());
+      if (refused.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, ": rank ", map.Global(entry.first), " was refused by the store: it ", *refused,
+            "; every rank must be started with the same WORLD_SIZE"));
+      }
+    }
     if (RealClock()->Now() >= deadline) {
       // Those ranks never came: this worker's failure follows theirs (its
       // agent tells the coordinator, which blames the first of them).
@@ -99,6 +107,8 @@ Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, s
     }
   }
 }
+
+std::string RefusedRankKey(int rank) { return absl::StrCat("lockstep/refused/", rank); }
 
 std::string FormatRanks(const std::vector<int>& ranks) {
   return absl::StrCat("[", absl::StrJoin(ranks, ", "), "]");

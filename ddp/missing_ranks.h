@@ -60,12 +60,19 @@ inline constexpr Duration kBootstrapProgressInterval = std::chrono::seconds(5);
 // that have spdlog log it; the CMake build of the ddp core has none).
 using ProgressLog = std::function<void(const std::string& line)>;
 
+// The store key under which JoinStore (init.h) says why it refused `rank`
+// (a world size that is not the store's), for WaitForRanks to name.
+std::string RefusedRankKey(int rank);
+
 // The bootstrap wait every communicator uses: waits until the key of every
 // rank in `keys` (rank -> key) is set, for at most `timeout`. Every
 // `interval` it tells `progress` (if set) "<what>: still waiting for ranks
 // [..] (Ns of Ts)", so a rank whose peer never starts says whom it waits for.
 // Errors: DeadlineExceeded "<what>: ranks [..] did not arrive within T s";
-// the store's other errors, annotated with `what`.
+// FailedPrecondition, at its next look, when a missing rank was refused by
+// the store (RefusedRankKey: "<what>: rank R was refused by the store: it
+// came with a world of W ranks, not X"); the store's other errors,
+// annotated with `what`.
 // The rank it gives up on is marked lost through `map`.
 Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, std::string>>& keys,
                     Duration timeout, const std::string& what, const ProgressLog& progress,
