@@ -13,7 +13,8 @@
 //
 // Blocking: Get, Wait and MultiGet poll the directory, starting at
 // kFileStoreMinPoll and backing off to kFileStoreMaxPoll, until the keys
-// exist or the timeout passes (DeadlineExceeded naming the missing keys).
+// exist or the timeout passes (DeadlineExceeded naming the missing keys);
+// a timeout over a year counts as a year, as the gRPC client clamps it.
 //
 // Thread safety: safe for concurrent use by threads and processes.
 // Errors: InvalidArgument (empty/oversized key or value, non-integer value
