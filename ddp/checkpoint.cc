@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace lockstep {
 namespace ddp {
@@ -550,6 +551,26 @@ StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string&
   torch::NoGradGuard no_grad;
   for (Pending& p : pending) p.target.copy_(p.loaded);
   return std::optional<RestoredCheckpoint>(std::move(restored));
+}
+
+Status CheckSameCheckpointStep(Communicator* comm, int64_t step, const std::string& dir,
+                               Duration timeout) {
+  const int world = comm->world_size();
+  const auto options = torch::dtype(torch::kLong).device(comm->device());
+  torch::Tensor all = torch::empty({world}, options);
+  RETURN_IF_ERROR(comm->AllGather(torch::full({1}, step, options), all)->Wait(timeout));
+  all = all.cpu();
+  std::vector<std::string> steps;
+  bool same = true;
+  for (int r = 0; r < world; ++r) {
+    const int64_t at = all[r].item<int64_t>();
+    same = same && at == step;
+    steps.push_back(absl::StrCat("rank ", r, " at step ", at));
+  }
+  if (same) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "ranks resumed from different checkpoints in ", dir, " (", absl::StrJoin(steps, ", "),
+      "; step 0: none): every rank must read one shared directory"));
 }
 
 }  // namespace ddp

@@ -82,7 +82,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
+#include "ddp/communicator.h"
 
 namespace lockstep {
 namespace ddp {
@@ -166,6 +168,16 @@ StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string&
 // The complete checkpoints in `dir`, newest (highest step) first; empty if
 // `dir` does not exist. Errors: Internal if it cannot be listed.
 StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir);
+
+// The cross-process invariant above, checked: every rank passes the step it
+// restored (0: none) and all learn every rank's, through one allgather on
+// `comm`. Call on every rank after RestoreCheckpoint, before
+// DistributedDataParallel::Create. FailedPrecondition naming each rank's
+// step when they differ (node-local dirs, or a stale listing of a shared
+// one: they would train different steps against each other); the
+// allgather's error when it fails or `timeout` passes.
+Status CheckSameCheckpointStep(Communicator* comm, int64_t step, const std::string& dir,
+                               Duration timeout);
 
 }  // namespace ddp
 }  // namespace lockstep

@@ -36,7 +36,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -258,26 +257,8 @@ Status Run(const Config& cfg) {
     }
   }
   if (group && !cfg.checkpoint_dir.empty()) {
-    // Every rank must resume from the same step (ddp/checkpoint.h): a dir
-    // that is not one shared directory, or a stale listing of one, would
-    // have them train different steps against each other.
-    const auto options = torch::dtype(torch::kLong).device(group->communicator()->device());
-    torch::Tensor mine = torch::full({1}, first_step - 1, options);
-    torch::Tensor all = torch::empty({world}, options);
-    RETURN_IF_ERROR(group->communicator()->AllGather(mine, all)->Wait(FromSeconds(cfg.timeout_s)));
-    all = all.cpu();
-    std::vector<std::string> steps;
-    bool same = true;
-    for (int r = 0; r < world; ++r) {
-      const int64_t step = all[r].item<int64_t>();
-      same = same && step == first_step - 1;
-      steps.push_back(absl::StrCat("rank ", r, " at step ", step));
-    }
-    if (!same) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ranks resumed from different checkpoints in ", cfg.checkpoint_dir, " (",
-          absl::StrJoin(steps, ", "), "; step 0: none): every rank must read one shared directory"));
-    }
+    RETURN_IF_ERROR(ddp::CheckSameCheckpointStep(group->communicator().get(), first_step - 1,
+                                                 cfg.checkpoint_dir, FromSeconds(cfg.timeout_s)));
   }
 
   std::unique_ptr<ddp::DistributedDataParallel> model;

@@ -83,6 +83,9 @@ lockstep::Status Train(const Flags& flags) {
                      lockstep::ddp::RestoreCheckpoint(flags.checkpoint_dir, *model, &opt,
                                                      env.round, env.job_id));
     if (restored) first_step = restored->info.step + 1;
+    RETURN_IF_ERROR(lockstep::ddp::CheckSameCheckpointStep(group->communicator().get(), first_step - 1,
+                                                         flags.checkpoint_dir,
+                                                         std::chrono::seconds(60)));
   }
   ASSIGN_OR_RETURN(auto ddp, lockstep::ddp::DistributedDataParallel::Create(
                                  model, group->communicator()));
