@@ -23,8 +23,9 @@ constexpr mode_t kLogMode = 0640;
 // would chmod, hand to the job's uid, rotate and serve.
 int RegularOrClose(int fd) {
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
-    const bool linked = S_ISREG(st.st_mode) && st.st_nlink > 1;
+  const bool stated = ::fstat(fd, &st) == 0;
+  if (!stated || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    const bool linked = stated && S_ISREG(st.st_mode) && st.st_nlink > 1;
     ::close(fd);
     errno = linked ? EMLINK : EINVAL;
     return -1;
