@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -96,6 +97,8 @@ TEST(FileStoreTest, SetIsNotLostToAConcurrentAdd) {
   const std::string dir = TempDir();
   pid_t adder = fork();
   if (adder == 0) {
+    // Dies with the test, whichever way the test ends.
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
     auto store = FileStore::Open(dir);
     if (!store.ok()) _exit(1);
     while (true) (void)(*store)->Add("counter", 1);
