@@ -97,12 +97,11 @@ class DirLock {
 // Longest wait a poll keeps a deadline for (a year): longer timeouts, up to
 // Duration::max(), are clamped to it, as the gRPC client does, so now +
 // timeout cannot overflow into the past.
-constexpr Duration kMaxPollWait = std::chrono::hours(24 * 365);
 
 // Polls `ready` until it returns true or the deadline passes.
 template <typename Fn>
 bool PollUntil(Duration timeout, Fn ready) {
-  const auto deadline = std::chrono::steady_clock::now() + std::min(timeout, kMaxPollWait);
+  const auto deadline = std::chrono::steady_clock::now() + std::min(timeout, kMaxStoreWait);
   Duration sleep = kFileStoreMinPoll;
   while (true) {
     if (ready()) return true;
@@ -242,11 +241,7 @@ StatusOr<int64_t> FileStore::Add(const std::string& key, int64_t delta) {
 StatusOr<std::string> FileStore::CompareSet(const std::string& key, const std::string& expected,
                                             const std::string& desired) {
   RETURN_IF_ERROR(CheckKey(key));
-  if (expected.size() > kMaxValueBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("CompareSet on key '", key, "': expected value of ",
-                                                   expected.size(), " bytes exceeds kMaxValueBytes (",
-                                                   kMaxValueBytes, ")"));
-  }
+  RETURN_IF_ERROR(ValidateExpected(key, expected));
   RETURN_IF_ERROR(CheckValue(key, desired));
   DirLock lock(dir_);
   RETURN_IF_ERROR(lock.status());

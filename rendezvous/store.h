@@ -40,6 +40,9 @@ inline constexpr size_t kMaxValueBytes = 16 * 1024 * 1024;
 // (InvalidArgument beyond).
 inline constexpr size_t kMaxKeysPerRequest = 65536;
 inline constexpr size_t kMaxKeysPerNamespace = 1 << 20;
+// The longest a store wait parks (a year): every store, and the gRPC
+// service's timeout_ms, count a longer timeout as this.
+inline constexpr Duration kMaxStoreWait = std::chrono::hours(24 * 365);
 // The values one MultiGet returns together: one answer, which must fit one
 // gRPC message (64 MiB, rendezvous/grpc_limits.h) with its framing
 // (ResourceExhausted beyond, naming the total; nothing is copied first, so a
@@ -50,6 +53,17 @@ inline constexpr size_t kMaxMultiGetBytes = 60 * 1024 * 1024;
 // ops will use, so the server can check the stream's token before it keeps
 // anything for the stream. A "-bin" key: any bytes, base64 on the wire.
 inline constexpr char kStoreJobMetadata[] = "lockstep-store-job-bin";
+
+// CompareSet's `expected` no value can equal (over kMaxValueBytes):
+// InvalidArgument naming the key, in every store.
+inline Status ValidateExpected(const std::string& key, const std::string& expected) {
+  if (expected.size() > kMaxValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CompareSet on store key ", QuoteForError(key), ": expected value of ", expected.size(),
+        " bytes exceeds kMaxValueBytes=", kMaxValueBytes));
+  }
+  return absl::OkStatus();
+}
 
 // The message of a MultiGet refused for kMaxMultiGetBytes; `where` names
 // the namespace or directory.

@@ -25,7 +25,6 @@ namespace {
 using SteadyTime = std::chrono::steady_clock::time_point;
 
 // Longest wait a client passes on (keeps deadline arithmetic from overflowing).
-constexpr Duration kMaxWait = std::chrono::hours(24 * 365);
 
 // Room an op must leave under kMaxGrpcMessageBytes for the fields Run sets
 // after checking its size: the id and a wait's timeout_ms (a tag and a
@@ -348,7 +347,7 @@ class GrpcStore : public Store {
   }
 
   Status Connect(Duration timeout) {
-    SteadyTime deadline = std::chrono::steady_clock::now() + std::min(timeout, kMaxWait);
+    SteadyTime deadline = std::chrono::steady_clock::now() + std::min(timeout, kMaxStoreWait);
     return AcquireSession(deadline).status();
   }
 
@@ -471,7 +470,7 @@ class GrpcStore : public Store {
                                   const SetTimeout& set_timeout, const char* what,
                                   const std::string& key) {
     RETURN_IF_ERROR(CheckMessageSize(op, what, key));
-    wait = std::clamp(wait, Duration::zero(), kMaxWait);
+    wait = std::clamp(wait, Duration::zero(), kMaxStoreWait);
     SteadyTime start = std::chrono::steady_clock::now();
     SteadyTime wait_deadline = start + wait;
     SteadyTime deadline = wait_deadline + options_.rpc_timeout;

@@ -56,15 +56,6 @@ Status ValidateValue(const std::string& key, const std::string& value) {
   return absl::OkStatus();
 }
 
-Status ValidateExpected(const std::string& key, const std::string& expected) {
-  if (expected.size() > kMaxValueBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CompareSet on store key ", QuoteForError(key), ": expected value of ", expected.size(),
-        " bytes exceeds kMaxValueBytes=", kMaxValueBytes));
-  }
-  return absl::OkStatus();
-}
-
 Status ValidateKeyList(const std::vector<std::string>& keys) {
   if (keys.empty()) return absl::InvalidArgumentError("store request names no keys");
   if (keys.size() > kMaxKeysPerRequest) {

@@ -86,8 +86,8 @@ inline constexpr size_t kMaxWaitersTotal = 262144;
 Status ValidateNamespace(const std::string& ns);
 Status ValidateKey(const std::string& key);
 Status ValidateValue(const std::string& key, const std::string& value);
-// CompareSet's `expected`: no value is over kMaxValueBytes, so none such is.
-Status ValidateExpected(const std::string& key, const std::string& expected);
+// (ValidateExpected, CompareSet's `expected`, is in store.h: FileStore
+// uses it too.)
 Status ValidateKeyList(const std::vector<std::string>& keys);
 
 // Outcome of a CompareSet.

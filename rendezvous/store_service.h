@@ -86,9 +86,6 @@
 namespace lockstep {
 namespace rendezvous {
 
-// The longest a store wait parks (a year): larger timeout_ms are clamped.
-inline constexpr Duration kMaxStoreWait = std::chrono::hours(24 * 365);
-
 // Live Session streams per job (the job its client names at open, "<job>" of
 // "<job>/..." as authorization reads it; "" for a client that names none)
 // and in all. A job holds one per rank.
