@@ -42,7 +42,7 @@ std::string PortOfAddress(const std::string& address) {
 
 bool IsDialableAddress(const std::string& address) {
   const auto colon = PortColon(address);
-  if (address.size() > 256 || colon == std::string::npos) return false;
+  if (address.size() > kMaxAddressBytes || colon == std::string::npos) return false;
   const std::string port = address.substr(colon + 1);
   if (port.empty() || port.size() > 5) return false;
   int number = 0;

@@ -4,6 +4,7 @@
 
 #include <sys/socket.h>
 
+#include <cstddef>
 #include <string>
 
 #include "common/status.h"
@@ -17,10 +18,13 @@ std::string HostOfAddress(const std::string& address);
 // The port of "host:port" or "[v6]:port"; "" when there is none.
 std::string PortOfAddress(const std::string& address);
 
+// The longest address IsDialableAddress accepts.
+inline constexpr size_t kMaxAddressBytes = 256;
+
 // Whether `address` is one a peer can dial: "host:port" or "[v6]:port",
 // with a port of 1-65535 in digits and a host of address characters only
 // (letters, digits, '.', '-', '_'; ':' and '%' too inside brackets); at
-// most 256 bytes.
+// most kMaxAddressBytes.
 bool IsDialableAddress(const std::string& address);
 
 // Whether `host` (a name or a numeric address, without brackets) resolves

@@ -46,16 +46,9 @@ class DifferingFields : public MessageDifferencer::Reporter {
   std::set<std::string> names_;
 };
 
-// Bound on a registering node's hostname (its address: IsDialableAddress):
-// stored, logged and shown by `lockstep nodes`.
+// Bound on a registering node's hostname: stored, logged and shown by
+// `lockstep nodes` (its address: IsDialableAddress).
 constexpr size_t kMaxNodeFieldBytes = 256;
-
-bool HasControl(const std::string& s) {
-  return std::any_of(s.begin(), s.end(), [](char c) {
-    const auto u = static_cast<unsigned char>(c);
-    return u < 0x20 || u == 0x7f;
-  });
-}
 
 // A request id names one submission: sending it again (a retry) returns
 // the job it made, but only for the same spec; another spec under it would
@@ -501,13 +494,11 @@ StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::RegisterN
   if (!IsDialableAddress(req.agent_address())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "node ", req.node_id(), ": agent_address ", QuoteForError(req.agent_address()),
-        ": must be host:port or [v6]:port (a port in 1-65535, at most 256 bytes)"));
+        ": must be host:port or [v6]:port (a port in 1-65535, at most ", kMaxAddressBytes,
+        " bytes)"));
   }
-  if (req.hostname().size() > kMaxNodeFieldBytes || HasControl(req.hostname())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "node ", req.node_id(), ": hostname ", QuoteForError(req.hostname()), ": must be at most ",
-        kMaxNodeFieldBytes, " bytes without control characters"));
-  }
+  RETURN_IF_ERROR(CheckString(absl::StrCat("node ", req.node_id(), ": hostname"), req.hostname(),
+                              kMaxNodeFieldBytes, /*single_line=*/true));
   Effects effects;
   Status s, reports;
   {

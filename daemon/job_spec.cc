@@ -18,26 +18,6 @@ bool HasControl(const std::string& s) {
   });
 }
 
-// A string field: at most `max_bytes`, no NUL; with `single_line`, no
-// control characters at all (newline, ESC, ...).
-Status CheckString(const std::string& field, const std::string& value, size_t max_bytes,
-                   bool single_line) {
-  if (value.size() > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", value.size(),
-                                                   " bytes exceeds the limit of ", max_bytes,
-                                                   " bytes (", QuoteForError(value), ")"));
-  }
-  if (value.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": contains a NUL byte: ", QuoteForError(value)));
-  }
-  if (single_line && HasControl(value)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": contains a control character (newline, tab, escape...): ", QuoteForError(value)));
-  }
-  return absl::OkStatus();
-}
-
 // Finite, >= 0 and <= max (0 keeps its meaning: default or no limit).
 Status CheckSeconds(const std::string& field, double value, double max) {
   if (!std::isfinite(value) || value < 0 || value > max) {
@@ -121,6 +101,26 @@ Status ValidateFields(const v1::JobSpec& spec) {
 }
 
 }  // namespace
+
+// A string field: at most `max_bytes`, no NUL; with `single_line`, no
+// control characters at all (newline, ESC, ...).
+Status CheckString(const std::string& field, const std::string& value, size_t max_bytes,
+                   bool single_line) {
+  if (value.size() > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", value.size(),
+                                                   " bytes exceeds the limit of ", max_bytes,
+                                                   " bytes (", QuoteForError(value), ")"));
+  }
+  if (value.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": contains a NUL byte: ", QuoteForError(value)));
+  }
+  if (single_line && HasControl(value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": contains a control character (newline, tab, escape...): ", QuoteForError(value)));
+  }
+  return absl::OkStatus();
+}
 
 bool IsEnvName(const std::string& name) {
   if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;

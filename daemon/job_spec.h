@@ -64,6 +64,13 @@ inline constexpr int64_t kDefaultMaxJobProcesses = 8192;
 // 0: "0", "00", " 0", as the agent's user lookup reads them).
 Status ValidateJobSpec(const v1::JobSpec& spec, const std::vector<std::string>& allowed_commands);
 
+// A string field of a request: at most `max_bytes`, no NUL; with
+// `single_line`, no control characters at all (newline, ESC, ...).
+// InvalidArgument "<field>: ..." naming the limit or the character, the
+// value quoted short and escaped.
+Status CheckString(const std::string& field, const std::string& value, size_t max_bytes,
+                   bool single_line);
+
 // Whether a run_as (a job's, or lockstepd --run-as) names root: "root", or
 // digits that read as uid 0.
 bool NamesRoot(const std::string& run_as);

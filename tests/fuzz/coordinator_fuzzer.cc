@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/address.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "daemon/coordinator.h"
@@ -123,7 +124,7 @@ class Session {
     auto got = coordinator_.RegisterNode(r);
     CheckErrorMessage(got.status(), kMaxErrorBytes, "RegisterNode");
     if (got.ok()) {
-      FUZZ_CHECK(IsSafeId(r.node_id()) && IsSafeId(r.incarnation()) && !r.agent_address().empty(),
+      FUZZ_CHECK(IsSafeId(r.node_id()) && IsSafeId(r.incarnation()) && IsDialableAddress(r.agent_address()),
                  "RegisterNode accepted a bad id or address");
       FUZZ_CHECK(got->lease_s() == 10 && got->heartbeat_interval_s() == 1, got->ShortDebugString());
     }
