@@ -40,17 +40,20 @@ std::string PortOfAddress(const std::string& address) {
   return colon == std::string::npos ? "" : address.substr(colon + 1);
 }
 
-bool IsDialableAddress(const std::string& address) {
-  const auto colon = PortColon(address);
-  if (address.size() > kMaxAddressBytes || colon == std::string::npos) return false;
-  const std::string port = address.substr(colon + 1);
+bool IsPort(const std::string& port) {
   if (port.empty() || port.size() > 5) return false;
   int number = 0;
   for (char c : port) {
     if (c < '0' || c > '9') return false;
     number = number * 10 + (c - '0');
   }
-  if (number < 1 || number > 65535) return false;
+  return number >= 1 && number <= 65535;
+}
+
+bool IsDialableAddress(const std::string& address) {
+  const auto colon = PortColon(address);
+  if (address.size() > kMaxAddressBytes || colon == std::string::npos) return false;
+  if (!IsPort(address.substr(colon + 1))) return false;
   const bool bracketed = address.front() == '[';
   const std::string host = HostOfAddress(address);
   if (host.empty()) return false;

@@ -18,6 +18,9 @@ std::string HostOfAddress(const std::string& address);
 // The port of "host:port" or "[v6]:port"; "" when there is none.
 std::string PortOfAddress(const std::string& address);
 
+// Whether `port` is a TCP port to dial: 1-65535 in digits only.
+bool IsPort(const std::string& port);
+
 // The longest address IsDialableAddress accepts.
 inline constexpr size_t kMaxAddressBytes = 256;
 

@@ -152,9 +152,7 @@ Status CheckMaster(const std::string& master, const std::string& port) {
     return absl::InvalidArgumentError(
         absl::StrCat("MASTER_PORT is not set (MASTER_ADDR='", master, "' is)"));
   }
-  const bool digits = port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
-  int number = 0;
-  if (!digits || !absl::SimpleAtoi(port, &number) || number < 1 || number > 65535) {
+  if (!IsPort(port)) {
     return absl::InvalidArgumentError(
         absl::StrCat("MASTER_PORT='", port, "' is not a port (1 to 65535 in digits)"));
   }
