@@ -104,11 +104,15 @@ int NumericPort(const sockaddr_storage& address) {
   return 0;
 }
 
+std::string JoinHostPort(const std::string& host, const std::string& port) {
+  const bool bare_v6 = host.find(':') != std::string::npos && host.front() != '[';
+  return bare_v6 ? "[" + host + "]:" + port : host + ":" + port;
+}
+
 std::string NumericAddress(const sockaddr_storage& address) {
   const std::string host = NumericHost(address);
   if (host.empty()) return "";
-  const std::string port = std::to_string(NumericPort(address));
-  return address.ss_family == AF_INET6 ? "[" + host + "]:" + port : host + ":" + port;
+  return JoinHostPort(host, std::to_string(NumericPort(address)));
 }
 
 }  // namespace lockstep

@@ -36,6 +36,11 @@ bool IsDialableAddress(const std::string& address);
 // resolve: <the resolver's reason>", for an empty host too.
 Status CheckResolves(const std::string& host);
 
+// "host:port", with an IPv6 host bracketed ("[fd00::1]:29500"), so that
+// HostOfAddress and PortOfAddress read it back. A host already bracketed,
+// or empty, is taken as is.
+std::string JoinHostPort(const std::string& host, const std::string& port);
+
 // The numeric host of a socket address ("127.0.0.1", "::1"); "" for a
 // family other than AF_INET and AF_INET6.
 std::string NumericHost(const sockaddr_storage& address);

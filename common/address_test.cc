@@ -19,6 +19,15 @@ TEST(AddressTest, HostAndPort) {
   EXPECT_EQ(HostOfAddress("[fe80::1]"), "fe80::1");
 }
 
+TEST(AddressTest, JoinHostPortBracketsABareIpv6Host) {
+  EXPECT_EQ(JoinHostPort("10.0.0.1", "29500"), "10.0.0.1:29500");
+  EXPECT_EQ(JoinHostPort("fd00::1", "29500"), "[fd00::1]:29500");
+  EXPECT_EQ(JoinHostPort("[fd00::1]", "29500"), "[fd00::1]:29500");
+  EXPECT_EQ(JoinHostPort("", "29500"), ":29500");
+  EXPECT_EQ(HostOfAddress(JoinHostPort("fd00::1", "7")), "fd00::1");
+  EXPECT_EQ(PortOfAddress(JoinHostPort("fd00::1", "7")), "7");
+}
+
 TEST(AddressTest, DialableAddresses) {
   for (const char* good : {"10.0.0.1:29500", "[::1]:1", "node-a.example.org:65535",
                            "[fe80::1%eth0]:9001", "host_1:80"}) {

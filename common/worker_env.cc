@@ -156,7 +156,7 @@ Status CheckMaster(const std::string& master, const std::string& port) {
     return absl::InvalidArgumentError(
         absl::StrCat("MASTER_PORT='", port, "' is not a port (1 to 65535 in digits)"));
   }
-  if (!master.empty() && !IsDialableAddress(absl::StrCat(master, ":", port))) {
+  if (!master.empty() && !IsDialableAddress(JoinHostPort(master, port))) {
     return absl::InvalidArgumentError(
         absl::StrCat("MASTER_ADDR='", master, "' is not a host name or address"));
   }
@@ -208,16 +208,13 @@ StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv) {
   env.agent_address = Read(getenv, {we::kAgent});
   env.agent_token = Read(getenv, {we::kAgentToken});
   env.node_addr = Read(getenv, {we::kNodeAddr});
-  std::string master = Read(getenv, {we::kMasterAddr});
+  const std::string master = Read(getenv, {we::kMasterAddr});
   const std::string port = Read(getenv, {we::kMasterPort});
-  // A bare IPv6 address (torchrun takes MASTER_ADDR=::1): bracketed, else
-  // "::1:29500" would read as a host with no port.
-  if (master.find(':') != std::string::npos && master.front() != '[') {
-    master = absl::StrCat("[", master, "]");
-  }
   if (!master.empty() || !port.empty()) {
+    // A bare IPv6 address (torchrun takes MASTER_ADDR=::1) is bracketed,
+    // else "::1:29500" would read as a host with no port.
     RETURN_IF_ERROR(CheckMaster(master, port));
-    env.master_addr = master + ":" + port;
+    env.master_addr = JoinHostPort(master, port);
   }
   env.tls = ReadWorkerTlsPem(getenv);
   return env;
@@ -287,17 +284,10 @@ std::vector<std::pair<std::string, std::string>> WorkerEnvVars(const WorkerEnv& 
   set(we::kTorchWorldSize, std::to_string(env.world_size));
   set(we::kTorchLocalWorldSize, std::to_string(env.local_world_size));
   set(we::kTorchGroupRank, std::to_string(env.node_rank));
-  // torchrun's MASTER_ADDR is bare ("fd00::1"); env.master_addr may be
-  // "[fd00::1]:29500" (as parsed) or "fd00::1:29500" (the agent's).
-  const auto colon = env.master_addr.rfind(':');
-  if (!env.master_addr.empty() && env.master_addr.front() == '[') {
-    set(we::kMasterAddr, HostOfAddress(env.master_addr));
-    set(we::kMasterPort, PortOfAddress(env.master_addr));
-  } else {
-    set(we::kMasterAddr,
-        colon == std::string::npos ? env.master_addr : env.master_addr.substr(0, colon));
-    set(we::kMasterPort, colon == std::string::npos ? "" : env.master_addr.substr(colon + 1));
-  }
+  // torchrun's MASTER_ADDR is bare ("fd00::1"); env.master_addr is
+  // "[fd00::1]:29500" (JoinHostPort).
+  set(we::kMasterAddr, HostOfAddress(env.master_addr));
+  set(we::kMasterPort, PortOfAddress(env.master_addr));
   set(we::kTorchRestartCount, std::to_string(env.restart_count));
   set(we::kTorchMaxRestarts, std::to_string(env.max_restarts));
   set(we::kTorchRunId, env.job_id);

@@ -456,7 +456,7 @@ void Agent::StartRun(const v1::AgentCommand& cmd) {
       // The node's own address: the data plane binds it (ddp/data_plane.h).
       contract.node_addr = HostOfAddress(agent_address_);
       contract.master_addr =
-          absl::StrCat(a.master_addr(), ":", run.assignment.master_port());
+          JoinHostPort(a.master_addr(), std::to_string(run.assignment.master_port()));
       for (auto& [k, v] : WorkerEnvVars(contract)) env[k] = std::move(v);
       env["PWD"] = cmd.spec().working_dir().empty() ? dir : cmd.spec().working_dir();
       if (fence_.fd() >= 0) env[worker_link::kFenceFdEnv] = std::to_string(fence_.fd());
