@@ -25,6 +25,7 @@
 
 #include "common/clock.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status.h"
 
 namespace lockstep {
@@ -71,6 +72,12 @@ inline std::string MultiGetTooLarge(const std::string& where, size_t keys, size_
   return absl::StrCat("MultiGet of ", keys, " keys in ", QuoteForError(where), ": their values total ",
                       total_bytes, " bytes, more than one answer carries (kMaxMultiGetBytes, ",
                       kMaxMultiGetBytes, "); get them in smaller groups");
+}
+
+// The job a namespace belongs to: "<job>" of "<job>/<round>" (the quotas,
+// the Session caps and tokens go by it).
+inline std::string StoreJobOf(absl::string_view ns) {
+  return std::string(ns.substr(0, ns.find('/')));
 }
 
 // "<job>/<round>": the namespace a job's round uses.

@@ -72,7 +72,7 @@ class Session {
           const std::string& ns)
       : address_(address) {
     if (!token.empty()) ctx_.AddMetadata("authorization", "Bearer " + token);
-    ctx_.AddMetadata(kStoreJobMetadata, ns.substr(0, ns.find('/')));
+    ctx_.AddMetadata(kStoreJobMetadata, StoreJobOf(ns));
     stream_ = stub->PrepareAsyncSession(&ctx_, &cq_);
     MutexLock lock(&mu_);
     stream_->StartCall(&start_tag_);

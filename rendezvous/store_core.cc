@@ -92,15 +92,9 @@ const StoreCore::Namespace* StoreCore::FindNamespace(const std::string& ns) cons
   return it == namespaces_.end() ? nullptr : &it->second;
 }
 
-namespace {
-
-// The job whose quota namespace `ns` counts against: "<job>" of "<job>/<round>".
-std::string QuotaOwner(const std::string& ns) { return ns.substr(0, ns.find('/')); }
-
-}  // namespace
 
 Status StoreCore::CheckOpenLocked(const std::string& ns) const {
-  const std::string owner = QuotaOwner(ns);
+  const std::string owner = StoreJobOf(ns);
   if (closed_jobs_.count(owner) == 0) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "store: job ", QuoteForError(owner), " has ended: its namespaces were dropped and take no "
@@ -119,7 +113,7 @@ Status StoreCore::CheckRoomLocked(const std::string& ns, const Namespace* space,
                                                      options_.max_keys_per_namespace));
   }
   if (added_bytes <= 0) return absl::OkStatus();
-  const std::string owner = QuotaOwner(ns);
+  const std::string owner = StoreJobOf(ns);
   auto held = job_bytes_.find(owner);
   const size_t job = held == job_bytes_.end() ? 0 : held->second;
   const size_t add = static_cast<size_t>(added_bytes);
@@ -162,7 +156,7 @@ int64_t StoreCore::OpenDelta(const std::string& ns, const Namespace* space) {
 void StoreCore::AccountLocked(const std::string& ns, int64_t delta) {
   if (delta == 0) return;
   namespaces_[ns].bytes += delta;
-  const std::string owner = QuotaOwner(ns);
+  const std::string owner = StoreJobOf(ns);
   size_t& job = job_bytes_[owner];
   job += delta;
   if (job == 0) job_bytes_.erase(owner);
@@ -227,14 +221,14 @@ void StoreCore::EraseWaiterLocked(WaitId id, bool unindex) {
       if (entry->second.empty()) space->waiters_by_key.erase(entry);
     }
   }
-  auto owner = job_waiters_.find(QuotaOwner(waiter.ns));
+  auto owner = job_waiters_.find(StoreJobOf(waiter.ns));
   if (owner != job_waiters_.end() && --owner->second == 0) job_waiters_.erase(owner);
   waiters_.erase(it);
 }
 
 Status StoreCore::CheckWaiterRoomLocked(const std::string& ns) const {
   RETURN_IF_ERROR(CheckOpenLocked(ns));
-  const std::string owner = QuotaOwner(ns);
+  const std::string owner = StoreJobOf(ns);
   auto held = job_waiters_.find(owner);
   const size_t job = held == job_waiters_.end() ? 0 : held->second;
   if (job >= options_.max_waiters_per_job) {
@@ -440,7 +434,7 @@ StoreCore::WaitId StoreCore::WaitAsync(const std::string& ns, const std::vector<
     if (!valid.ok()) {
       ready.emplace_back(std::move(callback), valid);
     } else {
-      ++job_waiters_[QuotaOwner(ns)];
+      ++job_waiters_[StoreJobOf(ns)];
       Namespace& space = namespaces_[ns];
       Waiter& waiter = waiters_[id];
       waiter.id = id;

@@ -37,7 +37,7 @@ void LogIfRefusedOn(const grpc::ServerContextBase& ctx, absl::string_view method
   // A job's namespaces are "<job>/<round>": the line names that job.
   LogIfRefused(StoreLog(), ctx,
                absl::StrCat("StoreService/", method, " on namespace ", QuoteForError(ns)),
-               std::string(ns.substr(0, ns.find('/'))), status);
+               StoreJobOf(ns), status);
 }
 
 }  // namespace
@@ -568,7 +568,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StoreGrpcService::S
   // The job is "<job>" of what the client names ("<job>/..." too), as
   // authorization reads it; its stream cap counts under that name, so a
   // job's token naming "<job>/1", "<job>/2", ... gets no slot per name.
-  job = job.substr(0, job.find('/'));
+  job = StoreJobOf(job);
   // Checked as the job's namespaces ("<job>/*"): each op is checked again
   // against its own namespace.
   const std::string ns = job.empty() ? job : job + "/*";
