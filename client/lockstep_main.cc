@@ -221,6 +221,28 @@ class Cli {
     return ctx;
   }
 
+  // A call to an agent: it carries a log ticket (daemon/log_ticket.h), never
+  // this CLI's token.
+  std::unique_ptr<grpc::ClientContext> AgentCtx(const std::string& ticket) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->AddMetadata(daemon::kAuthorizationHeader, "Ticket " + ticket);
+    ctx->set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+    return ctx;
+  }
+
+  // One agent to read a node's logs from.
+  struct AgentRead {
+    v1::AgentService::Stub* agent = nullptr;
+    std::string address;
+    std::string ticket;  // for this job on that node
+  };
+
+  static int64_t UnixNow() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
   Status Check(const grpc::Status& s, const std::string& what) {
     return rendezvous::WithTlsReason(
         FromGrpcStatus(s, absl::StrCat(what, " (coordinator ", common_.coordinator, ")")),
@@ -236,12 +258,6 @@ class Cli {
     v1::GetJobResponse resp;
     RETURN_IF_ERROR(Check(coord_->GetJob(Ctx().get(), req, &resp), "get job " + id));
     return resp.job();
-  }
-
-  StatusOr<std::vector<v1::NodeInfo>> Nodes() {
-    v1::ListNodesResponse resp;
-    RETURN_IF_ERROR(Check(coord_->ListNodes(Ctx().get(), {}, &resp), "list nodes"));
-    return std::vector<v1::NodeInfo>(resp.nodes().begin(), resp.nodes().end());
   }
 
   // ---------------------------------------------------------------- submit
@@ -910,27 +926,46 @@ class Cli {
     using CursorKey = std::tuple<int, std::string, bool>;  // (rank, node, is_stderr)
     std::map<CursorKey, LogCursor> cursors;
     std::set<CursorKey> placed;  // what the last poll read: the ranks' nodes then
-    std::map<std::string, std::string> addresses;  // node -> agent
+    std::map<std::string, v1::LogTicket> tickets;  // node -> its agent and log ticket
     std::map<std::string, std::unique_ptr<v1::AgentService::Stub>> agents;
-    // The agent serving `node`'s logs, and its address.
-    auto agent_of = [&](const std::string& node, int rank,
-                        std::string* address) -> StatusOr<v1::AgentService::Stub*> {
-      if (addresses.count(node) == 0) {
-        ASSIGN_OR_RETURN(std::vector<v1::NodeInfo> nodes, Nodes());
-        for (const auto& n : nodes) addresses[n.node_id()] = n.agent_address();
+    // The agent serving `node`'s logs, with its address and a log ticket for
+    // this job there (from the coordinator, renewed a minute before it
+    // expires, or after the agent refused it: forget_ticket).
+    auto agent_of = [&](const std::string& node, int rank) -> StatusOr<AgentRead> {
+      auto it = tickets.find(node);
+      if (it == tickets.end() || it->second.expires_unix_s() - 60 < UnixNow()) {
+        v1::IssueLogTicketsRequest req;
+        req.set_job_id(id);
+        req.add_node_ids(node);
+        v1::IssueLogTicketsResponse resp;
+        RETURN_IF_ERROR(Check(coord_->IssueLogTickets(Ctx().get(), req, &resp),
+                              absl::StrCat("log ticket for job ", id, " on node ", node)));
+        if (resp.tickets_size() != 1 || resp.tickets(0).node_id() != node) {
+          return absl::InternalError(absl::StrCat("the coordinator answered no log ticket for node ",
+                                                  node));
+        }
+        it = tickets.insert_or_assign(node, resp.tickets(0)).first;
       }
-      *address = addresses[node];
-      if (address->empty()) {
+      AgentRead read;
+      read.address = it->second.agent_address();
+      read.ticket = it->second.ticket();
+      if (read.address.empty()) {
         return absl::NotFoundError(
             absl::StrCat("node ", node, " of rank ", rank, " is not registered"));
       }
-      auto& agent = agents[*address];
+      auto& agent = agents[read.address];
       if (!agent) {
-        RETURN_IF_ERROR(rendezvous::CheckPlaintextAllowed(rendezvous::ProcessTls(), *address,
+        RETURN_IF_ERROR(rendezvous::CheckPlaintextAllowed(rendezvous::ProcessTls(), read.address,
                                                           "agent", common_.insecure_plaintext));
-        agent = v1::AgentService::NewStub(rendezvous::CreateLockstepChannel(*address));
+        agent = v1::AgentService::NewStub(rendezvous::CreateLockstepChannel(read.address));
       }
-      return agent.get();
+      read.agent = agent.get();
+      return read;
+    };
+    // A ticket the agent refused (expired by its clock, or one from before
+    // the coordinator's key changed) is asked for again at the next read.
+    auto forget_ticket = [&](const std::string& node, const Status& read) {
+      if (absl::IsUnauthenticated(read) || absl::IsPermissionDenied(read)) tickets.erase(node);
     };
     bool said_waiting = false;
     StateLines state_lines;
@@ -987,11 +1022,11 @@ class Cli {
       for (const CursorKey& key : placed) {
         if (now_placed.count(key) != 0) continue;
         const auto& [rank, node, is_stderr] = key;
-        std::string address;
-        StatusOr<v1::AgentService::Stub*> agent = agent_of(node, rank, &address);
+        StatusOr<AgentRead> agent = agent_of(node, rank);
         Status read = agent.status();
-        if (read.ok()) read = DrainLog(*agent, address, id, rank, is_stderr, view, &cursors[key]);
-        if (!read.ok() && !(view.state_lines && unreachable.count(address) != 0)) {
+        if (read.ok()) read = DrainLog(*agent, id, rank, is_stderr, view, &cursors[key]);
+        forget_ticket(node, read);
+        if (!read.ok() && !(view.state_lines && agent.ok() && unreachable.count(agent->address) != 0)) {
           std::cerr << "lockstep: rank " << rank << "'s output on node " << node << " past byte "
                     << cursors[key].offset << " was not read: " << Printable(read.message())
                     << "\n";
@@ -999,12 +1034,13 @@ class Cli {
       }
       placed = std::move(now_placed);
       for (const v1::WorkerStatus* w : workers) {
-        std::string address;
-        ASSIGN_OR_RETURN(v1::AgentService::Stub * agent, agent_of(w->node_id(), w->rank(), &address));
+        ASSIGN_OR_RETURN(AgentRead agent, agent_of(w->node_id(), w->rank()));
+        const std::string& address = agent.address;
         for (bool is_stderr : {false, true}) {
           if (!(is_stderr ? view.stderr_stream : view.stdout_stream)) continue;
           LogCursor& cursor = cursors[{w->rank(), w->node_id(), is_stderr}];
-          Status read = DrainLog(agent, address, id, w->rank(), is_stderr, view, &cursor);
+          Status read = DrainLog(agent, id, w->rank(), is_stderr, view, &cursor);
+          forget_ticket(w->node_id(), read);
           if (read.ok()) {
             unreachable.erase(address);
             continue;
@@ -1052,8 +1088,8 @@ class Cli {
   }
 
   // Prints what one rank's stream on one agent holds past `cursor`.
-  Status DrainLog(v1::AgentService::Stub* agent, const std::string& address, const std::string& id,
-                  int rank, bool is_stderr, const LogView& view, LogCursor* cursor) {
+  Status DrainLog(const AgentRead& agent, const std::string& id, int rank, bool is_stderr,
+                  const LogView& view, LogCursor* cursor) {
     std::ostream& out = view.prefixed && is_stderr ? std::cerr : std::cout;
     while (true) {
       v1::ReadLogsRequest req;
@@ -1064,8 +1100,9 @@ class Cli {
       req.set_offset(cursor->offset);
       if (!cursor->started) req.set_tail_bytes(view.tail_bytes);
       v1::ReadLogsResponse resp;
-      RETURN_IF_ERROR(FromGrpcStatus(agent->ReadLogs(Ctx().get(), req, &resp),
-                                     absl::StrCat("read logs of rank ", rank, " from agent ", address)));
+      RETURN_IF_ERROR(
+          FromGrpcStatus(agent.agent->ReadLogs(AgentCtx(agent.ticket).get(), req, &resp),
+                         absl::StrCat("read logs of rank ", rank, " from agent ", agent.address)));
       std::string data = resp.data();
       if (!cursor->started && view.tail_lines > 0) {
         // Start after the newline before the last tail_lines lines (the

@@ -713,13 +713,24 @@ void Agent::Register() {
   }
   if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
   if (resp->heartbeat_interval_s() > 0) heartbeat_interval_ = FromSeconds(resp->heartbeat_interval_s());
-  ReadDigests(*resp, &readers_);
+  TakeLogTicketKey(resp->log_ticket_key());
   Renewed(sent);
   registered_ = true;
   next_heartbeat_ = clock_->Now();  // fetch commands at once
   log_.Info("registered as node {} (incarnation {}), lease {}s", options_.node_id, incarnation_,
             ToSeconds(lease_));
   WarnReportsNotApplied(resp->reports_not_applied());
+}
+
+void Agent::TakeLogTicketKey(const std::string& key) {
+  MutexLock lock(&key_mu_);
+  if (key.empty() && !log_ticket_key_.empty()) {
+    // A coordinator that sends none cannot issue tickets this agent could
+    // check; keeping the old key would serve an older coordinator's.
+    log_.Warn("the coordinator sent no log ticket key: logs cannot be read from this node until "
+              "it does (is it older than this agent?)");
+  }
+  log_ticket_key_ = key;
 }
 
 void Agent::WarnReportsNotApplied(const std::string& why) {
@@ -773,7 +784,7 @@ void Agent::Heartbeat() {
     return;
   }
   if (resp->lease_s() > 0) lease_ = FromSeconds(resp->lease_s());
-  ReadDigests(*resp, &readers_);
+  TakeLogTicketKey(resp->log_ticket_key());
   if (fenced_ || (last_renewed_ && clock_->Now() - *last_renewed_ > heartbeat_interval_ * 3)) {
     log_.Info("heartbeat accepted again after {}s", ToSeconds(clock_->Now() - *last_renewed_));
   }

@@ -63,7 +63,6 @@
 #include "daemon/coordinator_client.h"
 #include "daemon/fence_guard.h"
 #include "daemon/process_launcher.h"
-#include "daemon/roles.h"
 #include "daemon/uid_lease.h"
 #include "daemon/uid_leftovers.h"
 #include "daemon/cleaner.h"
@@ -228,10 +227,14 @@ class Agent {
     int64_t restarts = 0;
   };
   GuardState FenceGuardState() const { return {guard_up_.load(), guard_restarts_.load()}; }
-  // The role token digests from the coordinator's latest RegisterNode or
-  // Heartbeat answer (empty before the first): who may read this node's
-  // workers and logs (roles.h). Thread safe.
-  const RoleTokens& readers() const { return readers_; }
+  // This node's log key (log_ticket.h) from the coordinator's latest
+  // RegisterNode or Heartbeat answer, empty before the first: the log
+  // tickets this agent serves its workers and logs to. Thread safe.
+  std::string LogTicketKey() const {
+    MutexLock lock(&key_mu_);
+    return log_ticket_key_;
+  }
+  const std::string& node_id() const { return options_.node_id; }
 
  private:
   // Wakes the loop thread early (a worker exited). Shared with the exit
@@ -378,7 +381,11 @@ class Agent {
   MonoTime next_heartbeat_;
   bool fenced_ = false;
   std::atomic<bool> registered_{false};
-  RoleTokens readers_;
+  // Set on the loop thread, read by the gRPC threads.
+  mutable Mutex key_mu_;
+  std::string log_ticket_key_ ABSL_GUARDED_BY(key_mu_);
+  // Sets log_ticket_key_ from a RegisterNode or Heartbeat answer.
+  void TakeLogTicketKey(const std::string& key);
 
   mutable Mutex mu_;
   std::map<std::string, JobRun> runs_ ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "daemon/grpc_auth.h"
+#include "daemon/log_ticket.h"
 #include "rendezvous/grpc_status.h"
 #include "rendezvous/refusals.h"
 
@@ -28,16 +29,21 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, absl::string_
   return Done(ctx, s);
 }
 
-// AuthorizeCall against the digests the coordinator sent; Unavailable
-// (retryable) before the agent has any.
+// CheckLogTicket for `job` on this node; Unavailable (retryable) before the
+// agent has its key.
 Status Authorize(const grpc::CallbackServerContext& ctx, const Agent& agent,
-                 absl::string_view method) {
-  if (agent.readers().Digest(Role::kAdmin).empty()) {
+                 absl::string_view method, const std::string& job) {
+  const std::string key = agent.LogTicketKey();
+  if (key.empty()) {
     return absl::UnavailableError(absl::StrCat(
         method, ": this agent has not registered with the coordinator yet, so it cannot "
-                "check tokens; retry"));
+                "check log tickets; retry"));
   }
-  return AuthorizeCall(ctx, agent.readers(), method);
+  auto [value, present] = AuthorizationHeader(ctx.client_metadata());
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  return CheckLogTicket(value, present, key, method, job, agent.node_id(), now);
 }
 
 }  // namespace
@@ -56,7 +62,10 @@ grpc::ServerUnaryReactor* AgentGrpcService::ReportProgress(grpc::CallbackServerC
 grpc::ServerUnaryReactor* AgentGrpcService::ListWorkers(grpc::CallbackServerContext* ctx,
                                                         const v1::ListWorkersRequest* req,
                                                         v1::ListWorkersResponse* resp) {
-  Status s = Authorize(*ctx, *core_, "AgentService/ListWorkers");
+  Status s = req->job_id().empty()
+                 ? absl::InvalidArgumentError(
+                       "AgentService/ListWorkers: job_id: empty (a log ticket opens one job)")
+                 : Authorize(*ctx, *core_, "AgentService/ListWorkers", req->job_id());
   if (!s.ok()) return Answer(ctx, "ListWorkers", req->job_id(), s);
   for (const auto& r : core_->ListWorkers(req->job_id())) {
     v1::AgentJobReportLite* out = resp->add_jobs();
@@ -70,7 +79,7 @@ grpc::ServerUnaryReactor* AgentGrpcService::ListWorkers(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* AgentGrpcService::ReadLogs(grpc::CallbackServerContext* ctx,
                                                      const v1::ReadLogsRequest* req,
                                                      v1::ReadLogsResponse* resp) {
-  Status s = Authorize(*ctx, *core_, "AgentService/ReadLogs");
+  Status s = Authorize(*ctx, *core_, "AgentService/ReadLogs", req->job_id());
   if (!s.ok()) return Answer(ctx, "ReadLogs", req->job_id(), s);
   auto chunk = core_->ReadLogs(req->job_id(), req->rank(),
                                req->stream() == v1::ReadLogsRequest::STREAM_STDERR, req->offset(),

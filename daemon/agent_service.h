@@ -1,10 +1,10 @@
 // AgentGrpcService: the thin gRPC shell over Agent (lockstep.v1.AgentService).
 //
-// Auth (roles.h): ListWorkers and ReadLogs need the cluster's admin or
-// viewer token, checked against the digests the coordinator sent the agent
-// (Agent::readers(); until the agent first registers they answer
-// UNAVAILABLE). ReportProgress needs the per-run token the agent gave
-// the worker. Refusals are logged (rendezvous/refusals.h), those of
+// Auth: ListWorkers and ReadLogs need a log ticket (log_ticket.h) for the
+// request's job on this node, checked with the key the coordinator sent
+// (Agent::LogTicketKey(); until the agent first registers they answer
+// UNAVAILABLE); bearer tokens are refused. ListWorkers needs a job id.
+// ReportProgress needs the per-run token the agent gave the worker. Refusals are logged (rendezvous/refusals.h), those of
 // ReportProgress at most every 10 s.
 // Threading: gRPC's callback API; every handler completes at once (the
 // core never blocks). Log following is client-side polling of ReadLogs

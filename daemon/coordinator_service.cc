@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +15,7 @@
 #include "common/status.h"
 #include "daemon/grpc_auth.h"
 #include "daemon/job_spec.h"
+#include "daemon/log_ticket.h"
 #include "daemon/token.h"
 #include "rendezvous/grpc_limits.h"
 #include "rendezvous/grpc_status.h"
@@ -150,7 +154,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterNode(grpc::CallbackSer
   auto r = core_->RegisterNode(*req);
   if (r.ok()) {
     *resp = *r;
-    WriteDigests(*roles_, resp);
+    resp->set_log_ticket_key(NodeLogKey(store_key_, req->node_id()));
   }
   return Answer(ctx, "RegisterNode", "", r.status());
 }
@@ -163,7 +167,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServer
   auto r = core_->Heartbeat(*req);
   if (r.ok()) {
     *resp = std::move(*r);
-    WriteDigests(*roles_, resp);
+    resp->set_log_ticket_key(NodeLogKey(store_key_, req->node_id()));
     for (v1::AgentCommand& cmd : *resp->mutable_commands()) {
       if (cmd.kind() == v1::AgentCommand::KIND_START) {
         cmd.set_store_token(JobStoreToken(store_key_, cmd.job_id()));
@@ -301,6 +305,51 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::WatchJob(grpc::CallbackServerC
   auto timeout = WatchTimeout(req->timeout_ms());
   if (!timeout.ok()) return Answer(ctx, "WatchJob", req->job_id(), timeout.status());
   return new WatchReactor(core_, req, resp, *timeout);
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::IssueLogTickets(
+    grpc::CallbackServerContext* ctx, const v1::IssueLogTicketsRequest* req,
+    v1::IssueLogTicketsResponse* resp) {
+  Status s = Authorize(*ctx, "IssueLogTickets");
+  if (s.ok()) s = RequireJobId(req->job_id());
+  if (s.ok() && req->node_ids_size() > kMaxLogTicketNodes) {
+    s = absl::InvalidArgumentError(absl::StrCat("node_ids: ", req->node_ids_size(),
+                                                " node ids, at most ", kMaxLogTicketNodes));
+  }
+  for (const std::string& node : req->node_ids()) {
+    if (!s.ok()) break;
+    if (!IsSafeId(node)) {
+      s = absl::InvalidArgumentError(absl::StrCat("node_ids: ", QuoteForError(node),
+                                                  " is not a node id ([A-Za-z0-9._-]{1,128})"));
+    }
+  }
+  if (!s.ok()) return Answer(ctx, "IssueLogTickets", req->job_id(), s);
+  // Only a job that exists gets tickets (one that left memory included).
+  auto job = core_->GetJob(JobId(req->job_id()));
+  if (!job.ok()) return Answer(ctx, "IssueLogTickets", req->job_id(), job.status());
+  std::vector<std::string> nodes(req->node_ids().begin(), req->node_ids().end());
+  if (nodes.empty()) {
+    for (const v1::WorkerStatus& w : job->workers()) {
+      if (std::find(nodes.begin(), nodes.end(), w.node_id()) == nodes.end()) {
+        nodes.push_back(w.node_id());
+      }
+    }
+  }
+  std::map<std::string, std::string> addresses;
+  for (const v1::NodeInfo& n : core_->ListNodes()) addresses[n.node_id()] = n.agent_address();
+  const int64_t expires =
+      std::chrono::duration_cast<std::chrono::seconds>(
+          (std::chrono::system_clock::now() + kLogTicketLife).time_since_epoch())
+          .count();
+  for (const std::string& node : nodes) {
+    v1::LogTicket* t = resp->add_tickets();
+    t->set_node_id(node);
+    auto it = addresses.find(node);
+    if (it != addresses.end()) t->set_agent_address(it->second);
+    t->set_ticket(MakeLogTicket(NodeLogKey(store_key_, node), req->job_id(), node, expires));
+    t->set_expires_unix_s(expires);
+  }
+  return Answer(ctx, "IssueLogTickets", req->job_id(), absl::OkStatus());
 }
 
 }  // namespace daemon

@@ -43,7 +43,9 @@ StatusOr<std::chrono::milliseconds> WatchTimeout(int64_t timeout_ms);
 class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
  public:
   // `core` and `roles` must outlive the service and the server.
-  // `store_key` keys the jobs' store tokens (JobStoreToken).
+  // `store_key` keys the jobs' store tokens (JobStoreToken) and the nodes'
+  // log keys (NodeLogKey), which each node gets in its RegisterNode and
+  // Heartbeat answers.
   CoordinatorGrpcService(Coordinator* core, const RoleTokens* roles, std::string store_key)
       : core_(core), roles_(roles), store_key_(std::move(store_key)) {}
 
@@ -73,6 +75,11 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   grpc::ServerUnaryReactor* WatchJob(grpc::CallbackServerContext* ctx,
                                      const v1::WatchJobRequest* req,
                                      v1::WatchJobResponse* resp) override;
+  // Log tickets (log_ticket.h) of an existing job for the nodes asked for,
+  // expiring kLogTicketLife from now by this host's wall clock.
+  grpc::ServerUnaryReactor* IssueLogTickets(grpc::CallbackServerContext* ctx,
+                                            const v1::IssueLogTicketsRequest* req,
+                                            v1::IssueLogTicketsResponse* resp) override;
 
  private:
   // AuthorizeCall for "CoordinatorService/<method>".

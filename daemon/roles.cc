@@ -19,6 +19,7 @@ constexpr Role kA = Role::kAdmin;
 constexpr Role kV = Role::kViewer;
 constexpr Role kG = Role::kAgent;
 constexpr Role kW = Role::kWorker;
+constexpr Role kT = Role::kLogTicket;
 
 struct Entry {
   const char* method;
@@ -39,8 +40,9 @@ const std::vector<Entry>& Table() {
       {"CoordinatorService/ListJobs", {kA, kV}},
       {"CoordinatorService/ListNodes", {kA, kV}},
       {"CoordinatorService/WatchJob", {kA, kV}},
-      {"AgentService/ListWorkers", {kA, kV}},
-      {"AgentService/ReadLogs", {kA, kV}},
+      {"CoordinatorService/IssueLogTickets", {kA, kV}},
+      {"AgentService/ListWorkers", {kT}},
+      {"AgentService/ReadLogs", {kT}},
       {"AgentService/ReportProgress", {kW}},
       {"StoreService/Set", {kA, kW}},
       {"StoreService/Get", {kA, kW}},
@@ -65,14 +67,15 @@ int Slot(Role role) {
     case Role::kAgent:
       return 2;
     case Role::kWorker:
+    case Role::kLogTicket:
       break;
   }
-  std::abort();  // programmer error: worker tokens are not role tokens
+  std::abort();  // programmer error: worker tokens and log tickets are not role tokens
 }
 
 // "a viewer", "an admin".
 std::string WithArticle(Role role) {
-  return absl::StrCat(role == Role::kViewer || role == Role::kWorker ? "a " : "an ",
+  return absl::StrCat(role == Role::kAdmin || role == Role::kAgent ? "an " : "a ",
                       RoleName(role));
 }
 
@@ -94,6 +97,8 @@ absl::string_view RoleName(Role role) {
       return "agent";
     case Role::kWorker:
       return "worker";
+    case Role::kLogTicket:
+      return "log ticket";
   }
   return "unknown";
 }

@@ -6,12 +6,16 @@
 //           read); may also register and heartbeat as an agent, so a
 //           single-host daemon and older agent setups keep working.
 //   viewer  the coordinator's `viewer.token`: read only (GetJob, ListJobs,
-//           ListNodes, WatchJob; on agents ListWorkers and ReadLogs).
+//           ListNodes, WatchJob, and IssueLogTickets for reading logs).
 //   agent   the coordinator's `agent.token`: RegisterNode and Heartbeat.
 //   worker  not a bearer token of the cluster: a job's store token (opens
 //           only "<job>/..." store namespaces, see AuthorizeStore) and the
 //           per-run progress token an agent checks in ReportProgress. Any
 //           other RPC refuses them (they match no role: Unauthenticated).
+//   log ticket  not a bearer token either: what an agent serves ReadLogs and
+//           ListWorkers to (log_ticket.h). An admin or viewer gets tickets
+//           from the coordinator (IssueLogTickets); agents refuse every
+//           bearer token, so no cluster token is ever sent to one.
 //
 // The role table (MethodRoles) lists every RPC of CoordinatorService,
 // AgentService and StoreService as "Service/Method"; a method missing from
@@ -20,10 +24,8 @@
 // ("a viewer token cannot CancelJob (needs admin)"); no token or an unknown
 // one gets Unauthenticated.
 //
-// Tokens are compared by SHA-256 digest in constant time (SecretsEqual):
-// the coordinator digests its own tokens; an agent learns the admin and
-// viewer digests from the coordinator (RegisterNodeResponse and each
-// HeartbeatResponse), so it never holds those tokens. A role may admit
+// Tokens are compared by SHA-256 digest in constant time (SecretsEqual);
+// only the coordinator holds them (agents check log tickets instead). A role may admit
 // several tokens at once: its current one and those still listed after it
 // in its token file during a rotation (token.h). Plain C++, no gRPC.
 #ifndef LOCKSTEP_DAEMON_ROLES_H_
@@ -41,11 +43,12 @@
 namespace lockstep {
 namespace daemon {
 
-enum class Role { kAdmin, kViewer, kAgent, kWorker };
+enum class Role { kAdmin, kViewer, kAgent, kWorker, kLogTicket };
 
-inline constexpr Role kAllRoles[] = {Role::kAdmin, Role::kViewer, Role::kAgent, Role::kWorker};
+inline constexpr Role kAllRoles[] = {Role::kAdmin, Role::kViewer, Role::kAgent, Role::kWorker,
+                                     Role::kLogTicket};
 
-// "admin", "viewer", "agent", "worker".
+// "admin", "viewer", "agent", "worker", "log ticket".
 absl::string_view RoleName(Role role);
 
 // The roles allowed `method` ("CoordinatorService/CancelJob"), or nullopt
@@ -65,7 +68,8 @@ class RoleTokens {
  public:
   // Sets the digests (TokenSha256) the role admits, its current one first;
   // empty entries are dropped, none: no token has the role.
-  // REQUIRES: role != kWorker (worker tokens are per job, see above).
+  // REQUIRES: role is admin, viewer or agent (worker tokens are per job,
+  // log tickets per job and node, see above).
   void SetDigests(Role role, std::vector<std::string> sha256_hex);
   void SetDigest(Role role, std::string sha256_hex) { SetDigests(role, {std::move(sha256_hex)}); }
   // The same from the tokens themselves.
@@ -84,39 +88,6 @@ class RoleTokens {
   mutable Mutex mu_;
   std::vector<std::string> digests_[3] ABSL_GUARDED_BY(mu_);  // admin, viewer, agent
 };
-
-// The coordinator's token digests travel in every RegisterNodeResponse and
-// HeartbeatResponse (their *_token_sha256 fields the current ones, the
-// *_token_sha256_also fields those still admitted during a rotation):
-// written from the coordinator's RoleTokens, read into the agent's.
-template <typename Response>
-void WriteDigests(const RoleTokens& roles, Response* resp) {
-  auto write = [](std::vector<std::string> digests, std::string* current, auto* also) {
-    current->clear();
-    also->Clear();
-    if (digests.empty()) return;
-    *current = digests.front();
-    for (size_t i = 1; i < digests.size(); ++i) *also->Add() = digests[i];
-  };
-  write(roles.Digests(Role::kAdmin), resp->mutable_admin_token_sha256(),
-        resp->mutable_admin_token_sha256_also());
-  write(roles.Digests(Role::kViewer), resp->mutable_viewer_token_sha256(),
-        resp->mutable_viewer_token_sha256_also());
-  write(roles.Digests(Role::kAgent), resp->mutable_agent_token_sha256(),
-        resp->mutable_agent_token_sha256_also());
-}
-template <typename Response>
-void ReadDigests(const Response& resp, RoleTokens* roles) {
-  auto read = [](const std::string& current, const auto& also) {
-    std::vector<std::string> digests{current};
-    digests.insert(digests.end(), also.begin(), also.end());
-    return digests;
-  };
-  roles->SetDigests(Role::kAdmin, read(resp.admin_token_sha256(), resp.admin_token_sha256_also()));
-  roles->SetDigests(Role::kViewer,
-                    read(resp.viewer_token_sha256(), resp.viewer_token_sha256_also()));
-  roles->SetDigests(Role::kAgent, read(resp.agent_token_sha256(), resp.agent_token_sha256_also()));
-}
 
 // Authorizes a call of `method` ("Service/Method") carrying the
 // `authorization` metadata `header_value` (`present` false when absent).

@@ -23,6 +23,7 @@
 #include "daemon/fake_job_store.h"
 #include "daemon/grpc_coordinator_client.h"
 #include "daemon/job_spec.h"
+#include "daemon/log_ticket.h"
 #include "daemon/process_launcher.h"
 #include "daemon/roles.h"
 #include "daemon/token.h"
@@ -83,6 +84,20 @@ class ServicesTest : public ::testing::Test {
     return ctx;
   }
 
+  // A call to the agent carrying log ticket `ticket`.
+  std::unique_ptr<grpc::ClientContext> TicketCtx(const std::string& ticket) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->AddMetadata("authorization", "Ticket " + ticket);
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return ctx;
+  }
+
+  static int64_t UnixNow() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
   struct Proxy : CoordinatorClient {
     StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& r,
                                                     Duration t) override {
@@ -123,15 +138,25 @@ TEST_F(ServicesTest, EveryCallNeedsTheToken) {
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(coordinator_->ListJobs({})->empty()) << "nothing changed";
   v1::ReadLogsResponse lresp;
-  // Before it registers the agent has no token digests to check against.
+  // Before it registers the agent has no log key to check tickets with.
   EXPECT_EQ(agent_stub_->ReadLogs(Ctx().get(), {}, &lresp).error_code(),
             grpc::StatusCode::UNAVAILABLE);
   agent_->RunOnce();
   ASSERT_TRUE(agent_->registered());
+  // Its own key only, derived from the coordinator's store key.
+  EXPECT_EQ(agent_->LogTicketKey(), NodeLogKey(kToken, "n1"));
   EXPECT_EQ(agent_stub_->ReadLogs(Ctx("").get(), {}, &lresp).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(agent_stub_->ReadLogs(Ctx("wrong").get(), {}, &lresp).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
+  // No cluster token opens an agent, the admin's included.
+  for (const char* token : {kToken, kViewerToken, kAgentToken}) {
+    grpc::Status s = agent_stub_->ReadLogs(Ctx(token).get(), {}, &lresp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << token;
+    EXPECT_NE(s.error_message().find("agents take log tickets, not bearer tokens"),
+              std::string::npos)
+        << s.error_message();
+  }
   EXPECT_TRUE(coord_stub_->ListJobs(Ctx().get(), {}, &resp).ok());
 }
 
@@ -297,8 +322,17 @@ TEST_F(ServicesTest, ErrorsKeepTheirCanonicalCodes) {
   v1::ReadLogsRequest logs;
   logs.set_job_id("../../etc");
   v1::ReadLogsResponse lresp;
-  agent_->RunOnce();  // registers: the agent learns the token digests
-  EXPECT_EQ(agent_stub_->ReadLogs(Ctx().get(), logs, &lresp).error_code(),
+  agent_->RunOnce();  // registers: the agent learns its log key
+  // The coordinator issues no ticket for such a job id; one made with the
+  // node's key gets past the ticket check and is refused by the agent core.
+  v1::IssueLogTicketsRequest ask;
+  ask.set_job_id("../../etc");
+  v1::IssueLogTicketsResponse tickets;
+  EXPECT_EQ(coord_stub_->IssueLogTickets(Ctx().get(), ask, &tickets).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  const std::string forged =
+      MakeLogTicket(NodeLogKey(kToken, "n1"), "../../etc", "n1", UnixNow() + 60);
+  EXPECT_EQ(agent_stub_->ReadLogs(TicketCtx(forged).get(), logs, &lresp).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
@@ -340,31 +374,70 @@ TEST_F(ServicesTest, JobRunsThroughGrpcAndWatchReportsEachChange) {
   done = true;
   ticker.join();
   ASSERT_EQ(state, v1::JOB_STATE_SUCCEEDED);
+  // A viewer asks the coordinator for tickets (the nodes of the job's
+  // workers by default) and reads the logs with them from the agent.
+  v1::IssueLogTicketsRequest ask;
+  ask.set_job_id(id);
+  v1::IssueLogTicketsResponse tickets;
+  ASSERT_TRUE(coord_stub_->IssueLogTickets(Ctx(kViewerToken).get(), ask, &tickets).ok());
+  ASSERT_EQ(tickets.tickets_size(), 1);
+  EXPECT_EQ(tickets.tickets(0).node_id(), "n1");
+  EXPECT_EQ(tickets.tickets(0).agent_address(), address_);
+  EXPECT_NEAR(tickets.tickets(0).expires_unix_s(), UnixNow() + kLogTicketLife.count(), 5);
+  const std::string ticket = tickets.tickets(0).ticket();
   v1::ReadLogsRequest logs;
   logs.set_job_id(id);
   logs.set_rank(1);
   v1::ReadLogsResponse lresp;
-  ASSERT_TRUE(agent_stub_->ReadLogs(Ctx().get(), logs, &lresp).ok());
+  ASSERT_TRUE(agent_stub_->ReadLogs(TicketCtx(ticket).get(), logs, &lresp).ok());
   EXPECT_NE(lresp.data().find("hello from 1"), std::string::npos);
   EXPECT_TRUE(lresp.worker_done());
   // The agent holds only the agent token: the coordinator sent the job's
   // store token with the start command.
   EXPECT_NE(lresp.data().find("store=" + JobStoreToken(kToken, id)), std::string::npos)
       << lresp.data();
-  // The agent admits the viewer token (by the digest the coordinator sent),
-  // not its own agent token.
-  v1::ReadLogsResponse vresp;
-  EXPECT_TRUE(agent_stub_->ReadLogs(Ctx(kViewerToken).get(), logs, &vresp).ok());
-  EXPECT_EQ(vresp.data(), lresp.data());
-  grpc::Status s = agent_stub_->ReadLogs(Ctx(kAgentToken).get(), logs, &vresp);
+  // Bearer tokens are refused by the agent, its own agent token too.
+  for (const char* token : {kToken, kViewerToken, kAgentToken}) {
+    v1::ReadLogsResponse refused;
+    grpc::Status s = agent_stub_->ReadLogs(Ctx(token).get(), logs, &refused);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << token;
+    EXPECT_TRUE(refused.data().empty());
+  }
+  // The ticket opens this job only, and only on this node.
+  v1::ReadLogsRequest other = logs;
+  other.set_job_id("j-other");
+  grpc::Status s = agent_stub_->ReadLogs(TicketCtx(ticket).get(), other, &lresp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(s.error_message(), "an agent token cannot ReadLogs (needs admin or viewer)");
+  EXPECT_NE(s.error_message().find("not one for job \"j-other\" on node n1"), std::string::npos)
+      << s.error_message();
+  ask.add_node_ids("n2");
+  ASSERT_TRUE(coord_stub_->IssueLogTickets(Ctx().get(), ask, &tickets).ok());
+  ASSERT_EQ(tickets.tickets_size(), 1);
+  EXPECT_EQ(tickets.tickets(0).agent_address(), "") << "n2 is not registered";
+  EXPECT_EQ(agent_stub_->ReadLogs(TicketCtx(tickets.tickets(0).ticket()).get(), logs, &lresp)
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Expired: made with the node's key, an hour old.
+  s = agent_stub_->ReadLogs(
+      TicketCtx(MakeLogTicket(NodeLogKey(kToken, "n1"), id, "n1", UnixNow() - 3600)).get(), logs,
+      &lresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(s.error_message().find("expired at"), std::string::npos) << s.error_message();
+
   v1::ListWorkersRequest lw;
+  lw.set_job_id(id);
   v1::ListWorkersResponse lwresp;
-  EXPECT_TRUE(agent_stub_->ListWorkers(Ctx(kViewerToken).get(), lw, &lwresp).ok());
+  // (The finished run may already be gone from the agent: nothing else listed.)
+  ASSERT_TRUE(agent_stub_->ListWorkers(TicketCtx(ticket).get(), lw, &lwresp).ok());
+  for (const auto& job : lwresp.jobs()) EXPECT_EQ(job.job_id(), id);
+  EXPECT_EQ(agent_stub_->ListWorkers(Ctx(kViewerToken).get(), lw, &lwresp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(agent_stub_->ListWorkers(Ctx(JobStoreToken(kToken, id)).get(), lw, &lwresp)
                 .error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
+  lw.clear_job_id();
+  EXPECT_EQ(agent_stub_->ListWorkers(TicketCtx(ticket).get(), lw, &lwresp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 // A job that stays PENDING (it wants 5 nodes): its version never moves.
@@ -508,6 +581,42 @@ TEST_F(ServicesTest, EachRoleGetsOnlyItsRpcs) {
 
   ASSERT_TRUE(coord_stub_->CancelJob(Ctx().get(), cancel, &cresp).ok());
   EXPECT_EQ(cresp.job().state(), v1::JOB_STATE_CANCELLED);
+}
+
+// Who gets log tickets: admin and viewer, for jobs that exist, for node ids
+// that are ids.
+TEST_F(ServicesTest, LogTicketsGoToReadersOfJobsThatExist) {
+  const std::string id = SubmitWaitingJob(coordinator_.get());
+  v1::IssueLogTicketsRequest ask;
+  ask.set_job_id(id);
+  ask.add_node_ids("n1");
+  v1::IssueLogTicketsResponse tickets;
+  grpc::Status s = coord_stub_->IssueLogTickets(Ctx(kAgentToken).get(), ask, &tickets);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), "an agent token cannot IssueLogTickets (needs admin or viewer)");
+  EXPECT_EQ(coord_stub_->IssueLogTickets(Ctx(JobStoreToken(kToken, id)).get(), ask, &tickets)
+                .error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(tickets.tickets().empty());
+  ASSERT_TRUE(coord_stub_->IssueLogTickets(Ctx().get(), ask, &tickets).ok());
+  ASSERT_EQ(tickets.tickets_size(), 1);
+  EXPECT_EQ(tickets.tickets(0).ticket(),
+            MakeLogTicket(NodeLogKey(kToken, "n1"), id, "n1", tickets.tickets(0).expires_unix_s()));
+
+  ask.set_job_id("j-missing");
+  s = coord_stub_->IssueLogTickets(Ctx().get(), ask, &tickets);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("j-missing"), std::string::npos) << s.error_message();
+  ask.set_job_id(id);
+  ask.add_node_ids("n/../x");
+  s = coord_stub_->IssueLogTickets(Ctx().get(), ask, &tickets);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("is not a node id"), std::string::npos) << s.error_message();
+  ask.clear_node_ids();
+  for (int i = 0; i <= kMaxLogTicketNodes; ++i) ask.add_node_ids("n" + std::to_string(i));
+  s = coord_stub_->IssueLogTickets(Ctx().get(), ask, &tickets);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("at most 4096"), std::string::npos) << s.error_message();
 }
 
 }  // namespace

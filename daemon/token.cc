@@ -94,12 +94,12 @@ StatusOr<std::vector<std::string>> LoadTokens(const std::string& path, bool crea
   return tokens;
 }
 
-std::string JobStoreToken(absl::string_view store_key, absl::string_view job_id) {
+std::string HmacSha256Hex(absl::string_view key, absl::string_view message) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int mac_len = 0;
   unsigned char* ok =
-      HMAC(EVP_sha256(), store_key.data(), static_cast<int>(store_key.size()),
-           reinterpret_cast<const unsigned char*>(job_id.data()), job_id.size(), mac, &mac_len);
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &mac_len);
   if (ok == nullptr) std::abort();  // only on allocation failure inside libcrypto
   static const char kHex[] = "0123456789abcdef";
   std::string out;
@@ -109,6 +109,10 @@ std::string JobStoreToken(absl::string_view store_key, absl::string_view job_id)
     out += kHex[mac[i] & 15];
   }
   return out;
+}
+
+std::string JobStoreToken(absl::string_view store_key, absl::string_view job_id) {
+  return HmacSha256Hex(store_key, job_id);
 }
 
 Status AuthorizeStore(absl::string_view value, bool present, const std::string& store_key,

@@ -49,6 +49,9 @@ std::string NewSecret(absl::string_view prefix);
 // lengths (CRYPTO_memcmp), so a wrong guess tells nothing about the secret.
 bool SecretsEqual(absl::string_view a, absl::string_view b);
 
+// Lowercase hex of HMAC-SHA256(key, message), 64 characters.
+std::string HmacSha256Hex(absl::string_view key, absl::string_view message);
+
 // The store token of job `job_id`: lowercase hex of
 // HMAC-SHA256(key = store_key, message = job_id), 64 characters, where
 // store_key is the coordinator's store.key (a secret no client holds).

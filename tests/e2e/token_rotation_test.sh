@@ -8,8 +8,8 @@
 #     change (no signal), the old one until it is dropped, then is refused;
 #   - agent: rotated at the coordinator, copied to the agent, the old one
 #     dropped: the agent stays alive past several leases;
-#   - viewer, with SIGHUP: the agent, which never holds the token, admits
-#     the new one for logs and refuses the old one once dropped;
+#   - viewer, with SIGHUP: the new one gets log tickets for nodeb's logs
+#     (agents never see a token), the old one none once dropped;
 #   - a token file emptied by mistake keeps the tokens in use, logged;
 #   - the job runs through all of it (it trains until the test creates its
 #     stop file): still RUNNING with no restart after the last rotation, its
@@ -72,7 +72,7 @@ while ((SECONDS < deadline)); do
   sleep 0.5
 done
 
-log "viewer, with SIGHUP: the agent admits the new one for logs, then not the old"
+log "viewer, with SIGHUP: the new one reads nodeb's logs (by ticket), then not the old"
 old_viewer=$(head -n 1 "$T/coord/viewer.token")
 new_viewer=$(openssl rand -hex 32)
 rotate "$T/coord/viewer.token" "$new_viewer" "$old_viewer"
@@ -80,12 +80,12 @@ kill -HUP "$PID_coord"
 wait_for 20 grep -q "tokens re-read (SIGHUP)" "$T/coord.log" || fail "SIGHUP did not re-read the tokens"
 rank_on_b=$(job_field "$job" '[w["rank"] for w in j["workers"] if w["node_id"] == "nodeb"][0]')
 wait_for 20 works "$new_viewer" logs "$job" --rank "$rank_on_b" ||
-  fail "nodeb does not admit the new viewer token: $(cat "$T/answer")"
+  fail "the new viewer token does not read nodeb's logs: $(cat "$T/answer")"
 rotate "$T/coord/viewer.token" "$new_viewer"
 kill -HUP "$PID_coord"
 wait_for 20 answers "$WRONG" "$old_viewer" list || fail "the coordinator still admits the old viewer token"
 wait_for 20 answers "PERMISSION_DENIED\|UNAUTHENTICATED" "$old_viewer" logs "$job" --rank "$rank_on_b" ||
-  fail "nodeb still admits the dropped viewer token: $(cat "$T/answer")"
+  fail "the dropped viewer token still reads nodeb's logs: $(cat "$T/answer")"
 
 log "admin: the old token dropped"
 rotate "$T/coord/token" "$new_admin"
