@@ -121,9 +121,11 @@ std::vector<std::vector<Batch>> MakeData() {
 // How a model's forward is reached in a training step: `forward(args...)`
 // returns the module's output. LossFn(forward, batch, rank, step) -> loss of
 // rank `rank` at `step` (a mean over its rows).
+// Every model trains with `sgd` (plain SGD, lr 0.1, unless given).
 template <typename ModuleType, typename LossFn>
 void ExpectDdpMatchesLocal(std::function<ModuleType()> make, LossFn loss, DdpOptions options,
-                           bool through_base = false) {
+                           bool through_base = false,
+                           torch::optim::SGDOptions sgd = torch::optim::SGDOptions(0.1)) {
   const auto data = MakeData();
   // Rank 1 starts elsewhere: DDP must broadcast rank 0's parameters.
   torch::manual_seed(1);
@@ -136,7 +138,7 @@ void ExpectDdpMatchesLocal(std::function<ModuleType()> make, LossFn loss, DdpOpt
 
   // Local: the average of the ranks' losses, one optimizer step per step.
   {
-    torch::optim::SGD opt(local->parameters(), 0.1);
+    torch::optim::SGD opt(local->parameters(), sgd);
     auto forward = [&](auto&&... args) {
       return local->forward(std::forward<decltype(args)>(args)...);
     };
@@ -162,7 +164,7 @@ void ExpectDdpMatchesLocal(std::function<ModuleType()> make, LossFn loss, DdpOpt
         ASSIGN_OR_RETURN(auto typed, DistributedDataParallel::Create(model, comm, opts));
         std::unique_ptr<DistributedDataParallel> base;
         if (through_base) base = std::move(typed);
-        torch::optim::SGD opt(model->parameters(), 0.1);
+        torch::optim::SGD opt(model->parameters(), sgd);
         Status forward_status;
         auto forward = [&](auto&&... args) {
           if constexpr (std::is_same<ModuleType, torch::nn::Sequential>::value) {
@@ -258,7 +260,11 @@ TEST(DdpAnyModuleTest, DictOutputTrainsLikeOneProcessOnTheUnion) {
 
 TEST(DdpAnyModuleTest, FindUnusedWithTupleOutputAndABranchUnusedOnOneRank) {
   // Rank 0 uses the side branch (through the tuple's second element) on
-  // even steps, rank 1 never does; `never` is unused everywhere.
+  // even steps, rank 1 never does; `never` is unused everywhere, and so is
+  // the side branch on odd steps. With weight decay and momentum a
+  // parameter no rank used must get no gradient, as in one process, where
+  // the optimizer skips it: a zero gradient would decay it and move it by
+  // its momentum.
   DdpOptions options;
   options.find_unused_parameters = true;
   options.bucket_cap_mb = 0.0001;  // Several buckets.
@@ -271,7 +277,8 @@ TEST(DdpAnyModuleTest, FindUnusedWithTupleOutputAndABranchUnusedOnOneRank) {
         if (aux.defined()) l = l + aux.pow(2).mean();
         return l;
       },
-      options);
+      options, /*through_base=*/false,
+      torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.05));
 }
 
 // ---- Output types and the type-erased path (world of one) ----------------

@@ -328,6 +328,12 @@ Status Reducer::BeginStepLocked(std::unique_lock<std::mutex>& lock) {
   stats_.bucket_launched.assign(buckets_.size(), MonoTime{});
   stats_.bucket_comm_start.assign(buckets_.size(), MonoTime{});
   stats_.bucket_comm_end.assign(buckets_.size(), MonoTime{});
+  if (options_.find_unused_parameters) {
+    used_here_.assign(params_.size(), 0);
+    used_counts_ = torch::Tensor();
+    used_work_.reset();
+    used_known_ = false;
+  }
   ++step_seq_;  // Wakes the scheduler (gradient_priority) once buckets are ready.
   return absl::OkStatus();
 }
@@ -477,6 +483,7 @@ void Reducer::MarkReadyLocked(size_t index) {
     // kept freed memory (init.h KeepFreedMemory); it no longer does.)
     torch::NoGradGuard no_grad;
     if (grad.defined()) {
+      if (options_.find_unused_parameters) used_here_[index] = 1;
       if (grad.data_ptr() != view.data_ptr()) {
         // The part of the slot in the bucket's own share, if any.
         const int64_t start = bucket.offsets[pos], end = start + view.numel();
@@ -550,7 +557,53 @@ void Reducer::LaunchLocked(size_t b) {
   }
   stats_.bucket_launched[b] = RealClock()->Now();
   launch_order_.push_back(b);
+  if (options_.find_unused_parameters && launch_order_.size() == buckets_.size()) {
+    LaunchUsedFlagsLocked();
+  }
   cv_.notify_all();  // FinishBuckets may wait for this launch (defer_launches).
+}
+
+void Reducer::LaunchUsedFlagsLocked() {
+  torch::NoGradGuard no_grad;
+  torch::Tensor flags = torch::empty({static_cast<int64_t>(params_.size())}, torch::kFloat);
+  float* f = flags.data_ptr<float>();
+  for (size_t i = 0; i < params_.size(); ++i) f[i] = used_here_[i];
+  used_counts_ = flags.to(comm_->device());
+  used_work_ = comm_->AllReduce(used_counts_, ReduceOp::kSum);
+}
+
+bool Reducer::NeedsUsedFlagsLocked(size_t b) const {
+  if (!options_.find_unused_parameters || used_known_) return false;
+  for (size_t i : buckets_[b].params) {
+    if (!used_here_[i]) return true;
+  }
+  return false;
+}
+
+Status Reducer::AwaitUsedFlags() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!options_.find_unused_parameters || used_known_) return absl::OkStatus();
+  // Launched with the last bucket; with gradient_priority the scheduler may
+  // not have got there yet, or may have stopped (an error) before it.
+  cv_.wait(lock, [&] {
+    return used_work_ != nullptr || !options_.gradient_priority || scheduled_step_ == step_seq_;
+  });
+  if (used_work_ == nullptr) {
+    return absl::InternalError(
+        "DDP: the used-parameter flags were never reduced (not every bucket was launched)");
+  }
+  std::shared_ptr<Work> work = used_work_;
+  torch::Tensor counts = used_counts_;
+  lock.unlock();
+  RETURN_IF_ERROR(Annotate(work->Wait(options_.timeout + kWorkWaitSlack),
+                           "DDP: reducing which parameters each rank used"));
+  const torch::Tensor host = counts.cpu();
+  const float* c = host.data_ptr<float>();
+  lock.lock();
+  any_rank_used_.assign(params_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) any_rank_used_[i] = c[i] > 0;
+  used_known_ = true;
+  return absl::OkStatus();
 }
 
 void Reducer::SchedulerLoop() {
@@ -745,6 +798,13 @@ Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket, int th
     }
     if (!status.ok()) continue;
     lock.lock();
+    const bool needs_flags = NeedsUsedFlagsLocked(b);
+    lock.unlock();
+    if (needs_flags) {
+      status = AwaitUsedFlags();
+      if (!status.ok()) continue;
+    }
+    lock.lock();
     status = WriteBackLocked(b, *r);
     lock.unlock();
     if (status.ok() && on_bucket) on_bucket(b);
@@ -761,6 +821,14 @@ Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket, int th
   if (launching) {
     Status scheduled = AwaitScheduledLocked(lock, /*abort=*/!status.ok());
     if (status.ok()) status = scheduled;
+  }
+  if (status.ok() && options_.find_unused_parameters && !used_known_) {
+    // No bucket needed the flags (every parameter used here): their
+    // collective is still awaited, so that it cannot fail unseen or
+    // outlive its tensor.
+    lock.unlock();
+    status = AwaitUsedFlags();
+    lock.lock();
   }
   step_open_ = false;
   if (!status.ok()) {
@@ -818,7 +886,10 @@ Status Reducer::WriteBackLocked(size_t b, const torch::Tensor& result) {
     }
   }
   for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
-    torch::Tensor& grad = params_[bucket.params[pos]].tensor.mutable_grad();
+    const size_t i = bucket.params[pos];
+    // No rank used it: its .grad stays as it was (see "Unused parameters").
+    if (options_.find_unused_parameters && !used_here_[i] && !any_rank_used_[i]) continue;
+    torch::Tensor& grad = params_[i].tensor.mutable_grad();
     const torch::Tensor& view = bucket.views[pos];
     if (!grad.defined()) {
       grad = options_.gradient_as_bucket_view ? view : view.clone();

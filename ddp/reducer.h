@@ -81,6 +81,15 @@
 // launch collectives, and a zero_grad() between Forward and Backward would
 // come after the previous step's gradient was copied. Without the flag, a backward that ends with parameters that
 // never became ready fails with an error naming them.
+// A parameter whose gradient went into its slot defined (its hook ran, or
+// it holds one from no_sync steps or a zero_grad() that kept it) counts as
+// used on this rank. After the last bucket is launched the ranks allreduce
+// these flags (one float per parameter, one extra collective per step, as
+// PyTorch's local_used_map); a parameter no rank used keeps its .grad as it
+// was (undefined stays undefined), so the optimizer skips it as it does in
+// one process, where before it got a zero gradient that weight decay and
+// momentum acted on. A bucket holding a parameter this rank did not use is
+// written back once the flags are reduced; the rest need not wait for them.
 //
 // Devices. Every parameter must be on one device, the communicator's
 // (Communicator::device(): the CPU for Gloo, one CUDA device for NCCL); a
@@ -347,6 +356,15 @@ class Reducer {
   Status FinishBuckets(Status status, const BucketDone& on_bucket, int through = -1);
   // Checks the hook's result for bucket `b` and writes it into param.grad.
   Status WriteBackLocked(size_t b, const torch::Tensor& result);
+  // find_unused_parameters: allreduces this step's used flags; called when
+  // the last bucket is launched, so every rank issues it in the same place.
+  void LaunchUsedFlagsLocked();
+  // find_unused_parameters: whether bucket `b` holds a parameter this rank
+  // did not use this step (its write-back needs the reduced flags).
+  bool NeedsUsedFlagsLocked(size_t b) const;
+  // Waits for the used flags' allreduce (and, with gradient_priority, for
+  // its launch) and records them; OK at once once recorded. Takes mu_.
+  Status AwaitUsedFlags();
 
   std::vector<NamedParam> params_;
   Communicator* const comm_;
@@ -400,6 +418,14 @@ class Reducer {
   // it as a CPU scalar tensor for mul_out (set in PrepareForBackward).
   double slot_scale_ = 1.0;                       // GUARDED_BY(mu_)
   torch::Tensor slot_scale_tensor_;               // GUARDED_BY(mu_)
+  // find_unused_parameters: this step's used flags by parameter (a defined
+  // gradient went into its slot), their allreduce (sums on every rank's
+  // device), and whether the sums have been read into any_rank_used_.
+  std::vector<uint8_t> used_here_;                // GUARDED_BY(mu_)
+  torch::Tensor used_counts_;                     // GUARDED_BY(mu_)
+  std::shared_ptr<Work> used_work_;               // GUARDED_BY(mu_)
+  bool used_known_ = false;                       // GUARDED_BY(mu_)
+  std::vector<uint8_t> any_rank_used_;            // GUARDED_BY(mu_)
   torch::Tensor last_counts_;                     // GUARDED_BY(mu_)
   std::shared_ptr<Work> last_counts_work_;        // GUARDED_BY(mu_): its collective
 };

@@ -329,7 +329,16 @@ TEST(ReducerTest, FindUnusedParametersMarksUnreachedParametersReady) {
     Status s = (*ddp)->Backward(out->sum());
     ASSERT_TRUE(s.ok()) << s;
   }
-  EXPECT_TRUE(model->spare->weight.grad().eq(0).all().item<bool>());
+  // Used by no rank: no gradient, as in one process (the optimizer skips
+  // it), not a zero one that weight decay or momentum would act on.
+  EXPECT_FALSE(model->spare->weight.grad().defined());
+  EXPECT_TRUE(model->used->weight.grad().defined());
+  // A gradient it already had is left as it was.
+  model->spare->weight.mutable_grad() = torch::full({4, 4}, 7.0);
+  auto out = (*ddp)->Forward(torch::randn({2, 4}));
+  ASSERT_TRUE(out.ok());
+  ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());
+  EXPECT_TRUE(model->spare->weight.grad().eq(7).all().item<bool>());
 }
 
 // A layer used in some steps only.
@@ -376,9 +385,12 @@ TEST(ReducerTest, UnusedParametersAreTakenWhenBackwardStartsNotAtForward) {
                                          << " collectives before any backward";
       model->zero_grad(set_to_none);
       ASSERT_TRUE((*ddp)->Backward(out->pow(2).sum()).ok());
-      ASSERT_TRUE(model->spare->weight.grad().defined());
-      EXPECT_TRUE(model->spare->weight.grad().eq(0).all().item<bool>())
-          << "the previous step's gradient came back after zero_grad";
+      // Used by no rank: .grad as zero_grad left it (none, or zeros).
+      ASSERT_EQ(model->spare->weight.grad().defined(), !set_to_none);
+      if (!set_to_none) {
+        EXPECT_TRUE(model->spare->weight.grad().eq(0).all().item<bool>())
+            << "the previous step's gradient came back after zero_grad";
+      }
       EXPECT_FALSE(comm->calls().empty()) << "the step's buckets were reduced";
     }
   }
