@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <openssl/ssl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -97,6 +99,23 @@ class Connection {
       ERR_clear_error();
       return absl::UnauthenticatedError(why);
     }
+  }
+
+  // Whether the client's certificate (after AcceptTls) is the one in
+  // `pem_file`. A file that does not load matches nothing, and says so in
+  // `*why`.
+  bool PeerCertificateIs(const std::string& pem_file, std::string* why) {
+    if (ssl_ == nullptr) return false;
+    std::unique_ptr<X509, decltype(&X509_free)> peer(SSL_get1_peer_certificate(ssl_), X509_free);
+    std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_file(pem_file.c_str(), "r"), BIO_free);
+    std::unique_ptr<X509, decltype(&X509_free)> refused(
+        bio ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr, X509_free);
+    if (!refused) {
+      *why = absl::StrCat("certificate ", pem_file, " does not load: ", OpenSslErrors());
+      ERR_clear_error();
+      return false;
+    }
+    return peer != nullptr && X509_cmp(peer.get(), refused.get()) == 0;
   }
 
   // Reads up to `n` bytes: how many, 0 when the client closed or failed,
@@ -209,6 +228,7 @@ std::string HttpReason(int code) {
   switch (code) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
@@ -353,6 +373,24 @@ void HttpServer::HandleConnection(int fd, const std::string& peer) {
                   std::chrono::steady_clock::now() + options_.read_timeout);
     conn.Finish(/*drain=*/true);
   };
+  if (!options_.tls_ca_file.empty() && !options_.tls_refused_cert_file.empty()) {
+    std::string why;
+    const bool refused = conn.PeerCertificateIs(options_.tls_refused_cert_file, &why);
+    if (!why.empty()) log_.Warn("{}", why);
+    if (refused) {
+      log_.Info("refused a request from {}: it presented {} (the workers' certificate, which "
+                "every job holds)", peer, options_.tls_refused_cert_file);
+      HttpResponse forbidden = Error(403);
+      forbidden.body = absl::StrCat(
+          "Forbidden: this is the workers' certificate (", options_.tls_refused_cert_file,
+          "), which every job holds; scrape with another certificate of the cluster CA (lockstep "
+          "certs writes client.pem)\n");
+      conn.WriteAll(Serialize(forbidden, true),
+                    std::chrono::steady_clock::now() + options_.read_timeout);
+      conn.Finish(/*drain=*/true);
+      return;
+    }
+  }
   std::string request;
   char buf[2048];
   size_t header_end = std::string::npos;

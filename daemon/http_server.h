@@ -6,7 +6,7 @@
 // that chains to the CA (TLS 1.2 or later); a client without one, with
 // another CA's, or speaking plain HTTP is dropped in the handshake, which
 // must end within read_timeout, and the refusal is logged with OpenSSL's
-// reason. The files are read at each connection, so renewed files serve
+// reason. A client presenting tls_refused_cert_file is answered 403. The files are read at each connection, so renewed files serve
 // the next scrape.
 //
 // Protocol: one request per connection (the response says Connection:
@@ -58,6 +58,11 @@ struct HttpServerOptions {
   std::string tls_ca_file;
   std::string tls_cert_file;
   std::string tls_key_file;
+  // A certificate of the CA that may not read (PEM; empty: none): lockstepd
+  // gives its --tls-worker-cert, which every job's workers hold. A client
+  // presenting it gets 403 naming why, and the refusal is logged. Read at
+  // each connection, as the other files.
+  std::string tls_refused_cert_file;
 };
 
 class HttpServer {

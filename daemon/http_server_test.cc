@@ -239,6 +239,26 @@ TEST_F(HttpsTest, ServesAClientCertificateFromTheCa) {
   }
 }
 
+// The workers' certificate (lockstepd's --tls-worker-cert) chains to the CA
+// like any other, but every job holds it: it gets 403 saying why, and the
+// scraper's certificate is served as before.
+TEST_F(HttpsTest, RefusesTheWorkersCertificate) {
+  HttpServerOptions options;
+  options.tls_ca_file = dir_ + "/ca.pem";
+  options.tls_cert_file = dir_ + "/127.0.0.1.pem";
+  options.tls_key_file = dir_ + "/127.0.0.1.key";
+  options.tls_refused_cert_file = dir_ + "/worker.pem";
+  Start(options);
+  TlsGetResult worker = Get(dir_ + "/worker");
+  EXPECT_TRUE(absl::StartsWith(worker.response, "HTTP/1.1 403 Forbidden\r\n")) << worker.error;
+  EXPECT_NE(worker.response.find("the workers' certificate"), std::string::npos)
+      << worker.response;
+  EXPECT_EQ(worker.response.find("up 1"), std::string::npos) << worker.response;
+  TlsGetResult client = Get(dir_ + "/client");
+  EXPECT_TRUE(absl::StartsWith(client.response, "HTTP/1.1 200 OK\r\n")) << client.error;
+  EXPECT_TRUE(absl::EndsWith(client.response, "\r\n\r\nup 1\n")) << client.response;
+}
+
 // No client certificate, one from another CA, or plain HTTP: no answer
 // (the handshake fails), and the server goes on serving.
 TEST_F(HttpsTest, RefusesClientsWithoutACertificateFromTheCa) {

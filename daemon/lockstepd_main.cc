@@ -736,6 +736,8 @@ int Run(int argc, char** argv) {
       metrics_options.tls_ca_file = tls.ca_file;
       metrics_options.tls_cert_file = tls.cert_file;
       metrics_options.tls_key_file = tls.key_file;
+      // Every job holds the workers' certificate: it does not read metrics.
+      metrics_options.tls_refused_cert_file = config.tls_worker_cert;
     }
     auto served = HttpServer::Start(
         config.metrics_listen,

@@ -15,7 +15,8 @@
 #   - its fence guard is up; killed, it is started again and counted.
 # A second daemon with mutual TLS serves /metrics over HTTPS: Prometheus
 # scrapes it with client.pem from `lockstep certs`; curl without a client
-# certificate, or in plain HTTP, gets no metrics.
+# certificate, with the workers' certificate (403), or in plain HTTP, gets
+# no metrics.
 # Logs Prometheus's scrape_duration_seconds for the daemon (a figure).
 source tests/e2e/lib.sh "$1" "$2" "$3"
 TRAIN="$PWD/$4"
@@ -50,6 +51,14 @@ got=$(curl -sf --max-time 5 --cacert "$CERTS/ca.pem" --cert "$CERTS/client.pem" 
   --key "$CERTS/client.key" "https://127.0.0.1:$sport/metrics") ||
   fail "curl with client.pem got no metrics over https"
 grep -q "^lockstep_nodes_known " <<<"$got" || fail "no lockstep_nodes_known over https: $got"
+# The workers' certificate (--tls-worker-cert) is the CA's too, but every
+# job holds it: 403 saying why, no metrics, the refusal logged.
+got=$(curl -s --max-time 5 --cacert "$CERTS/ca.pem" --cert "$CERTS/worker.pem" \
+  --key "$CERTS/worker.key" -w '%{http_code}' "https://127.0.0.1:$sport/metrics" || true)
+[[ "$got" == *"the workers' certificate"*403 ]] || fail "worker.pem was not refused 403: $got"
+if grep -q lockstep_ <<<"$got"; then fail "metrics served to worker.pem: $got"; fi
+grep -q "refused a request from 127\.0\.0\.1:[0-9]*: it presented $CERTS/worker.pem" "$T/secure.log" ||
+  fail "the worker certificate's refusal was not logged: $(grep refused "$T/secure.log")"
 got=$(curl -s --max-time 5 --cacert "$CERTS/ca.pem" "https://127.0.0.1:$sport/metrics" || true)
 if grep -q lockstep_ <<<"$got"; then
   fail "metrics served over https to a client without a certificate"
