@@ -86,9 +86,18 @@ StatusOr<std::vector<std::string>> LoadTokens(const std::string& path, bool crea
   }
   content.resize(static_cast<size_t>(n));
   std::vector<std::string> tokens;
+  int line_number = 0;
   for (absl::string_view line : absl::StrSplit(content, '\n')) {
+    ++line_number;
     line = absl::StripAsciiWhitespace(line);
-    if (!line.empty()) tokens.emplace_back(line);
+    if (line.empty()) continue;
+    if (line.size() < kMinTokenChars) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token file ", path, ", line ", line_number, ": a token of ", line.size(),
+          " characters; at least ", kMinTokenChars,
+          " are needed (make one with: openssl rand -hex 32)"));
+    }
+    tokens.emplace_back(line);
   }
   if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
   return tokens;

@@ -28,12 +28,17 @@ namespace daemon {
 inline constexpr char kAuthorizationHeader[] = "authorization";
 // Largest token file read (a few dozen tokens of 64 characters).
 inline constexpr size_t kMaxTokenFileBytes = 4096;
+// Shortest token a token file may hold: 24 characters (16 random bytes in
+// base64; lockstepd makes 64 hex digits, 32 bytes). A guessable token is a
+// key to the cluster for whoever tries it over the network.
+inline constexpr size_t kMinTokenChars = 24;
 
 // Reads the token at `path`, creating it (mode 0600, 32 random bytes as
 // hex) when `create` and it does not exist. Errors: NotFound (missing and
 // !create), PermissionDenied (the file is readable by group or others, is
 // owned by another uid than this process's or root's, is not a regular file,
-// or cannot be read), InvalidArgument (empty file). A symlink is followed and the file
+// or cannot be read), InvalidArgument (empty file, or a token shorter than
+// kMinTokenChars, naming its line and length, never its text). A symlink is followed and the file
 // it leads to is judged; the daemon refuses symlinks for the token files in
 // its state dir itself (lockstepd_main.cc).
 StatusOr<std::string> LoadToken(const std::string& path, bool create);

@@ -127,20 +127,53 @@ TEST(TokenTest, FileListsTheCurrentTokenFirst) {
   ::unlink(path.c_str());
   {
     FILE* f = std::fopen(path.c_str(), "w");
-    std::fputs("  new-token \n\nold-token\n", f);
+    std::fputs("  new-token-0123456789abcdef \n\nold-token-0123456789abcdef\n", f);
     std::fclose(f);
   }
   ::chmod(path.c_str(), 0600);
   auto all = LoadTokens(path, false);
   ASSERT_TRUE(all.ok()) << all.status();
-  EXPECT_EQ(*all, (std::vector<std::string>{"new-token", "old-token"}));
-  EXPECT_EQ(*LoadToken(path, false), "new-token");
+  EXPECT_EQ(*all, (std::vector<std::string>{"new-token-0123456789abcdef",
+                                            "old-token-0123456789abcdef"}));
+  EXPECT_EQ(*LoadToken(path, false), "new-token-0123456789abcdef");
   {
     FILE* f = std::fopen(path.c_str(), "w");
     std::fputs(std::string(kMaxTokenFileBytes + 1, 'x').c_str(), f);
     std::fclose(f);
   }
   EXPECT_EQ(LoadTokens(path, false).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A short token is refused, naming the file, the line and the length, not
+// the token; 24 characters are enough.
+TEST(TokenTest, ShortTokensAreRefused) {
+  std::string path = Path("short.token");
+  auto write = [&](const std::string& text) {
+    ::unlink(path.c_str());
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+    ::chmod(path.c_str(), 0600);
+  };
+  write("secret\n");
+  Status s = LoadTokens(path, false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(path + ", line 1: a token of 6 characters; at least 24"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.message().find("secret"), std::string::npos) << "echoes the token: " << s;
+  // A short one after a good one (an old token kept in a rotation) too.
+  write(std::string(64, 'a') + "\n\nshort-old-token\n");
+  s = LoadTokens(path, false).status();
+  EXPECT_NE(s.message().find("line 3: a token of 15 characters"), std::string::npos) << s;
+  write(std::string(24, 'b') + "\n");
+  EXPECT_TRUE(LoadTokens(path, false).ok());
+  // What lockstepd makes passes its own check.
+  ::unlink(path.c_str());
+  auto made = LoadToken(path, /*create=*/true);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ(made->size(), 64u);
+  EXPECT_TRUE(LoadToken(path, false).ok());
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ grep -q -- "--advertise-address 10.0.0.5:7070 is not a loopback address and TLS 
 # Forced with --insecure-plaintext, an agent dialling a coordinator beyond
 # loopback warns that its token crosses the network (0.0.0.0: this host,
 # nothing listens there, nothing leaves the machine).
-echo secret > "$T/plain-agent.token" && chmod 600 "$T/plain-agent.token"
+openssl rand -hex 32 > "$T/plain-agent.token" && chmod 600 "$T/plain-agent.token"
 timeout 3 "$LOCKSTEPD" --listen 127.0.0.1:0 --state-dir "$T/plain-agent" --insecure-plaintext \
   --coordinator-address 0.0.0.0:1 --token-file "$T/plain-agent.token" > "$T/plain-agent.log" 2>&1 || true
 grep -q "plaintext to the coordinator 0.0.0.0:1 (--insecure-plaintext)" "$T/plain-agent.log" ||
