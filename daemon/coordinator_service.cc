@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/grpc_auth.h"
@@ -146,10 +147,41 @@ StatusOr<std::chrono::milliseconds> WatchTimeout(int64_t timeout_ms) {
   return std::min(std::chrono::milliseconds(timeout_ms), kMaxWatchTimeout);
 }
 
+Status NodeIdNamedBy(const std::string& node_id, const std::vector<std::string>& san,
+                     const std::vector<std::string>& cn) {
+  const std::vector<std::string>& names = san.empty() ? cn : san;
+  if (std::find(names.begin(), names.end(), node_id) != names.end()) return absl::OkStatus();
+  std::vector<std::string> quoted;
+  for (const std::string& n : names) quoted.push_back(QuoteForError(n));
+  return absl::PermissionDeniedError(absl::StrCat(
+      "node id ", QuoteForError(node_id), " is not a name in the caller's certificate (",
+      names.empty() ? std::string("it has none")
+                    : absl::StrCat(san.empty() ? "CN " : "subjectAltName ",
+                                   absl::StrJoin(quoted, ", ")),
+      "): with --tls-bind-node-ids a node registers under a name its certificate holds "
+      "(lockstepd --node-id; lockstep certs --hosts)"));
+}
+
+Status CoordinatorGrpcService::CheckNodeIdBound(const grpc::CallbackServerContext& ctx,
+                                                const std::string& node_id) const {
+  if (!bind_node_ids_) return absl::OkStatus();
+  std::vector<std::string> san, cn;
+  if (const auto auth = ctx.auth_context(); auth != nullptr) {
+    for (const grpc::string_ref& v : auth->FindPropertyValues("x509_subject_alternative_name")) {
+      san.emplace_back(v.data(), v.size());
+    }
+    for (const grpc::string_ref& v : auth->FindPropertyValues("x509_common_name")) {
+      cn.emplace_back(v.data(), v.size());
+    }
+  }
+  return NodeIdNamedBy(node_id, san, cn);
+}
+
 grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterNode(grpc::CallbackServerContext* ctx,
                                                                const v1::RegisterNodeRequest* req,
                                                                v1::RegisterNodeResponse* resp) {
   Status s = Authorize(*ctx, "RegisterNode");
+  if (s.ok()) s = CheckNodeIdBound(*ctx, req->node_id());
   if (!s.ok()) return Answer(ctx, "RegisterNode", "", s);
   auto r = core_->RegisterNode(*req);
   if (r.ok()) {
@@ -163,6 +195,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServer
                                                             const v1::HeartbeatRequest* req,
                                                             v1::HeartbeatResponse* resp) {
   Status s = Authorize(*ctx, "Heartbeat");
+  if (s.ok()) s = CheckNodeIdBound(*ctx, req->node_id());
   if (!s.ok()) return Answer(ctx, "Heartbeat", "", s);
   auto r = core_->Heartbeat(*req);
   if (r.ok()) {

@@ -40,14 +40,29 @@ inline constexpr std::chrono::milliseconds kMaxWatchTimeout{60000};
 // negative; never more than kMaxWatchTimeout, so no value overflows.
 StatusOr<std::chrono::milliseconds> WatchTimeout(int64_t timeout_ms);
 
+// Whether a node may register (and heartbeat) as `node_id` when its client
+// certificate's names are `san` (its subjectAltName DNS and IP entries, as
+// text) and `cn` (its common names): `node_id` must be one of `san`, or of
+// `cn` when `san` is empty (as a TLS client checks a server's name).
+// PermissionDenied naming the node id and the certificate's names.
+Status NodeIdNamedBy(const std::string& node_id, const std::vector<std::string>& san,
+                     const std::vector<std::string>& cn);
+
 class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
  public:
   // `core` and `roles` must outlive the service and the server.
   // `store_key` keys the jobs' store tokens (JobStoreToken) and the nodes'
   // log keys (NodeLogKey), which each node gets in its RegisterNode and
   // Heartbeat answers.
-  CoordinatorGrpcService(Coordinator* core, const RoleTokens* roles, std::string store_key)
-      : core_(core), roles_(roles), store_key_(std::move(store_key)) {}
+  // `bind_node_ids` (lockstepd --tls-bind-node-ids, mutual TLS): RegisterNode
+  // and Heartbeat are admitted only for a node id the caller's certificate
+  // names (NodeIdNamedBy).
+  CoordinatorGrpcService(Coordinator* core, const RoleTokens* roles, std::string store_key,
+                         bool bind_node_ids = false)
+      : core_(core),
+        roles_(roles),
+        store_key_(std::move(store_key)),
+        bind_node_ids_(bind_node_ids) {}
 
   grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
                                          const v1::RegisterNodeRequest* req,
@@ -92,7 +107,11 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
 
   Coordinator* const core_;
   const RoleTokens* const roles_;
+  // With bind_node_ids_: NodeIdNamedBy the call's certificate.
+  Status CheckNodeIdBound(const grpc::CallbackServerContext& ctx, const std::string& node_id) const;
+
   const std::string store_key_;
+  const bool bind_node_ids_;
   const Logger log_{"coordinator"};
 };
 

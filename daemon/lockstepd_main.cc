@@ -105,6 +105,9 @@ struct Config {
   std::string tls_worker_cert;
   std::string tls_worker_key;
   double tls_refresh_s = ToSeconds(rendezvous::kDefaultTlsRefreshInterval);
+  // Coordinator: a node registers and heartbeats only under a node id its
+  // client certificate names (CoordinatorGrpcService).
+  bool tls_bind_node_ids = false;
   bool insecure_plaintext = false;
 };
 
@@ -215,6 +218,10 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
                "mutual TLS: the key of --tls-worker-cert (PEM)");
   flags.Double("tls-refresh-s", &c.tls_refresh_s,
                "re-read the --tls-* files this often (whole seconds, at least 1)");
+  flags.Bool("tls-bind-node-ids", &c.tls_bind_node_ids,
+             "coordinator with mutual TLS: admit RegisterNode and Heartbeat only for a node id "
+             "its caller's certificate names (a DNS or IP subjectAltName, or the CN of one "
+             "without), so an agent token alone cannot pass for another node");
   flags.Bool("insecure-plaintext", &c.insecure_plaintext,
              "without --tls-*: listen and dial beyond loopback in plaintext anyway (tokens "
              "cross the network unencrypted)");
@@ -234,6 +241,11 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   }
   if (!c.coordinator && c.coordinator_address.empty()) {
     return absl::InvalidArgumentError("--coordinator-address is required without --coordinator");
+  }
+  if (c.tls_bind_node_ids && (!c.coordinator || c.tls_ca.empty())) {
+    return absl::InvalidArgumentError(
+        "--tls-bind-node-ids needs --coordinator and mutual TLS (--tls-ca, --tls-cert, "
+        "--tls-key): node ids are bound to the certificates agents present");
   }
   if (!(c.lease_s > 0) || !(c.heartbeat_interval_s > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -626,8 +638,12 @@ int Run(int argc, char** argv) {
       log.Error("recovering the job table: {}", s.ToString());
       return 1;
     }
-    coordinator_service =
-        std::make_unique<CoordinatorGrpcService>(coordinator.get(), &roles, store_key);
+    coordinator_service = std::make_unique<CoordinatorGrpcService>(
+        coordinator.get(), &roles, store_key, config.tls_bind_node_ids);
+    if (config.tls_bind_node_ids) {
+      log.Info("node ids are bound to certificates (--tls-bind-node-ids): a node registers "
+               "only under a name its certificate holds");
+    }
     // Workers hold their job's store token (LOCKSTEP_STORE_TOKEN), tools
     // the admin token; viewer and agent tokens are refused (roles.h).
     store_service = std::make_unique<rendezvous::StoreGrpcService>(

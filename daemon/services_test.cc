@@ -619,6 +619,30 @@ TEST_F(ServicesTest, LogTicketsGoToReadersOfJobsThatExist) {
   EXPECT_NE(s.error_message().find("at most 4096"), std::string::npos) << s.error_message();
 }
 
+// --tls-bind-node-ids: the names a node may take are its certificate's
+// (tests/e2e:node_identity_test runs it over mutual TLS).
+TEST(NodeIdNamedByTest, ANodeTakesOnlyANameItsCertificateHolds) {
+  const std::vector<std::string> san = {"node1", "10.0.0.3"};
+  EXPECT_TRUE(NodeIdNamedBy("node1", san, {"node1"}).ok());
+  EXPECT_TRUE(NodeIdNamedBy("10.0.0.3", san, {}).ok());
+  Status other = NodeIdNamedBy("node2", san, {"node2"});
+  EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(other.message().find(
+                "node id \"node2\" is not a name in the caller's certificate (subjectAltName "
+                "\"node1\", \"10.0.0.3\")"),
+            std::string::npos)
+      << other;
+  // Without subjectAltNames the CN counts, as a TLS client checks a server.
+  EXPECT_TRUE(NodeIdNamedBy("node1", {}, {"node1"}).ok());
+  EXPECT_NE(NodeIdNamedBy("node2", {}, {"node1"}).message().find("(CN \"node1\")"),
+            std::string::npos);
+  // No certificate (plaintext) or no names: nothing is admitted.
+  EXPECT_NE(NodeIdNamedBy("node1", {}, {}).message().find("(it has none)"), std::string::npos);
+  // Not a prefix or a case-insensitive match.
+  EXPECT_FALSE(NodeIdNamedBy("node", san, {}).ok());
+  EXPECT_FALSE(NodeIdNamedBy("NODE1", san, {}).ok());
+}
+
 }  // namespace
 }  // namespace daemon
 }  // namespace lockstep
