@@ -67,8 +67,29 @@ StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
   }
   std::unique_ptr<rendezvous::StoreServer> server;
   if (env.rank == 0) {
+    // Beyond loopback rank 0 listens on every interface, as torch's
+    // TCPStore does: MASTER_ADDR is how the other hosts reach it, and on
+    // this host the same name may mean another address (Debian maps its
+    // own hostname to 127.0.1.1), which they could not reach. The token
+    // (required above) guards it.
+    const std::string listen =
+        loopback ? env.master_addr : JoinHostPort("::", PortOfAddress(env.master_addr));
+    if (!loopback) {
+      // Listening on every interface resolves nothing: a name that does
+      // not resolve here fails rank 0 now, as binding it used to.
+      if (Status resolves = CheckResolves(host); !resolves.ok()) {
+        return absl::Status(resolves.code(),
+                            absl::StrCat("rank 0 serves the job's store at MASTER_ADDR:MASTER_PORT: "
+                                         "MASTER_ADDR ",
+                                         resolves.message()));
+      }
+      Logger("ddp", env.job_id, env.rank)
+          .Info("rank 0 serves the job's store on every interface, port {} (MASTER_ADDR {} is not "
+                "loopback; the store takes the job's token only)",
+                PortOfAddress(env.master_addr), host);
+    }
     auto started = rendezvous::StoreServer::Start(
-        env.master_addr, nullptr,
+        listen, nullptr,
         env.store_token.empty() ? nullptr : rendezvous::StoreServer::BearerToken(env.store_token));
     if (!started.ok()) {
       return absl::Status(started.status().code(),
