@@ -329,7 +329,10 @@ class Cli {
       for (const char* f : kClusterFlags) flags.Hide(f);
       for (const char* f : {"standalone", "detach", "wait"}) flags.Hide(f);
     }
-    auto rest = flags.Parse(args);
+    // The program and its arguments follow lockstep's flags, with or
+    // without "--", as torchrun takes them: everything from the first
+    // argument that is not a flag is the program's, its flags included.
+    auto rest = flags.Parse(args, /*stop_at_first_positional=*/true);
     if (!rest.ok()) return Usage(rest.status());
     if (run_cmd && !standalone) {
       return Usage(absl::InvalidArgumentError(
@@ -369,7 +372,7 @@ class Cli {
           wait ? "--wait" : (run_cmd ? "lockstep run" : "--standalone"))));
     }
     detach = detach || no_wait;
-    if (standalone && rest->empty()) {  // before starting a daemon for nothing
+    if (rest->empty()) {  // before reading a token or starting a daemon for nothing
       return Usage(absl::InvalidArgumentError("no command to run: expected -- CMD ARGS"));
     }
     // Workers start in their own directory on each node, so a relative
@@ -591,7 +594,7 @@ class Cli {
     AddCommon(&flags, &common_);
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
-    if (rest->size() != 1) return Usage(absl::InvalidArgumentError("status: expected one JOB id"));
+    if (rest->size() != 1) return Usage(OneJobId("status", *rest));
     RETURN_IF_ERROR(Connect());
     ASSIGN_OR_RETURN(v1::Job job, GetJob((*rest)[0]));
     if (common_.json) {
@@ -716,7 +719,7 @@ class Cli {
     AddCommon(&flags, &common_);
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
-    if (rest->size() != 1) return Usage(absl::InvalidArgumentError("cancel: expected one JOB id"));
+    if (rest->size() != 1) return Usage(OneJobId("cancel", *rest));
     RETURN_IF_ERROR(Connect());
     v1::CancelJobRequest req;
     req.set_job_id((*rest)[0]);
@@ -880,7 +883,7 @@ class Cli {
     flags.Short('a', "all-ranks");
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
-    if (rest->size() != 1) return Usage(absl::InvalidArgumentError("logs: expected one JOB id"));
+    if (rest->size() != 1) return Usage(OneJobId("logs", *rest, "; a rank is --rank R"));
     if (all_ranks && common_.json) {
       return Usage(absl::InvalidArgumentError("--all-ranks prints text: drop --json"));
     }
@@ -1156,7 +1159,7 @@ class Cli {
     flags.Short('n', "interval-s");
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
-    if (rest->size() != 1) return Usage(absl::InvalidArgumentError("watch: expected one JOB id"));
+    if (rest->size() != 1) return Usage(OneJobId("watch", *rest));
     if (!(interval_s >= 0.1 && interval_s <= 3600)) {
       return Usage(absl::InvalidArgumentError("--interval-s: expected 0.1 to 3600 seconds"));
     }
@@ -1244,6 +1247,16 @@ class Cli {
     os << "[" << rank << "] " << (tty ? Printable(line) : line) << "\n";
   }
 
+  // The usage error for `args` that are not one job id: none, or the first
+  // extra one named (`hint` after it).
+  static Status OneJobId(absl::string_view cmd, const std::vector<std::string>& args,
+                         absl::string_view hint = "") {
+    if (args.empty()) return absl::InvalidArgumentError(absl::StrCat(cmd, ": expected a JOB id"));
+    return absl::InvalidArgumentError(absl::StrCat(cmd, ": expected one JOB id, got ", args.size(),
+                                                   " arguments (", QuoteForError(args[1]),
+                                                   " is one too many", hint, ")"));
+  }
+
   StatusOr<int> Usage(const Status& s) {
     if (s.code() == absl::StatusCode::kNotFound) {  // --help
       std::cout << s.message();
@@ -1302,10 +1315,14 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   if (rest->empty()) {
-    std::cerr << kUsage;
+    std::cerr << "lockstep: no command given\n" << kUsage;
     return kExitUsage;
   }
   std::string cmd = (*rest)[0];
+  if (cmd == "help" || cmd == "version") {  // as git and kubectl take them
+    std::cout << (cmd == "help" ? std::string(kUsage) : "lockstep " LOCKSTEP_VERSION "\n");
+    return 0;
+  }
   std::vector<std::string> args(rest->begin() + 1, rest->end());
   Cli cli(common);
   StatusOr<int> result = absl::InvalidArgumentError("");

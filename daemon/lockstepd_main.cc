@@ -31,6 +31,7 @@
 #include "common/certs.h"
 #include "common/clock.h"
 #include "common/flags.h"
+#include "common/ids.h"
 #include "common/logging.h"
 #include "common/version.h"
 #include "common/status.h"
@@ -161,7 +162,8 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
                "created 0600 if missing)");
   flags.String("node-id", &c.node_id, "this node's stable id (default: hostname)");
   flags.String("address-file", &c.address_file,
-               "write the bound address here once serving (for scripts using port 0)");
+               "write the advertised address here once serving and, with an agent, "
+               "registered (for scripts using port 0)");
   flags.String("run-as", &c.run_as, "run workers as this user (never root)");
   flags.String("job-uids", &c.job_uids,
                absl::StrCat("FIRST-LAST: each job's workers run as a uid of their own from "
@@ -176,16 +178,18 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
                    "repeatable: a variable NAME, PREFIX* or * (any) a job's --env may set, "
                    "beyond the engine's own (daemon/README.md, job environment)");
   flags.Double("lease-s", &c.lease_s,
-               "a node is dead this long after its last heartbeat; its agent stops its "
-               "workers this long after sending it (daemon/README.md, leases and fencing)");
-  flags.Double("heartbeat-interval-s", &c.heartbeat_interval_s, "coordinator: agents heartbeat this often");
+               "coordinator: a node is dead this long after its last heartbeat; its agent "
+               "stops its workers this long after sending it (agents take the coordinator's "
+               "value; daemon/README.md, leases and fencing)");
+  flags.Double("heartbeat-interval-s", &c.heartbeat_interval_s,
+               "coordinator: agents heartbeat this often (agents take the coordinator's value)");
   flags.Double("restart-backoff-s", &c.restart_backoff_s, "coordinator: first restart backoff (doubles)");
   flags.Double("max-restart-backoff-s", &c.max_restart_backoff_s, "coordinator: backoff cap");
   flags.Double("retain-finished-s", &c.retain_finished_s,
                "coordinator: a finished job, its record and its logs on every node, is deleted "
                "this long after it ended (0 = kept until `lockstep delete`; 604800 = 7 days)");
   flags.Double("shutdown-grace-s", &c.shutdown_grace_s,
-               "on SIGTERM: workers get this long after SIGTERM before SIGKILL");
+               "on SIGTERM or SIGINT: workers get this long after SIGTERM before SIGKILL");
   flags.Double("max-log-mb", &c.max_log_mb,
                "agent: a worker's stdout or stderr file past this many MiB is moved to "
                "rank-R.stdout.1 (or .stderr.1, replacing the previous one) and emptied, so one "
@@ -198,7 +202,8 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
                "agent: where a SIGKILL the agent did not send is looked up, to tell the OOM "
                "killer's (needs root or kernel.dmesg_restrict=0); empty, or where it cannot be "
                "read, the worker's memory cgroup's OOM kill count says (default /dev/kmsg)");
-  flags.String("log-level", &c.log_level, "trace|debug|info|warn|error (default LOCKSTEP_LOG_LEVEL or info)");
+  flags.String("log-level", &c.log_level,
+               "trace|debug|info|warn|error|critical|off (default LOCKSTEP_LOG_LEVEL or info)");
   flags.String("metrics-listen", &c.metrics_listen,
                "serve Prometheus metrics at http://HOST:PORT/metrics, https with --tls-* (a "
                "client certificate required); port 0 = pick one, logged; default: off; "
@@ -315,10 +320,19 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
   }
   if (c.viewer_token_file.empty()) c.viewer_token_file = c.state_dir + "/viewer.token";
   if (c.agent_token_file.empty()) c.agent_token_file = c.state_dir + "/agent.token";
-  if (c.node_id.empty()) {
+  const bool from_hostname = c.node_id.empty();
+  if (from_hostname) {
     char host[256] = {0};
     ::gethostname(host, sizeof(host) - 1);
     c.node_id = host;
+  }
+  // The coordinator refuses any other node id at every registration: said
+  // here, once, instead of a warning every few seconds forever.
+  if (c.agent && !IsSafeId(c.node_id)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        from_hostname ? "this host's name " : "--node-id ", QuoteForError(c.node_id),
+        " is not a node id ([A-Za-z0-9._-]{1,128})",
+        from_hostname ? ": give --node-id" : ""));
   }
   return c;
 }

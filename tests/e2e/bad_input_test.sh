@@ -13,8 +13,10 @@ expect_error() {
   log "ok: $* -> $(head -n1 "$T/err.txt")"
 }
 
-expect_error "spec.command: empty" ls_cli submit --name bad-one --nodes 1 --
-expect_error "spec.nproc_per_node" ls_cli submit --nproc-per-node 0 -- /bin/true
+# No command: the CLI says so before any RPC (the coordinator refuses such a
+# spec too: daemon:coordinator_test).
+expect_error "no command to run: expected -- CMD ARGS" ls_cli submit --name no-command --nodes 1 --
+expect_error "spec.nproc_per_node" ls_cli submit --name bad-one --nproc-per-node 0 -- /bin/true
 # A spec the coordinator refuses is a usage error, as the client's own checks are.
 rc=0; ls_cli submit --nproc-per-node 0 -- /bin/true 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "a refused spec exited $rc, want 2 (usage)"
@@ -52,9 +54,10 @@ expect_logged() {
 peer='from ipv4:127\.0\.0\.1:[0-9]+'
 # A refused submit has no job id: its line names the job's name and the
 # submission's request id instead.
-expect_logged coord "W \[coordinator\] job=- rank=- refused CoordinatorService/SubmitJob of job name \"bad-one\" \(request \"req-[0-9a-f]+\"\) $peer: INVALID_ARGUMENT: spec\.command: empty; give the program after"
+expect_logged coord "W \[coordinator\] job=- rank=- refused CoordinatorService/SubmitJob of job name \"bad-one\" \(request \"req-[0-9a-f]+\"\) $peer: INVALID_ARGUMENT: spec\.nproc_per_node"
 expect_logged coord "W \[coordinator\] job=- rank=- refused CoordinatorService/ListJobs $peer: UNAUTHENTICATED: .*wrong bearer token"
 expect_logged coord "W \[coordinator\] job=j-abc rank=- refused CoordinatorService/CancelJob $peer: PERMISSION_DENIED: .*viewer"
+if grep -q "no-command" "$T/coord.log"; then fail "a submit without a command reached the coordinator"; fi
 if grep -q "refused CoordinatorService/GetJob" "$T/coord.log"; then
   fail "a job that is not found is an answer, not a refusal: $(grep "refused CoordinatorService/GetJob" "$T/coord.log")"
 fi

@@ -8,7 +8,10 @@
 #   - a job short of nodes says how many it has and needs;
 #   - `list` reads a job table larger than one answer (several pages);
 #   - cancel of a finished job names its state without the enum prefix;
-#   - typos get "did you mean", extra arguments are refused, --version on
+#   - the program's own flags after it are the program's (as torchrun
+#     takes them), not lockstep's, without "--";
+#   - typos get "did you mean", extra arguments are refused (the first one
+#     named), `help` and `version` as commands, --version on
 #     both binaries, help does not contradict itself nor leave out a
 #     command's flags from the top-level usage, a missing token file
 #     names --token-file, a token file's bad mode is printed in octal.
@@ -84,6 +87,24 @@ done
 expect_usage '--wait=false returns at once: it cannot be used with --standalone' \
   "$LOCKSTEP" submit --wait=false --standalone -- /bin/true
 
+# As torchrun takes them: the program and its own flags after lockstep's,
+# without "--"; a flag after the program is the program's, even one
+# lockstep also has (--name here), never taken by lockstep.
+inner=$(ls_cli submit --detach --json --nproc_per_node 1 "$TRAINER" "$MARKER" --name inner-flag \
+  --env TRAINER_STEPS=1 | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["job_id"], j["spec"]["name"] or "-", json.dumps(j["spec"]["command"][1:]))')
+read -r inner_id inner_name inner_cmd <<<"$inner"
+[ "$inner_name" = "-" ] && [ "$inner_cmd" = "[\"$MARKER\", \"--name\", \"inner-flag\", \"--env\", \"TRAINER_STEPS=1\"]" ] ||
+  fail "a flag after the program was not the program's: name $inner_name, arguments $inner_cmd"
+ls_cli cancel "$inner_id" >/dev/null && ls_cli delete "$inner_id" >/dev/null || fail "cancel/delete $inner_id"
+expect_usage 'no command to run: expected -- CMD ARGS' ls_cli submit --nodes 1
+expect_usage 'status: expected one JOB id, got 2 arguments ("extra" is one too many)' ls_cli status "$job" extra
+expect_usage 'logs: expected one JOB id, got 2 arguments ("1" is one too many; a rank is --rank R)' ls_cli logs "$job" 1
+expect_usage 'cancel: expected a JOB id' ls_cli cancel
+expect_usage 'lockstep: no command given' "$LOCKSTEP"
+[ "$("$LOCKSTEP" version)" = "$("$LOCKSTEP" --version)" ] || fail "lockstep version: $("$LOCKSTEP" version)"
+"$LOCKSTEP" help | grep -q "^usage: lockstep" || fail "lockstep help printed no usage"
+expect_usage '--node-id "bad/node" is not a node id' \
+  "$LOCKSTEPD" --state-dir "$T/badnode" --coordinator --node-id bad/node
 expect_usage 'did you mean "status"?' ls_cli stauts "$job"
 expect_usage 'did you mean --nproc-per-node?' ls_cli submit --nproc-per-nod 2 -- /bin/true
 expect_usage 'list takes no arguments, got "extra"' ls_cli list extra

@@ -12,7 +12,9 @@
 #     killed with the job;
 #   - a CLI copied out of the Bazel tree finds lockstepd through
 #     $LOCKSTEPD, else beside itself, else on PATH;
-#   - usage errors name the flag.
+#   - usage errors name the flag;
+#   - without --state-dir a 0700 dir under $TMPDIR keeps the logs, and
+#     --json prints only the final job.
 # In every case nothing is left running. (Its jobs use Gloo, which shares
 # no memory: ddp_trainer_test and straggler_test check shm segments.)
 source tests/e2e/lib.sh "$1" "$2" "$3"
@@ -167,4 +169,20 @@ out=$(LOCKSTEPD=/nonexistent PATH=/usr/bin:/bin "$LOCKSTEP" run --lockstepd /non
 [ "$rc" = 1 ] && grep -q "not an executable file" <<<"$out" || fail "a missing lockstepd: rc $rc: $out"
 [ ! -e "$T/x" ] || fail "a refused run made its state dir"
 assert_nothing_left "usage errors"
+
+# Without --state-dir: a new 0700 $TMPDIR/lockstep-run-XXXXXX, kept with the
+# job's logs. With --json: only the final job, as JSON, on stdout.
+mkdir -p "$T/tmpdir"
+rc=0
+TMPDIR="$T/tmpdir" "$LOCKSTEP" run --json -- /bin/echo hello-json >"$T/json.out" 2>"$T/json.err" || rc=$?
+[ "$rc" = 0 ] || fail "lockstep run --json exited $rc: $(tail -n 5 "$T/json.err")"
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["state"] == "SUCCEEDED", j["state"]' \
+  "$T/json.out" || fail "run --json did not print the job as JSON: $(cat "$T/json.out")"
+[ "$(wc -l <"$T/json.out")" = 1 ] && ! grep -q '^\[0\]' "$T/json.out" ||
+  fail "run --json printed more than the job: $(cat "$T/json.out")"
+dirs=("$T"/tmpdir/lockstep-run-*)
+[ "${#dirs[@]}" = 1 ] && [ "$(stat -c %a "${dirs[0]}")" = 700 ] ||
+  fail "no single 0700 state dir under \$TMPDIR: ${dirs[*]}"
+grep -qx hello-json "${dirs[0]}"/jobs/*/rank-0.stdout || fail "the job's log was not kept in ${dirs[0]}"
+assert_nothing_left "run --json"
 log "PASS"
