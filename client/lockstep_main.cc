@@ -749,17 +749,29 @@ class Cli {
                  "address a node is dialled at (its --advertise-address host)");
     flags.Int32("days", &days,
                 absl::StrCat("validity of the certificates in days, 1 to ", certs::kMaxCertDays));
+    // --json is refused below with a reason, wherever it is given.
+    flags.Bool("json", &common_.json, "refused: certs prints no JSON");
+    flags.Hide("json");
     auto rest = flags.Parse(args);
     if (!rest.ok()) return Usage(rest.status());
-    if (!rest->empty() || out.empty() || hosts.empty()) {
-      return Usage(absl::InvalidArgumentError("certs: want --out DIR --hosts HOST,..."));
+    std::vector<std::string> list = absl::StrSplit(hosts, ',', absl::SkipEmpty());
+    const char* missing = out.empty()      ? "--out DIR (where to write) is missing"
+                          : !flags.WasSet("hosts") ? "--hosts HOST,... (a certificate each) is missing"
+                          : list.empty()   ? "--hosts names no host"
+                                           : nullptr;
+    if (missing != nullptr) {
+      return Usage(absl::InvalidArgumentError(
+          absl::StrCat("certs: ", missing, " (lockstep certs --out DIR --hosts HOST,...)")));
+    }
+    if (!rest->empty()) {
+      return Usage(absl::InvalidArgumentError(absl::StrCat(
+          "certs takes no arguments, got ", QuoteForError((*rest)[0]), " (hosts go in --hosts)")));
     }
     // It writes files and names them; it has no JSON to print (it printed
     // its text and ignored --json).
     if (common_.json) {
       return Usage(absl::InvalidArgumentError("certs prints no JSON: leave out --json"));
     }
-    std::vector<std::string> list = absl::StrSplit(hosts, ',', absl::SkipEmpty());
     auto written = certs::WriteClusterCerts(out, list, days);
     if (absl::IsInvalidArgument(written.status())) return Usage(written.status());
     RETURN_IF_ERROR(written.status());

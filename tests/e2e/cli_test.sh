@@ -137,7 +137,15 @@ expect_usage "host 'bad host' is neither a DNS name nor an IP address" \
   "$LOCKSTEP" certs --out "$T/certs" --hosts "bad host"
 expect_usage "certs prints no JSON: leave out --json" \
   "$LOCKSTEP" --json certs --out "$T/certs" --hosts node-4
-[ ! -e "$T/certs/node-3.pem" ] && [ ! -e "$T/certs/bad host.pem" ] && [ ! -e "$T/certs/node-4.pem" ] ||
+expect_usage "certs prints no JSON: leave out --json" \
+  "$LOCKSTEP" certs --json --out "$T/certs" --hosts node-4
+expect_usage "certs: --out DIR (where to write) is missing" "$LOCKSTEP" certs --hosts node-4
+expect_usage "certs: --hosts HOST,... (a certificate each) is missing" "$LOCKSTEP" certs --out "$T/certs"
+expect_usage "certs: --hosts names no host" "$LOCKSTEP" certs --out "$T/certs" --hosts ,
+expect_usage 'certs takes no arguments, got "node-4" (hosts go in --hosts)' \
+  "$LOCKSTEP" certs --out "$T/certs" --hosts node-5 node-4
+[ ! -e "$T/certs/node-3.pem" ] && [ ! -e "$T/certs/bad host.pem" ] && [ ! -e "$T/certs/node-4.pem" ] &&
+  [ ! -e "$T/certs/node-5.pem" ] ||
   fail "a refused certs run wrote a certificate"
 
 
