@@ -1309,6 +1309,9 @@ constexpr char kUsage[] =
     "Each command takes --help. A viewer token (the coordinator's viewer.token) runs\n"
     "status, list, logs, nodes and watch; submit, cancel and delete need the admin token.\n";
 
+constexpr const char* kCommands[] = {"submit", "run",   "status", "list",  "logs",
+                                     "cancel", "delete", "nodes", "watch", "certs"};
+
 int Main(int argc, char** argv) {
   Common common;
   FlagSet flags("lockstep", "Lockstep command-line client");
@@ -1323,7 +1326,18 @@ int Main(int argc, char** argv) {
       std::cout << (version ? std::string(rest.status().message()) : kUsage);
       return 0;
     }
-    std::cerr << "lockstep: " << rest.status().message() << "\n" << kUsage;
+    // A command's flag given before the command ("lockstep --rank 1 logs
+    // J"): say where it goes.
+    std::string where;
+    if (absl::StartsWith(rest.status().message(), "unknown flag ")) {
+      for (int i = 1; i < argc && where.empty(); ++i) {
+        const std::string a = argv[i];
+        for (const char* c : kCommands) {
+          if (a == c) where = absl::StrCat(" (a flag of ", c, " goes after it: lockstep ", c, " --...)");
+        }
+      }
+    }
+    std::cerr << "lockstep: " << rest.status().message() << where << "\n" << kUsage;
     return kExitUsage;
   }
   if (rest->empty()) {
@@ -1359,8 +1373,8 @@ int Main(int argc, char** argv) {
   } else if (cmd == "watch") {
     result = cli.Watch(args);
   } else {
-    const std::string near = NearestMatch(
-        cmd, {"submit", "run", "status", "list", "logs", "cancel", "delete", "nodes", "watch", "certs"});
+    const std::string near =
+        NearestMatch(cmd, std::vector<std::string>(std::begin(kCommands), std::end(kCommands)));
     std::cerr << "lockstep: unknown command \"" << Printable(cmd) << "\""
               << (near.empty() ? "" : " (did you mean \"" + near + "\"?)") << "\n"
               << kUsage;

@@ -101,6 +101,8 @@ expect_usage 'status: expected one JOB id, got 2 arguments ("extra" is one too m
 expect_usage 'logs: expected one JOB id, got 2 arguments ("1" is one too many; a rank is --rank R)' ls_cli logs "$job" 1
 expect_usage 'cancel: expected a JOB id' ls_cli cancel
 expect_usage 'lockstep: no command given' "$LOCKSTEP"
+expect_usage '(a flag of logs goes after it: lockstep logs --...)' \
+  "$LOCKSTEP" --rank 1 logs "$job"
 [ "$("$LOCKSTEP" version)" = "$("$LOCKSTEP" --version)" ] || fail "lockstep version: $("$LOCKSTEP" version)"
 "$LOCKSTEP" help | grep -q "^usage: lockstep" || fail "lockstep help printed no usage"
 expect_usage '--node-id "bad/node" is not a node id' \
