@@ -797,9 +797,12 @@ Status Reducer::FinishBuckets(Status status, const BucketDone& on_bucket, int th
       continue;
     }
     if (!status.ok()) continue;
-    lock.lock();
-    const bool needs_flags = NeedsUsedFlagsLocked(b);
-    lock.unlock();
+    bool needs_flags = false;
+    if (options_.find_unused_parameters) {
+      lock.lock();
+      needs_flags = NeedsUsedFlagsLocked(b);
+      lock.unlock();
+    }
     if (needs_flags) {
       status = AwaitUsedFlags();
       if (!status.ok()) continue;
