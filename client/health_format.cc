@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/text.h"
 
 namespace lockstep {
 namespace client {
@@ -43,7 +44,7 @@ std::vector<std::string> HealthLines(const v1::Job& job) {
     std::string line = absl::StrFormat(
         "hang: rank%s %s wait%s %.0f s in %s (%s)", g.waiting_ranks_size() > 1 ? "s" : "",
         absl::StrJoin(g.waiting_ranks(), ","), g.waiting_ranks_size() > 1 ? "" : "s", g.wait_s(),
-        g.op().empty() ? "a collective" : g.op(), where);
+        g.op().empty() ? "a collective" : Printable(g.op()), where);
     for (const auto& c : g.culprits()) {
       if (c.silent_s() < 0) {
         absl::StrAppend(&line, "; rank ", c.rank(), " never reported");
@@ -51,6 +52,9 @@ std::vector<std::string> HealthLines(const v1::Job& job) {
         absl::StrAppendFormat(&line, "; rank %d silent for %.0f s (last: step %d%s)", c.rank(),
                               c.silent_s(), c.last_step(),
                               c.in_collective() ? ", in a collective" : "");
+      } else if (c.in_collective()) {
+        absl::StrAppendFormat(&line, "; rank %d in another collective (step %d)", c.rank(),
+                              c.last_step());
       } else {
         absl::StrAppendFormat(&line, "; rank %d not in the collective (step %d)", c.rank(),
                               c.last_step());

@@ -35,6 +35,31 @@ TEST(HealthFormatTest, StragglerAndHangLines) {
   EXPECT_TRUE(HealthLines(job).empty());
 }
 
+// A culprit that reports: in another collective, or not in one; the op's
+// text goes through Printable (a hostile agent's escape sequences).
+TEST(HealthFormatTest, CulpritsThatReportSayWhereTheyAre) {
+  v1::Job job;
+  job.set_state(v1::JOB_STATE_RUNNING);
+  v1::Hang* h = job.mutable_health()->mutable_hang();
+  h->add_waiting_ranks(0);
+  h->set_wait_s(9);
+  h->set_step(8);
+  h->set_bucket(3);
+  h->set_op("all\x1b[2Jreduce");
+  v1::HangCulprit* in_other = h->add_culprits();
+  in_other->set_rank(1);
+  in_other->set_last_step(7);
+  in_other->set_in_collective(true);
+  v1::HangCulprit* outside = h->add_culprits();
+  outside->set_rank(2);
+  outside->set_last_step(7);
+  const auto lines = HealthLines(job);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("; rank 1 in another collective (step 7)"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("; rank 2 not in the collective (step 7)"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[0].find('\x1b'), std::string::npos) << lines[0];
+}
+
 TEST(HealthFormatTest, StepSplitFitsEightyColumnsAndShowsComputeOnlyBackward) {
   v1::Job job;
   EXPECT_EQ(StepSplitTable(job), "");

@@ -34,6 +34,13 @@ std::string Seconds(int64_t ms) {
   return absl::StrFormat("%.0fh", ms / 3600000.0);
 }
 
+// Seconds from `then` to `now` (ms since the epoch); "-" where they are too
+// far apart to subtract (a report's time is the agent's, not checked).
+std::string Age(int64_t now, int64_t then) {
+  int64_t ms = 0;
+  return __builtin_sub_overflow(now, then, &ms) ? "-" : Seconds(ms);
+}
+
 // "-" for NaN (no loss reported); else one decimal, or 4 significant digits.
 std::string Fixed1(double v) { return std::isnan(v) ? "-" : absl::StrFormat("%.1f", v); }
 std::string Short(double v) { return std::isnan(v) ? "-" : absl::StrFormat("%.4g", v); }
@@ -78,7 +85,7 @@ std::vector<std::string> RenderWatch(const v1::Job& job, const WatchContext& ctx
         Fit(WorkerStateName(w.state()), 8), reported ? absl::StrCat(p.step()) : "-",
         reported ? Short(p.loss()) : "-", reported ? Fixed1(p.samples_per_s()) : "-",
         reported ? Fixed1(step_ms) : "-", reported ? Fixed1(p.exposed_comm_ms()) : "-",
-        reported ? Seconds(ctx.fetched_unix_ms - p.reported_unix_ms()) : "-"));
+        reported ? Age(ctx.fetched_unix_ms, p.reported_unix_ms()) : "-"));
   }
   if (shown < job.workers_size()) {
     lines.push_back(absl::StrCat("... ", job.workers_size() - shown,

@@ -29,6 +29,7 @@
 #include "daemon/log_files.h"
 #include "daemon/oom.h"
 #include "daemon/orphans.h"
+#include "daemon/straggler.h"
 #include "daemon/token.h"
 #include "daemon/uid_leftovers.h"
 
@@ -1129,14 +1130,10 @@ Status Agent::ReportProgress(const std::string& job_id, int round, const std::st
         kMaxProgressBytes, " bytes (kMaxProgressBytes; ", progress.bucket_wait_ms_size(),
         " bucket waits, collective_op of ", progress.collective_op().size(), " bytes)"));
   }
-  if (progress.collective_op().size() > kMaxCollectiveOpBytes ||
-      std::any_of(progress.collective_op().begin(), progress.collective_op().end(), [](char c) {
-        return !absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-';
-      })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "progress of rank ", progress.rank(), ": collective_op ",
-        QuoteForError(progress.collective_op()), " is not a collective's name ([A-Za-z0-9_-], at most ",
-        kMaxCollectiveOpBytes, " bytes)"));
+  // Values the coordinator's health checks compute with (daemon/straggler.h).
+  if (Status s = CheckProgress(progress); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", progress.rank(), "'s ", s.message()));
   }
   for (auto& w : run.workers) {
     if (w.rank != progress.rank()) continue;

@@ -84,8 +84,6 @@ inline constexpr int64_t kMaxLogChunkBytes = 1 << 20;
 // and kMaxProcPerNode (256) of them must fit one message with room to
 // spare. 64 KiB holds about 7,000 bucket waits.
 inline constexpr size_t kMaxProgressBytes = 64 * 1024;
-// The longest collective name in a progress report ("allreduce", ...).
-inline constexpr size_t kMaxCollectiveOpBytes = 32;
 // How often the agent measures live workers' log files against
 // max_log_bytes and looks for processes workers left behind (orphans.h).
 inline constexpr Duration kHousekeepingInterval = std::chrono::seconds(1);

@@ -152,6 +152,12 @@ Status Coordinator::Commit(const std::string& id, JobDraft next, Effects* effect
                           Retry retry) {
   JobEntry& entry = jobs_.at(id);
   JobMachine::MirrorRound(&next.job);
+  if (next.job.state() != v1::JOB_STATE_RUNNING) {
+    // Health describes a running job: a job that stopped running (however:
+    // a node lost, a cancel, a tick) keeps none, nor its tracker entry.
+    next.job.clear_health();
+    health_.Forget(id);
+  }
   const v1::Job& before = entry.current.job;
   const bool changed = !MessageDifferencer::Equals(before, next.job);
   if (changed) {
@@ -474,7 +480,7 @@ Status Coordinator::ApplyReports(const std::string& node_id, const NodeTable::Re
     if (it == jobs_.end()) continue;
     JobDraft draft = it->second.current;
     machine_.ApplyReport(&draft, node_id, report, receipt, sent_mono_ns);
-    health_.Update(&draft.job, report, receipt, sent_mono_ns, clock_->Now());
+    health_.Update(&draft.job, node_id, report, receipt, sent_mono_ns, clock_->Now());
     Status s = Commit(report.job_id(), std::move(draft), effects, Retry::kNextReport);
     if (first_error.ok()) first_error = s;
   }

@@ -101,7 +101,8 @@ void AppendRankMetrics(const std::vector<v1::Job>& jobs, std::vector<MetricFamil
   std::vector<Field> fields;
   for (int i = 0; i < d->field_count(); ++i) {
     const FieldDescriptor* f = d->field(i);
-    if (f->name() == "rank" || !IsNumeric(f)) continue;
+    // reported_mono_ns is an agent's steady clock: a number of no meaning here.
+    if (f->name() == "rank" || f->name() == "reported_mono_ns" || !IsNumeric(f)) continue;
     auto [name, scale] = RankMetricName(f->name());
     fields.push_back({f, scale, out->size()});
     out->push_back(Family(

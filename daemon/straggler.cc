@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/job_machine.h"
 
 namespace lockstep {
 namespace daemon {
@@ -17,7 +20,49 @@ double Median(std::vector<double> v) {
 
 double WholeSeconds(Duration d) { return std::floor(std::max(0.0, ToSeconds(d))); }
 
+Status BadField(const char* field, double value, const char* want) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("progress: ", field, " is ", value, ", want ", want));
+}
+
 }  // namespace
+
+Status CheckProgress(const v1::RankProgress& p) {
+  const struct {
+    const char* name;
+    double value;
+  } durations[] = {{"forward_ms", p.forward_ms()},   {"backward_ms", p.backward_ms()},
+                   {"exposed_comm_ms", p.exposed_comm_ms()}, {"step_ms", p.step_ms()},
+                   {"data_ms", p.data_ms()},         {"optimizer_ms", p.optimizer_ms()},
+                   {"collective_wait_ms", p.collective_wait_ms()}};
+  constexpr const char* kDuration = "a duration in ms, 0 to 1e9";
+  for (const auto& d : durations) {
+    if (!(d.value >= 0 && d.value <= kMaxProgressMs)) return BadField(d.name, d.value, kDuration);
+  }
+  for (int b = 0; b < p.bucket_wait_ms_size(); ++b) {
+    const double v = p.bucket_wait_ms(b);
+    if (!(v >= 0 && v <= kMaxProgressMs)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("progress: bucket_wait_ms[", b, "] is ", v, ", want ", kDuration));
+    }
+  }
+  if (p.step() < 0) return BadField("step", p.step(), "0 or more");
+  if (p.wait_steps() < 0) return BadField("wait_steps", p.wait_steps(), "0 or more");
+  if (p.collective_step() < 0) return BadField("collective_step", p.collective_step(), "0 or more");
+  if (p.collective_bucket() < -1) {
+    return BadField("collective_bucket", p.collective_bucket(), "-1 (none) or a bucket index");
+  }
+  if (p.collective_op().size() > kMaxCollectiveOpBytes ||
+      std::any_of(p.collective_op().begin(), p.collective_op().end(), [](char c) {
+        return !absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-';
+      })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("progress: collective_op ", QuoteForError(p.collective_op()),
+                     " is not a collective's name ([A-Za-z0-9_-], at most ", kMaxCollectiveOpBytes,
+                     " bytes)"));
+  }
+  return absl::OkStatus();
+}
 
 std::optional<v1::Straggler> FindStraggler(const std::vector<v1::RankProgress>& ranks) {
   if (ranks.size() < 2) return std::nullopt;
@@ -74,6 +119,16 @@ std::optional<v1::Hang> FindHang(const std::vector<RankBeat>& beats, int world_s
     if (longest == nullptr || b->collective_since < longest->collective_since) longest = b;
   }
   if (longest == nullptr) return std::nullopt;
+  // Arrived in the same collective, later than the threshold allows to call
+  // it waiting: not what the waiters wait for.
+  std::vector<int> arrived;
+  for (const auto& [rank, b] : by_rank) {
+    if (now - b->reported_at < kSilentAfter && b->in_collective &&
+        b->collective_step == longest->collective_step &&
+        b->collective_bucket == longest->collective_bucket) {
+      arrived.push_back(rank);
+    }
+  }
   v1::Hang h;
   for (int r : waiting) h.add_waiting_ranks(r);
   h.set_wait_s(WholeSeconds(now - longest->collective_since));
@@ -82,6 +137,7 @@ std::optional<v1::Hang> FindHang(const std::vector<RankBeat>& beats, int world_s
   h.set_op(longest->op);
   for (int r = 0; r < world_size; ++r) {
     if (std::find(waiting.begin(), waiting.end(), r) != waiting.end()) continue;
+    if (std::find(arrived.begin(), arrived.end(), r) != arrived.end()) continue;
     v1::HangCulprit* c = h.add_culprits();
     c->set_rank(r);
     auto it = by_rank.find(r);
@@ -98,7 +154,8 @@ std::optional<v1::Hang> FindHang(const std::vector<RankBeat>& beats, int world_s
   return h;
 }
 
-void HealthTracker::Update(v1::Job* job, const v1::AgentJobReport& report, MonoTime sent_at,
+void HealthTracker::Update(v1::Job* job, const std::string& node_id,
+                           const v1::AgentJobReport& report, MonoTime sent_at,
                            int64_t sent_mono_ns, MonoTime now) {
   const std::string& id = job->job_id();
   if (job->state() != v1::JOB_STATE_RUNNING) {
@@ -112,15 +169,23 @@ void HealthTracker::Update(v1::Job* job, const v1::AgentJobReport& report, MonoT
     beats = JobBeats();
     beats.round = round;
   }
-  if (report.round() == round) {
+  // The ranks the round gives this node: another node's, or none at all,
+  // would overwrite a real rank's beat or add ranks no world has.
+  const int node_rank = JobMachine::NodeRank(*job, node_id);
+  const int nproc = job->spec().nproc_per_node();
+  const int64_t first = static_cast<int64_t>(node_rank) * nproc;
+  if (report.round() == round && node_rank >= 0 && sent_mono_ns > 0) {
     for (const auto& w : report.workers()) {
       const v1::RankProgress& p = w.progress();
-      if (p.reported_mono_ns() == 0 || w.state() != v1::WORKER_STATE_RUNNING) continue;
+      if (p.reported_mono_ns() <= 0 || w.state() != v1::WORKER_STATE_RUNNING) continue;
+      if (w.rank() < first || w.rank() >= first + nproc || w.rank() >= job->world_size()) continue;
+      if (!CheckProgress(p).ok()) continue;
       // How long before the heartbeat's send the agent got the report, on
       // the agent's clock; bounded so a bad clock cannot place it far off.
-      const auto ago =
-          std::clamp<Duration>(std::chrono::nanoseconds(sent_mono_ns - p.reported_mono_ns()),
-                               Duration(0), std::chrono::hours(1));
+      int64_t ago_ns = 0;
+      if (__builtin_sub_overflow(sent_mono_ns, p.reported_mono_ns(), &ago_ns)) continue;
+      const auto ago = std::clamp<Duration>(std::chrono::nanoseconds(ago_ns), Duration(0),
+                                            std::chrono::hours(1));
       RankBeat b;
       b.rank = w.rank();
       b.step = p.step();
@@ -138,7 +203,8 @@ void HealthTracker::Update(v1::Job* job, const v1::AgentJobReport& report, MonoT
 
   std::vector<v1::RankProgress> progress;
   for (const auto& w : job->workers()) {
-    if (w.round() == round && w.state() == v1::WORKER_STATE_RUNNING) {
+    if (w.round() == round && w.state() == v1::WORKER_STATE_RUNNING &&
+        CheckProgress(w.progress()).ok()) {
       progress.push_back(w.progress());
     }
   }

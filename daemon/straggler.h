@@ -33,6 +33,7 @@
 
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "lockstep/v1/common.pb.h"
 
 namespace lockstep {
@@ -51,6 +52,21 @@ inline constexpr double kMinStragglerLagFraction = 0.2;
 // Every rank must have averaged over this many steps.
 inline constexpr int kMinStragglerSteps = 3;
 
+// Most milliseconds a report's durations (step_ms, bucket_wait_ms,
+// collective_wait_ms, ...) may hold: about 11.6 days.
+inline constexpr double kMaxProgressMs = 1e9;
+
+// Whether a rank's progress holds what the health checks can use: its
+// durations finite and in [0, kMaxProgressMs], its counts (step, wait_steps,
+// collective_step) not negative, collective_bucket -1 or more, and
+// collective_op a collective's name ([A-Za-z0-9_-], at most 32 bytes); loss
+// and samples_per_s are shown, never computed with, and may be anything (a
+// diverged run reports a NaN loss). InvalidArgument naming the field and its
+// value. The agent refuses such a report; the coordinator leaves it out.
+Status CheckProgress(const v1::RankProgress& p);
+// The longest collective name in a progress report ("allreduce", ...).
+inline constexpr size_t kMaxCollectiveOpBytes = 32;
+
 // The straggler among `ranks` (one latest progress per rank, the whole
 // world), or nothing.
 std::optional<v1::Straggler> FindStraggler(const std::vector<v1::RankProgress>& ranks);
@@ -68,7 +84,9 @@ struct RankBeat {
 };
 
 // The hang among `beats` (ranks that reported; ranks 0..world_size-1 that
-// did not are culprits), or nothing. Seconds are whole (floored).
+// did not are culprits), or nothing. A rank in the same collective as the
+// longest waiter (same step and bucket), not silent, only arrived later: it
+// is neither a waiter yet nor a culprit. Seconds are whole (floored).
 std::optional<v1::Hang> FindHang(const std::vector<RankBeat>& beats, int world_size, MonoTime now,
                                  Duration hang_threshold);
 
@@ -78,12 +96,17 @@ class HealthTracker {
  public:
   explicit HealthTracker(Duration hang_threshold) : hang_threshold_(hang_threshold) {}
 
-  // Records the workers' progress in `report` (an agent's report of `job`,
-  // already applied to it), sent at `sent_at` on the coordinator's clock,
-  // `sent_mono_ns` on the agent's; then sets job->health for `now` (cleared
-  // unless RUNNING) and logs when a straggler or a hang appears or ends.
-  void Update(v1::Job* job, const v1::AgentJobReport& report, MonoTime sent_at,
-              int64_t sent_mono_ns, MonoTime now);
+  // Records the workers' progress in `report` (node `node_id`'s report of
+  // `job`, already applied to it), sent at `sent_at` on the coordinator's
+  // clock, `sent_mono_ns` on the agent's; then sets job->health for `now`
+  // (cleared unless RUNNING) and logs when a straggler or a hang appears or
+  // ends. Only the ranks the round gives that node count, and only progress
+  // CheckProgress accepts; a report without a usable send instant
+  // (sent_mono_ns <= 0) places no beat.
+  void Update(v1::Job* job, const std::string& node_id, const v1::AgentJobReport& report,
+              MonoTime sent_at, int64_t sent_mono_ns, MonoTime now);
+  // Drops what is kept for job `id` (it left RUNNING, or was deleted).
+  void Forget(const std::string& id) { jobs_.erase(id); }
 
  private:
   struct JobBeats {
