@@ -22,7 +22,9 @@
 # refuses plaintext beyond loopback otherwise), and
 # `podman run IMAGE --state-dir=/var/lib/lockstep --listen=0.0.0.0:7071
 # --coordinator-address=H:7070 --token-file=/var/lib/lockstep/token
-# --insecure-plaintext` an agent. For mutual TLS, give a
+# --insecure-plaintext` an agent (across hosts each also needs
+# --advertise-address=HOST:PORT, and agents --network=host: deploy/README.md).
+# For mutual TLS, give a
 # command line with --tls-ca/--tls-cert/--tls-key (files from `lockstep
 # certs`, mounted) instead of --insecure-plaintext. Prints the tarball's path, then the image
 # name. Needs root and debootstrap; podman (Debian's) for the import. Exit

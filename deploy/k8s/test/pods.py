@@ -299,6 +299,19 @@ def check(objs, gpu):
         die("agent: --node-id must be $(NODE_NAME) from spec.nodeName")
     if not re.fullmatch(r"[1-9][0-9]*-[1-9][0-9]*", flag(argv, "--job-uids") or ""):
         die("agent: wants --job-uids=FIRST-LAST")
+    # The state emptyDir past its sizeLimit gets the pod evicted: each rank's
+    # two logs, with one rotated copy each, must leave room for 32 ranks.
+    state_vol = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}.get(flag(argv, "--state-dir"))
+    kind, src = volumes_of(ds, apod).get(state_vol, (None, {}))
+    limit = str(src.get("sizeLimit", "")) if kind == "emptyDir" else ""
+    units = {"Gi": 1 << 30, "Mi": 1 << 20}
+    m = re.fullmatch(r"([0-9]+)(Gi|Mi)", limit)
+    log_mb = flag(argv, "--max-log-mb")
+    if not m or not log_mb:
+        die(f"agent: the state emptyDir needs a sizeLimit ({limit!r}) and --max-log-mb a cap ({log_mb!r})")
+    if 32 * 4 * float(log_mb) * (1 << 20) > int(m.group(1)) * units[m.group(2)]:
+        die(f"agent: --max-log-mb={log_mb} lets 32 ranks' logs (4 x the cap each) outgrow the "
+            f"state volume's sizeLimit {limit}: the kubelet would evict the pod")
     added = set(security(apod, c).get("capabilities", {}).get("add", []))
     if not added <= BASELINE_CAPS:
         die(f"agent: adds {sorted(added - BASELINE_CAPS)}, outside the baseline profile")
