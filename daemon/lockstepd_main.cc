@@ -245,7 +245,9 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
         "--tls-worker-cert and --tls-worker-key need --tls-ca, --tls-cert and --tls-key");
   }
   if (!c.coordinator && c.coordinator_address.empty()) {
-    return absl::InvalidArgumentError("--coordinator-address is required without --coordinator");
+    return absl::InvalidArgumentError(
+        "nothing to join: give --coordinator to host a coordinator (and an agent), or "
+        "--coordinator-address HOST:PORT to join one as an agent");
   }
   if (c.tls_bind_node_ids && (!c.coordinator || c.tls_ca.empty())) {
     return absl::InvalidArgumentError(

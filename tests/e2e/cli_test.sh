@@ -105,6 +105,7 @@ expect_usage '(a flag of logs goes after it: lockstep logs --...)' \
   "$LOCKSTEP" --rank 1 logs "$job"
 [ "$("$LOCKSTEP" version)" = "$("$LOCKSTEP" --version)" ] || fail "lockstep version: $("$LOCKSTEP" version)"
 "$LOCKSTEP" help | grep -q "^usage: lockstep" || fail "lockstep help printed no usage"
+expect_usage 'nothing to join: give --coordinator to host a coordinator' "$LOCKSTEPD" --state-dir "$T/nojoin"
 expect_usage '--node-id "bad/node" is not a node id' \
   "$LOCKSTEPD" --state-dir "$T/badnode" --coordinator --node-id bad/node
 expect_usage 'did you mean "status"?' ls_cli stauts "$job"
