@@ -91,6 +91,13 @@ std::vector<std::string> RenderWatch(const v1::Job& job, const WatchContext& ctx
     lines.push_back(absl::StrCat("... ", job.workers_size() - shown,
                                  " more ranks (lockstep status ", job.job_id(), ")"));
   }
+  // A screen too short even for the lines above the ranks: cut to it, so
+  // the frame never scrolls.
+  if (ctx.max_lines > 0 && static_cast<int>(lines.size()) > ctx.max_lines) {
+    lines.resize(ctx.max_lines);
+    lines.back() = absl::StrCat("... (", ctx.max_lines,
+                                " rows are too few: lockstep status ", job.job_id(), ")");
+  }
   for (auto& l : lines) l = Fit(std::move(l), ctx.width);
   return lines;
 }

@@ -108,6 +108,21 @@ TEST(RenderWatchTest, FitsOneScreenSummarisingTheRanksThatDoNotFit) {
   EXPECT_TRUE(absl::StartsWith(lines.back(), "... ")) << lines.back();
 }
 
+// Fewer rows than the lines above the ranks (header, state, a message, a
+// hang): still no more lines than rows, the last one saying so.
+TEST(RenderWatchTest, ATerminalShorterThanTheHeaderStillDoesNotScroll) {
+  v1::Job job = RunningJob(4);
+  job.set_message("a message line");
+  v1::Hang* h = job.mutable_health()->mutable_hang();
+  h->add_waiting_ranks(0);
+  h->set_wait_s(9);
+  for (int rows : {1, 2, 3, 4}) {
+    auto lines = RenderWatch(job, Fresh(80, rows));
+    EXPECT_EQ(lines.size(), static_cast<size_t>(rows)) << rows;
+    EXPECT_TRUE(absl::StartsWith(lines.back(), "... ")) << rows << ": " << lines.back();
+  }
+}
+
 TEST(RenderWatchTest, WorkerTextIsEscaped) {
   v1::Job job = RunningJob(1);
   job.set_message("bad\x1b[2Jthing");
