@@ -297,11 +297,37 @@ std::shared_ptr<Work> GlooCommunicator::Enqueue(
   return queue_.Enqueue(name, [this, name, body = std::move(body)](uint64_t seq) -> Status {
     try {
       body(ToMillis(options_.timeout - grace_), static_cast<uint32_t>(seq));
-    } catch (const std::exception& e) {
+    } catch (const gloo::IoException& e) {
+      // A peer's connection failed or timed out.
+      CloseConnections();
       return Diagnose(seq, name, e.what());
+    } catch (const std::exception& e) {
+      // This rank's own failure (a size mismatch Gloo enforces, memory):
+      // no peer is lost, so none is named, and this rank's exit is the
+      // cause the coordinator records.
+      CloseConnections();
+      return absl::InternalError(absl::StrCat("gloo ", name, " #", seq, " on rank ", rank_,
+                                              " failed here, not for a peer: ", e.what()));
     }
     return absl::OkStatus();
   });
+}
+
+void GlooCommunicator::CloseConnections() {
+  // Gloo closes only the connection that failed; a ring's other ranks wait
+  // on this one over theirs until their own timeout, too late to write
+  // their diagnosis, and would be named as not arriving. Closed, each
+  // fails at once and says so (Gloo does the same on its own timeout). The
+  // queue refuses everything after this failure, so nothing uses them again.
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_) continue;
+    try {
+      auto& pair = context_->getPair(peer);
+      if (pair) pair->close();
+    } catch (const std::exception&) {
+      // Already broken: nothing to close.
+    }
+  }
 }
 
 Status GlooCommunicator::Diagnose(uint64_t seq, const char* name, const std::string& what) {

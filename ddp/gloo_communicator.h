@@ -119,12 +119,17 @@ class GlooCommunicator : public Communicator {
                    std::shared_ptr<gloo::Context> context);
 
   // `body` runs the Gloo calls with the given Gloo timeout and tag; it may
-  // throw (a throw becomes the Work's error, diagnosed). Queues it for the
-  // communicator thread.
+  // throw: a gloo::IoException (a peer's connection failed or timed out)
+  // becomes the Work's error, diagnosed; any other is this rank's own
+  // (Internal, no peer named). Either way every connection is closed first
+  // (CloseConnections). Queues it for the communicator thread.
   std::shared_ptr<Work> Enqueue(const char* name,
                                 std::function<void(std::chrono::milliseconds, uint32_t)> body);
   // Maps a failure of collective #seq to a Status naming the missing ranks.
   Status Diagnose(uint64_t seq, const char* name, const std::string& what);
+  // Closes the connection to every peer, so that each of them fails its
+  // collective at once instead of at its own timeout.
+  void CloseConnections();
 
   rendezvous::Store* const store_;
   const int rank_;

@@ -148,6 +148,40 @@ void UseTheTestsStatusPage(const std::string& fd, int rank) {
   ::setenv("LOCKSTEP_LOCAL_RANK", std::to_string(rank).c_str(), 1);
 }
 
+// Four ranks over Gloo, rank 3 gone (exit 0, as from a training loop left
+// early) after the first allreduce: every other rank marks rank 3. Gloo
+// closes only the connection that failed, so rank 1 (not rank 3's ring
+// neighbour) went on waiting over its healthy connections until its own
+// timeout; ranks 0 and 2, done with their diagnosis long before, named rank
+// 1 as not arriving, and the coordinator followed them to it. Now a rank
+// that fails closes all its connections, and rank 1 fails at once.
+TEST(LostPeerRankTest, EveryRankOfAGlooRingMarksTheRankThatLeft) {
+  constexpr int kWorld = 4;
+  worker_link::StatusPage page;
+  ASSERT_TRUE(page.Create(kWorld).ok());
+  ::fcntl(page.fd(), F_SETFD, 0);
+  const std::string fd = std::to_string(page.fd());
+  const std::vector<bool> ok = RunRankProcesses(kWorld, [&](int rank, rendezvous::Store* store) {
+    UseTheTestsStatusPage(fd, rank);
+    GlooOptions options;
+    options.timeout = std::chrono::seconds(30);
+    auto made = GlooCommunicator::Create(store, rank, kWorld, options);
+    if (!made.ok()) return false;
+    at::Tensor t = at::ones({1 << 16});
+    if (!(*made)->AllReduce(t, ReduceOp::kSum)->Wait().ok()) return false;
+    if (rank == 3) _exit(0);
+    const Status second = (*made)->AllReduce(t, ReduceOp::kSum)->Wait();
+    if (second.ok()) return false;
+    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(second.message()).c_str());
+    return true;
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(ok[r]) << "rank " << r << "'s second allreduce did not fail";
+    ASSERT_TRUE(worker_link::IsPeerLost(page.Get(r))) << "rank " << r;
+    EXPECT_EQ(worker_link::LostPeer(page.Get(r)), 3) << "rank " << r;
+  }
+}
+
 // A store that cannot read rank 2's published blame (its Get of
 // ".../waits/<n>/2" fails UNAVAILABLE), the rest passed through.
 class NoWaitsStore : public rendezvous::ForwardingStore {
