@@ -562,6 +562,13 @@ void DistributedDataParallel::OnReducerStep() {
     p.forward_ms = synced_forward_ms_;
     p.backward_ms = r.backward_ms;
     p.exposed_comm_ms = r.comm_exposed_ms;
+    if (late) {
+      // Its waits ran after it ended, inside the next forward, which counts
+      // them (forward_ms is taken after CompletePendingStep): here they
+      // would be counted twice, and its parts would outgrow its step.
+      p.backward_ms = std::max(0.0, r.backward_ms - r.comm_exposed_ms);
+      p.exposed_comm_ms = 0;
+    }
     p.bytes_reduced = r.bytes_reduced;
     p.buckets = r.buckets;
     p.data_ms = counts.data_ms;

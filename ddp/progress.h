@@ -39,7 +39,11 @@ inline constexpr int kWaitWindowSteps = 8;
 // `data_ms` of the next step and `optimizer_ms` is 0). backward_ms includes
 // exposed_comm_ms (the part of it spent waiting on buckets), so
 // data + forward + backward + optimizer = step_ms, less the no_sync
-// micro-batches' forwards and backwards, which are in none of them.
+// micro-batches' forwards and backwards, which are in none of them. With
+// overlap_forward a step ends when OptimizerStep returns with buckets still
+// on the wire: the waits for them run in the next forward and count in its
+// forward_ms, so this step's backward_ms is autograd's alone and its
+// exposed_comm_ms 0.
 struct StepProgress {
   int64_t step = 0;               // Synchronised steps so far (after ResumeAt: absolute).
   int64_t samples = 0;            // This rank's samples in the step (DDP's CountSamples).
