@@ -369,9 +369,13 @@ TEST_F(FenceGuardTest, HelpersThatLeftTheWorkersGroupAreKilledWithIt) {
   ASSERT_GT(child, 0);
   ASSERT_GT(adopted, 0);
   ASSERT_GT(other, 0);
-  // Each left the worker's group; the double-forked one is this process's.
-  EXPECT_NE(::getpgid(child), worker);
-  EXPECT_NE(::getpgid(adopted), worker);
+  // Each left the worker's group (once `setsid` has run: the shell writes
+  // $! as soon as it forks, before the child calls setsid; read at once,
+  // the group was sometimes still the worker's); the double-forked one is
+  // this process's.
+  EXPECT_TRUE(WaitFor([&] { return ::getpgid(child) != worker && ::getpgid(adopted) != worker; },
+                      milliseconds(2000)))
+      << "the helpers did not leave the worker's group";
   EXPECT_TRUE(WaitFor([&] { return ParentOf(adopted) == ::getpid(); }, milliseconds(2000)));
   FenceGuard::Entry entry = guard_->Watch(worker, "j-helpers", 2, 5);
 
