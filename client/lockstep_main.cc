@@ -237,12 +237,6 @@ class Cli {
     std::string ticket;  // for this job on that node
   };
 
-  static int64_t UnixNow() {
-    return std::chrono::duration_cast<std::chrono::seconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
-
   Status Check(const grpc::Status& s, const std::string& what) {
     return rendezvous::WithTlsReason(
         FromGrpcStatus(s, absl::StrCat(what, " (coordinator ", common_.coordinator, ")")),
@@ -948,7 +942,7 @@ class Cli {
     // expires, or after the agent refused it: forget_ticket).
     auto agent_of = [&](const std::string& node, int rank) -> StatusOr<AgentRead> {
       auto it = tickets.find(node);
-      if (it == tickets.end() || it->second.expires_unix_s() - 60 < UnixNow()) {
+      if (it == tickets.end() || it->second.expires_unix_s() - 60 < NowUnixMs() / 1000) {
         v1::IssueLogTicketsRequest req;
         req.set_job_id(id);
         req.add_node_ids(node);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "daemon/grpc_auth.h"
 #include "daemon/log_ticket.h"
@@ -40,10 +41,8 @@ Status Authorize(const grpc::CallbackServerContext& ctx, const Agent& agent,
                 "check log tickets; retry"));
   }
   auto [value, present] = AuthorizationHeader(ctx.client_metadata());
-  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
-  return CheckLogTicket(value, present, key, method, job, agent.node_id(), now);
+  return CheckLogTicket(value, present, key, method, job, agent.node_id(),
+                        RealClock()->UnixMillis() / 1000);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/grpc_auth.h"
@@ -370,10 +371,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::IssueLogTickets(
   }
   std::map<std::string, std::string> addresses;
   for (const v1::NodeInfo& n : core_->ListNodes()) addresses[n.node_id()] = n.agent_address();
-  const int64_t expires =
-      std::chrono::duration_cast<std::chrono::seconds>(
-          (std::chrono::system_clock::now() + kLogTicketLife).time_since_epoch())
-          .count();
+  const int64_t expires = RealClock()->UnixMillis() / 1000 + kLogTicketLife.count();
   for (const std::string& node : nodes) {
     v1::LogTicket* t = resp->add_tickets();
     t->set_node_id(node);
