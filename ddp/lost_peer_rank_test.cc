@@ -58,6 +58,14 @@ std::vector<bool> RunRankProcesses(int world, const std::function<bool(int, rend
   return ok;
 }
 
+// Makes `page` with `world` slots, inherited by the rank processes
+// RunRankProcesses forks; its descriptor as text ("" if it could not be made).
+std::string SharedStatusPage(worker_link::StatusPage* page, int world) {
+  if (!page->Create(world).ok()) return "";
+  ::fcntl(page->fd(), F_SETFD, 0);
+  return std::to_string(page->fd());
+}
+
 // Host 2 of a job of 3 hosts with 2 ranks each (its ranks 4 and 5).
 HierarchicalLayout Host2() {
   HierarchicalLayout host2;
@@ -87,9 +95,8 @@ TEST(LostPeerRankTest, ALostPeerIsMarkedByItsGlobalRank) {
   for (const bool shm : {true, false}) {
     SCOPED_TRACE(shm ? "shm" : "gloo");
     worker_link::StatusPage page;
-    ASSERT_TRUE(page.Create(kWorld).ok());
-    ::fcntl(page.fd(), F_SETFD, 0);  // inherited by the rank processes
-    const std::string fd = std::to_string(page.fd());
+    const std::string fd = SharedStatusPage(&page, kWorld);
+    ASSERT_FALSE(fd.empty());
     const std::vector<bool> ok = RunRankProcesses(kWorld, [&](int rank, rendezvous::Store* store) {
       ::setenv(worker_link::kStatusFdEnv, fd.c_str(), 1);
       ::setenv("LOCKSTEP_LOCAL_RANK", std::to_string(rank).c_str(), 1);
@@ -158,9 +165,8 @@ void UseTheTestsStatusPage(const std::string& fd, int rank) {
 TEST(LostPeerRankTest, EveryRankOfAGlooRingMarksTheRankThatLeft) {
   constexpr int kWorld = 4;
   worker_link::StatusPage page;
-  ASSERT_TRUE(page.Create(kWorld).ok());
-  ::fcntl(page.fd(), F_SETFD, 0);
-  const std::string fd = std::to_string(page.fd());
+  const std::string fd = SharedStatusPage(&page, kWorld);
+  ASSERT_FALSE(fd.empty());
   const std::vector<bool> ok = RunRankProcesses(kWorld, [&](int rank, rendezvous::Store* store) {
     UseTheTestsStatusPage(fd, rank);
     GlooOptions options;
@@ -218,9 +224,8 @@ TEST(LostPeerRankTest, EveryRankOfAHierarchicalJobMarksTheFrozenRank) {
     SCOPED_TRACE("rank " + std::to_string(frozen) + " frozen" +
                  (c.store_reads_blames ? "" : ", the blames unreadable"));
     worker_link::StatusPage page;
-    ASSERT_TRUE(page.Create(kWorld).ok());
-    ::fcntl(page.fd(), F_SETFD, 0);
-    const std::string fd = std::to_string(page.fd());
+    const std::string fd = SharedStatusPage(&page, kWorld);
+    ASSERT_FALSE(fd.empty());
     std::vector<std::string> errors(kWorld);
     const std::vector<bool> ok = RunRankProcesses(kWorld, [&](int rank, rendezvous::Store* store) {
       UseTheTestsStatusPage(fd, rank);
@@ -265,9 +270,8 @@ TEST(LostPeerRankTest, HostsACollectiveApartStillFindTheFrozenRank) {
   constexpr int kFrozen = 1;
   constexpr auto kTimeout = std::chrono::seconds(3);
   worker_link::StatusPage page;
-  ASSERT_TRUE(page.Create(kWorld).ok());
-  ::fcntl(page.fd(), F_SETFD, 0);
-  const std::string fd = std::to_string(page.fd());
+  const std::string fd = SharedStatusPage(&page, kWorld);
+  ASSERT_FALSE(fd.empty());
   const std::vector<bool> ok = RunRankProcesses(kWorld, [&](int rank, rendezvous::Store* store) {
     UseTheTestsStatusPage(fd, rank);
     const HierarchicalLayout layout = TwoHostsOfTwo(rank);
