@@ -313,6 +313,9 @@ struct DistributedDataParallel::DeferredStep {
   StepCounts counts;          // Up to OptimizerStep.
   MonoTime previous_end{};    // The step before ended here;
   MonoTime end{};             // this one at OptimizerStep.
+  // Time inside that OptimizerStep (the parameters DDP does not reduce). The
+  // buckets are stepped after `end`, in the next forward, whose forward_ms
+  // counts them: here they would be counted twice and outgrow the step.
   double optimizer_ms = 0;
 };
 
@@ -588,7 +591,7 @@ void DistributedDataParallel::OnReducerStep() {
     p.wait_steps = static_cast<int>(bucket_waits_.size());
     if (late) {
       // The step ended when OptimizerStep returned (DeferStep moved
-      // last_step_end_ there); its optimizer time is that of its parts.
+      // last_step_end_ there); its optimizer time is that call's.
       p.optimizer_ms = late->optimizer_ms;
       ReportStep(std::move(p), late->previous_end, late->end);
     } else if (optimizer_marked_) {
@@ -738,7 +741,7 @@ DistributedDataParallel::~DistributedDataParallel() {
   if (reducer_ != nullptr && reducer_->step_open()) (void)reducer_->CompleteStep(nullptr);
 }
 
-void DistributedDataParallel::DeferStep(torch::optim::Optimizer& optimizer) {
+void DistributedDataParallel::DeferStep(torch::optim::Optimizer& optimizer, MonoTime start) {
   auto d = std::make_shared<DeferredStep>();
   d->optimizer = &optimizer;
   d->thread = std::this_thread::get_id();
@@ -768,6 +771,7 @@ void DistributedDataParallel::DeferStep(torch::optim::Optimizer& optimizer) {
   StepDeferredPart(buckets);
   deferred_->previous_end = last_step_end_;
   deferred_->end = RealClock()->Now();
+  deferred_->optimizer_ms = MillisBetween(start, deferred_->end);
   last_step_end_ = deferred_->end;
   forward_seen_ = false;
   if (gate_ != nullptr && gate_->thread != std::this_thread::get_id()) {
@@ -785,7 +789,6 @@ void DistributedDataParallel::DeferStep(torch::optim::Optimizer& optimizer) {
 void DistributedDataParallel::StepDeferredPart(size_t b) {
   DeferredStep& d = *deferred_;
   if (!deferred_error_.ok()) return;  // The optimizer failed: no more steps.
-  const MonoTime start = RealClock()->Now();
   try {
     StepPart(*d.optimizer, d.parts[b]);
   } catch (const std::exception& e) {
@@ -793,7 +796,6 @@ void DistributedDataParallel::StepDeferredPart(size_t b) {
         absl::StrCat("DDP: the optimizer threw while stepping bucket ", b, " (overlap_forward): ",
                      internal::ExceptionMessage(e)));
   }
-  d.optimizer_ms += MillisSince(start);
   if (b >= d.layout.size()) return;
   d.done[b] = true;
   for (size_t i : d.layout[b]) {

@@ -539,7 +539,7 @@ class DistributedDataParallel {
     if (reducer_->step_open()) {
       if constexpr (std::is_base_of<torch::optim::Optimizer, Optimizer>::value) {
         if (options_.overlap_forward) {
-          DeferStep(optimizer);
+          DeferStep(optimizer, start);
           return {};
         }
         const double waited_ms = StepOverlapped(optimizer);
@@ -620,7 +620,9 @@ class DistributedDataParallel {
   double StepOverlapped(torch::optim::Optimizer& optimizer);
   // overlap_forward: leaves the step open with `optimizer` to step each
   // bucket when it is needed, and starts gating this thread's operators.
-  void DeferStep(torch::optim::Optimizer& optimizer);
+  // `start`: when OptimizerStep was called (from there to its return is the
+  // step's optimizer_ms).
+  void DeferStep(torch::optim::Optimizer& optimizer, MonoTime start);
   // The gate: an operator on the training thread is about to read `inputs`.
   void BeforeOperator(const std::vector<const c10::TensorImpl*>& inputs);
   // Completes the deferred step through bucket `through` (-1: all of it).

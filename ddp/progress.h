@@ -43,7 +43,8 @@ inline constexpr int kWaitWindowSteps = 8;
 // overlap_forward a step ends when OptimizerStep returns with buckets still
 // on the wire: the waits for them run in the next forward and count in its
 // forward_ms, so this step's backward_ms is autograd's alone and its
-// exposed_comm_ms 0.
+// exposed_comm_ms 0; so do its bucket steps, so its optimizer_ms is the
+// OptimizerStep call's alone.
 struct StepProgress {
   int64_t step = 0;               // Synchronised steps so far (after ResumeAt: absolute).
   int64_t samples = 0;            // This rank's samples in the step (DDP's CountSamples).

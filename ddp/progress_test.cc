@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -188,6 +189,46 @@ TEST_F(ProgressTest, OverlappedForwardReportsEachStepOnceWithItsOwnCounts) {
     // Its backward does not run on into the next forward, where it ended.
     EXPECT_LE(p.exposed_comm_ms, p.backward_ms);
     EXPECT_LE(p.data_ms + p.forward_ms + p.backward_ms + p.optimizer_ms, p.step_ms + 1e-6);
+  }
+}
+
+// An SGD whose every step takes `kSlow` longer, as a heavy optimizer would.
+constexpr auto kSlow = std::chrono::milliseconds(40);
+class SlowSgd : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    std::this_thread::sleep_for(kSlow);
+    return torch::optim::SGD::step(closure);
+  }
+};
+
+// overlap_forward: a step's buckets are stepped in the next forward, after
+// the step ended, so their optimizer time is that forward's, not the step's
+// optimizer_ms (it was both, and the step's parts outgrew its step_ms by the
+// optimizer's time: the slow SGD makes that 40 ms, not a microsecond).
+TEST_F(ProgressTest, OverlappedForwardCountsBucketStepsInTheForwardThatRunsThem) {
+  torch::nn::Linear model(4, 2);
+  DdpOptions options;
+  options.overlap_optimizer = true;
+  options.overlap_forward = true;
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>(), options);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  SlowSgd opt(model->parameters(), 0.1);
+  for (int i = 0; i < 3; ++i) {
+    Step(**ddp, 1, 8);
+    (*ddp)->OptimizerStep(opt);
+  }
+  ASSERT_TRUE((*ddp)->CompletePendingStep().ok());
+  std::lock_guard<std::mutex> lock(recorded_.mu);
+  ASSERT_EQ(recorded_.reports.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const StepProgress& p = recorded_.reports[i];
+    SCOPED_TRACE(i);
+    EXPECT_LT(p.optimizer_ms, 40) << "the bucket steps after the step's end were counted in it";
+    EXPECT_LE(p.data_ms + p.forward_ms + p.backward_ms + p.optimizer_ms, p.step_ms + 1e-6);
+    // Steps 2 and 3 start with a forward that steps the step before's bucket.
+    if (i > 0) EXPECT_GE(p.forward_ms, 40);
   }
 }
 
