@@ -41,7 +41,7 @@ TEST(JsonTest, LogBytesAreTextAndOddValuesStayValidJson) {
   std::string json = ToJson(logs);
   EXPECT_EQ(json,
             "{\"data\":\"step 1\\n\\u001b[31mred\\ufffd\\tok \xc3\xa9\",\"next_offset\":1099511627776,"
-            "\"worker_done\":false,\"path\":\"\"}");
+            "\"worker_done\":false,\"path\":\"\",\"generation\":\"\",\"rotated_past\":false}");
   v1::RankProgress p;
   p.set_loss(std::nan(""));
   json = ToJson(p);

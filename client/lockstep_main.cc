@@ -234,6 +234,7 @@ class Cli {
   struct AgentRead {
     v1::AgentService::Stub* agent = nullptr;
     std::string address;
+    std::string node;
     std::string ticket;  // for this job on that node
   };
 
@@ -848,6 +849,7 @@ class Cli {
   // One rank's stream on one node, as far as this CLI has printed it.
   struct LogCursor {
     int64_t offset = 0;
+    std::string generation;  // of the file `offset` counts in (ReadLogs)
     bool started = false;
     std::string partial;  // an unfinished line, for the prefixed view
   };
@@ -957,6 +959,7 @@ class Cli {
       }
       AgentRead read;
       read.address = it->second.agent_address();
+      read.node = node;
       read.ticket = it->second.ticket();
       if (read.address.empty()) {
         return absl::NotFoundError(
@@ -1016,6 +1019,9 @@ class Cli {
                   << ": waiting for its workers to start\n";
         said_waiting = true;
       }
+      // A stream with more to read than one drain takes (kDrainChunks):
+      // polled again at once, the job's state and a stop signal between.
+      bool more = false;
       std::set<CursorKey> now_placed;
       for (const v1::WorkerStatus* w : workers) {
         for (bool is_stderr : {false, true}) {
@@ -1033,7 +1039,11 @@ class Cli {
         const auto& [rank, node, is_stderr] = key;
         StatusOr<AgentRead> agent = agent_of(node, rank);
         Status read = agent.status();
-        if (read.ok()) read = DrainLog(*agent, id, rank, is_stderr, view, &cursors[key]);
+        // To its end: the next poll no longer looks there.
+        for (bool left = read.ok(); left && read.ok() && g_stop_signal == 0;) {
+          left = false;
+          read = DrainLog(*agent, id, rank, is_stderr, view, &cursors[key], &left);
+        }
         forget_ticket(node, read);
         if (!read.ok() && !(view.state_lines && agent.ok() && unreachable.count(agent->address) != 0)) {
           std::cerr << "lockstep: rank " << rank << "'s output on node " << node << " past byte "
@@ -1048,7 +1058,7 @@ class Cli {
         for (bool is_stderr : {false, true}) {
           if (!(is_stderr ? view.stderr_stream : view.stdout_stream)) continue;
           LogCursor& cursor = cursors[{w->rank(), w->node_id(), is_stderr}];
-          Status read = DrainLog(agent, id, w->rank(), is_stderr, view, &cursor);
+          Status read = DrainLog(agent, id, w->rank(), is_stderr, view, &cursor, &more);
           forget_ticket(w->node_id(), read);
           if (read.ok()) {
             unreachable.erase(address);
@@ -1085,6 +1095,8 @@ class Cli {
           }
         }
       }
+      if (g_stop_signal != 0) return 128 + g_stop_signal;
+      if (more) continue;
       if (!view.follow) return 0;
       if (ended) {
         std::cout << std::flush;
@@ -1096,17 +1108,28 @@ class Cli {
     }
   }
 
-  // Prints what one rank's stream on one agent holds past `cursor`.
+  // Chunks (ReadLogs, 1 MiB at most each) one DrainLog reads.
+  static constexpr int kDrainChunks = 16;
+
+  // Prints what one rank's stream on one agent holds past `cursor`: up to
+  // kDrainChunks chunks, setting *more when there may be more, and none
+  // once a stop signal came.
   Status DrainLog(const AgentRead& agent, const std::string& id, int rank, bool is_stderr,
-                  const LogView& view, LogCursor* cursor) {
+                  const LogView& view, LogCursor* cursor, bool* more) {
     std::ostream& out = view.prefixed && is_stderr ? std::cerr : std::cout;
-    while (true) {
+    for (int chunks = 0;; ++chunks) {
+      if (g_stop_signal != 0) return absl::OkStatus();
+      if (chunks == kDrainChunks) {
+        *more = true;
+        return absl::OkStatus();
+      }
       v1::ReadLogsRequest req;
       req.set_job_id(id);
       req.set_rank(rank);
       req.set_stream(is_stderr ? v1::ReadLogsRequest::STREAM_STDERR
                                : v1::ReadLogsRequest::STREAM_STDOUT);
       req.set_offset(cursor->offset);
+      req.set_generation(cursor->generation);
       if (!cursor->started) req.set_tail_bytes(view.tail_bytes);
       v1::ReadLogsResponse resp;
       RETURN_IF_ERROR(
@@ -1133,8 +1156,16 @@ class Cli {
           if (first != std::string::npos && first + 1 < data.size()) data.erase(0, first + 1);
         }
       }
+      if (resp.rotated_past()) {
+        std::cout << std::flush;
+        std::cerr << "lockstep: rank " << rank << "'s " << (is_stderr ? "stderr" : "stdout")
+                  << " on node " << agent.node
+                  << " was rotated more than once since the last read (lockstepd --max-log-mb): "
+                     "the output in between is not shown\n";
+      }
       cursor->started = true;
       cursor->offset = resp.next_offset();
+      cursor->generation = resp.generation();
       if (common_.json) {
         resp.set_data(data);
         PrintJson(resp);

@@ -178,7 +178,8 @@ Agent::Agent(AgentOptions options, Clock* clock, ProcessLauncher* launcher,
       agent_address_(options_.agent_address),
       heartbeat_interval_(options_.heartbeat_interval),
       lease_(options_.lease),
-      next_heartbeat_(clock->Now()) {
+      next_heartbeat_(clock->Now()),
+      logs_instance_(NewRandomId("logs-")) {
   if (!BecomeChildSubreaper()) {
     log_.Warn("cannot become the child subreaper ({}): processes a worker leaves running in a "
               "session of its own are not stopped with it",
@@ -305,6 +306,10 @@ void Agent::RemoveJobDir(const std::string& job_id) {
     return;
   }
   deletion_deferred_.erase(job_id);
+  {
+    MutexLock logs(&logs_mu_);
+    log_generations_.erase(job_id);
+  }
   // Acknowledged once it is gone (the coordinator sends it until then).
   if (cleaner_->Pending(job_id)) return;
   const std::string dir = absl::StrCat(options_.state_dir, "/jobs/", job_id);
@@ -849,6 +854,7 @@ void Agent::CapLogs() {
   struct Full {
     std::string job_id;
     int rank;
+    bool is_stderr;
     std::string path;
   };
   std::vector<Full> full;
@@ -862,7 +868,7 @@ void Agent::CapLogs() {
           struct stat st;
           if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
               st.st_size > options_.max_log_bytes) {
-            full.push_back({id, w.rank, std::move(path)});
+            full.push_back({id, w.rank, err, std::move(path)});
           }
         }
       }
@@ -872,12 +878,21 @@ void Agent::CapLogs() {
   for (Full& f : full) {
     Logger log = log_.WithJob(f.job_id).WithRank(f.rank);
     const int64_t cap = options_.max_log_bytes;
-    cleaner_->Run(f.job_id, f.path, [path = f.path, log, cap, warning = &rotate_warning_] {
+    cleaner_->Run(f.job_id, f.path, [this, f, log, cap] {
+      const std::string& path = f.path;
       const std::string name = path.substr(path.rfind('/') + 1);
-      StatusOr<Rotation> r = RotateLog(path, absl::StrCat("=== lockstep: ", name, " grew past ", cap,
-                                                          " bytes (lockstepd --max-log-mb) and was rotated"));
+      StatusOr<Rotation> r = RotateLog(
+          path,
+          absl::StrCat("=== lockstep: ", name, " grew past ", cap,
+                       " bytes (lockstepd --max-log-mb) and was rotated"),
+          &logs_mu_, [this, &f](const Rotation& done) {
+            logs_mu_.AssertHeld();  // RotateLog calls it under logs_mu_
+            LogGeneration& g = log_generations_[f.job_id][{f.rank, f.is_stderr}];
+            ++g.rotations;
+            g.kept = done.kept;
+          });
       if (!r.ok()) {
-        if (warning->Allow()) log.Warn("{}", r.status().ToString());
+        if (rotate_warning_.Allow()) log.Warn("{}", r.status().ToString());
       } else if (r->kept) {
         log.Info("{} grew past {} bytes: its {} bytes moved to {}.1, the file emptied", name, cap,
                  r->bytes, name);
@@ -1148,8 +1163,28 @@ Status Agent::ReportProgress(const std::string& job_id, int round, const std::st
                                           " does not run on node ", options_.node_id));
 }
 
+std::string Agent::GenerationName(int64_t rotations) const {
+  return absl::StrCat(logs_instance_, ".", rotations);
+}
+
+namespace {
+
+// Reads up to `max_bytes` of the open log `fd` from `offset` into `chunk`;
+// an offset past the end reads nothing. Closes `fd`.
+void ReadChunk(int fd, int64_t offset, int64_t max_bytes, LogChunk* chunk) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) st.st_size = 0;
+  chunk->data = offset < st.st_size ? ReadAt(fd, offset, std::min<int64_t>(max_bytes, st.st_size - offset))
+                                    : std::string();
+  chunk->next_offset = offset + static_cast<int64_t>(chunk->data.size());
+  ::close(fd);
+}
+
+}  // namespace
+
 StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool stderr_stream,
-                                   int64_t offset, int64_t tail_bytes, int64_t max_bytes) const {
+                                   int64_t offset, int64_t tail_bytes, int64_t max_bytes,
+                                   const std::string& generation) const {
   if (!IsSafeId(job_id)) {
     return absl::InvalidArgumentError(
         absl::StrCat("job id ", QuoteForError(job_id), " is not a valid job id (no paths)"));
@@ -1161,21 +1196,51 @@ StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool std
   if (max_bytes <= 0 || max_bytes > kMaxLogChunkBytes) max_bytes = kMaxLogChunkBytes;
   LogChunk chunk;
   chunk.path = LogPath(job_id, rank, stderr_stream);
-  StatusOr<int> fd = OpenLogForRead(chunk.path);
-  if (fd.status().code() == absl::StatusCode::kNotFound) {
-    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no rank ", rank,
-                                            " output on node ", options_.node_id));
+  {
+    MutexLock logs(&logs_mu_);  // no rotation empties the file meanwhile
+    LogGeneration now;
+    if (auto job = log_generations_.find(job_id); job != log_generations_.end()) {
+      if (auto it = job->second.find({rank, stderr_stream}); it != job->second.end()) now = it->second;
+    }
+    chunk.generation = GenerationName(now.rotations);
+    if (!generation.empty() && generation != chunk.generation) {
+      if (now.rotations > 0 && now.kept && generation == GenerationName(now.rotations - 1)) {
+        // Rotated once since the reader's last chunk: the rest of what it
+        // was reading is in .1, at the same offsets.
+        const std::string previous = chunk.path + ".1";
+        StatusOr<int> fd = OpenLogForRead(previous);
+        if (fd.ok()) {
+          ReadChunk(*fd, offset, max_bytes, &chunk);
+          if (!chunk.data.empty()) {
+            chunk.path = previous;
+            chunk.generation = generation;
+          }
+        } else {
+          chunk.rotated_past = true;  // .1 gone (removed by hand): its rest is lost
+        }
+      } else {
+        chunk.rotated_past = true;
+      }
+      offset = 0;
+    }
+    if (chunk.data.empty()) {
+      StatusOr<int> fd = OpenLogForRead(chunk.path);
+      if (fd.status().code() == absl::StatusCode::kNotFound) {
+        return absl::NotFoundError(absl::StrCat("job ", job_id, " has no rank ", rank,
+                                                " output on node ", options_.node_id));
+      }
+      if (!fd.ok()) return fd.status();
+      struct stat st;
+      if (::fstat(*fd, &st) != 0) st.st_size = 0;
+      if (generation.empty() && tail_bytes > 0 && offset == 0) {
+        offset = std::max<int64_t>(0, st.st_size - tail_bytes);
+      }
+      // Past the end in the same generation: the file was emptied by other
+      // means (or by an agent before this one); it goes on from the start.
+      if (offset > st.st_size) offset = 0;
+      ReadChunk(*fd, offset, max_bytes, &chunk);
+    }
   }
-  if (!fd.ok()) return fd.status();
-  struct stat st;
-  if (::fstat(*fd, &st) != 0) st.st_size = 0;
-  if (tail_bytes > 0 && offset == 0) offset = std::max<int64_t>(0, st.st_size - tail_bytes);
-  // Past the end: the file was rotated (emptied) since the reader's last
-  // chunk; it goes on from the start, the rotation's line first.
-  if (offset > st.st_size) offset = 0;
-  chunk.data = ReadAt(*fd, offset, std::min<int64_t>(max_bytes, st.st_size - offset));
-  ::close(*fd);
-  chunk.next_offset = offset + chunk.data.size();
   chunk.worker_done = true;
   MutexLock lock(&mu_);
   auto it = runs_.find(job_id);

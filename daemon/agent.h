@@ -179,6 +179,11 @@ struct LogChunk {
   int64_t next_offset = 0;
   bool worker_done = false;
   std::string path;
+  // Which rotation of the file next_offset counts in (opaque; the reader
+  // passes it back), and whether the reader's place was lost to rotations
+  // (ReadLogs).
+  std::string generation;
+  bool rotated_past = false;
 };
 
 class Agent {
@@ -212,8 +217,15 @@ class Agent {
   // Reads a rank's captured output. InvalidArgument: a job id that is not
   // a safe path component, a negative rank; NotFound: no output for that
   // job and rank on this node.
+  //
+  // `generation`: the one the reader's last chunk came with (empty on its
+  // first read). A file rotated once since (CapLogs) is read on from
+  // `offset` in `path`.1, which holds what the file held, then from the
+  // start of the file; rotated more than once, or by an earlier agent
+  // process, from the start of the file with rotated_past set.
   StatusOr<LogChunk> ReadLogs(const std::string& job_id, int rank, bool stderr_stream,
-                              int64_t offset, int64_t tail_bytes, int64_t max_bytes) const;
+                              int64_t offset, int64_t tail_bytes, int64_t max_bytes,
+                              const std::string& generation = "") const;
   // Current worker statuses; `job_id` empty = all jobs.
   std::vector<v1::AgentJobReport> ListWorkers(const std::string& job_id) const;
   // The cleaner's backlog (cleaner.h): metrics.
@@ -384,6 +396,22 @@ class Agent {
   std::string log_ticket_key_ ABSL_GUARDED_BY(key_mu_);
   // Sets log_ticket_key_ from a RegisterNode or Heartbeat answer.
   void TakeLogTicketKey(const std::string& key);
+
+  // The workers' log files' rotations (CapLogs), for followers (ReadLogs):
+  // per job, per (rank, is_stderr), how many so far and whether the last
+  // kept its copy in the file's .1. A rotation empties a file under
+  // logs_mu_ and ReadLogs reads under it, so a chunk and its generation
+  // agree. Taken after mu_, never before it.
+  struct LogGeneration {
+    int64_t rotations = 0;
+    bool kept = false;
+  };
+  mutable Mutex logs_mu_;
+  std::map<std::string, std::map<std::pair<int, bool>, LogGeneration>> log_generations_
+      ABSL_GUARDED_BY(logs_mu_);
+  // Names this process's generations: another agent's counts start again.
+  const std::string logs_instance_;
+  std::string GenerationName(int64_t rotations) const;
 
   mutable Mutex mu_;
   std::map<std::string, JobRun> runs_ ABSL_GUARDED_BY(mu_);

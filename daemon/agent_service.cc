@@ -82,12 +82,14 @@ grpc::ServerUnaryReactor* AgentGrpcService::ReadLogs(grpc::CallbackServerContext
   if (!s.ok()) return Answer(ctx, "ReadLogs", req->job_id(), s);
   auto chunk = core_->ReadLogs(req->job_id(), req->rank(),
                                req->stream() == v1::ReadLogsRequest::STREAM_STDERR, req->offset(),
-                               req->tail_bytes(), req->max_bytes());
+                               req->tail_bytes(), req->max_bytes(), req->generation());
   if (chunk.ok()) {
     resp->set_data(std::move(chunk->data));
     resp->set_next_offset(chunk->next_offset);
     resp->set_worker_done(chunk->worker_done);
     resp->set_path(chunk->path);
+    resp->set_generation(chunk->generation);
+    resp->set_rotated_past(chunk->rotated_past);
   }
   return Answer(ctx, "ReadLogs", req->job_id(), chunk.status());
 }

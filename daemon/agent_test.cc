@@ -1274,6 +1274,116 @@ TEST_F(AgentTest, LogsPastTheCapAreRotatedAndTheWorkerWritesOn) {
   EXPECT_TRUE(RunUntil([&] { return log.Lines().find(rotated) != std::string::npos; })) << log.Lines();
 }
 
+// A follower whose file is rotated between two of its reads, and refilled
+// past its offset, reads on in .1 from where it was, then the new file
+// from its start: nothing skipped, nothing twice (before generations it
+// read on at its offset in the new file, skipping .1's rest and the
+// rotation's line). Rotated twice: the new file from its start, said.
+TEST_F(AgentTest, AFollowerReadsOnAcrossARotationAndIsToldWhenOneWasMissed) {
+  agent_->Shutdown(milliseconds(200));
+  AgentOptions options = Options();
+  options.base_env = {"PATH=/usr/bin:/bin"};
+  options.max_log_bytes = 64 * 1024;
+  agent_ = std::make_unique<Agent>(options, RealClock(), launcher_.get(), &coord_);
+  LogCapture log;
+  const std::string dir = state_dir_ + "/";
+  // Two bursts of 2000 lines (about 200 KB each), each followed by a file
+  // the test waits for, and a file the worker waits for.
+  auto burst = [&](const std::string& tag, const std::string& printed, const std::string& go) {
+    return absl::StrCat("i=0; while [ $i -lt 2000 ]; do echo \"", tag,
+                        " line $i of a hundred bytes: padding padding padding padding padding "
+                        "padding\"; i=$((i+1)); done; touch ", dir, printed, "; while [ ! -e ", dir,
+                        go, " ]; do sleep 0.05; done; ");
+  };
+  Command({Start("j1", 1, burst("first", "printed1", "go1") + burst("second", "printed2", "go2") + "exec sleep 60", 1)});
+  ASSERT_TRUE(RunUntil([&] { return Workers("j1").size() == 1; }));
+  // The loop stands still between RunUntil calls: only they rotate.
+  auto wait_file = [&](const std::string& name) {
+    for (int i = 0; i < 300 && ::access((dir + name).c_str(), F_OK) != 0; ++i) {
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    return ::access((dir + name).c_str(), F_OK) == 0;
+  };
+  auto rotations = [&] {
+    const std::string lines = log.Lines();
+    int n = 0;
+    for (size_t at = lines.find("bytes moved to rank-1.stdout.1"); at != std::string::npos;
+         at = lines.find("bytes moved to rank-1.stdout.1", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const std::string path = state_dir_ + "/jobs/j1/rank-1.stdout";
+  auto file = [](const std::string& p) {
+    std::ifstream in(p);
+    std::stringstream all;
+    all << in.rdbuf();
+    return all.str();
+  };
+  // Reads from (offset, generation) until a chunk is empty.
+  struct Read {
+    std::string data;
+    int64_t offset = 0;
+    std::string generation;
+    bool rotated_past = false;
+  };
+  auto read_all = [&](int64_t offset, const std::string& generation) {
+    Read r{"", offset, generation, false};
+    for (int i = 0; i < 100; ++i) {
+      auto chunk = agent_->ReadLogs("j1", 1, false, r.offset, 0, 16 * 1024, r.generation);
+      EXPECT_TRUE(chunk.ok()) << chunk.status();
+      if (!chunk.ok()) break;
+      r.rotated_past = r.rotated_past || chunk->rotated_past;
+      r.offset = chunk->next_offset;
+      r.generation = chunk->generation;
+      if (chunk->data.empty()) break;
+      r.data += chunk->data;
+    }
+    return r;
+  };
+
+  ASSERT_TRUE(wait_file("printed1"));
+  // A follower 4 KB into the first burst.
+  auto first = agent_->ReadLogs("j1", 1, false, 0, 0, 4096, "");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->data.size(), 4096u);
+  const std::string burst1 = file(path);
+  ASSERT_TRUE(RunUntil([&] { return rotations() == 1; })) << "no rotation: " << log.Lines();
+  EXPECT_EQ(file(path + ".1"), burst1);
+  std::ofstream(dir + "go1") << "";
+  ASSERT_TRUE(wait_file("printed2"));
+  const std::string refilled = file(path);  // the rotation's line, then the second burst
+  ASSERT_GT(refilled.size(), 4096u * 2) << "the second burst should refill past the follower";
+  ASSERT_EQ(refilled.rfind("=== lockstep: rank-1.stdout grew past 65536 bytes", 0), 0u) << refilled.substr(0, 200);
+  // A second follower, 4 KB into the refilled file.
+  const Read second = read_all(0, "");
+  ASSERT_EQ(second.data, refilled);
+  Read second_at_4k{"", 4096, second.generation, false};
+
+  const Read across = read_all(first->next_offset, first->generation);
+  EXPECT_FALSE(across.rotated_past);
+  EXPECT_TRUE(across.data == burst1.substr(4096) + refilled)
+      << "read " << across.data.size() << " bytes, want " << burst1.size() - 4096 << " of .1 then "
+      << refilled.size() << "; starts: " << across.data.substr(0, 120);
+  EXPECT_EQ(across.generation, second.generation);
+
+  ASSERT_TRUE(RunUntil([&] { return rotations() == 2; })) << "no second rotation: " << log.Lines();
+  const std::string after_two = file(path);
+  // One rotation behind: on from 4 KB in .1 (the refilled file), then the new file.
+  const Read one_behind = read_all(second_at_4k.offset, second_at_4k.generation);
+  EXPECT_FALSE(one_behind.rotated_past);
+  EXPECT_TRUE(one_behind.data == refilled.substr(4096) + after_two) << one_behind.data.substr(0, 120);
+  // Two behind: the first burst's follower starts the new file over, told so.
+  const Read two_behind = read_all(first->next_offset, first->generation);
+  EXPECT_TRUE(two_behind.rotated_past);
+  EXPECT_EQ(two_behind.data, after_two);
+  // Another agent process's generation is as good as none: told, from 0.
+  const Read stranger = read_all(10, "logs-someone-else.0");
+  EXPECT_TRUE(stranger.rotated_past);
+  EXPECT_EQ(stranger.data, after_two);
+  std::ofstream(dir + "go2") << "";
+}
+
 // A coordinator that renews the lease but cannot apply the reports (its job
 // store full) says so in reports_not_applied. The agent keeps its workers
 // past many leases, says so once (rate-limited), and reports a finished run

@@ -116,7 +116,8 @@ std::string BaseName(const std::string& path) {
 
 }  // namespace
 
-StatusOr<Rotation> RotateLog(const std::string& path, const std::string& marker_head) {
+StatusOr<Rotation> RotateLog(const std::string& path, const std::string& marker_head,
+                             Mutex* readers, const std::function<void(const Rotation&)>& emptied) {
   int src = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (src >= 0) src = RegularOrClose(src);
   if (src < 0) {
@@ -142,21 +143,32 @@ StatusOr<Rotation> RotateLog(const std::string& path, const std::string& marker_
     ::unlink(tmp.c_str());
     r.why_lost = std::string(copied.status().message());
   }
-  // What the worker wrote while the copy ran is not in it.
-  if (r.kept && ::fstat(src, &st) == 0 && st.st_size > r.bytes) r.dropped = st.st_size - r.bytes;
-  if (::ftruncate(src, 0) != 0) {
-    const int err = errno;
-    ::close(src);
-    return absl::UnavailableError(
-        absl::StrCat("rotating log file ", path, ": truncate: ", std::strerror(err)));
+  // Empties the file and writes the marker; then `emptied`.
+  auto empty = [&]() -> Status {
+    // What the worker wrote while the copy ran is not in it.
+    if (r.kept && ::fstat(src, &st) == 0 && st.st_size > r.bytes) r.dropped = st.st_size - r.bytes;
+    if (::ftruncate(src, 0) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("rotating log file ", path, ": truncate: ", std::strerror(errno)));
+    }
+    const std::string marker =
+        r.kept ? absl::StrCat(marker_head, "; the earlier output is in ", BaseName(previous),
+                              r.dropped > 0 ? absl::StrCat(" (", r.dropped, " bytes written while it was copied were dropped)") : "",
+                              " ===\n")
+               : absl::StrCat(marker_head, "; the earlier output was dropped (", r.why_lost, ") ===\n");
+    (void)!::write(src, marker.data(), marker.size());
+    if (emptied) emptied(r);
+    return absl::OkStatus();
+  };
+  Status emptying;
+  if (readers != nullptr) {
+    MutexLock lock(readers);
+    emptying = empty();
+  } else {
+    emptying = empty();
   }
-  const std::string marker =
-      r.kept ? absl::StrCat(marker_head, "; the earlier output is in ", BaseName(previous),
-                            r.dropped > 0 ? absl::StrCat(" (", r.dropped, " bytes written while it was copied were dropped)") : "",
-                            " ===\n")
-             : absl::StrCat(marker_head, "; the earlier output was dropped (", r.why_lost, ") ===\n");
-  (void)!::write(src, marker.data(), marker.size());
   ::close(src);
+  if (!emptying.ok()) return emptying;
   return r;
 }
 

@@ -9,8 +9,10 @@
 #define LOCKSTEP_DAEMON_LOG_FILES_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace lockstep {
@@ -50,7 +52,14 @@ struct Rotation {
 // (FailedPrecondition naming it otherwise; nothing changed); a symlink at
 // `path`.1 is replaced, never written through. Unavailable naming the path
 // when `path` cannot be emptied.
-StatusOr<Rotation> RotateLog(const std::string& path, const std::string& marker_head);
+//
+// With `readers`, the emptying (truncation and marker) and `emptied` (told
+// what was kept) run under it, and only when the file is emptied: a reader
+// that holds it while it reads sees the file and what `emptied` recorded
+// agree (the Agent's log generations).
+StatusOr<Rotation> RotateLog(const std::string& path, const std::string& marker_head,
+                             Mutex* readers = nullptr,
+                             const std::function<void(const Rotation&)>& emptied = nullptr);
 
 // For reading (close-on-exec). NotFound when there is no file;
 // FailedPrecondition naming the path when it is not a regular file (nothing
