@@ -110,10 +110,14 @@ Status WriteSynced(torch::serialize::OutputArchive& archive, const std::string& 
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", path);
   int write_errno = 0;
+  // After a failed write the rest is skipped and every write "succeeds":
+  // LibTorch's writer throws on a short write and its destructor then
+  // writes again and throws again, which aborts the process (a full disk
+  // killed rank 0 with SIGABRT). The error is returned below.
   auto writer = [fd, &write_errno](const void* data, size_t n) -> size_t {
-    const size_t written = WriteAll(fd, data, n);
-    if (written < n) write_errno = errno;
-    return written;
+    if (write_errno != 0) return n;
+    if (WriteAll(fd, data, n) < n) write_errno = errno != 0 ? errno : EIO;
+    return n;
   };
   Status status;
   try {
@@ -313,6 +317,21 @@ void SetCpuGeneratorState(const torch::Tensor& state) {
   gen.set_state(state);
 }
 
+// The device every parameter of `m` is on, if they share one, else the CPU.
+// A checkpoint is read onto it, so that the optimizer's state (read as
+// saved, onto the device it was saved from) lands beside its parameters:
+// a rank on cuda:1 restoring what rank 0 saved on cuda:0 had its momentum
+// on cuda:0 and failed at its first step, and a checkpoint saved on the CPU
+// put a GPU model's optimizer state on the CPU.
+torch::Device ParameterDevice(const torch::nn::Module& m) {
+  std::optional<torch::Device> device;
+  for (const torch::Tensor& p : m.parameters()) {
+    if (device && *device != p.device()) return torch::kCPU;
+    device = p.device();
+  }
+  return device.value_or(torch::Device(torch::kCPU));
+}
+
 // A tensor read from the checkpoint and the module tensor it goes into.
 struct Pending {
   torch::Tensor target;
@@ -480,7 +499,7 @@ StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string&
 
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(path);
+    archive.load_from(path, ParameterDevice(module));
   } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat("checkpoint ", path,
                                             " is not a complete checkpoint (truncated or corrupt): ",
@@ -523,6 +542,18 @@ StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string&
       }
       try {
         optimizer->load(opt);
+        // LibTorch's load reads each group's saved options but applies only
+        // the state; PyTorch's load_state_dict restores them (a schedule's
+        // learning rate, say) too.
+        torch::serialize::InputArchive groups;
+        opt.read("param_groups", groups);
+        auto& live = optimizer->param_groups();
+        for (size_t i = 0; i < live.size(); ++i) {
+          torch::serialize::InputArchive group, options;
+          groups.read(absl::StrCat("param_groups/", i), group);
+          group.read("options", options);
+          live[i].options().serialize(options);
+        }
       } catch (const std::exception& e) {
         return absl::FailedPreconditionError(absl::StrCat(
             "checkpoint ", path, ": its optimizer state does not match the optimizer: ",
@@ -541,7 +572,7 @@ StatusOr<std::optional<RestoredCheckpoint>> RestoreCheckpoint(const std::string&
   // the model unchanged.
   if (rng_state.defined()) {
     try {
-      SetCpuGeneratorState(rng_state);
+      SetCpuGeneratorState(rng_state.to(torch::kCPU));
     } catch (const std::exception& e) {
       return absl::DataLossError(absl::StrCat("checkpoint ", path,
                                               ": its rng/cpu is no CPU generator state: ",

@@ -2,7 +2,9 @@
 // buffers and optimizer state, atomicity and retention, and the errors.
 #include "ddp/checkpoint.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <torch/torch.h>
@@ -136,6 +138,56 @@ TEST(CheckpointTest, RoundTripRestoresAdamState) {
 
 // Without the momentum buffers the resumed run would differ: the round trip
 // test above is not passing by accident.
+// Each parameter group's options come back, as PyTorch's load_state_dict
+// restores them: a learning rate a schedule lowered, Adam's betas. LibTorch's
+// Optimizer::load read them and kept the constructor's.
+TEST(CheckpointTest, RestoreBringsBackEachGroupsOptions) {
+  const std::string dir = FreshDir("options");
+  Net a;
+  torch::optim::SGD sgd_a(
+      std::vector<torch::optim::OptimizerParamGroup>{
+          torch::optim::OptimizerParamGroup(a->fc1->parameters()),
+          torch::optim::OptimizerParamGroup(a->fc2->parameters(),
+                                            std::make_unique<torch::optim::SGDOptions>(0.3))},
+      torch::optim::SGDOptions(0.1).momentum(0.9));
+  TrainSteps(a, sgd_a, 2, /*seed=*/3);
+  static_cast<torch::optim::SGDOptions&>(sgd_a.param_groups()[0].options()).lr(0.025).weight_decay(0.01);
+  static_cast<torch::optim::SGDOptions&>(sgd_a.param_groups()[1].options()).lr(0.075);
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {2, 1, 1}, *a, &sgd_a).ok());
+
+  Net b;
+  torch::optim::SGD sgd_b(
+      std::vector<torch::optim::OptimizerParamGroup>{
+          torch::optim::OptimizerParamGroup(b->fc1->parameters()),
+          torch::optim::OptimizerParamGroup(b->fc2->parameters(),
+                                            std::make_unique<torch::optim::SGDOptions>(0.3))},
+      torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto restored = RestoreCheckpoint(dir, *b, &sgd_b);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->has_value());
+  const auto& g0 = static_cast<const torch::optim::SGDOptions&>(sgd_b.param_groups()[0].options());
+  const auto& g1 = static_cast<const torch::optim::SGDOptions&>(sgd_b.param_groups()[1].options());
+  EXPECT_DOUBLE_EQ(g0.lr(), 0.025);
+  EXPECT_DOUBLE_EQ(g0.weight_decay(), 0.01);
+  EXPECT_DOUBLE_EQ(g0.momentum(), 0.9);
+  EXPECT_DOUBLE_EQ(g1.lr(), 0.075);
+
+  torch::manual_seed(1);
+  Net c;
+  torch::optim::Adam adam_c(c->parameters(), torch::optim::AdamOptions(1e-3).betas({0.8, 0.99}));
+  TrainSteps(c, adam_c, 2, /*seed=*/4);
+  static_cast<torch::optim::AdamOptions&>(adam_c.param_groups()[0].options()).lr(5e-4);
+  const std::string adam_dir = FreshDir("options_adam");
+  ASSERT_TRUE(SaveCheckpoint(adam_dir, 0, {2, 1, 1}, *c, &adam_c).ok());
+  Net d;
+  torch::optim::Adam adam_d(d->parameters(), torch::optim::AdamOptions(1e-3));
+  ASSERT_TRUE(RestoreCheckpoint(adam_dir, *d, &adam_d).ok());
+  const auto& o = static_cast<const torch::optim::AdamOptions&>(adam_d.param_groups()[0].options());
+  EXPECT_DOUBLE_EQ(o.lr(), 5e-4);
+  EXPECT_DOUBLE_EQ(std::get<0>(o.betas()), 0.8);
+  EXPECT_DOUBLE_EQ(std::get<1>(o.betas()), 0.99);
+}
+
 TEST(CheckpointTest, ResumeWithoutOptimizerStateDiverges) {
   const std::string dir = FreshDir("no_opt_state");
   torch::manual_seed(1);
@@ -491,6 +543,42 @@ TEST(CheckpointTest, LeftoverFenceTempFileIsRemovedByTheNextSave) {
   EXPECT_FALSE(fs::exists(dead)) << "a dead writer's fence temp file was kept";
   EXPECT_FALSE(fs::exists(other_host)) << "a fence temp file was kept";
   EXPECT_EQ(ReadFile(dir + "/lockstep-round"), "job-a 1\n");
+}
+
+// A write that fails (here EFBIG: a file-size limit, as a full disk fails
+// with ENOSPC) is Internal naming the path and the reason, the previous
+// checkpoint untouched. LibTorch's writer threw on the short write and
+// again from its destructor: the process aborted. Run in a child process,
+// whose limit and fate are its own.
+TEST(CheckpointTest, AFailedWriteIsInternalNotAnAbort) {
+  const std::string dir = FreshDir("efbig");
+  Net small(16);
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {1, 1, 1}, *small, nullptr).ok());
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit limit = {256 << 10, 256 << 10};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(10);
+    Net big(20000);  // 8 * 20000 + 20000 * 4 floats: about 1 MB
+    const Status s = SaveCheckpoint(dir, 0, {2, 1, 1}, *big, nullptr);
+    if (s.code() != absl::StatusCode::kInternal) _exit(11);
+    const std::string m(s.message());
+    if (m.find(dir) == std::string::npos || m.find("File too large") == std::string::npos) _exit(12);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: setrlimit; 11: not Internal; 12: the message";
+  auto listed = ListCheckpoints(dir);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_THAT(Names(*listed), ElementsAre("ckpt-000000000001.pt"));
+  Net back(16);
+  auto restored = RestoreCheckpoint(dir, *back, nullptr);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->has_value());
+  ExpectSameState(small, back);
 }
 
 TEST(CheckpointTest, TruncatedCheckpointIsDataLossNamingThePath) {

@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "ddp/adasum_hook_check.h"
+#include "ddp/checkpoint.h"
 #include "ddp/ddp.h"
 #include "ddp/fake_communicator.h"
 #include "ddp/fake_store.h"
@@ -330,6 +333,57 @@ TEST(DdpCudaTest, ModelSplitAcrossCpuAndGpuIsRejected) {
   EXPECT_TRUE(absl::IsInvalidArgument(ddp.status())) << ddp.status();
   EXPECT_THAT(std::string(ddp.status().message()),
               HasSubstr("more than one device ('first.weight' on cpu, 'second.weight' on cuda:0)"));
+}
+
+// A checkpoint is read onto its model's device, so the optimizer's state
+// lands beside the parameters wherever it was saved from: a CPU save
+// restored on the GPU (its momentum stayed on the CPU and the first step
+// failed), and, with two GPUs, rank 0's cuda:0 save restored on cuda:1.
+TEST(DdpCudaTest, ACheckpointsOptimizerStateIsRestoredOntoTheModelsDevice) {
+  LOCKSTEP_SKIP_WITHOUT_GPU();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/ddp_cuda_test_checkpoint";
+  std::filesystem::remove_all(dir);
+  torch::manual_seed(3);
+  torch::nn::Linear saved(4, 3);
+  torch::optim::SGD saved_opt(saved->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto one_step = [](torch::nn::Linear& m, torch::optim::SGD& opt) {
+    const torch::Device d = m->weight.device();
+    opt.zero_grad();
+    m->forward(torch::ones({2, 4}, d)).pow(2).sum().backward();
+    opt.step();
+  };
+  one_step(saved, saved_opt);
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {1, 1, 1}, *saved, &saved_opt).ok());
+  auto restore_on = [&](const torch::Device& device) {
+    SCOPED_TRACE(device.str());
+    torch::nn::Linear m(4, 3);
+    m->to(device);
+    torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto restored = RestoreCheckpoint(dir, *m, &opt);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    ASSERT_TRUE(restored->has_value());
+    ASSERT_EQ(opt.state().size(), 2u);
+    for (const auto& [key, state] : opt.state()) {
+      const auto& sgd = static_cast<const torch::optim::SGDParamState&>(*state);
+      EXPECT_EQ(sgd.momentum_buffer().device(), device) << key;
+    }
+    one_step(m, opt);  // threw (tensors on two devices) before
+    torch::nn::Linear expect(4, 3);
+    torch::optim::SGD expect_opt(expect->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    ASSERT_TRUE(RestoreCheckpoint(dir, *expect, &expect_opt).ok());
+    one_step(expect, expect_opt);
+    EXPECT_TRUE(torch::allclose(m->weight.cpu(), expect->weight, 1e-6, 1e-6));
+  };
+  restore_on(kGpu);
+  if (torch::cuda::device_count() >= 2) {
+    saved->to(kGpu);
+    torch::optim::SGD gpu_opt(saved->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    one_step(saved, gpu_opt);
+    std::filesystem::remove_all(dir);
+    ASSERT_TRUE(SaveCheckpoint(dir, 0, {2, 1, 1}, *saved, &gpu_opt).ok());
+    restore_on(torch::Device(torch::kCUDA, 1));
+  }
 }
 
 TEST(DdpCudaTest, CpuModelWithTheNcclBackendIsRejected) {
