@@ -566,6 +566,7 @@ StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatReques
     std::set<std::string> started;
     for (auto& cmd : CommandsFor(req.node_id())) {
       started.insert(cmd.job_id());
+      nodes_.NoteStarted(req.node_id(), cmd.job_id());
       *resp.add_commands() = std::move(cmd);
     }
     for (const auto& report : req.jobs()) {

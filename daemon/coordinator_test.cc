@@ -996,6 +996,69 @@ TEST_F(CoordinatorTest, NodeWithoutHeartbeatIsDeclaredDeadAndElasticJobGoesOnWit
   EXPECT_EQ(j.world_size(), 1);
 }
 
+// A node lost right after the heartbeat whose answer started its workers
+// (its report, sent before, listed none of the job) may run them until its
+// fence deadline all the same: the next round waits for it, as for a node
+// that reported them. Before, the report without the job let the next round
+// open as soon as the node was declared dead, and its rank had two owners.
+TEST_F(CoordinatorTest, ANodeLostJustAfterItsStartWaitsOutItsFenceDeadline) {
+  Register("n1");
+  Register("n2");
+  auto job = Submit(TestSpec(1, 2, 1, 3));
+  std::string id = job->job_id();
+  ASSERT_EQ(Job(id).node_ids_size(), 2);
+  // Node rank 0 reports its MASTER_PORT: node rank 1 may start.
+  auto started = Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)}, "", 29500);
+  ASSERT_TRUE(started.ok()) << started.status();
+  // n2's last heartbeat (t = 0) reports nothing; its answer starts rank 1.
+  auto answer = Beat("n2");
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->commands_size(), 1);
+  ASSERT_EQ(answer->commands(0).kind(), v1::AgentCommand::KIND_START);
+  ASSERT_EQ(answer->commands(0).job_id(), id);
+  for (int i = 0; i < 11; ++i) {  // n1 beats on, n2 is silent
+    clock_.Advance(seconds(1));
+    (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
+    coord_->Tick();
+  }
+  ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STOPPED)});
+  // Fence deadline: 0 + lease 10 s + lease/4 + 1 s = 13.5 s.
+  clock_.Advance(seconds(2));  // t = 13
+  (void)Beat("n1");
+  coord_->Tick();
+  EXPECT_EQ(Job(id).round(), 1) << "round 2 opened before n2's fence deadline";
+  clock_.Advance(milliseconds(500));  // t = 13.5
+  (void)Beat("n1");
+  coord_->Tick();
+  EXPECT_EQ(Job(id).round(), 2);
+}
+
+// A live node started since its last report is waited for until it reports
+// again (its workers may be starting), then not: a report without the job
+// after the start says it has none.
+TEST_F(CoordinatorTest, ARestartWaitsForTheReportAfterAStart) {
+  Register("n1");
+  Register("n2");
+  auto job = Submit(TestSpec(1, 2, 1, 3));
+  std::string id = job->job_id();
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)}, "", 29500);
+  auto answer = Beat("n2");  // started by its answer
+  ASSERT_TRUE(answer.ok());
+  ASSERT_EQ(answer->commands_size(), 1);
+  // Rank 0 fails: the job restarts; n1's workers are gone.
+  ASSERT_TRUE(Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_EXITED, 1)}).ok());
+  ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
+  clock_.Advance(seconds(5));  // past the backoff; n2 silent but alive
+  (void)Beat("n1");
+  coord_->Tick();
+  EXPECT_EQ(Job(id).round(), 1) << "round 2 opened while n2 may be starting round 1's rank 1";
+  // n2 reports its rank 1 stopped: now it has none.
+  (void)Beat("n2", id, 1, {Worker(1, v1::WORKER_STATE_STOPPED)});
+  coord_->Tick();
+  EXPECT_EQ(Job(id).round(), 2);
+}
+
 TEST_F(CoordinatorTest, NewNodeJoinsRunningElasticJobAtNextRoundWithoutSpendingBudget) {
   Register("n1");
   auto job = coord_->SubmitJob(TestSpec(1, 2, 1, 0), "");

@@ -29,6 +29,7 @@ void NodeTable::Restore(const v1::NodeInfo& info, MonoTime now) {
   node.alive = true;
   node.reported = false;
   node.live_jobs.clear();
+  node.started_since_report.clear();
 }
 
 void NodeTable::Register(const v1::NodeInfo& info, MonoTime now, const Reports& reports) {
@@ -38,6 +39,7 @@ void NodeTable::Register(const v1::NodeInfo& info, MonoTime now, const Reports& 
   node.alive = true;
   node.reported = true;
   node.live_jobs = LiveJobs(reports);
+  node.started_since_report.clear();
   node.clock_offset.reset();  // perhaps another host under the same node id
 }
 
@@ -83,6 +85,10 @@ bool NodeTable::Renew(const std::string& node_id, MonoTime now, const Reports& r
   node.alive = true;
   node.reported = true;
   node.live_jobs = LiveJobs(reports);
+  // The agent sends a heartbeat only after it applied the last answer: this
+  // report shows what those starts began (a start still waiting there, for
+  // a uid say, begins only if this answer starts it again).
+  node.started_since_report.clear();
   return was_dead;
 }
 
@@ -131,12 +137,18 @@ MonoTime NodeTable::FenceDeadline(const std::string& node_id) const {
   return nodes_.at(node_id).last_heartbeat + lease_ + lease_ / 4 + kFenceMargin;
 }
 
+void NodeTable::NoteStarted(const std::string& node_id, const std::string& job_id) {
+  nodes_.at(node_id).started_since_report.insert(job_id);
+}
+
 bool NodeTable::OwnersGone(const std::string& node_id, const std::string& job_id,
                            MonoTime now) const {
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) return true;
   const Node& node = it->second;
-  if (node.reported && !node.live_jobs.count(job_id)) return true;
+  if (node.reported && !node.live_jobs.count(job_id) && !node.started_since_report.count(job_id)) {
+    return true;
+  }
   return !node.alive && now >= FenceDeadline(node_id);
 }
 

@@ -121,9 +121,15 @@ class NodeTable {
   // R + lease + lease/4 + kFenceMargin. REQUIRES: the node is known.
   MonoTime FenceDeadline(const std::string& node_id) const;
 
+  // A heartbeat's answer to `node_id` carries a start of `job_id`: until
+  // the node's next report, its workers of the job may be starting.
+  // REQUIRES: the node is known.
+  void NoteStarted(const std::string& node_id, const std::string& job_id);
+
   // True when no worker of `job_id` can still run on `node_id`: its agent's
-  // last report listed none live, or the node is dead and `now` is past its
-  // fence deadline. An unknown node never ran anything: true.
+  // last report listed none live and no answer started the job there since
+  // (NoteStarted), or the node is dead and `now` is past its fence deadline.
+  // An unknown node never ran anything: true.
   bool OwnersGone(const std::string& node_id, const std::string& job_id, MonoTime now) const;
 
   // Nodes that can join a round of `job_id`: alive, reported since the last
@@ -141,6 +147,9 @@ class NodeTable {
     std::string dead_reason;  // set when the lease expired
     bool reported = false;  // its agent reported its workers since the (re)load
     std::set<std::string> live_jobs;  // jobs with STARTING/RUNNING workers here
+    // Jobs an answer started here since its agent's last report, which
+    // could not list them (NoteStarted).
+    std::set<std::string> started_since_report;
     // PlaceAgentInstant: coordinator clock minus agent clock, as estimated,
     // and when the estimate was last lowered or aged.
     std::optional<Duration> clock_offset;
