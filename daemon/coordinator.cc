@@ -564,9 +564,12 @@ StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatReques
     }
     error = ApplyReports(req.node_id(), req.jobs(), req.sent_mono_ns(), &effects);
     std::set<std::string> started;
+    std::map<std::string, int> reported_round;
+    for (const auto& report : req.jobs()) reported_round[report.job_id()] = report.round();
     for (auto& cmd : CommandsFor(req.node_id())) {
       started.insert(cmd.job_id());
-      nodes_.NoteStarted(req.node_id(), cmd.job_id());
+      // A start of a round the node already runs (or ran) begins nothing.
+      if (reported_round[cmd.job_id()] < cmd.round()) nodes_.NoteStarted(req.node_id(), cmd.job_id());
       *resp.add_commands() = std::move(cmd);
     }
     for (const auto& report : req.jobs()) {
