@@ -1079,6 +1079,83 @@ TEST_F(CoordinatorTest, NewNodeJoinsRunningElasticJobAtNextRoundWithoutSpendingB
   EXPECT_EQ(Job(id).node_ids_size(), 2);
 }
 
+// A node that joins an elastic job and cannot launch it (the program is
+// missing there) is left out, and the job goes on with the others: not
+// FAILED, whatever its budget (0 here), and no restart counted. The node is
+// eligible again once it comes back as another incarnation (its lockstepd
+// restarted after a fix). Before, the joining node failed the job outright.
+TEST_F(CoordinatorTest, ANodeThatCannotLaunchAnElasticJobIsLeftOutNotTheJobFailed) {
+  Register("n1");
+  auto job = coord_->SubmitJob(TestSpec(1, 2, 1, /*max_restarts=*/0), "");
+  ASSERT_TRUE(job.ok());
+  std::string id = job->job_id();
+  clock_.Advance(seconds(2));
+  coord_->Tick();
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)}, "", 29500);
+  ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  Register("n2");
+  coord_->Tick();
+  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STOPPED)});
+  coord_->Tick();
+  ASSERT_EQ(Job(id).round(), 2);
+  ASSERT_EQ(Job(id).node_ids_size(), 2);
+  (void)Beat("n1", id, 2, {Worker(0, v1::WORKER_STATE_RUNNING)}, "", 29500);
+  v1::WorkerStatus missing = Worker(1, v1::WORKER_STATE_EXITED, 127);
+  missing.mutable_exit()->set_launch_error(true);
+  missing.mutable_exit()->set_message("launch /x/train: exec \"/x/train\": No such file or directory");
+  ASSERT_TRUE(Beat("n2", id, 2, {missing}).ok());
+  v1::Job j = Job(id);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING) << j.message();
+  EXPECT_EQ(j.restart_count(), 0);
+  EXPECT_EQ(j.first_failure().node_id(), "n2");
+  EXPECT_TRUE(j.first_failure().exit().launch_error());
+  EXPECT_NE(j.message().find("rank 1 on node n2 could not be launched: launch /x/train"),
+            std::string::npos) << j.message();
+  EXPECT_NE(j.message().find("node n2 left out of the job (restart its lockstepd once fixed)"),
+            std::string::npos) << j.message();
+  // Round 3: n1 alone, once its last call passed; n2 is not asked again.
+  (void)Beat("n1", id, 2, {Worker(0, v1::WORKER_STATE_STOPPED)});
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(seconds(1));
+    (void)Beat("n1");
+    (void)Beat("n2");
+    coord_->Tick();
+  }
+  j = Job(id);
+  ASSERT_EQ(j.round(), 3);
+  ASSERT_EQ(j.node_ids_size(), 1);
+  EXPECT_EQ(j.node_ids(0), "n1");
+  (void)Beat("n1", id, 3, {Worker(0, v1::WORKER_STATE_RUNNING)}, "", 29500);
+  coord_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING) << "n2 was asked to join again";
+  EXPECT_EQ(Job(id).round(), 3);
+  // n2's lockstepd restarts (a new incarnation): it may join again.
+  Register("n2", "inc-n2-fixed");
+  coord_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(Job(id).rescale_count(), 3);  // two joins of n2, one leaving out
+  EXPECT_EQ(Job(id).restart_count(), 0);
+}
+
+// Left out only where the job keeps MIN nodes without it; else it fails at
+// once as a static job does.
+TEST_F(CoordinatorTest, ALaunchErrorThatWouldLeaveTooFewNodesFailsTheElasticJob) {
+  Register("n1");
+  Register("n2");
+  auto job = Submit(TestSpec(2, 3, 1, /*max_restarts=*/3));
+  ASSERT_TRUE(job.ok());
+  std::string id = job->job_id();
+  clock_.Advance(seconds(5));  // past the last call for a third node
+  coord_->Tick();
+  ASSERT_EQ(Job(id).node_ids_size(), 2);
+  v1::WorkerStatus missing = Worker(0, v1::WORKER_STATE_EXITED, 127);
+  missing.mutable_exit()->set_launch_error(true);
+  missing.mutable_exit()->set_message("launch /x/train: exec \"/x/train\": No such file or directory");
+  ASSERT_TRUE(Beat("n1", id, Job(id).round(), {missing}).ok());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Job(id).restart_count(), 0);
+}
+
 TEST_F(CoordinatorTest, StaleIncarnationAndUnknownNodeAreRejected) {
   Register("n1");
   EXPECT_EQ(Beat("n1", "", 0, {}, "inc-old").status().code(), absl::StatusCode::kAborted);

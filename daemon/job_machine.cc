@@ -210,6 +210,27 @@ MonoTime JobMachine::ExitInstant(const v1::ExitInfo& exit, MonoTime receipt,
 void JobMachine::HandleFailure(JobDraft* d, const v1::Failure& failure, bool counts) const {
   v1::Job* job = &d->job;
   if (failure.exit().launch_error()) {
+    const v1::JobSpec& spec = job->spec();
+    const int others = job->current_round().node_ids_size() - 1;
+    if (spec.min_nodes() < spec.max_nodes() && others >= spec.min_nodes() &&
+        !failure.node_id().empty()) {
+      // Elastic, and enough nodes without this one: it is left out (a node
+      // that joined without the program, say), not the whole job failed.
+      // Not counted, as a membership change; once per node incarnation.
+      d->rt.launch_failed_on[failure.node_id()] = "";
+      if (!job->has_first_failure() || job->first_failure().round() != job->current_round().number()) {
+        *job->mutable_first_failure() = failure;
+      }
+      job->set_rescale_count(job->rescale_count() + 1);
+      d->rt.restart_at = clock_->Now();
+      SetState(d, v1::JOB_STATE_RESTARTING,
+               absl::StrCat("rank ", failure.rank(), " on node ", failure.node_id(),
+                            " could not be launched: ", failure.exit().message(), "; node ",
+                            failure.node_id(), " left out of the job (restart its lockstepd once "
+                            "fixed), which goes on with the other ", others),
+               failure.rank());
+      return;
+    }
     // The program, its working dir or its user is wrong the same way on
     // every try: a restart would only spend the budget and the backoff.
     *job->mutable_first_failure() = failure;
@@ -455,6 +476,23 @@ void JobMachine::OpenNextRound(JobDraft* d) const {
                         spec.min_nodes(), "..", spec.max_nodes(), " nodes"));
 }
 
+std::vector<std::string> JobMachine::EligibleFor(JobDraft* d, const NodeTable& nodes) const {
+  std::vector<std::string> out = nodes.Eligible(d->job.job_id());
+  auto& left_out = d->rt.launch_failed_on;
+  for (auto it = left_out.begin(); it != left_out.end();) {
+    const v1::NodeInfo* info = nodes.Find(it->first);
+    const std::string now = info != nullptr ? info->incarnation() : "";
+    if (it->second.empty()) it->second = now;  // the incarnation the launch failed on
+    if (it->second != now) {
+      it = left_out.erase(it);  // back as another: eligible again
+      continue;
+    }
+    out.erase(std::remove(out.begin(), out.end(), it->first), out.end());
+    ++it;
+  }
+  return out;
+}
+
 void JobMachine::PlanOpenRound(JobDraft* d, const NodeTable& nodes) const {
   v1::Job* job = &d->job;
   v1::Round* round = job->mutable_current_round();
@@ -462,7 +500,7 @@ void JobMachine::PlanOpenRound(JobDraft* d, const NodeTable& nodes) const {
   const MonoTime now = clock_->Now();
   RoundPlanInput in;
   in.previous.assign(round->previous_node_ids().begin(), round->previous_node_ids().end());
-  in.eligible = nodes.Eligible(job->job_id());
+  in.eligible = EligibleFor(d, nodes);
   in.min_nodes = spec.min_nodes();
   in.max_nodes = spec.max_nodes();
   in.nproc_per_node = spec.nproc_per_node();
@@ -512,7 +550,7 @@ void JobMachine::Advance(JobDraft* d, const NodeTable& nodes) const {
   const MonoTime now = clock_->Now();
   switch (job->state()) {
     case v1::JOB_STATE_PENDING: {
-      const int have = static_cast<int>(nodes.Eligible(job->job_id()).size());
+      const int have = static_cast<int>(EligibleFor(d, nodes).size());
       if (have < spec.min_nodes()) {
         job->set_message(WaitingForNodes(spec, have));
         if (spec.join_timeout_s() > 0 &&
@@ -557,7 +595,7 @@ void JobMachine::Advance(JobDraft* d, const NodeTable& nodes) const {
   // RUNNING: elastic scale-up when another node could join.
   const v1::Round& round = job->current_round();
   if (round.node_ids_size() >= spec.max_nodes()) return;
-  for (const auto& id : nodes.Eligible(job->job_id())) {
+  for (const auto& id : EligibleFor(d, nodes)) {
     if (std::find(round.node_ids().begin(), round.node_ids().end(), id) != round.node_ids().end()) {
       continue;
     }

@@ -79,6 +79,10 @@ struct JobRuntime {
   // Failed ranks of the current round -> exit instant on the coordinator's
   // clock, from the first report of each (first report wins).
   std::map<int, MonoTime> exit_at;
+  // Nodes an elastic job was left out of after a launch error there, with
+  // the incarnation then: not eligible for it again until the node comes
+  // back as another (its agent restarted, say after a fix).
+  std::map<std::string, std::string> launch_failed_on;
 };
 
 // A line the JobMachine has to say about a change (a new state, a new first
@@ -155,12 +159,17 @@ class JobMachine {
   // when it is about one rank (a rank's failure; -1: the whole job).
   void SetState(JobDraft* d, v1::JobState state, const std::string& detail, int rank = -1) const;
   // Applies a failure of the current round: FAILED (launch error, budget
-  // spent), else RESTARTING. `counts` = false for a rescale.
+  // spent), else RESTARTING. `counts` = false for a rescale. A launch error
+  // of an elastic job that has MIN nodes without that node leaves the node
+  // out (RESTARTING, not counted).
   void HandleFailure(JobDraft* d, const v1::Failure& failure, bool counts) const;
   // Re-derives first_failure (earliest exit) and the consequences of the
   // current round from its workers; never changes the state.
   void AttributeFailures(JobDraft* d) const;
   void OpenNextRound(JobDraft* d) const;
+  // The nodes that can join a round of the job: NodeTable::Eligible less
+  // those it was left out of after a launch error (JobRuntime).
+  std::vector<std::string> EligibleFor(JobDraft* d, const NodeTable& nodes) const;
   // Plans the open round: close, start/stop the last call, join timeout.
   void PlanOpenRound(JobDraft* d, const NodeTable& nodes) const;
   Duration BackoffFor(int restart_count) const;
