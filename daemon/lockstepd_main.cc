@@ -264,6 +264,26 @@ StatusOr<Config> ParseFlags(int argc, char** argv) {
         "--lease-s must be at least 3x --heartbeat-interval-s (got ", c.lease_s, " and ",
         c.heartbeat_interval_s, ")"));
   }
+  // Durations in seconds, NaN and beyond a day refused: they become
+  // nanosecond counts, where 1e10 s overflowed (a negative backoff cap: no
+  // backoff at all).
+  constexpr double kDay = 86400;
+  const struct {
+    const char* flag;
+    double value;
+    bool zero_ok;
+  } durations[] = {{"--lease-s", c.lease_s, false},
+                   {"--heartbeat-interval-s", c.heartbeat_interval_s, false},
+                   {"--restart-backoff-s", c.restart_backoff_s, true},
+                   {"--max-restart-backoff-s", c.max_restart_backoff_s, true},
+                   {"--shutdown-grace-s", c.shutdown_grace_s, true},
+                   {"--tls-refresh-s", c.tls_refresh_s, true}};
+  for (const auto& d : durations) {
+    if (!(d.zero_ok ? d.value >= 0 : d.value > 0) || !(d.value <= kDay)) {
+      return absl::InvalidArgumentError(absl::StrCat(d.flag, ": want ", d.zero_ok ? "0" : "more than 0",
+                                                     " to ", kDay, " seconds, got ", d.value));
+    }
+  }
   if (!(c.retain_finished_s >= 0 && c.retain_finished_s <= 100.0 * 365 * 86400)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--retain-finished-s: want 0 (keep) to 100 years in seconds, got ", c.retain_finished_s));

@@ -119,6 +119,16 @@ expect_usage '--tls-cert and --tls-key need --tls-ca' \
   env LOCKSTEP_TLS_CA= "$LOCKSTEP" --coordinator "$COORD" --token-file "$TOKEN" --tls-cert x --tls-key y list
 expect_usage 'must be more than 0 (got 45 and 0)' \
   "$LOCKSTEPD" --state-dir "$T/hb0" --coordinator-address 127.0.0.1:1 --heartbeat-interval-s 0
+# Durations past a day, negative or NaN: refused, not overflowed (1e10 s
+# made the backoff cap negative: no backoff at all).
+expect_usage '--max-restart-backoff-s: want 0 to 86400 seconds, got 1e+10' \
+  "$LOCKSTEPD" --state-dir "$T/bo" --coordinator --max-restart-backoff-s 1e10
+expect_usage '--restart-backoff-s: want 0 to 86400 seconds, got nan' \
+  "$LOCKSTEPD" --state-dir "$T/bo" --coordinator --restart-backoff-s nan
+expect_usage '--shutdown-grace-s: want 0 to 86400 seconds, got -1' \
+  "$LOCKSTEPD" --state-dir "$T/bo" --coordinator --shutdown-grace-s -1
+expect_usage '--lease-s: want more than 0 to 86400 seconds, got 1e+300' \
+  "$LOCKSTEPD" --state-dir "$T/bo" --coordinator --lease-s 1e300
 expect_usage '--advertise-address "node-a": want host:port' \
   "$LOCKSTEPD" --state-dir "$T/adv" --coordinator-address 127.0.0.1:1 --advertise-address node-a
 expect_usage '--run-as: workers never run as root' \
