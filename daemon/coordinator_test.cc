@@ -1156,6 +1156,33 @@ TEST_F(CoordinatorTest, ALaunchErrorThatWouldLeaveTooFewNodesFailsTheElasticJob)
   EXPECT_EQ(Job(id).restart_count(), 0);
 }
 
+// The join timeout counts from when the open round last had MIN nodes, as
+// the README says, not from when it opened: a node lost late in a long last
+// call failed the job at once.
+TEST_F(CoordinatorTest, TheJoinTimeoutCountsFromWhenTheRoundFellBelowMin) {
+  Register("n1");
+  Register("n2");
+  v1::JobSpec spec = TestSpec(2, 3, 1, 0, /*last_call_s=*/30);
+  spec.set_join_timeout_s(10);
+  auto job = Submit(spec);
+  ASSERT_TRUE(job.ok());
+  std::string id = job->job_id();
+  for (int t = 1; t <= 26; ++t) {  // n2 beats until t = 15, dead at t = 25
+    clock_.Advance(seconds(1));
+    (void)Beat("n1");
+    if (t <= 15) (void)Beat("n2");
+    coord_->Tick();
+  }
+  ASSERT_FALSE(coord_->ListNodes()[1].alive());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RENDEZVOUS) << Job(id).message();
+  for (int t = 27; t <= 36; ++t) {
+    clock_.Advance(seconds(1));
+    (void)Beat("n1");
+    coord_->Tick();
+  }
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_FAILED) << Job(id).message();
+}
+
 TEST_F(CoordinatorTest, StaleIncarnationAndUnknownNodeAreRejected) {
   Register("n1");
   EXPECT_EQ(Beat("n1", "", 0, {}, "inc-old").status().code(), absl::StatusCode::kAborted);

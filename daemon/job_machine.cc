@@ -521,6 +521,8 @@ void JobMachine::PlanOpenRound(JobDraft* d, const NodeTable& nodes) const {
       }
       return;
     case RoundPlan::Action::kWaitForLastCall:
+      // MIN nodes are here: a join timeout counts from when they no longer are.
+      d->rt.waiting_since = now;
       if (!d->rt.last_call_deadline) {
         const Duration last_call = FromSeconds(spec.last_call_timeout_s());
         d->rt.last_call_deadline = now + last_call;

@@ -70,7 +70,8 @@ inline constexpr int kMaxHistory = 200;
 // What the coordinator keeps about a job besides the persisted Job. Lost on
 // a coordinator restart; RecoveredRuntime rebuilds a safe default.
 struct JobRuntime {
-  // PENDING: since submit; RENDEZVOUS: since the round opened (join timeout).
+  // PENDING: since submit; RENDEZVOUS: since the round opened, or last had
+  // MIN eligible nodes (join timeout).
   MonoTime waiting_since;
   // RESTARTING: the next round opens no earlier (backoff).
   MonoTime restart_at;
