@@ -119,7 +119,9 @@ class JobMachine {
   JobDraft NewJob(const std::string& job_id, const v1::JobSpec& spec,
                   const std::string& request_id) const;
   // Runtime state for a job reloaded after a coordinator restart: timeouts
-  // and backoff count from now, the last call starts again, exits not yet
+  // count from now, a backoff under way is not resumed (a RESTARTING job
+  // waits for the gate alone: its nodes' reports or fence deadlines, which
+  // a restarted coordinator learns afresh), the last call starts again, exits not yet
   // placed are placed when next reported. Also fills current_round from the
   // mirror fields for a job persisted before current_round existed.
   JobDraft Recovered(v1::Job job) const;
