@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <utility>
 
@@ -364,6 +365,21 @@ Status Collect(const torch::nn::Module& m, torch::serialize::InputArchive& archi
   }
   for (const auto& item : m.named_buffers(/*recurse=*/false)) {
     RETURN_IF_ERROR(take(item.key(), item.value(), true));
+  }
+  // Nothing of the checkpoint is left over (PyTorch's strict load): a
+  // checkpoint of a bigger model is another model's.
+  std::set<std::string> known;
+  for (const auto& item : m.named_parameters(/*recurse=*/false)) known.insert(item.key());
+  for (const auto& item : m.named_buffers(/*recurse=*/false)) known.insert(item.key());
+  for (const auto& child : m.named_children()) {
+    if (child.value()->is_serializable()) known.insert(child.key());
+  }
+  for (const std::string& key : archive.keys()) {
+    if (!known.count(key)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", path, " does not match the model: it has ", prefix, key,
+          ", which the model does not"));
+    }
   }
   for (const auto& child : m.named_children()) {
     if (!child.value()->is_serializable()) continue;

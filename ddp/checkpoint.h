@@ -155,7 +155,8 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
 // the job has restored or saved there. 0: no fence.
 // Errors, each naming the file: DataLoss for a file that is not a complete
 // checkpoint (truncated, corrupt, wrong format); FailedPrecondition when it
-// does not match the model (a missing name, another shape or dtype) or the
+// does not match the model (a missing name, another shape or dtype, a name
+// the model does not have) or the
 // optimizer (other parameter groups). InvalidArgument for a job id holding
 // a newline. On any error the module and the generator are unchanged;
 // the optimizer may be partly loaded, so treat the error as fatal.

@@ -619,6 +619,46 @@ TEST(CheckpointTest, OtherModelShapeIsFailedPreconditionAndLeavesTheModelUnchang
   EXPECT_TRUE(torch::equal(big->fc2->weight, before));
 }
 
+// A checkpoint of a bigger model (a layer more) is refused naming what the
+// model lacks, as PyTorch's strict load_state_dict does ("Unexpected
+// key(s)"); it was restored into the smaller one without a word.
+struct BiggerNetImpl : torch::nn::Module {
+  BiggerNetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 4));
+    fc3 = register_module("fc3", torch::nn::Linear(4, 4));
+    extra = register_parameter("extra", torch::zeros({2}));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::Tensor extra;
+};
+TORCH_MODULE(BiggerNet);
+
+TEST(CheckpointTest, ACheckpointOfABiggerModelIsFailedPreconditionNamingWhatIsLeftOver) {
+  const std::string dir = FreshDir("bigger");
+  BiggerNet big;
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {1, 1, 1}, *big, nullptr).ok());
+  Net net;
+  const torch::Tensor before = net->fc1->weight.clone();
+  auto restored = RestoreCheckpoint(dir, *net, nullptr);
+  ASSERT_FALSE(restored.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(restored.status())) << restored.status();
+  EXPECT_THAT(std::string(restored.status().message()),
+              HasSubstr("does not match the model: it has "));
+  EXPECT_THAT(std::string(restored.status().message()), HasSubstr(", which the model does not"));
+  EXPECT_TRUE(torch::equal(net->fc1->weight, before)) << "the model changed";
+  // And the same model still restores (nothing else is left over).
+  Net same;
+  const std::string dir2 = FreshDir("same");
+  ASSERT_TRUE(SaveCheckpoint(dir2, 0, {1, 1, 1}, *same, nullptr).ok());
+  Net back;
+  auto ok = RestoreCheckpoint(dir2, *back, nullptr);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ExpectSameState(same, back);
+}
+
 TEST(CheckpointTest, MissingOptimizerStateIsFailedPrecondition) {
   const std::string dir = FreshDir("no_opt");
   Net net;
