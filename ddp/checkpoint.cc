@@ -424,7 +424,17 @@ Status SaveCheckpoint(const std::string& dir, int rank, const CheckpointInfo& in
     return absl::InvalidArgumentError(absl::StrCat("checkpoint keep must be >= 1, got ", options.keep));
   }
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  fs::path target = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "dir/"
+  fs::path existed = target;
+  while (existed.has_relative_path() && !fs::exists(existed, ec)) existed = existed.parent_path();
+  if (fs::create_directories(dir, ec)) {
+    // The dirs made here are made durable in their parents too, else a
+    // power loss could take them and every checkpoint in them.
+    for (fs::path made = target; made != existed && made.has_relative_path(); made = made.parent_path()) {
+      RETURN_IF_ERROR(SyncDir(made.parent_path().string()));
+    }
+  }
   if (ec) {
     return absl::InternalError(absl::StrCat("checkpoint: cannot create dir ", dir, ": ", ec.message()));
   }

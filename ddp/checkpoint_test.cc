@@ -77,6 +77,18 @@ std::vector<std::string> Names(const std::vector<std::string>& paths) {
   return out;
 }
 
+// A dir several levels deep, named with a trailing slash, is made (and its
+// new levels synced into their parents) by the first save.
+TEST(CheckpointTest, SaveMakesANestedDir) {
+  const std::string root = FreshDir("nested");
+  const std::string dir = root + "/a/b/c/";
+  Net net;
+  ASSERT_TRUE(SaveCheckpoint(dir, 0, {1, 1, 1}, *net, nullptr).ok());
+  auto listed = ListCheckpoints(dir);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_THAT(Names(*listed), ElementsAre("ckpt-000000000001.pt"));
+}
+
 TEST(CheckpointTest, RestoreFromMissingDirMeansStartFresh) {
   const std::string dir = FreshDir("missing");
   Net net;
