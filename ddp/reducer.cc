@@ -394,6 +394,7 @@ Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
   RETURN_IF_ERROR(BeginStepLocked(lock));
   std::fill(ready_.begin(), ready_.end(), false);
   unused_.clear();
+  taken_as_unused_.assign(params_.size(), false);
   local_samples_ = local_samples;
   // What each gradient is multiplied by on its way into its slot, this step.
   slot_scale_ = options_.weight_by_samples ? static_cast<double>(local_samples)
@@ -463,7 +464,23 @@ void Reducer::OnGradReady(size_t index) {
     // reach are ready now.
     std::vector<size_t> unused;
     unused.swap(unused_);
-    for (size_t i : unused) MarkReadyLocked(i);
+    for (size_t i : unused) {
+      if (i != index) taken_as_unused_[i] = true;
+      MarkReadyLocked(i);
+    }
+  } else if (taken_as_unused_[index]) {
+    // Its gradient came after its slot went out as unused: reducing on
+    // would give this rank's own gradient, or none, without a word.
+    if (error_.ok()) {
+      error_ = absl::FailedPreconditionError(absl::StrCat(
+          "DDP: parameter ", params_[index].name,
+          " got a gradient after find_unused_parameters had taken it as unused: it is not "
+          "reached from the outputs of the last Forward before this Backward (two Forwards "
+          "before one Backward, or part of the model run outside Forward?); run the whole "
+          "model in one Forward per Backward (PyTorch: \"Expected to mark a variable ready only "
+          "once\")"));
+    }
+    throw std::runtime_error(std::string(error_.message()));
   }
   MarkReadyLocked(index);
 }

@@ -401,6 +401,9 @@ class Reducer {
   // Parameters this step's forward did not reach (find_unused_parameters),
   // until the backward's first hook marks them ready. GUARDED_BY(mu_)
   std::vector<size_t> unused_;
+  // Those the first hook marked ready without a gradient: one whose own
+  // hook comes later was used after all (outside this Forward). GUARDED_BY(mu_)
+  std::vector<bool> taken_as_unused_;
   bool finalizer_queued_ = false;                 // GUARDED_BY(mu_)
   bool rebuilt_ = false;                          // GUARDED_BY(mu_)
   bool comm_memory_ = false;                      // GUARDED_BY(mu_)

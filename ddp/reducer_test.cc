@@ -341,6 +341,41 @@ TEST(ReducerTest, FindUnusedParametersMarksUnreachedParametersReady) {
   EXPECT_TRUE(model->spare->weight.grad().eq(7).all().item<bool>());
 }
 
+// Two heads, one per task.
+struct TwoHeadsImpl : torch::nn::Module {
+  TwoHeadsImpl() {
+    h0 = register_module("h0", torch::nn::Linear(4, 4));
+    h1 = register_module("h1", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(torch::Tensor x, int64_t task) { return task == 0 ? h0(x) : h1(x); }
+  torch::nn::Linear h0{nullptr}, h1{nullptr};
+};
+TORCH_MODULE(TwoHeads);
+
+// With find_unused_parameters, two Forwards (one per head) before one
+// Backward: the last Forward reached h1 only, so h0 went out as unused when
+// backward began, and its gradient came after. That fails the backward
+// naming it, as PyTorch does; h0 kept this rank's own gradient before (a
+// silent divergence of the ranks).
+TEST(ReducerTest, AGradientAfterFindUnusedTookTheParameterAsUnusedFailsNamingIt) {
+  auto model = TwoHeads();
+  auto comm = std::make_shared<FakeCommunicator>();
+  DdpOptions options;
+  options.find_unused_parameters = true;
+  auto ddp = DistributedDataParallel::Create(model, comm, options);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  const torch::Tensor x = torch::randn({2, 4});
+  auto a = (*ddp)->Forward(x, int64_t{0});
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = (*ddp)->Forward(x, int64_t{1});
+  ASSERT_TRUE(b.ok()) << b.status();
+  Status s = (*ddp)->Backward(a->sum() + b->sum());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("got a gradient after find_unused_parameters had taken it as unused"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("parameter h0."));
+}
+
 // A layer used in some steps only.
 struct SometimesUsedImpl : torch::nn::Module {
   SometimesUsedImpl() {
