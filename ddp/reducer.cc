@@ -310,6 +310,18 @@ Status Reducer::PreviousStepError() {
 Status Reducer::BeginStepLocked(std::unique_lock<std::mutex>& lock) {
   if (!error_.ok()) return error_;
   if (step_open_) return error_ = OpenStepError();
+  if (expect_sync_ && !launch_order_.empty()) {
+    // A backward that launched buckets and never finished (it threw, in a
+    // hook of the program's, say): its collectives may still write into
+    // the buckets this step fills, and the ranks may have launched
+    // different numbers of them, so later collectives would pair wrongly.
+    return error_ = absl::FailedPreconditionError(absl::StrCat(
+               "DDP: the previous backward launched ", launch_order_.size(), " of ",
+               buckets_.size(),
+               " gradient buckets and did not finish (it threw?): the ranks' collectives are out "
+               "of step, so this DDP object cannot go on (PyTorch: \"Expected to have finished "
+               "reduction in the prior iteration\"); restart the worker"));
+  }
   RETURN_IF_ERROR(PreviousStepErrorLocked());
   if (options_.gradient_priority && scheduled_step_ != step_seq_) {
     // A step that never finalised (no gradient reached DDP): its scheduling

@@ -341,6 +341,59 @@ TEST(ReducerTest, FindUnusedParametersMarksUnreachedParametersReady) {
   EXPECT_TRUE(model->spare->weight.grad().eq(7).all().item<bool>());
 }
 
+// a, b, c applied in that order: gradients arrive c, b, a, each its own
+// bucket, launched as they arrive.
+struct ChainImpl : torch::nn::Module {
+  ChainImpl() {
+    a = register_module("a", torch::nn::Linear(4, 4));
+    b = register_module("b", torch::nn::Linear(4, 4));
+    c = register_module("c", torch::nn::Linear(4, 4));
+    for (auto& p : parameters()) {
+      if (p.dim() == 1) p.set_requires_grad(false);
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) { return c(b(a(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+};
+TORCH_MODULE(Chain);
+
+// A backward that throws (the program's own gradient hook) after two of
+// three buckets went out: the next Forward is refused saying so, as
+// PyTorch's "Expected to have finished reduction in the prior iteration";
+// it reset the step and refilled buckets still on the wire before.
+TEST(ReducerTest, AForwardAfterABackwardThatThrewMidwayIsRefused) {
+  auto model = Chain();
+  auto comm = std::make_shared<FakeCommunicator>();
+  auto ddp = DistributedDataParallel::Create(model, comm, OneParamPerBucket());
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  model->a->weight.register_hook([](torch::Tensor g) -> torch::Tensor {
+    throw std::runtime_error("the program's hook failed");
+  });
+  auto out = (*ddp)->Forward(torch::randn({2, 4}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  Status s = (*ddp)->Backward(out->sum());
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("the program's hook failed"));
+  auto next = (*ddp)->Forward(torch::randn({2, 4}));
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition) << next.status();
+  EXPECT_THAT(std::string(next.status().message()),
+              HasSubstr("the previous backward launched 2 of 3 gradient buckets and did not finish"));
+}
+
+// A grad-enabled Forward with no Backward (a validation pass without
+// NoGradGuard) launched nothing: the next step goes on.
+TEST(ReducerTest, AForwardWithoutABackwardLeavesTheNextStepAlone) {
+  auto model = Chain();
+  auto comm = std::make_shared<FakeCommunicator>();
+  auto ddp = DistributedDataParallel::Create(model, comm, OneParamPerBucket());
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  ASSERT_TRUE((*ddp)->Forward(torch::randn({2, 4})).ok());
+  auto out = (*ddp)->Forward(torch::randn({2, 4}));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE((*ddp)->Backward(out->sum()).ok());
+}
+
 // Two heads, one per task.
 struct TwoHeadsImpl : torch::nn::Module {
   TwoHeadsImpl() {
