@@ -1,5 +1,6 @@
 #include "common/worker_env.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <tuple>
 
@@ -104,7 +105,9 @@ Status Outside(const std::string& what, int low, int high, const std::string& wh
 // 1 <= local world size <= world size, 0 <= local rank < local world size,
 // 1 <= nodes <= world size, 0 <= node rank (< nodes where given). Unset,
 // the local world is the whole world, the local rank the rank's place on
-// its node (rank mod local world size), the node rank 0 and the nodes 1.
+// its node (rank mod local world size), the node rank its node's place
+// (rank / local world size) and the nodes as many as the world fills
+// (at least the node rank's).
 // Whether the layout is the uniform one (every node the same size, ranks
 // numbered node by node) is left to the code that needs it: the shm
 // backend across hosts checks it (ddp/hierarchical_communicator.h); Gloo
@@ -125,12 +128,19 @@ Status ParseLayout(const Getenv& getenv, const Found<int>& world, WorkerEnv* env
                        : absl::StrCat("LOCAL_WORLD_SIZE is unset, so ", world.Describe()));
   }
   env->local_rank = local_rank.value;
-  ASSIGN_OR_RETURN(auto nodes, ReadIntEither(getenv, we::kNumNodes, we::kTorchGroupWorldSize, 1));
+  // Unset, the node rank and count follow from the node size as the local
+  // rank does (ranks numbered node by node): ranks 2 and 3 of a world of 4
+  // with LOCAL_WORLD_SIZE=2 are node 1 of 2. (Node 0 of 1 before: the shm
+  // backend across hosts then refused ranks 2 and 3 and the others waited.)
+  const int lws = env->local_world_size;
+  ASSIGN_OR_RETURN(auto nodes, ReadIntEither(getenv, we::kNumNodes, we::kTorchGroupWorldSize,
+                                             (world.value + lws - 1) / lws));
   if (nodes.set() && (nodes.value < 1 || nodes.value > world.value)) {
     return Outside(nodes.Describe(), 1, world.value, world.Describe());
   }
   env->num_nodes = nodes.value;
-  ASSIGN_OR_RETURN(auto node_rank, ReadIntEither(getenv, we::kNodeRank, we::kTorchGroupRank, 0));
+  ASSIGN_OR_RETURN(auto node_rank,
+                   ReadIntEither(getenv, we::kNodeRank, we::kTorchGroupRank, env->rank / lws));
   if (node_rank.value < 0) {
     return absl::InvalidArgumentError(absl::StrCat(node_rank.Describe(), " is negative"));
   }
@@ -138,6 +148,7 @@ Status ParseLayout(const Getenv& getenv, const Found<int>& world, WorkerEnv* env
     return Outside(node_rank.Describe(), 0, nodes.value - 1, nodes.Describe());
   }
   env->node_rank = node_rank.value;
+  if (!nodes.set()) env->num_nodes = std::max(env->num_nodes, env->node_rank + 1);
   return absl::OkStatus();
 }
 
@@ -196,11 +207,26 @@ StatusOr<WorkerEnv> ParseWorkerEnv(const Getenv& getenv) {
   env.rank = rank.value;
   env.world_size = world.value;
   RETURN_IF_ERROR(ParseLayout(getenv, world, &env));
-  RETURN_IF_ERROR(ReadInt(getenv, {we::kRound}, &env.round).status());
+  ASSIGN_OR_RETURN(const bool round_set, ReadInt(getenv, {we::kRound}, &env.round));
   ASSIGN_OR_RETURN(auto restarts,
                    ReadIntEither(getenv, we::kRestartCount, we::kTorchRestartCount, 0));
   env.restart_count = restarts.value;
   RETURN_IF_ERROR(ReadInt(getenv, {we::kTorchMaxRestarts}, &env.max_restarts).status());
+  if (env.round < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("LOCKSTEP_ROUND=", env.round, " is negative"));
+  }
+  if (env.restart_count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(restarts.Describe(), " is negative"));
+  }
+  if (env.max_restarts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TORCHELASTIC_MAX_RESTARTS=", env.max_restarts, " is negative"));
+  }
+  // Without lockstepd's round (torchrun), each restart is a round of its
+  // own: a store that outlives the workers (LOCKSTEP_STORE=file:) gives the
+  // restarted ranks a fresh namespace, where they found their own keys and
+  // refused to join again ("already joined") until the budget was spent.
+  if (!round_set) env.round = env.restart_count;
   ASSIGN_OR_RETURN(auto job, ReadEither(getenv, we::kJobId, we::kTorchRunId));
   if (job.set()) env.job_id = job.value;
   env.store_address = Read(getenv, {we::kStore});

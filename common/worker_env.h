@@ -92,7 +92,7 @@ struct WorkerEnv {
   int local_world_size = 1;
   int node_rank = 0;
   int num_nodes = 1;
-  int round = 0;
+  int round = 0;              // LOCKSTEP_ROUND; unset, the restart count (torchrun).
   int restart_count = 0;
   int max_restarts = 0;       // TORCHELASTIC_MAX_RESTARTS: the job's restart budget.
   std::string store_address;  // LOCKSTEP_STORE; may be empty.

@@ -228,6 +228,52 @@ TEST(WorkerEnvTest, AValidLayoutParsesAndAMissingLocalRankIsThePlaceOnTheNode) {
             "LOCKSTEP_NUM_NODES=2 and GROUP_WORLD_SIZE=4 d");
 }
 
+// Without GROUP_RANK and GROUP_WORLD_SIZE, the node rank and count follow
+// from LOCAL_WORLD_SIZE as the local rank does (they were 0 and 1 for every
+// rank, and the shm backend across hosts refused ranks 2 and 3 of 2 x 2).
+TEST(WorkerEnvTest, AMissingNodeRankIsTheRanksNodeOfTheLocalWorldSize) {
+  auto env = ParseWorkerEnv(From({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->node_rank, 1);
+  EXPECT_EQ(env->num_nodes, 2);
+  env = ParseWorkerEnv(From({{"RANK", "2"}, {"WORLD_SIZE", "5"}, {"LOCAL_WORLD_SIZE", "2"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->node_rank, 1);
+  EXPECT_EQ(env->num_nodes, 3);
+  env = ParseWorkerEnv(From({{"RANK", "1"}, {"WORLD_SIZE", "2"}}));  // one node, as before
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->node_rank, 0);
+  EXPECT_EQ(env->num_nodes, 1);
+  // A GROUP_RANK given alone counts the nodes up to it.
+  env = ParseWorkerEnv(From({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->node_rank, 1);
+  EXPECT_EQ(env->num_nodes, 2);
+}
+
+// torchrun's restart count is the round where lockstepd gives none; negative
+// rounds and counts are refused (a namespace "job/-1" before).
+TEST(WorkerEnvTest, TheRoundIsTorchrunsRestartCountWithoutLockstepRoundAndNeverNegative) {
+  auto env = ParseWorkerEnv(From({{"RANK", "0"}, {"WORLD_SIZE", "1"},
+                                  {"TORCHELASTIC_RESTART_COUNT", "2"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->round, 2);
+  env = ParseWorkerEnv(From({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCKSTEP_ROUND", "5"},
+                             {"TORCHELASTIC_RESTART_COUNT", "2"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->round, 5);
+  auto message = [](const std::map<std::string, std::string>& vars) {
+    return std::string(ParseWorkerEnv(From(vars)).status().message());
+  };
+  EXPECT_EQ(message({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCKSTEP_ROUND", "-1"}}),
+            "LOCKSTEP_ROUND=-1 is negative");
+  EXPECT_EQ(message({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_RESTART_COUNT", "-3"}}),
+            "TORCHELASTIC_RESTART_COUNT=-3 is negative");
+  EXPECT_EQ(message({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_MAX_RESTARTS", "-1"}}),
+            "TORCHELASTIC_MAX_RESTARTS=-1 is negative");
+}
+
 // MASTER_PORT=70000 listened on 4464 (mod 65536); 0 or empty made rank 0
 // wait out its timeout for itself; "abc" failed rank 0 alone while the
 // others waited out theirs. Every rank refuses them now.

@@ -180,6 +180,24 @@ std::string TestDir(const char* leaf) {
   return std::string(tmp ? tmp : "/tmp") + "/" + leaf;
 }
 
+// torchrun restarts its workers with TORCHELASTIC_RESTART_COUNT one more
+// and no LOCKSTEP_ROUND: on a store that outlives them (file:) each restart
+// joins a namespace of its own. It joined the first one again and was
+// refused ("already joined") at every restart until the budget was spent.
+TEST(InitFromEnvTest, ATorchrunRestartJoinsAFileStoreAfresh) {
+  SetWorldOfOne(TestDir("torchrun_restart"));
+  unsetenv("LOCKSTEP_ROUND");
+  setenv("TORCHELASTIC_RUN_ID", "run1", 1);
+  for (const char* restart : {"0", "1"}) {
+    SCOPED_TRACE(restart);
+    setenv("TORCHELASTIC_RESTART_COUNT", restart, 1);
+    auto group = InitFromEnv();
+    ASSERT_TRUE(group.ok()) << group.status();
+  }
+  unsetenv("TORCHELASTIC_RESTART_COUNT");
+  unsetenv("TORCHELASTIC_RUN_ID");
+}
+
 TEST(InitFromEnvTest, DefaultBackendIsGlooAndUnknownBackendIsNamed) {
   SetWorldOfOne(TestDir("backend"));
   unsetenv("LOCKSTEP_BACKEND");
