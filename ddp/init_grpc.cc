@@ -145,6 +145,43 @@ StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
   }
 }
 
+// LOCKSTEP_STORE=host:port (lockstepd's store): connects in slices, saying
+// every few seconds whom it waits for, and on failure says for how long and,
+// where the handshake is why, what TLS refused (an expired worker.pem,
+// another CA). It waited the whole timeout without a word before.
+StatusOr<std::unique_ptr<rendezvous::Store>> ConnectJobStore(const std::string& address,
+                                                             const std::string& ns,
+                                                             Duration timeout) {
+  // lockstepd's store wants the job's token, which the agent hands its
+  // workers as LOCKSTEP_STORE_TOKEN (unset: no token, for open stores).
+  rendezvous::StoreClientOptions options;
+  if (const char* token = std::getenv(worker_env::kStoreToken)) options.token = token;
+  const WorkerIdentity who = ReadWorkerIdentity(std::getenv);
+  Logger log("ddp", who.job_id, who.rank);
+  const MonoTime start = RealClock()->Now();
+  const MonoTime deadline = start + timeout;
+  while (true) {
+    options.connect_timeout = std::min<Duration>(
+        kBootstrapProgressInterval, std::max<Duration>(deadline - RealClock()->Now(), {}));
+    auto client = rendezvous::ConnectStore(address, ns, options);
+    if (client.ok()) return client;
+    const absl::StatusCode code = client.status().code();
+    if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded) {
+      return client.status();
+    }
+    const MonoTime now = RealClock()->Now();
+    if (now >= deadline) {
+      const Status why = rendezvous::WithTlsReason(
+          absl::UnavailableError(std::string(client.status().message())), address);
+      return absl::DeadlineExceededError(
+          absl::StrCat("the job's store at ", address, " (LOCKSTEP_STORE) could not be reached in ",
+                       ToSeconds(timeout), " s: ", why.message()));
+    }
+    log.Info("waiting for the job's store at {} (LOCKSTEP_STORE): {:.0f} s of {:.0f} s", address,
+             ToSeconds(now - start), ToSeconds(timeout));
+  }
+}
+
 // The engine's progress, sent to the agent by a ProgressReporter.
 class AgentProgressSink : public ProgressSink {
  public:
@@ -164,14 +201,7 @@ const bool kRegistered = [] {
     if (!reporter->enabled()) return nullptr;
     return std::make_unique<AgentProgressSink>(std::move(reporter));
   });
-  RegisterStoreFactory([](const std::string& address, const std::string& ns, Duration timeout) {
-    // lockstepd's store wants the job's token, which the agent hands its
-    // workers as LOCKSTEP_STORE_TOKEN (unset: no token, for open stores).
-    rendezvous::StoreClientOptions options;
-    options.connect_timeout = timeout;
-    if (const char* token = std::getenv(worker_env::kStoreToken)) options.token = token;
-    return rendezvous::ConnectStore(address, ns, options);
-  });
+  RegisterStoreFactory(ConnectJobStore);
   RegisterMasterStoreFactory(MasterStore);
   return true;
 }();

@@ -48,6 +48,22 @@ TEST(InitFromEnvGrpcTest, HostPortAddressConnectsTheStoreClientInTheRoundNamespa
       (*other_round)->Get("k", std::chrono::milliseconds(50)).status()));
 }
 
+// Nothing at LOCKSTEP_STORE: the wait ends saying where and for how long
+// (it waited without a word and said only that the server was not
+// reachable).
+TEST(InitFromEnvGrpcTest, AStoreThatCannotBeReachedIsNamedWithTheTimeWaited) {
+  WorkerEnv env;
+  env.job_id = "j";
+  env.store_address = "127.0.0.1:" + std::to_string(FreePort("127.0.0.1"));
+  auto store = OpenStore(env, std::chrono::seconds(2));
+  ASSERT_FALSE(store.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(store.status())) << store.status();
+  EXPECT_NE(store.status().message().find("the job's store at " + env.store_address +
+                                          " (LOCKSTEP_STORE) could not be reached in 2 s"),
+            std::string::npos)
+      << store.status();
+}
+
 // Both ranks open the store (rank 0 serving it) and what rank 1 sets,
 // rank 0 reads.
 void ExpectRankOneReachesRankZero(const WorkerEnv& env0, const WorkerEnv& env1) {
