@@ -395,6 +395,19 @@ Status Reducer::PrepareForBackward(const std::vector<torch::Tensor>& outputs,
   // Create): no hook would run, and every rank would train on its own
   // gradients without a word.
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].tensor.requires_grad()) {
+      // Frozen after Create (requires_grad false has no accumulator): with
+      // find_unused_parameters it is unused (its old accumulator is in no
+      // graph); without, DDP would wait for a gradient that never comes.
+      if (!options_.find_unused_parameters) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "DDP: parameter ", params_[i].name,
+            " no longer requires grad (frozen after Create), so its gradient bucket would never "
+            "be complete: freeze parameters before creating DDP, or set "
+            "find_unused_parameters = true"));
+      }
+      continue;
+    }
     if (torch::autograd::impl::grad_accumulator(params_[i].tensor) != accumulators_[i]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "DDP: parameter ", params_[i].name, " is no longer the one DDP was created over (now ",

@@ -394,6 +394,35 @@ TEST(ReducerTest, AForwardWithoutABackwardLeavesTheNextStepAlone) {
   EXPECT_TRUE((*ddp)->Backward(out->sum()).ok());
 }
 
+// A layer frozen after Create (set_requires_grad(false)): with
+// find_unused_parameters training goes on, the frozen weight untouched;
+// without, the next Forward says what happened. Both were refused as "no
+// longer the one DDP was created over ... moved or converted".
+TEST(ReducerTest, ALayerFrozenAfterCreateIsUnusedOrNamed) {
+  for (bool find_unused : {true, false}) {
+    SCOPED_TRACE(find_unused);
+    auto model = PartlyUnused();
+    auto comm = std::make_shared<FakeCommunicator>();
+    DdpOptions options;
+    options.find_unused_parameters = find_unused;
+    auto ddp = DistributedDataParallel::Create(model, comm, options);
+    ASSERT_TRUE(ddp.ok()) << ddp.status();
+    model->used->bias.set_requires_grad(false);
+    auto out = (*ddp)->Forward(torch::randn({2, 4}));
+    if (!find_unused) {
+      ASSERT_FALSE(out.ok());
+      EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(std::string(out.status().message()),
+                  HasSubstr("parameter used.bias no longer requires grad (frozen after Create)"));
+      continue;
+    }
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*ddp)->Backward(out->sum()).ok());
+    EXPECT_TRUE(model->used->weight.grad().defined());
+    EXPECT_FALSE(model->used->bias.grad().defined());
+  }
+}
+
 // Two heads, one per task.
 struct TwoHeadsImpl : torch::nn::Module {
   TwoHeadsImpl() {
