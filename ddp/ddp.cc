@@ -443,7 +443,7 @@ Status DistributedDataParallel::PreForward() {
   }
   if (deferred_ != nullptr &&
       (deferred_->thread != std::this_thread::get_id() || reducer_->rebuild_pending() ||
-       (options_.broadcast_buffers && !buffers_.empty()))) {
+       BroadcastsBuffers())) {
     // No gate on this thread, a re-pack of the buckets, or a broadcast that
     // must not interleave with gradient_priority's launches: the step first.
     RETURN_IF_ERROR(CompletePendingStep());
@@ -454,7 +454,7 @@ Status DistributedDataParallel::PreForward() {
   // The rebuild's and the buffers' broadcasts block on every peer.
   SetCollective(true, -1, "broadcast");
   Status s = reducer_->RebuildBucketsIfNeeded();
-  if (s.ok() && options_.broadcast_buffers && !buffers_.empty()) {
+  if (s.ok() && BroadcastsBuffers()) {
     s = Annotate(BroadcastCoalesced(*comm_, buffers_, 0, options_.timeout),
                  "DDP: broadcasting buffers from rank 0");
   }
@@ -509,6 +509,7 @@ Status DistributedDataParallel::PostForward(const std::vector<torch::Tensor>& ou
   // overlap_forward: what forward did not reach of the open step.
   const Status pending = CompletePendingStep();
   forward_ms_ = MillisSince(forward_start_);
+  sync_buffers_ = require_sync_ && torch::GradMode::is_enabled();
   RETURN_IF_ERROR(pending);
   if (!require_sync_ || !torch::GradMode::is_enabled()) return absl::OkStatus();
   if (options_.weight_by_samples && samples_pending_ <= 0) {
@@ -526,6 +527,7 @@ Status DistributedDataParallel::JoinStep() {
         "DDP: JoinStep needs DdpOptions::weight_by_samples (a joined rank has weight 0)");
   }
   RETURN_IF_ERROR(PreForward());
+  sync_buffers_ = true;  // it stands for the training Forward the others run
   RETURN_IF_ERROR(CompletePendingStep());
   forward_ms_ = MillisSince(forward_start_);
   return reducer_->JoinStep();

@@ -37,8 +37,12 @@
 // Construction broadcasts parameters and buffers from rank 0 (every rank
 // starts from rank 0's model) and builds the Reducer (reducer.h) over the
 // parameters that require grad (a tensor shared by several modules, as with
-// tied weights, is reduced once). Each Forward broadcasts buffers from rank 0
-// first (broadcast_buffers) and, unless inside a NoSync scope, prepares the
+// tied weights, is reduced once). A Forward broadcasts buffers from rank 0
+// first (broadcast_buffers) when the Forward before it trained (grad
+// enabled, not NoSync) or there was none, as PyTorch DDP does; so an
+// evaluation pass under NoGradGuard broadcasts once, at its first Forward,
+// and ranks with different numbers of evaluation batches do not wait for
+// each other. Unless inside a NoSync scope, it prepares the
 // Reducer so the following backward averages gradients across ranks,
 // overlapping the allreduces with backward. Backward may be Backward(loss)
 // or loss.backward(); the latter throws c10/std exceptions on failure.
@@ -97,7 +101,8 @@ struct DdpOptions {
   double bucket_cap_mb = 25;
   // Default false: see reducer.h "Unused parameters".
   bool find_unused_parameters = false;
-  // Default true: buffers are broadcast from rank 0 before every forward.
+  // Default true: buffers are broadcast from rank 0 before a forward that
+  // follows a training forward (or none), as in PyTorch.
   bool broadcast_buffers = true;
   // Default true: param.grad is a view into its bucket slot, so backward
   // accumulates straight into the bucket and the reduced bucket already is
@@ -663,6 +668,13 @@ class DistributedDataParallel {
   std::unique_ptr<Reducer> reducer_;
   std::vector<torch::Tensor> buffers_;
   bool require_sync_ = true;
+  // PyTorch's require_forward_param_sync: buffers are broadcast before a
+  // Forward only when the one before trained (grad enabled, not NoSync), or
+  // there was none. Set by PostForward.
+  bool sync_buffers_ = true;
+  bool BroadcastsBuffers() const {
+    return options_.broadcast_buffers && !buffers_.empty() && sync_buffers_;
+  }
   bool sync_pending_ = false;
   MonoTime forward_start_{};
   double forward_ms_ = 0;

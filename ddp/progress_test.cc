@@ -305,7 +305,7 @@ TEST_F(ProgressTest, BucketWaitsAreAveragedOverAWindowOfSteps) {
 }
 
 TEST_F(ProgressTest, CollectiveWaitsAreMarkedAndClearedWithTheirStep) {
-  torch::nn::BatchNorm1d model(4);  // A buffer: every forward broadcasts it.
+  torch::nn::BatchNorm1d model(4);  // A buffer: the first forward broadcasts it.
   auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>());
   ASSERT_TRUE(ddp.ok()) << ddp.status();
   auto out = (*ddp)->Forward(torch::randn({8, 4}));

@@ -302,6 +302,59 @@ TEST(ReducerTest, TheNextForwardNamesThePreviousStepsFailedAllreduceBeforeBroadc
   EXPECT_THAT(std::string(next.status().message()), HasSubstr("remote process exited"));
 }
 
+// Buffers go out before a Forward that follows a training one, as PyTorch's
+// require_forward_param_sync: an evaluation pass under NoGradGuard
+// broadcasts at its first Forward only, so ranks with 100 and 99
+// evaluation batches do not wait on each other (every Forward broadcast,
+// and the rank with one batch more waited out its timeout); the training
+// Forward after it does not, nor one after a no_sync micro-batch.
+TEST(ReducerTest, BuffersAreBroadcastOnlyAfterATrainingForwardAsInPyTorch) {
+  auto model = WithBuffers();
+  auto comm = std::make_shared<FakeCommunicator>();
+  auto ddp = DistributedDataParallel::Create(model, comm);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  auto broadcasts = [&] {
+    int n = 0;
+    for (const auto& c : comm->calls()) n += c.op == "broadcast";
+    return n;
+  };
+  auto train = [&] {
+    auto out = (*ddp)->Forward(torch::randn({8, 4}));
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*ddp)->Backward(out->pow(2).sum()).ok());
+  };
+  // One buffer broadcast is a few collectives (one per dtype); the second
+  // Forward also re-packs the buckets (a broadcast of its own).
+  int before = broadcasts();
+  train();
+  const int per_forward = broadcasts() - before;
+  ASSERT_GT(per_forward, 0) << "the first Forward broadcasts";
+  train();
+  before = broadcasts();
+  train();
+  EXPECT_EQ(broadcasts() - before, per_forward) << "after a training Forward";
+  before = broadcasts();
+  {
+    torch::NoGradGuard no_grad;
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE((*ddp)->Forward(torch::randn({8, 4})).ok());
+  }
+  EXPECT_EQ(broadcasts() - before, per_forward) << "an evaluation pass: its first Forward only";
+  before = broadcasts();
+  train();
+  EXPECT_EQ(broadcasts() - before, 0) << "after an evaluation Forward: none";
+  before = broadcasts();
+  {
+    DistributedDataParallel::NoSyncScope no_sync(ddp->get());
+    auto out = (*ddp)->Forward(torch::randn({8, 4}));  // after training: broadcasts
+    ASSERT_TRUE(out.ok());
+    ASSERT_TRUE((*ddp)->Backward(out->pow(2).sum()).ok());
+  }
+  EXPECT_EQ(broadcasts() - before, per_forward);
+  before = broadcasts();
+  train();  // after a no_sync micro-batch: none
+  EXPECT_EQ(broadcasts() - before, 0);
+}
+
 TEST(ReducerTest, MissingGradientFailsNamingTheParameterInsteadOfHanging) {
   auto model = PartlyUnused();
   auto comm = std::make_shared<FakeCommunicator>();
