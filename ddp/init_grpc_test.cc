@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ddp/init.h"
+#include "ddp/missing_ranks.h"
 #include "gtest/gtest.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
@@ -62,6 +63,36 @@ TEST(InitFromEnvGrpcTest, AStoreThatCannotBeReachedIsNamedWithTheTimeWaited) {
                                           " (LOCKSTEP_STORE) could not be reached in 2 s"),
             std::string::npos)
       << store.status();
+}
+
+// The store server restarts (its coordinator did) while rank 1 waits for
+// rank 0's arrival, which rank 0 had written before: the restarted store
+// never holds it. The wait ends at its next look saying the store
+// restarted, naming no rank; it said "ranks [0] did not arrive" after the
+// whole timeout and marked rank 0, whom the coordinator then blamed.
+TEST(InitFromEnvGrpcTest, AStoreThatRestartedUnderABootstrapWaitIsNamedNotARank) {
+  auto server = rendezvous::StoreServer::Start("127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  auto rank1 = rendezvous::ConnectStore((*server)->address(), "j/1", std::chrono::seconds(5));
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  ASSERT_TRUE((*rank1)->Set("arrived/1", "x").ok());
+  EXPECT_TRUE((*rank1)->Lost().ok());
+  (*server)->Shutdown();
+  server->reset();
+  server = rendezvous::StoreServer::Start("127.0.0.1:" + std::to_string(port));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto start = std::chrono::steady_clock::now();
+  Status s = WaitForRanks(rank1->get(), {{0, "arrived/0"}}, std::chrono::seconds(20), "bootstrap",
+                          nullptr, std::chrono::seconds(1));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("bootstrap: the store at 127.0.0.1:" + std::to_string(port) +
+                             " restarted ("),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.message().find("did not arrive"), std::string::npos) << s;
+  EXPECT_FALSE((*rank1)->Lost().ok());
 }
 
 // Both ranks open the store (rank 0 serving it) and what rank 1 sets,

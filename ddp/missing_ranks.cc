@@ -76,6 +76,11 @@ Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, s
     if (s.code() != absl::StatusCode::kDeadlineExceeded) {
       return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
     }
+    // A store that restarted lost the keys of the ranks that came before:
+    // they are not missing, and none is to blame.
+    if (Status lost = store->Lost(); !lost.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(what, ": ", lost.message()));
+    }
     std::vector<std::pair<int, std::string>> still;
     for (const auto& entry : missing) {
       if (!store->Get(entry.second, Duration::zero()).ok()) still.push_back(entry);

@@ -71,8 +71,9 @@ std::string RefusedRankKey(int rank);
 // Errors: DeadlineExceeded "<what>: ranks [..] did not arrive within T s";
 // FailedPrecondition, at its next look, when a missing rank was refused by
 // the store (RefusedRankKey: "<what>: rank R was refused by the store: it
-// came with a world of W ranks, not X"); the store's other errors,
-// annotated with `what`.
+// came with a world of W ranks, not X"), or when the store lost its keys
+// (Store::Lost: a store server that restarted), naming no rank and marking
+// none; the store's other errors, annotated with `what`.
 // The rank it gives up on is marked lost through `map`.
 Status WaitForRanks(rendezvous::Store* store, const std::vector<std::pair<int, std::string>>& keys,
                     Duration timeout, const std::string& what, const ProgressLog& progress,

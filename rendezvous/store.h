@@ -119,6 +119,12 @@ class Store {
                                                       Duration timeout) = 0;
 
   virtual Status MultiSet(const std::vector<std::pair<std::string, std::string>>& entries) = 0;
+
+  // Not OK once this store is known to have lost what it held (a store
+  // server that restarted under this client, rendezvous/store_client.h),
+  // saying so: keys waited for since may never come, and no rank is to
+  // blame for that. OK for stores that cannot lose keys.
+  virtual Status Lost() const { return absl::OkStatus(); }
 };
 
 // A Store that passes every op to `inner` (not owned; must outlive it): the
@@ -145,6 +151,7 @@ class ForwardingStore : public Store {
   Status MultiSet(const std::vector<std::pair<std::string, std::string>>& e) override {
     return inner_->MultiSet(e);
   }
+  Status Lost() const override { return inner_->Lost(); }
 
  private:
   Store* const inner_;

@@ -488,6 +488,7 @@ class GrpcStore : public Store {
         bool sent = false;
         StatusOr<v1::StoreOpResult> result = (*session)->Call(op, deadline, &sent);
         if (result.ok()) {
+          NoteIncarnation(result->store_incarnation());
           if (result->code() == 0) return result;
           return StatusFromCode(result->code(), result->message());
         }
@@ -507,6 +508,23 @@ class GrpcStore : public Store {
       if (std::chrono::steady_clock::now() + backoff >= deadline) return failure;
       std::this_thread::sleep_for(backoff);  // backoff between reconnects, not a condition wait
       backoff = std::min(backoff * 2, options_.max_backoff);
+    }
+  }
+
+  Status Lost() const override {
+    MutexLock lock(&incarnation_mu_);
+    return lost_;
+  }
+
+  void NoteIncarnation(const std::string& seen) {
+    if (seen.empty()) return;  // an older server
+    MutexLock lock(&incarnation_mu_);
+    if (incarnation_.empty()) {
+      incarnation_ = seen;
+    } else if (seen != incarnation_ && lost_.ok()) {
+      lost_ = absl::FailedPreconditionError(absl::StrCat(
+          "the store at ", address_, " restarted (", incarnation_, ", now ", QuoteForError(seen),
+          "): every key written before is gone (its coordinator, or the job's rank 0, restarted)"));
     }
   }
 
@@ -549,6 +567,11 @@ class GrpcStore : public Store {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::StoreService::Stub> stub_;
   std::atomic<uint64_t> next_id_{1};
+  // The server's incarnation as this client first saw it, and once another
+  // answers (the server restarted, every key gone), what Lost() says.
+  mutable Mutex incarnation_mu_;
+  std::string incarnation_ ABSL_GUARDED_BY(incarnation_mu_);
+  Status lost_ ABSL_GUARDED_BY(incarnation_mu_);
   Mutex session_mu_;
   CondVar session_cv_;  // signalled when a reconnect ends
   std::shared_ptr<Session> session_ ABSL_GUARDED_BY(session_mu_);

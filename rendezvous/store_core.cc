@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/ids.h"
 
 namespace lockstep {
 namespace rendezvous {
@@ -69,7 +70,8 @@ Status ValidateKeyList(const std::vector<std::string>& keys) {
 
 StoreCore::StoreCore(Clock* clock) : StoreCore(clock, Options()) {}
 
-StoreCore::StoreCore(Clock* clock, Options options) : clock_(clock), options_(options) {
+StoreCore::StoreCore(Clock* clock, Options options)
+    : clock_(clock), options_(options), incarnation_(NewRandomId("store-")) {
   if (options_.run_expiry_thread) expiry_thread_ = std::thread([this] { ExpiryLoop(); });
 }
 

@@ -139,6 +139,10 @@ class StoreCore {
   StoreCore(const StoreCore&) = delete;
   StoreCore& operator=(const StoreCore&) = delete;
 
+  // Random, fixed for this core's life: a client that sees another one
+  // knows the store restarted and lost what it held (store_service.h).
+  const std::string& incarnation() const { return incarnation_; }
+
   // Errors for every write: InvalidArgument (bad namespace/key/value),
   // ResourceExhausted (the namespace already holds kMaxKeysPerNamespace keys).
   Status Set(const std::string& ns, const std::string& key, std::string value);
@@ -271,6 +275,7 @@ class StoreCore {
 
   Clock* const clock_;
   const Options options_;
+  const std::string incarnation_;
 
   mutable Mutex mu_;
   std::map<std::string, Namespace> namespaces_ ABSL_GUARDED_BY(mu_);

@@ -388,6 +388,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
 
   // Queues a result and starts writing if idle. Releases mu_.
   void EnqueueLocked(v1::StoreOpResult result, const Status& status) ABSL_UNLOCK_FUNCTION(mu_) {
+    result.set_store_incarnation(core_->incarnation());
     if (!status.ok()) {
       result.set_code(static_cast<int32_t>(status.code()));
       result.set_message(std::string(status.message()));
