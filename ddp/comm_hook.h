@@ -25,9 +25,8 @@
 //              by every rank from an allgather of the bucket.
 //
 // Contract for a hook (built-in or user):
-// - It runs on the autograd thread (the training thread in JoinStep, and in
-//   Forward with find_unused_parameters for a bucket of unused parameters
-//   only; the Reducer's scheduler thread with gradient_priority) with the Reducer's
+// - It runs on the autograd thread (the training thread in JoinStep; the
+//   Reducer's scheduler thread with gradient_priority) with the Reducer's
 //   lock held, once per bucket per synchronised backward, buckets in index
 //   order (gradient_priority: the order the ranks agreed). It must not call
 //   back into the Reducer or the DDP object.

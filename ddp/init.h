@@ -141,7 +141,9 @@ class ProcessGroup {
 
 // Parses the process environment, opens the store and connects the
 // communicator of the chosen backend (GlooCommunicator, ShmCommunicator, or
-// NcclCommunicator on device local_rank). Blocks until all ranks connect or connect_timeout.
+// NcclCommunicator on device local_rank). Blocks until all ranks connect; each bootstrap
+// phase (the store, the ranks' arrival, the communicator's mesh, the verdict) waits at most
+// connect_timeout, so a failing bootstrap can take a few times it.
 // Errors: InvalidArgument naming an unknown backend, a malformed
 // environment (ParseWorkerEnv) or a data-plane address that does not
 // resolve (ddp/data_plane.h), each before the store is opened; the
