@@ -89,6 +89,31 @@ class CoordinatorTest : public ::testing::Test {
     return coord_->Heartbeat(req);
   }
 
+  // From t = 0: n1 beats with its rank 0 of `id` running, n2 is silent,
+  // for 11 s (past n2's lease of 10 s), a tick each second.
+  void N1AloneFor11Seconds(const std::string& id) {
+    for (int i = 0; i < 11; ++i) {
+      clock_.Advance(seconds(1));
+      (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
+      coord_->Tick();
+    }
+  }
+
+  // Then n1's rank stops: n2 may still run round 1's rank 1 until its fence
+  // deadline, its last heartbeat (t = 0) + lease 10 s + lease/4 + 1 s =
+  // 13.5 s; round 2 opens then, not before.
+  void ExpectTheNextRoundAtN2sFenceDeadline(const std::string& id) {
+    (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STOPPED)});
+    clock_.Advance(seconds(2));  // t = 13
+    (void)Beat("n1");
+    coord_->Tick();
+    EXPECT_EQ(Job(id).round(), 1) << "round 2 opened before n2's fence deadline";
+    clock_.Advance(milliseconds(500));  // t = 13.5
+    (void)Beat("n1");
+    coord_->Tick();
+    EXPECT_EQ(Job(id).round(), 2);
+  }
+
   static v1::WorkerStatus Worker(int rank, v1::WorkerState state, int code = 0, int sig = 0) {
     v1::WorkerStatus w;
     w.set_rank(rank);
@@ -965,27 +990,13 @@ TEST_F(CoordinatorTest, NodeWithoutHeartbeatIsDeclaredDeadAndElasticJobGoesOnWit
   (void)Beat("n2", id, 1, {Worker(1, v1::WORKER_STATE_RUNNING)});
   ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
 
-  for (int i = 0; i < 11; ++i) {  // n1 keeps beating, n2 is silent
-    clock_.Advance(seconds(1));
-    (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
-    coord_->Tick();
-  }
+  N1AloneFor11Seconds(id);
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
   EXPECT_NE(Job(id).first_failure().reason().find("node n2 lost"), std::string::npos);
   auto nodes = coord_->ListNodes();
   EXPECT_FALSE(nodes[1].alive());
 
-  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STOPPED)});
-  // n2 may still run rank 1 until its fence deadline: its last heartbeat
-  // (t = 0) + lease 10 s + lease/4 + 1 s = 13.5 s.
-  clock_.Advance(seconds(2));  // t = 13
-  (void)Beat("n1");
-  coord_->Tick();
-  EXPECT_EQ(Job(id).round(), 1) << "round 2 opened before n2's fence deadline";
-  clock_.Advance(milliseconds(500));  // t = 13.5
-  (void)Beat("n1");
-  coord_->Tick();
-  EXPECT_EQ(Job(id).round(), 2);
+  ExpectTheNextRoundAtN2sFenceDeadline(id);
   clock_.Advance(seconds(1));  // last call for a second node
   (void)Beat("n1");
   coord_->Tick();
@@ -1016,22 +1027,9 @@ TEST_F(CoordinatorTest, ANodeLostJustAfterItsStartWaitsOutItsFenceDeadline) {
   ASSERT_EQ(answer->commands_size(), 1);
   ASSERT_EQ(answer->commands(0).kind(), v1::AgentCommand::KIND_START);
   ASSERT_EQ(answer->commands(0).job_id(), id);
-  for (int i = 0; i < 11; ++i) {  // n1 beats on, n2 is silent
-    clock_.Advance(seconds(1));
-    (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_RUNNING)});
-    coord_->Tick();
-  }
+  N1AloneFor11Seconds(id);
   ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RESTARTING);
-  (void)Beat("n1", id, 1, {Worker(0, v1::WORKER_STATE_STOPPED)});
-  // Fence deadline: 0 + lease 10 s + lease/4 + 1 s = 13.5 s.
-  clock_.Advance(seconds(2));  // t = 13
-  (void)Beat("n1");
-  coord_->Tick();
-  EXPECT_EQ(Job(id).round(), 1) << "round 2 opened before n2's fence deadline";
-  clock_.Advance(milliseconds(500));  // t = 13.5
-  (void)Beat("n1");
-  coord_->Tick();
-  EXPECT_EQ(Job(id).round(), 2);
+  ExpectTheNextRoundAtN2sFenceDeadline(id);
 }
 
 // A live node started since its last report is waited for until it reports

@@ -153,15 +153,21 @@ TEST_F(ProgressTest, OptimizerStepEndsTheStepAndSplitsItsTime) {
   }
 }
 
+// overlap_optimizer and overlap_forward.
+DdpOptions OverlapForward() {
+  DdpOptions options;
+  options.overlap_optimizer = true;
+  options.overlap_forward = true;
+  return options;
+}
+
 // overlap_forward: a step ends at OptimizerStep but its buckets are done
 // during the next forward; it is reported then, once, with its own counts
 // (not the next forward's samples), and the last one by CompletePendingStep.
 TEST_F(ProgressTest, OverlappedForwardReportsEachStepOnceWithItsOwnCounts) {
   torch::nn::Linear model(4, 2);
-  DdpOptions options;
-  options.overlap_optimizer = true;
-  options.overlap_forward = true;
-  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>(), options);
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>(),
+                                             OverlapForward());
   ASSERT_TRUE(ddp.ok()) << ddp.status();
   torch::optim::SGD opt(model->parameters(), 0.1);
   const int batches[] = {8, 5, 6};
@@ -209,10 +215,8 @@ class SlowSgd : public torch::optim::SGD {
 // optimizer's time: the slow SGD makes that 40 ms, not a microsecond).
 TEST_F(ProgressTest, OverlappedForwardCountsBucketStepsInTheForwardThatRunsThem) {
   torch::nn::Linear model(4, 2);
-  DdpOptions options;
-  options.overlap_optimizer = true;
-  options.overlap_forward = true;
-  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>(), options);
+  auto ddp = DistributedDataParallel::Create(model, std::make_shared<FakeCommunicator>(),
+                                             OverlapForward());
   ASSERT_TRUE(ddp.ok()) << ddp.status();
   SlowSgd opt(model->parameters(), 0.1);
   for (int i = 0; i < 3; ++i) {
