@@ -566,13 +566,15 @@ TEST(CheckpointTest, AFailedWriteIsInternalNotAnAbort) {
   const std::string dir = FreshDir("efbig");
   Net small(16);
   ASSERT_TRUE(SaveCheckpoint(dir, 0, {1, 1, 1}, *small, nullptr).ok());
+  // Made before the fork: the child runs no tensor op (OpenMP's threads do
+  // not survive a fork), only the save's serialization.
+  Net big(20000);  // 8 * 20000 + 20000 * 4 floats: about 1 MB
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
     signal(SIGXFSZ, SIG_IGN);
     struct rlimit limit = {256 << 10, 256 << 10};
     if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(10);
-    Net big(20000);  // 8 * 20000 + 20000 * 4 floats: about 1 MB
     const Status s = SaveCheckpoint(dir, 0, {2, 1, 1}, *big, nullptr);
     if (s.code() != absl::StatusCode::kInternal) _exit(11);
     const std::string m(s.message());
