@@ -15,6 +15,7 @@
 // Link //ddp:init_from_env_grpc (alwayslink) into the binary to enable it.
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -49,6 +50,35 @@ class ServingStore : public rendezvous::ForwardingStore {
   std::unique_ptr<rendezvous::StoreServer> server_;
   std::unique_ptr<rendezvous::Store> client_;
 };
+
+// Connects a store client to `address` for up to `timeout`, a slice
+// (kBootstrapProgressInterval) at a time, so that a rank can say every few
+// seconds whom it waits for. After each slice in which the server was not
+// there (Unavailable, DeadlineExceeded), `after_slice(error, waited,
+// out_of_time)` returns the error to end with, or OK to go on (out of time,
+// the wait ends with `error`); other errors end the wait at once.
+using AfterSlice = std::function<Status(const Status& error, Duration waited, bool out_of_time)>;
+StatusOr<std::unique_ptr<rendezvous::Store>> ConnectInSlices(const std::string& address,
+                                                             const std::string& ns,
+                                                             rendezvous::StoreClientOptions options,
+                                                             Duration timeout,
+                                                             const AfterSlice& after_slice) {
+  const MonoTime start = RealClock()->Now();
+  const MonoTime deadline = start + timeout;
+  while (true) {
+    options.connect_timeout = std::min<Duration>(
+        kBootstrapProgressInterval, std::max<Duration>(deadline - RealClock()->Now(), {}));
+    auto client = rendezvous::ConnectStore(address, ns, options);
+    if (client.ok()) return client;
+    const absl::StatusCode code = client.status().code();
+    if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded) {
+      return client.status();
+    }
+    const MonoTime now = RealClock()->Now();
+    RETURN_IF_ERROR(after_slice(client.status(), now - start, now >= deadline));
+    if (now >= deadline) return client.status();
+  }
+}
 
 StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
                                                          const std::string& ns,
@@ -105,44 +135,37 @@ StatusOr<std::unique_ptr<rendezvous::Store>> MasterStore(const WorkerEnv& env,
   // once it runs), but each line and the final error say that it does not
   // resolve rather than blame rank 0.
   Logger log("ddp", env.job_id, env.rank);
-  const MonoTime start = RealClock()->Now();
-  const MonoTime deadline = start + timeout;
-  while (true) {
-    const Duration slice =
-        std::min<Duration>(kBootstrapProgressInterval, std::max<Duration>(deadline - RealClock()->Now(), {}));
-    rendezvous::StoreClientOptions options;
-    options.connect_timeout = slice;
-    options.token = env.store_token;
-    auto client = rendezvous::ConnectStore(env.master_addr, ns, options);
-    if (client.ok()) {
-      return std::unique_ptr<rendezvous::Store>(
-          std::make_unique<ServingStore>(std::move(server), std::move(*client)));
-    }
-    if (client.status().code() != absl::StatusCode::kUnavailable &&
-        client.status().code() != absl::StatusCode::kDeadlineExceeded) {
-      return client.status();
-    }
-    const Status resolves = CheckResolves(host);
-    const MonoTime now = RealClock()->Now();
-    if (now >= deadline && !resolves.ok()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", env.rank, ": MASTER_ADDR ", resolves.message(), " (retried for ",
-          ToSeconds(timeout), " s; check the name)"));
-    }
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", env.rank, ": rank 0's store at MASTER_ADDR:MASTER_PORT ", env.master_addr,
-          " did not come up within ", ToSeconds(timeout), " s (is rank 0 running?): ",
-          client.status().message()));
-    }
-    if (!resolves.ok()) {
-      log.Info("waiting for MASTER_ADDR to resolve: {} ({:.0f} s of {:.0f} s)",
-               std::string(resolves.message()), ToSeconds(now - start), ToSeconds(timeout));
-    } else {
-      log.Info("waiting for rank 0's store at {} (MASTER_ADDR:MASTER_PORT): {:.0f} s of {:.0f} s",
-               env.master_addr, ToSeconds(now - start), ToSeconds(timeout));
-    }
-  }
+  rendezvous::StoreClientOptions options;
+  options.token = env.store_token;
+  ASSIGN_OR_RETURN(
+      auto client,
+      ConnectInSlices(env.master_addr, ns, options, timeout,
+                      [&](const Status& error, Duration waited, bool out_of_time) -> Status {
+                        const Status resolves = CheckResolves(host);
+                        if (out_of_time && !resolves.ok()) {
+                          return absl::DeadlineExceededError(absl::StrCat(
+                              "rank ", env.rank, ": MASTER_ADDR ", resolves.message(),
+                              " (retried for ", ToSeconds(timeout), " s; check the name)"));
+                        }
+                        if (out_of_time) {
+                          return absl::DeadlineExceededError(absl::StrCat(
+                              "rank ", env.rank, ": rank 0's store at MASTER_ADDR:MASTER_PORT ",
+                              env.master_addr, " did not come up within ", ToSeconds(timeout),
+                              " s (is rank 0 running?): ", error.message()));
+                        }
+                        if (!resolves.ok()) {
+                          log.Info("waiting for MASTER_ADDR to resolve: {} ({:.0f} s of {:.0f} s)",
+                                   std::string(resolves.message()), ToSeconds(waited),
+                                   ToSeconds(timeout));
+                        } else {
+                          log.Info("waiting for rank 0's store at {} (MASTER_ADDR:MASTER_PORT): "
+                                   "{:.0f} s of {:.0f} s",
+                                   env.master_addr, ToSeconds(waited), ToSeconds(timeout));
+                        }
+                        return absl::OkStatus();
+                      }));
+  return std::unique_ptr<rendezvous::Store>(
+      std::make_unique<ServingStore>(std::move(server), std::move(client)));
 }
 
 // LOCKSTEP_STORE=host:port (lockstepd's store): connects in slices, saying
@@ -158,28 +181,21 @@ StatusOr<std::unique_ptr<rendezvous::Store>> ConnectJobStore(const std::string& 
   if (const char* token = std::getenv(worker_env::kStoreToken)) options.token = token;
   const WorkerIdentity who = ReadWorkerIdentity(std::getenv);
   Logger log("ddp", who.job_id, who.rank);
-  const MonoTime start = RealClock()->Now();
-  const MonoTime deadline = start + timeout;
-  while (true) {
-    options.connect_timeout = std::min<Duration>(
-        kBootstrapProgressInterval, std::max<Duration>(deadline - RealClock()->Now(), {}));
-    auto client = rendezvous::ConnectStore(address, ns, options);
-    if (client.ok()) return client;
-    const absl::StatusCode code = client.status().code();
-    if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded) {
-      return client.status();
-    }
-    const MonoTime now = RealClock()->Now();
-    if (now >= deadline) {
-      const Status why = rendezvous::WithTlsReason(
-          absl::UnavailableError(std::string(client.status().message())), address);
-      return absl::DeadlineExceededError(
-          absl::StrCat("the job's store at ", address, " (LOCKSTEP_STORE) could not be reached in ",
-                       ToSeconds(timeout), " s: ", why.message()));
-    }
-    log.Info("waiting for the job's store at {} (LOCKSTEP_STORE): {:.0f} s of {:.0f} s", address,
-             ToSeconds(now - start), ToSeconds(timeout));
-  }
+  return ConnectInSlices(
+      address, ns, options, timeout,
+      [&](const Status& error, Duration waited, bool out_of_time) -> Status {
+        if (out_of_time) {
+          const Status why = rendezvous::WithTlsReason(
+              absl::UnavailableError(std::string(error.message())), address);
+          return absl::DeadlineExceededError(
+              absl::StrCat("the job's store at ", address,
+                           " (LOCKSTEP_STORE) could not be reached in ", ToSeconds(timeout),
+                           " s: ", why.message()));
+        }
+        log.Info("waiting for the job's store at {} (LOCKSTEP_STORE): {:.0f} s of {:.0f} s",
+                 address, ToSeconds(waited), ToSeconds(timeout));
+        return absl::OkStatus();
+      });
 }
 
 // The engine's progress, sent to the agent by a ProgressReporter.
