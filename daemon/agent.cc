@@ -1169,13 +1169,16 @@ std::string Agent::GenerationName(int64_t rotations) const {
 
 namespace {
 
-// Reads up to `max_bytes` of the open log `fd` from `offset` into `chunk`;
-// an offset past the end reads nothing. Closes `fd`.
-void ReadChunk(int fd, int64_t offset, int64_t max_bytes, LogChunk* chunk) {
+int64_t FileSize(int fd) {
   struct stat st;
-  if (::fstat(fd, &st) != 0) st.st_size = 0;
-  chunk->data = offset < st.st_size ? ReadAt(fd, offset, std::min<int64_t>(max_bytes, st.st_size - offset))
-                                    : std::string();
+  return ::fstat(fd, &st) == 0 ? st.st_size : 0;
+}
+
+// Reads up to `max_bytes` of the open log `fd`, `size` bytes long, from
+// `offset` into `chunk`; an offset past the end reads nothing. Closes `fd`.
+void ReadChunk(int fd, int64_t size, int64_t offset, int64_t max_bytes, LogChunk* chunk) {
+  chunk->data =
+      offset < size ? ReadAt(fd, offset, std::min<int64_t>(max_bytes, size - offset)) : std::string();
   chunk->next_offset = offset + static_cast<int64_t>(chunk->data.size());
   ::close(fd);
 }
@@ -1210,7 +1213,7 @@ StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool std
         const std::string previous = chunk.path + ".1";
         StatusOr<int> fd = OpenLogForRead(previous);
         if (fd.ok()) {
-          ReadChunk(*fd, offset, max_bytes, &chunk);
+          ReadChunk(*fd, FileSize(*fd), offset, max_bytes, &chunk);
           if (!chunk.data.empty()) {
             chunk.path = previous;
             chunk.generation = generation;
@@ -1230,15 +1233,14 @@ StatusOr<LogChunk> Agent::ReadLogs(const std::string& job_id, int rank, bool std
                                                 " output on node ", options_.node_id));
       }
       if (!fd.ok()) return fd.status();
-      struct stat st;
-      if (::fstat(*fd, &st) != 0) st.st_size = 0;
+      const int64_t size = FileSize(*fd);
       if (generation.empty() && tail_bytes > 0 && offset == 0) {
-        offset = std::max<int64_t>(0, st.st_size - tail_bytes);
+        offset = std::max<int64_t>(0, size - tail_bytes);
       }
       // Past the end in the same generation: the file was emptied by other
       // means (or by an agent before this one); it goes on from the start.
-      if (offset > st.st_size) offset = 0;
-      ReadChunk(*fd, offset, max_bytes, &chunk);
+      if (offset > size) offset = 0;
+      ReadChunk(*fd, size, offset, max_bytes, &chunk);
     }
   }
   chunk.worker_done = true;

@@ -344,7 +344,9 @@ struct Pending {
 // it matches; applies nothing.
 Status Collect(const torch::nn::Module& m, torch::serialize::InputArchive& archive,
                const std::string& prefix, const std::string& path, std::vector<Pending>* out) {
+  std::set<std::string> known;  // what the model has here, by name
   auto take = [&](const std::string& key, const torch::Tensor& target, bool is_buffer) -> Status {
+    known.insert(key);
     torch::Tensor loaded;
     if (!archive.try_read(key, loaded, is_buffer) || !loaded.defined()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -366,14 +368,12 @@ Status Collect(const torch::nn::Module& m, torch::serialize::InputArchive& archi
   for (const auto& item : m.named_buffers(/*recurse=*/false)) {
     RETURN_IF_ERROR(take(item.key(), item.value(), true));
   }
-  // Nothing of the checkpoint is left over (PyTorch's strict load): a
-  // checkpoint of a bigger model is another model's.
-  std::set<std::string> known;
-  for (const auto& item : m.named_parameters(/*recurse=*/false)) known.insert(item.key());
-  for (const auto& item : m.named_buffers(/*recurse=*/false)) known.insert(item.key());
-  for (const auto& child : m.named_children()) {
+  auto children = m.named_children();
+  for (const auto& child : children) {
     if (child.value()->is_serializable()) known.insert(child.key());
   }
+  // Nothing of the checkpoint is left over (PyTorch's strict load): a
+  // checkpoint of a bigger model is another model's.
   for (const std::string& key : archive.keys()) {
     if (!known.count(key)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -381,7 +381,7 @@ Status Collect(const torch::nn::Module& m, torch::serialize::InputArchive& archi
           ", which the model does not"));
     }
   }
-  for (const auto& child : m.named_children()) {
+  for (const auto& child : children) {
     if (!child.value()->is_serializable()) continue;
     torch::serialize::InputArchive child_archive;
     if (!archive.try_read(child.key(), child_archive)) {
